@@ -1,0 +1,85 @@
+"""CNI error codes and the error type every layer raises (spec: "Error" section)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+INCOMPATIBLE_VERSION = 1
+UNSUPPORTED_FIELD = 2
+UNKNOWN_CONTAINER = 3
+INVALID_ENV = 4
+IO_FAILURE = 5
+DECODE_FAILURE = 6
+INVALID_CONFIG = 7
+TRY_AGAIN = 11
+# Spec 1.1 STATUS: the plugin is not ready to serve ADD.
+PLUGIN_NOT_AVAILABLE = 50
+LIMITED_CONNECTIVITY = 51
+NO_CONNECTIVITY = 52
+# Codes 0-99 are the spec's; plugins use 100 and above for their own errors.
+PLUGIN_SPECIFIC = 100
+
+CODE_NAMES: dict[int, str] = {
+    INCOMPATIBLE_VERSION: "incompatible CNI version",
+    UNSUPPORTED_FIELD: "unsupported field in network configuration",
+    UNKNOWN_CONTAINER: "container unknown or does not exist",
+    INVALID_ENV: "invalid necessary environment variables",
+    IO_FAILURE: "I/O failure",
+    DECODE_FAILURE: "failed to decode content",
+    INVALID_CONFIG: "invalid network config",
+    TRY_AGAIN: "try again later",
+    PLUGIN_NOT_AVAILABLE: "plugin not available",
+    LIMITED_CONNECTIVITY: "limited connectivity",
+    NO_CONNECTIVITY: "no connectivity",
+}
+
+
+class CNIError(Exception):
+    """A CNI error: what a plugin prints on failure and what the runtime raises.
+
+    ``code`` is the spec error code, ``msg`` a short description, ``details`` the
+    longer story a person needs to act on it.
+    """
+
+    def __init__(self, code: int, msg: str, details: str = "", cni_version: str = "") -> None:
+        super().__init__(msg)
+        self.code = int(code)
+        self.msg = msg
+        self.details = details
+        self.cni_version = cni_version
+
+    def __str__(self) -> str:
+        return f"{self.msg}; {self.details}" if self.details else self.msg
+
+    def __repr__(self) -> str:
+        return f"CNIError(code={self.code}, msg={self.msg!r}, details={self.details!r})"
+
+    def to_dict(self, cni_version: str | None = None) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        version = cni_version or self.cni_version
+        if version:
+            d["cniVersion"] = version
+        d["code"] = self.code
+        d["msg"] = self.msg
+        if self.details:
+            d["details"] = self.details
+        return d
+
+    def to_json(self, cni_version: str | None = None) -> str:
+        return json.dumps(self.to_dict(cni_version), indent=4)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CNIError:
+        code = d.get("code")
+        if not isinstance(code, int):
+            code = PLUGIN_SPECIFIC
+        return cls(code, str(d.get("msg", "")), str(d.get("details", "")), str(d.get("cniVersion", "")))
+
+
+def invalid_config(msg: str, details: str = "") -> CNIError:
+    return CNIError(INVALID_CONFIG, msg, details)
+
+
+def invalid_env(msg: str, details: str = "") -> CNIError:
+    return CNIError(INVALID_ENV, msg, details)

@@ -1,0 +1,52 @@
+"""Validation of identifiers as the spec defines them, so no name can escape a directory."""
+
+from __future__ import annotations
+
+import re
+
+from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, CNIError
+
+# Container IDs and network names: alphanumerics plus '_', '.', '-'; no leading punctuation.
+_ID_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+IFNAMSIZ = 16
+
+
+def validate_container_id(container_id: str) -> None:
+    if not container_id:
+        raise CNIError(INVALID_ENV, "missing containerID", "CNI_CONTAINERID must not be empty")
+    if not _ID_RE.match(container_id):
+        raise CNIError(INVALID_ENV, "invalid characters in containerID",
+                       f"{container_id!r}: only letters, digits, '_', '.' and '-' are allowed, "
+                       "starting with a letter or digit")
+
+
+def validate_network_name(name: str) -> None:
+    if not name:
+        raise CNIError(INVALID_CONFIG, "missing network name", "the network configuration needs a \"name\"")
+    if not _ID_RE.match(name):
+        raise CNIError(INVALID_CONFIG, "invalid characters found in network name",
+                       f"{name!r}: only letters, digits, '_', '.' and '-' are allowed, "
+                       "starting with a letter or digit")
+
+
+def validate_interface_name(ifname: str) -> None:
+    if not ifname:
+        raise CNIError(INVALID_ENV, "interface name is empty", "CNI_IFNAME must name the interface to create")
+    if len(ifname) > IFNAMSIZ - 1:
+        raise CNIError(INVALID_ENV, "interface name is too long",
+                       f"{ifname!r} has {len(ifname)} characters; the kernel allows at most {IFNAMSIZ - 1}")
+    if ifname in (".", ".."):
+        raise CNIError(INVALID_ENV, "interface name is . or ..", f"{ifname!r} is not a valid interface name")
+    for ch in ifname:
+        if ch in "/:" or ch.isspace():
+            raise CNIError(INVALID_ENV, "interface name contains an invalid character",
+                           f"{ifname!r} contains {ch!r}; '/', ':' and white space are not allowed")
+
+
+def validate_plugin_type(plugin_type: str) -> None:
+    """A plugin ``type`` is a file name on CNI_PATH: never a path."""
+    if not plugin_type:
+        raise CNIError(INVALID_CONFIG, "missing plugin type", "every plugin configuration needs a \"type\"")
+    if "/" in plugin_type or "\\" in plugin_type or plugin_type in (".", "..") or "\x00" in plugin_type:
+        raise CNIError(INVALID_CONFIG, "invalid plugin type",
+                       f"{plugin_type!r} must be a plain executable name, not a path")
