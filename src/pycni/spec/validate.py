@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, CNIError
+from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, UNKNOWN_CONTAINER, CNIError
 
 # Container IDs and network names: alphanumerics plus '_', '.', '-'; no leading punctuation.
 _ID_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
@@ -13,7 +13,7 @@ IFNAMSIZ = 16
 
 def validate_container_id(container_id: str) -> None:
     if not container_id:
-        raise CNIError(INVALID_ENV, "missing containerID", "CNI_CONTAINERID must not be empty")
+        raise CNIError(UNKNOWN_CONTAINER, "missing containerID", "CNI_CONTAINERID must not be empty")
     if not _ID_RE.match(container_id):
         raise CNIError(INVALID_ENV, "invalid characters in containerID",
                        f"{container_id!r}: only letters, digits, '_', '.' and '-' are allowed, "

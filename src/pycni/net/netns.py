@@ -1,0 +1,123 @@
+"""Entering a network namespace by path, for the calling thread only.
+
+setns(2) with CLONE_NEWNET switches the calling thread, so a handler can do its work in the
+container's namespace and come back without disturbing other threads (the daemon runs many).
+Processes forked while inside inherit the namespace. Stdlib only (ctypes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pycni.spec.errors import INVALID_ENV, CNIError
+
+CLONE_NEWNET = 0x40000000
+NSFS_MAGIC = 0x6E736673
+PROC_SUPER_MAGIC = 0x9FA0
+
+_libc: ctypes.CDLL | None = None
+
+
+def _get_libc() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _libc
+
+
+class _Statfs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 112)]
+
+
+def _fs_type(fd: int) -> int:
+    buf = _Statfs()
+    if _get_libc().fstatfs(fd, ctypes.byref(buf)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(buf.f_type) & 0xFFFFFFFF
+
+
+def _setns(fd: int) -> None:
+    if _get_libc().setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def current_netns_path() -> str:
+    """Path naming the calling thread's network namespace."""
+    return f"/proc/{os.getpid()}/task/{_gettid()}/ns/net"
+
+
+def _gettid() -> int:
+    return int(_get_libc().syscall(186))  # SYS_gettid on x86_64
+
+
+def open_netns(path: str) -> int:
+    """Open ``path`` and check that it is a network namespace; return the fd."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CNIError(INVALID_ENV, "network namespace does not exist",
+                       f"failed to open netns {path!r}: no such file") from None
+    except OSError as e:
+        raise CNIError(INVALID_ENV, "cannot open network namespace", f"failed to open netns {path!r}: {e}") from None
+    try:
+        fstype = _fs_type(fd)
+    except OSError as e:
+        os.close(fd)
+        raise CNIError(INVALID_ENV, "cannot inspect network namespace", f"{path!r}: {e}") from None
+    if fstype not in (NSFS_MAGIC, PROC_SUPER_MAGIC):
+        os.close(fd)
+        raise CNIError(INVALID_ENV, "not a network namespace",
+                       f"{path!r} is not a network namespace (a bind mount of /proc/<pid>/ns/net is expected)")
+    return fd
+
+
+def check_netns(path: str) -> None:
+    """Raise a CNIError unless ``path`` is an existing network namespace."""
+    os.close(open_netns(path))
+
+
+def netns_exists(path: str) -> bool:
+    try:
+        check_netns(path)
+    except CNIError:
+        return False
+    return True
+
+
+@contextmanager
+def enter(path: str) -> Iterator[None]:
+    """Run the body with the calling thread inside the network namespace at ``path``."""
+    target = open_netns(path)
+    origin = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            _setns(target)
+        except OSError as e:
+            raise CNIError(INVALID_ENV, "cannot enter network namespace", f"setns({path!r}): {e}") from None
+        try:
+            yield
+        finally:
+            try:
+                _setns(origin)
+            except OSError as e:  # pragma: no cover - the thread is unusable; fail loudly
+                raise RuntimeError(f"failed to return to the original network namespace: {e}") from e
+    finally:
+        os.close(target)
+        os.close(origin)
+
+
+def same_netns(a: str, b: str) -> bool:
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return False
+        raise
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)

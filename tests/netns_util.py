@@ -1,0 +1,56 @@
+"""Throwaway network namespaces for tests: one plays the host, others play containers.
+
+Nothing here touches the machine's own namespace: every namespace is created with a unique
+``pycni-t-`` name and deleted at teardown (links inside die with it).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pycni.net import netns as _netns
+
+NETNS_DIR = "/var/run/netns"
+
+
+@dataclass
+class Namespace:
+    name: str
+
+    @property
+    def path(self) -> str:
+        return f"{NETNS_DIR}/{self.name}"
+
+    def run(self, cmd: Sequence[str], check: bool = True, input: str | bytes | None = None,
+            env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run a command inside this namespace (``ip netns exec``)."""
+        text_input = input.decode() if isinstance(input, bytes) else input
+        proc = subprocess.run(["ip", "netns", "exec", self.name, *cmd], input=text_input, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} in {self.name} failed ({proc.returncode}):\n"
+                                 f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
+        return proc
+
+    def enter(self):  # type: ignore[no-untyped-def]
+        """Context manager: the calling thread (and processes it forks) run in this namespace."""
+        return _netns.enter(self.path)
+
+    def delete(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+
+
+def new_namespace(prefix: str = "pycni-t") -> Namespace:
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    ns = Namespace(name)
+    ns.run(["ip", "link", "set", "lo", "up"])
+    return ns
+
+
+def have_root() -> bool:
+    return os.geteuid() == 0
