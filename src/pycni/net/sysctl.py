@@ -1,0 +1,80 @@
+"""Reading and writing sysctls through /proc/sys, in the calling thread's network namespace.
+
+The kernel resolves ``/proc/sys/net/...`` against the network namespace of the task doing the
+lookup, so after :func:`pycni.net.netns.enter` a plain open() here reads and writes the
+container's values, without forking ``sysctl``. Stdlib only.
+
+Keys may be dotted (``net.ipv4.ip_forward``) or slashed (``net/ipv4/ip_forward``). As in the
+Go reference, the first separator decides: in a dotted key, dots and slashes swap, so an
+interface name with a dot is written ``net.ipv4.conf.eth0/100.rp_filter``; a slashed key is
+used as it is (``net/ipv4/conf/eth0.100/rp_filter``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from pycni.spec.errors import INVALID_CONFIG, IO_FAILURE, CNIError
+
+PROC_SYS = "/proc/sys"
+
+
+def normalize_key(key: str) -> str:
+    """The slash form of ``key`` (first separator decides, as in the Go reference)."""
+    for c in key:
+        if c == ".":
+            return key.translate(str.maketrans({".": "/", "/": "."}))
+        if c == "/":
+            break
+    return key
+
+
+def sysctl_path(key: str) -> str:
+    """The /proc/sys file for ``key``; CNIError (code 7) for a key that leaves /proc/sys."""
+    if not isinstance(key, str) or not key:
+        raise CNIError(INVALID_CONFIG, "invalid sysctl key",
+                       f"sysctl key must be a non-empty string, got {key!r}")
+    name = normalize_key(key)
+    parts = name.split("/")
+    if name.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in name:
+        raise CNIError(INVALID_CONFIG, f"invalid sysctl key {key!r}",
+                       "a sysctl key is a relative name under /proc/sys such as net.ipv4.ip_forward; "
+                       "empty components, '.', '..' and absolute paths are not allowed")
+    return f"{PROC_SYS}/{name}"
+
+
+def _io_error(action: str, key: str, path: str, e: OSError) -> CNIError:
+    if e.errno == errno.ENOENT:
+        return CNIError(IO_FAILURE, f"sysctl {key!r} does not exist",
+                        f"{path} not found in this network namespace (is the interface or module there?)")
+    return CNIError(IO_FAILURE, f"failed to {action} sysctl {key!r}", f"{path}: {e.strerror or e}")
+
+
+def read_sysctl(key: str) -> str:
+    """The value of ``key`` without its trailing newline."""
+    path = sysctl_path(key)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise _io_error("read", key, path, e) from None
+    text = data.decode(errors="replace")
+    return text[:-1] if text.endswith("\n") else text
+
+
+def write_sysctl(key: str, value: str) -> None:
+    """Set ``key`` to ``value`` (no create, no truncate: /proc files take one write)."""
+    path = sysctl_path(key)
+    data = str(value).encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as e:
+        raise _io_error("write", key, path, e) from None
+    try:
+        os.write(fd, data)
+    except OSError as e:
+        raise CNIError(IO_FAILURE, f"failed to set sysctl {key!r} to {value!r}",
+                       f"{path}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
