@@ -1,0 +1,228 @@
+"""Links (network interfaces): look up, change, delete — in the calling thread's netns.
+
+Namespace contract of the whole ``pycni.net`` link/addr/route layer: every function acts in
+the network namespace of the *calling thread*; callers switch with
+``with pycni.net.netns.enter(path): ...``.
+
+How that holds with pyroute2 0.9 (verified on 0.9.7): the synchronous ``IPRoute`` is a thin
+wrapper over an asyncio core, but it runs its event loop in the calling thread and creates
+its netlink socket in its constructor, with a plain ``socket()`` call in the calling thread —
+so an ``IPRoute()`` constructed *after* ``netns.enter`` talks to that namespace, and one
+constructed before keeps talking to the namespace it was born in, even if used inside. Hence
+the rule here: open one ``IPRoute`` per operation group, inside the namespace, via
+:func:`ipr`, and close it before leaving. We never use ``IPRoute(netns=...)``: it forks a
+helper process per socket (slow) and, with its default ``O_CREAT`` flag, would *create* a
+missing namespace instead of failing.
+
+pyroute2 is imported lazily so modules that only need the dataclasses stay cheap to import.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from pycni.spec.errors import CNIError
+
+IFF_UP = 0x1
+IFF_PROMISC = 0x100
+IFF_ALLMULTI = 0x200
+IFF_LOWER_UP = 0x10000
+
+_UNSET: Any = ...  # sentinel: "leave this attribute alone" (None means "detach" for master)
+
+
+@contextmanager
+def ipr() -> Iterator[Any]:
+    """An ``IPRoute`` bound to the calling thread's current namespace, closed on exit."""
+    from pyroute2 import IPRoute
+
+    sock = IPRoute()
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def netlink_errno(exc: BaseException) -> int | None:
+    """The errno of a pyroute2 NetlinkError (or OSError), else None."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, int):
+        return code
+    if isinstance(exc, OSError):
+        return exc.errno
+    return None
+
+
+def is_netlink_error(exc: BaseException) -> bool:
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    return isinstance(exc, NetlinkError | OSError)
+
+
+@dataclass
+class Link:
+    """What plugins need to know about a link, decoded from an RTM_NEWLINK message."""
+
+    index: int
+    name: str
+    kind: str = ""
+    mac: str = ""
+    mtu: int = 0
+    up: bool = False
+    promisc: bool = False
+    allmulti: bool = False
+    txqlen: int = 0
+    master: int | None = None
+    flags: int = 0
+    link_netnsid: int | None = None
+    peer_index: int | None = None  # IFLA_LINK: a veth's peer index (in its own netns)
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> Link:
+        flags = int(msg["flags"])
+        kind = ""
+        linkinfo = msg.get_attr("IFLA_LINKINFO")
+        if linkinfo is not None:
+            kind = linkinfo.get_attr("IFLA_INFO_KIND") or ""
+        master = msg.get_attr("IFLA_MASTER")
+        return cls(index=int(msg["index"]), name=msg.get_attr("IFLA_IFNAME") or "", kind=kind,
+                   mac=(msg.get_attr("IFLA_ADDRESS") or "").lower(), mtu=int(msg.get_attr("IFLA_MTU") or 0),
+                   up=bool(flags & IFF_UP), promisc=bool(flags & IFF_PROMISC),
+                   allmulti=bool(flags & IFF_ALLMULTI), txqlen=int(msg.get_attr("IFLA_TXQLEN") or 0),
+                   master=int(master) if master else None, flags=flags,
+                   link_netnsid=msg.get_attr("IFLA_LINK_NETNSID"), peer_index=msg.get_attr("IFLA_LINK"))
+
+
+def _lookup(sock: Any, name: str | int) -> Any | None:
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    try:
+        if isinstance(name, int):
+            msgs = sock.link("get", index=name)
+        else:
+            msgs = sock.link("get", ifname=name)
+    except NetlinkError as e:
+        if e.code in (errno.ENODEV, errno.ENOENT):
+            return None
+        raise
+    msgs = list(msgs)
+    return msgs[0] if msgs else None
+
+
+def get_link(name: str | int) -> Link | None:
+    """The link called ``name`` (or with index ``name``), or None when there is none."""
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+        return Link.from_msg(msg) if msg is not None else None
+
+
+def require_link(name: str | int) -> Link:
+    """Like :func:`get_link` but a CNIError (code 100) naming the link when it is missing."""
+    link = get_link(name)
+    if link is None:
+        raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+    return link
+
+
+def list_links() -> list[Link]:
+    with ipr() as sock:
+        return [Link.from_msg(m) for m in sock.get_links()]
+
+
+def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None, mac: str | None = None,
+             promisc: bool | None = None, allmulti: bool | None = None, txqlen: int | None = None,
+             new_name: str | None = None, master: str | int | None = _UNSET) -> Link:
+    """Change the named attributes of a link (None / unset: leave alone); return it after.
+
+    ``master``: a link name or index to enslave to, ``None`` (or 0) to release from any master.
+    Raises CNIError 100 when the link does not exist; netlink errors propagate with context.
+    """
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+        if msg is None:
+            raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+        index = int(msg["index"])
+        try:
+            # Order matters: rename needs the link down; state goes last so "up" sees the rest.
+            if new_name is not None and new_name != msg.get_attr("IFLA_IFNAME"):
+                sock.link("set", index=index, ifname=new_name)
+            if mtu is not None:
+                sock.link("set", index=index, mtu=int(mtu))
+            if mac is not None:
+                sock.link("set", index=index, address=mac)
+            if txqlen is not None:
+                sock.link("set", index=index, txqlen=int(txqlen))
+            for want, bit in ((promisc, IFF_PROMISC), (allmulti, IFF_ALLMULTI)):
+                if want is not None:
+                    sock.link("set", index=index, flags=bit if want else 0, change=bit)
+            if master is not _UNSET:
+                if master is None or master == 0:
+                    sock.link("set", index=index, master=0)
+                else:
+                    m = _lookup(sock, master)
+                    if m is None:
+                        raise CNIError(100, f"failed to lookup master {master!r}",
+                                       f"link {master!r} not found")
+                    sock.link("set", index=index, master=int(m["index"]))
+            if up is not None:
+                sock.link("set", index=index, state="up" if up else "down")
+        except CNIError:
+            raise
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            raise CNIError(100, f"failed to set attributes of link {name!r}", str(e)) from None
+        after = _lookup(sock, index)
+        return Link.from_msg(after)
+
+
+def delete_link(name: str | int) -> bool:
+    """Delete a link; True when it existed. Idempotent (a missing link is success)."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+        if msg is None:
+            return False
+        try:
+            sock.link("del", index=int(msg["index"]))
+        except NetlinkError as e:
+            if e.code in (errno.ENODEV, errno.ENOENT):
+                return False
+            raise CNIError(100, f"failed to delete link {name!r}", str(e)) from None
+        return True
+
+
+def move_link_to_netns(name: str | int, netns_fd: int, new_name: str | None = None) -> None:
+    """Move a link into the namespace open at ``netns_fd`` (optionally renaming it on the way)."""
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+        if msg is None:
+            raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+        kw: dict[str, Any] = {"index": int(msg["index"]), "net_ns_fd": netns_fd}
+        if new_name:
+            kw["ifname"] = new_name
+        try:
+            sock.link("set", **kw)
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            raise CNIError(100, f"failed to move link {name!r} to another netns", str(e)) from None
+
+
+def wait_oper_up(name: str, timeout: float = 5.0) -> bool:
+    """Poll until the link reports carrier (IFF_LOWER_UP); True when it did in time."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        link = get_link(name)
+        if link is not None and link.flags & IFF_LOWER_UP:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
