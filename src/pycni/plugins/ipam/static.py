@@ -1,0 +1,185 @@
+"""IPAM plugin ``static``: hand out exactly the addresses the configuration names.
+
+Same config keys as the Go reference: ``ipam.addresses`` (``address`` in CIDR form, optional
+``gateway``), ``ipam.routes``, ``ipam.dns``. Addresses can also come from CNI_ARGS
+(``IP=cidr[,cidr]``, ``GATEWAY=ip[,ip]``, appended to the config's), from ``args.cni.ips`` and
+from the ``ips`` runtimeConfig capability (each of those two replaces the list). Nothing is
+allocated, so DEL and GC have nothing to do.
+
+Stricter than the reference where it only fails later or never: a gateway that lies outside
+its address's subnet, or a CNI_ARGS ``GATEWAY`` that matches no address, is refused (code 7).
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pycni.cniargs import load_cni_args
+from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
+from pycni.spec.errors import INVALID_CONFIG, CNIError
+from pycni.spec.types import DNS, IPAddress, IPConfig, IPInterface, Result, Route
+from pycni.spec.version import greater_than_or_equal
+
+
+@dataclass
+class StaticConfig:
+    """The ``ipam`` section after merging CNI_ARGS, args and runtimeConfig."""
+
+    addresses: list[IPConfig] = field(default_factory=list)
+    routes: list[Route] = field(default_factory=list)
+    dns: DNS = field(default_factory=DNS)
+    cni_version: str = "0.1.0"
+
+
+def _bad(msg: str, details: str = "") -> CNIError:
+    return CNIError(INVALID_CONFIG, msg, details)
+
+
+def _parse_cidr(value: object, where: str) -> IPInterface:
+    """An address with its prefix length, host bits kept (Go's net.ParseCIDR + IP)."""
+    if not isinstance(value, str) or "/" not in value:
+        raise _bad(f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
+                   "write addresses as ADDRESS/PREFIX, e.g. 10.10.0.1/24 or 2001:db8::1/64")
+    try:
+        return ipaddress.ip_interface(value.strip())
+    except ValueError as e:
+        raise _bad(f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
+                   str(e)) from None
+
+
+def _parse_ip(value: object, where: str) -> IPAddress:
+    if not isinstance(value, str):
+        raise _bad(f"invalid {where}: {value!r}", "expected an IP address string")
+    try:
+        return ipaddress.ip_address(value.strip())
+    except ValueError as e:
+        raise _bad(f"invalid {where}: {value!r}", str(e)) from None
+
+
+def _list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    value = obj.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _bad(f"invalid {where}", f"'{key}' must be a list, got {type(value).__name__}")
+    return value
+
+
+def _config_addresses(ipam: Mapping[str, Any]) -> list[IPConfig]:
+    out: list[IPConfig] = []
+    for i, entry in enumerate(_list(ipam, "addresses", "ipam addresses")):
+        if not isinstance(entry, dict):
+            raise _bad(f"invalid address {i}",
+                       f"each entry of ipam.addresses must be an object, got {entry!r}")
+        addr = _parse_cidr(entry.get("address"), "address")
+        gw = entry.get("gateway")
+        out.append(IPConfig(address=addr, gateway=_parse_ip(gw, "gateway address") if gw else None))
+    return out
+
+
+def _replace_from(values: list[Any], where: str) -> list[IPConfig]:
+    """``args.cni.ips`` / runtimeConfig ``ips``: a list of CIDRs that replaces the config's."""
+    return [IPConfig(address=_parse_cidr(v, where)) for v in values]
+
+
+def _apply_env_args(addresses: list[IPConfig], raw_args: str) -> None:
+    """CNI_ARGS ``IP`` adds addresses; ``GATEWAY`` sets the gateway of those containing it."""
+    env = load_cni_args(raw_args, ("IP", "GATEWAY"))
+    for item in filter(None, (s.strip() for s in env.get("IP", "").split(","))):
+        addresses.append(IPConfig(address=_parse_cidr(item, "ip")))
+    for item in filter(None, (s.strip() for s in env.get("GATEWAY", "").split(","))):
+        gw = _parse_ip(item, "gateway address")
+        matched = [a for a in addresses if a.address.version == gw.version and gw in a.address.network]
+        if not matched:
+            have = [str(a.address) for a in addresses]
+            raise _bad(f"GATEWAY {item} is not inside any address",
+                       f"CNI_ARGS GATEWAY must lie in the subnet of one of {have}")
+        for a in matched:
+            a.gateway = gw
+
+
+def load_config(conf: Mapping[str, Any], cni_args: str) -> StaticConfig:
+    """Parse and validate the configuration as the reference merges it (errors are code 7)."""
+    ipam = conf.get("ipam")
+    if not isinstance(ipam, dict):
+        raise _bad("IPAM config missing 'ipam' key", "the network configuration needs an \"ipam\" object")
+    cfg = StaticConfig(cni_version=config_version(conf))
+    cfg.addresses = _config_addresses(ipam)
+    if cni_args:
+        _apply_env_args(cfg.addresses, cni_args)
+
+    args = conf.get("args")
+    if isinstance(args, dict) and isinstance(args.get("cni"), dict):
+        ips = _list(args["cni"], "ips", "args.cni.ips")
+        if ips:
+            cfg.addresses = _replace_from(ips, "ips")
+    runtime = conf.get("runtimeConfig")
+    if isinstance(runtime, dict):
+        ips = _list(runtime, "ips", "runtimeConfig ips")
+        if ips:
+            cfg.addresses = _replace_from(ips, "ips")
+
+    for i, a in enumerate(cfg.addresses):
+        if a.gateway is None:
+            continue
+        if a.gateway.version != a.address.version or a.gateway not in a.address.network:
+            raise _bad(f"invalid address {i}: gateway {a.gateway} is outside {a.address.network}",
+                       "a gateway must lie inside the subnet of its address")
+    v4 = sum(1 for a in cfg.addresses if a.address.version == 4)
+    v6 = len(cfg.addresses) - v4
+    if (v4 > 1 or v6 > 1) and not greater_than_or_equal(cfg.cni_version, "0.3.0"):
+        raise _bad(f"CNI version {cfg.cni_version} does not support more than 1 address per family",
+                   "use cniVersion 0.3.0 or later for several addresses of one family")
+
+    try:
+        cfg.routes = [Route.from_dict(r) for r in _list(ipam, "routes", "ipam routes")]
+        cfg.dns = DNS.from_dict(ipam.get("dns"))
+    except CNIError as e:
+        raise _bad(f"invalid ipam section: {e.msg}", e.details) from None
+    return cfg
+
+
+def cmd_add(args: CmdArgs) -> Result:
+    cfg = load_config(args.conf(), args.args)
+    return Result(cni_version=cfg.cni_version, ips=cfg.addresses, routes=cfg.routes, dns=cfg.dns)
+
+
+def cmd_check(args: CmdArgs) -> None:
+    """Every configured address must be in prevResult, with the configured gateway."""
+    conf = args.conf()
+    cfg = load_config(conf, args.args)
+    if conf.get("prevResult") is None:
+        raise _bad("Required prevResult missing", "CHECK needs the prevResult of the ADD it verifies")
+    prev = prev_result(conf)
+    assert prev is not None
+    for want in cfg.addresses:
+        found = [ip for ip in prev.ips if ip.address.ip == want.address.ip]
+        if not found:
+            raise CNIError(INVALID_CONFIG,
+                           f"static: address {want.address.ip} missing on interface {args.ifname}",
+                           "prevResult does not hold an address this configuration assigns")
+        if want.gateway is not None and not any(ip.gateway == want.gateway for ip in found):
+            raise CNIError(INVALID_CONFIG,
+                           f"static: Failed to match addr {want.address.ip} on interface {args.ifname}",
+                           f"expected gateway {want.gateway}, prevResult has "
+                           f"{[str(i.gateway) for i in found]}")
+
+
+def cmd_del(args: CmdArgs) -> None:
+    """Nothing was allocated; DEL succeeds whatever the state."""
+    return None
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, about="CNI static IPAM plugin (pycni)")
+
+
+def main() -> None:
+    run_plugin(PLUGIN)
+
+
+if __name__ == "__main__":
+    main()

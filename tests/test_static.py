@@ -1,0 +1,156 @@
+"""static IPAM: results compared with the Go reference binary, errors, CHECK/DEL, lean imports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from pycni.plugins.ipam import static
+from pycni.skel import dispatch
+
+GO_STATIC = "/usr/lib/cni/static"
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from pycni.plugins.registry import install
+
+    d = tmp_path_factory.mktemp("static-bin")
+    return install(str(d), ["static"])[0]
+
+
+def _env(command: str = "ADD", cni_args: str = "") -> dict[str, str]:
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "ctr1", "CNI_NETNS": "/var/run/netns/none",
+           "CNI_IFNAME": "eth0", "CNI_PATH": "/usr/lib/cni", "PATH": os.environ.get("PATH", "/usr/bin")}
+    if cni_args:
+        env["CNI_ARGS"] = cni_args
+    return env
+
+
+def _run(binary: str, conf: dict[str, Any], command: str = "ADD", cni_args: str = "") -> tuple[int, Any]:
+    proc = subprocess.run([binary], input=json.dumps(conf).encode(), env=_env(command, cni_args),
+                          capture_output=True, timeout=30)
+    out = json.loads(proc.stdout) if proc.stdout.strip() else None
+    return proc.returncode, out
+
+
+def _conf(version: str = "1.0.0", **ipam: Any) -> dict[str, Any]:
+    return {"cniVersion": version, "name": "statnet", "type": "static", "ipam": {"type": "static", **ipam}}
+
+
+FULL_IPAM: dict[str, Any] = {
+    "addresses": [{"address": "10.10.0.5/24", "gateway": "10.10.0.1"}, {"address": "2001:db8::5/64"}],
+    "routes": [{"dst": "0.0.0.0/0"}, {"dst": "192.168.0.0/16", "gw": "10.10.0.254"}, {"dst": "::/0"}],
+    "dns": {"nameservers": ["10.10.0.1", "2001:db8::53"], "domain": "example.org",
+            "search": ["a.example.org"], "options": ["ndots:2"]},
+}
+
+# (conf, CNI_ARGS) pairs run through both implementations.
+DIFF_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("full-1.0.0", _conf("1.0.0", **FULL_IPAM), ""),
+    ("full-0.4.0", _conf("0.4.0", **FULL_IPAM), ""),
+    ("full-0.3.1", _conf("0.3.1", **FULL_IPAM), ""),
+    ("full-0.2.0", _conf("0.2.0", **FULL_IPAM), ""),
+    ("v6-only", _conf("1.0.0", addresses=[{"address": "fd00:1::10/64", "gateway": "fd00:1::1"}]), ""),
+    ("host-bits-kept", _conf("1.0.0", addresses=[{"address": "10.1.2.3/8"}]), ""),
+    ("no-addresses", _conf("1.0.0", routes=[{"dst": "10.0.0.0/8"}]), ""),
+    ("cni-args-ip-gw", _conf("1.0.0", addresses=[{"address": "10.10.0.5/24"}]),
+     "IP=10.20.0.3/16,fd00::3/64;GATEWAY=10.20.0.1,fd00::1"),
+    ("cni-args-ignore-unknown", _conf("1.0.0"), "IgnoreUnknown=1;K8S_POD_NAME=p;IP=10.30.0.9/24"),
+    ("args-cni-ips-replace", {**_conf("1.0.0", addresses=[{"address": "10.10.0.5/24",
+                                                           "gateway": "10.10.0.1"}]),
+                              "args": {"cni": {"ips": ["10.99.0.7/24", "fd99::7/64"]}}}, ""),
+    ("runtime-ips-replace", {**_conf("1.0.0", addresses=[{"address": "10.10.0.5/24"}]),
+                             "runtimeConfig": {"ips": ["10.88.0.8/16"]}}, "IP=10.77.0.7/24"),
+]
+
+
+@pytest.mark.skipif(not os.access(GO_STATIC, os.X_OK), reason="Go reference static plugin not installed")
+@pytest.mark.parametrize(("name", "conf", "cni_args"), DIFF_CASES, ids=[c[0] for c in DIFF_CASES])
+def test_same_result_as_go_reference(shim: str, name: str, conf: dict[str, Any], cni_args: str) -> None:
+    go_rc, go_out = _run(GO_STATIC, conf, cni_args=cni_args)
+    py_rc, py_out = _run(shim, conf, cni_args=cni_args)
+    assert go_rc == 0, go_out
+    assert py_rc == 0, py_out
+    assert py_out == go_out
+
+
+@pytest.mark.skipif(not os.access(GO_STATIC, os.X_OK), reason="Go reference static plugin not installed")
+@pytest.mark.parametrize("conf", [
+    _conf("1.0.0", addresses=[{"address": "10.10.0.5"}]),                     # no prefix
+    _conf("1.0.0", addresses=[{"address": "10.10.0.500/24"}]),                 # bad octet
+    _conf("1.0.0", addresses=[{"address": "10.0.0.1/24", "gateway": "nope"}]),  # bad gateway
+    _conf("0.2.0", addresses=[{"address": "10.0.0.1/24"}, {"address": "10.0.1.1/24"}]),  # 2 per family
+    {"cniVersion": "1.0.0", "name": "n", "type": "static"},                    # no ipam
+])
+def test_both_refuse_bad_config(shim: str, conf: dict[str, Any]) -> None:
+    go_rc, _ = _run(GO_STATIC, conf)
+    py_rc, py_out = _run(shim, conf)
+    assert go_rc != 0
+    assert py_rc == 1
+    assert py_out["code"] == 7, py_out
+    assert py_out["msg"]
+
+
+def _add(conf: dict[str, Any], cni_args: str = "") -> tuple[int, dict[str, Any]]:
+    out = dispatch(static.PLUGIN, _env("ADD", cni_args), json.dumps(conf).encode())
+    return out.exit_code, json.loads(out.stdout)
+
+
+@pytest.mark.parametrize(("conf", "cni_args", "code", "fragment"), [
+    (_conf(addresses=[{"address": "10.0.0.5/24", "gateway": "10.0.1.1"}]), "", 7, "outside"),
+    (_conf(addresses=[{"address": "10.0.0.5/24", "gateway": "fd00::1"}]), "", 7, "outside"),
+    (_conf(addresses=[{"address": "10.0.0.5/24"}]), "GATEWAY=192.168.9.1", 7, "not inside any address"),
+    (_conf(addresses=[{"address": "10.0.0.5/24"}]), "IP=10.0.0.9", 7, "CIDR"),
+    (_conf(addresses=[{"address": "10.0.0.5/24"}]), "IP=10.0.0.9/24;FOO=1", 4, "unknown args"),
+    (_conf(addresses="10.0.0.5/24"), "", 7, "addresses"),
+    (_conf(addresses=[{"address": "10.0.0.5/24"}], routes=[{"dst": "banana"}]), "", 7, "route"),
+    ({**_conf(), "runtimeConfig": {"ips": ["10.0.0.1"]}}, "", 7, "CIDR"),
+])
+def test_errors_are_clear_cni_errors(conf: dict[str, Any], cni_args: str, code: int, fragment: str) -> None:
+    rc, out = _add(conf, cni_args)
+    assert rc == 1
+    assert out["code"] == code, out
+    assert fragment in out["msg"] + out.get("details", ""), out
+
+
+def test_undecodable_stdin_is_code_6() -> None:
+    out = dispatch(static.PLUGIN, _env("ADD"), b"{not json")
+    assert out.exit_code == 1 and json.loads(out.stdout)["code"] == 6
+
+
+def test_del_and_gc_always_succeed() -> None:
+    no_ipam = {"cniVersion": "1.1.0", "name": "n", "type": "static"}
+    for conf in (_conf(addresses=[{"address": "10.0.0.5/24"}]), no_ipam):
+        assert dispatch(static.PLUGIN, _env("DEL"), json.dumps(conf).encode()).exit_code == 0
+    gc_conf = {**_conf("1.1.0"), "cni.dev/valid-attachments": []}
+    assert dispatch(static.PLUGIN, _env("GC"), json.dumps(gc_conf).encode()).exit_code == 0
+
+
+def test_check_against_prev_result() -> None:
+    conf = _conf("1.0.0", addresses=[{"address": "10.0.0.5/24", "gateway": "10.0.0.1"}])
+    rc, result = _add(conf)
+    assert rc == 0
+    ok = dispatch(static.PLUGIN, _env("CHECK"), json.dumps({**conf, "prevResult": result}).encode())
+    assert ok.exit_code == 0, ok.stdout
+    wrong_gw = json.loads(json.dumps(result))
+    wrong_gw["ips"][0]["gateway"] = "10.0.0.254"
+    bad = dispatch(static.PLUGIN, _env("CHECK"), json.dumps({**conf, "prevResult": wrong_gw}).encode())
+    assert bad.exit_code == 1 and "Failed to match addr" in json.loads(bad.stdout)["msg"]
+    missing = dispatch(static.PLUGIN, _env("CHECK"), json.dumps({**conf, "prevResult": {
+        "cniVersion": "1.0.0", "ips": [{"address": "10.0.0.6/24"}]}}).encode())
+    assert missing.exit_code == 1 and "missing" in json.loads(missing.stdout)["msg"]
+    no_prev = dispatch(static.PLUGIN, _env("CHECK"), json.dumps(conf).encode())
+    assert no_prev.exit_code == 1 and "prevResult" in json.loads(no_prev.stdout)["msg"]
+
+
+def test_imports_stdlib_only() -> None:
+    code = ("import sys; import pycni.plugins.ipam.static; "
+            "bad=[m for m in sys.modules if m.split('.')[0] in ('pyroute2','pydantic','yaml')]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
