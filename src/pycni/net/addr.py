@@ -1,0 +1,131 @@
+"""IP addresses on links, in the calling thread's netns (see :mod:`pycni.net.link`)."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pycni.net.link import ipr, is_netlink_error, netlink_errno
+from pycni.spec.errors import CNIError
+
+IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+
+IFA_F_DADFAILED = 0x08
+IFA_F_TENTATIVE = 0x40
+RT_SCOPE_UNIVERSE = 0
+RT_SCOPE_LINK = 253
+RT_SCOPE_HOST = 254
+
+
+@dataclass
+class Addr:
+    """One address on a link."""
+
+    address: IPInterface
+    index: int
+    scope: int = RT_SCOPE_UNIVERSE
+    flags: int = 0
+    label: str = ""
+
+    @property
+    def tentative(self) -> bool:
+        return bool(self.flags & IFA_F_TENTATIVE)
+
+    @property
+    def dad_failed(self) -> bool:
+        return bool(self.flags & IFA_F_DADFAILED)
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> Addr:
+        ip = msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS")
+        flags = msg.get_attr("IFA_FLAGS")
+        return cls(address=ipaddress.ip_interface(f"{ip}/{msg['prefixlen']}"), index=int(msg["index"]),
+                   scope=int(msg["scope"]), flags=int(flags if flags is not None else msg["flags"]),
+                   label=msg.get_attr("IFA_LABEL") or "")
+
+
+def _index(sock: Any, name: str | int) -> int:
+    if isinstance(name, int):
+        return name
+    found = sock.link_lookup(ifname=name)
+    if not found:
+        raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+    return int(found[0])
+
+
+def _family(version: int | None) -> int:
+    return {4: socket.AF_INET, 6: socket.AF_INET6}.get(version or 0, socket.AF_UNSPEC)
+
+
+def list_addrs(name: str | int | None = None, family: int | None = None) -> list[Addr]:
+    """Addresses on link ``name`` (all links when None); ``family`` 4, 6 or None for both."""
+    with ipr() as sock:
+        kw: dict[str, Any] = {}
+        if name is not None:
+            kw["index"] = _index(sock, name)
+        msgs = sock.get_addr(family=_family(family), **kw)
+        return [Addr.from_msg(m) for m in msgs]
+
+
+def add_addr(name: str | int, address: IPInterface | str, *, exist_ok: bool = False) -> None:
+    """Add ``address`` (with its prefix) to the link; IPv4 gets the broadcast ``ip`` would give."""
+    addr = ipaddress.ip_interface(address) if isinstance(address, str) else address
+    with ipr() as sock:
+        index = _index(sock, name)
+        kw: dict[str, Any] = {"index": index, "address": str(addr.ip), "prefixlen": addr.network.prefixlen}
+        if addr.version == 4 and addr.network.prefixlen < 31:
+            kw["broadcast"] = str(addr.network.broadcast_address)
+        try:
+            sock.addr("add", **kw)
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            if exist_ok and netlink_errno(e) == errno.EEXIST:
+                return
+            raise CNIError(100, f"failed to add IP addr {addr} to {name!r}", str(e)) from None
+
+
+def del_addr(name: str | int, address: IPInterface | str) -> bool:
+    """Remove ``address``; True when it was there. Idempotent (missing link or address: False)."""
+    addr = ipaddress.ip_interface(address) if isinstance(address, str) else address
+    with ipr() as sock:
+        try:
+            index = _index(sock, name)
+        except CNIError:
+            return False
+        try:
+            sock.addr("del", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            if netlink_errno(e) in (errno.EADDRNOTAVAIL, errno.ENOENT, errno.ENODEV, errno.ESRCH):
+                return False
+            raise CNIError(100, f"failed to remove IP addr {addr} from {name!r}", str(e)) from None
+        return True
+
+
+def settle_addresses(name: str, timeout: float = 5.0) -> None:
+    """Wait until no IPv6 address on ``name`` is tentative (DAD done), as Go's SettleAddresses.
+
+    Raises CNIError when DAD failed for an address or when ``timeout`` runs out.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = []
+        for a in list_addrs(name, 6):
+            if a.dad_failed:
+                raise CNIError(100, f"failed to settle addresses for {name!r}",
+                               f"duplicate address detected for {a.address}")
+            if a.tentative and a.scope != RT_SCOPE_HOST:
+                pending.append(a)
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise CNIError(100, f"failed to settle addresses for {name!r}",
+                           f"link {name} still has tentative addresses after {timeout}s: "
+                           f"{', '.join(str(a.address) for a in pending)}")
+        time.sleep(0.05)

@@ -1,0 +1,172 @@
+"""Routes, in the calling thread's netns (see :mod:`pycni.net.link`).
+
+Defaults follow vishvananda/netlink as the Go plugins use it: a route is added with scope
+universe and the main table unless told otherwise, and adding an identical route fails with
+"file exists" unless ``exist_ok``.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from pycni.net.link import ipr, is_netlink_error, netlink_errno
+from pycni.spec.errors import CNIError
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+RT_TABLE_MAIN = 254
+RT_TABLE_LOCAL = 255
+RT_SCOPE_UNIVERSE = 0
+RT_SCOPE_LINK = 253
+RTN_UNICAST = 1
+RTPROT_BOOT = 3  # what vishvananda/netlink (and so the Go plugins) stamp on routes they add
+
+
+@dataclass
+class RouteEntry:
+    """One route as the kernel reports it."""
+
+    dst: IPNetwork
+    gw: IPAddress | None = None
+    oif: int | None = None
+    table: int = RT_TABLE_MAIN
+    priority: int = 0
+    scope: int = RT_SCOPE_UNIVERSE
+    proto: int = 0
+    type: int = RTN_UNICAST
+    multipath_gws: tuple[IPAddress, ...] = ()
+
+    @classmethod
+    def from_msg(cls, msg: Any) -> RouteEntry:
+        fam = 4 if msg["family"] == socket.AF_INET else 6
+        dst_ip = msg.get_attr("RTA_DST") or ("0.0.0.0" if fam == 4 else "::")
+        dst = ipaddress.ip_network(f"{dst_ip}/{msg['dst_len']}", strict=False)
+        gw = msg.get_attr("RTA_GATEWAY")
+        table = msg.get_attr("RTA_TABLE")
+        mp_gws: list[IPAddress] = []
+        oif = msg.get_attr("RTA_OIF")
+        for nh in msg.get_attr("RTA_MULTIPATH") or []:
+            g = nh.get_attr("RTA_GATEWAY")
+            if g:
+                mp_gws.append(ipaddress.ip_address(g))
+            if oif is None:
+                oif = nh["oif"]
+        return cls(dst=dst, gw=ipaddress.ip_address(gw) if gw else None, oif=oif,
+                   table=int(table if table is not None else msg["table"]),
+                   priority=int(msg.get_attr("RTA_PRIORITY") or 0), scope=int(msg["scope"]),
+                   proto=int(msg["proto"]), type=int(msg["type"]), multipath_gws=tuple(mp_gws))
+
+    def via(self, gw: IPAddress) -> bool:
+        return self.gw == gw or gw in self.multipath_gws
+
+
+def _index(sock: Any, name: str | int | None) -> int | None:
+    if name is None or isinstance(name, int):
+        return name
+    found = sock.link_lookup(ifname=name)
+    if not found:
+        raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+    return int(found[0])
+
+
+def _spec(dst: IPNetwork | str, gw: IPAddress | str | None, oif: int | None, table: int | None,
+          priority: int | None, scope: int | None, mtu: int | None = None, advmss: int | None = None,
+          proto: int | None = None) -> dict[str, Any]:
+    net = ipaddress.ip_network(dst, strict=False) if isinstance(dst, str) else dst
+    kw: dict[str, Any] = {"family": socket.AF_INET if net.version == 4 else socket.AF_INET6,
+                          "dst_len": net.prefixlen}
+    if net.prefixlen:
+        kw["dst"] = str(net.network_address)
+    if gw is not None:
+        kw["gateway"] = str(gw)
+    if oif is not None:
+        kw["oif"] = oif
+    if table is not None:
+        kw["table"] = table
+    if priority:
+        kw["priority"] = priority
+    if scope is not None:
+        kw["scope"] = scope
+    if proto is not None:
+        kw["proto"] = proto
+    metrics = {}
+    if mtu:
+        metrics["RTAX_MTU"] = mtu
+    if advmss:
+        metrics["RTAX_ADVMSS"] = advmss
+    if metrics:
+        kw["metrics"] = metrics
+    return kw
+
+
+def _describe(kw: dict[str, Any], dev: str | int | None) -> str:
+    dst = f"{kw.get('dst', 'default' if kw['dst_len'] == 0 else '')}/{kw['dst_len']}"
+    return (f"{dst} via {kw.get('gateway', '<nil>')} dev {dev} metric {kw.get('priority', 0)} "
+            f"(scope {kw.get('scope', 0)}, table {kw.get('table', RT_TABLE_MAIN)})")
+
+
+def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: str | int | None = None,
+              table: int | None = None, priority: int | None = None, scope: int | None = None,
+              mtu: int | None = None, advmss: int | None = None, exist_ok: bool = False,
+              replace: bool = False) -> None:
+    """Add (or with ``replace``, replace) a route; ``dev`` is a link name or index."""
+    with ipr() as sock:
+        oif = _index(sock, dev)
+        kw = _spec(dst, gw, oif, table, priority, scope, mtu, advmss, proto=RTPROT_BOOT)
+        try:
+            sock.route("replace" if replace else "add", **kw)
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            if exist_ok and netlink_errno(e) == errno.EEXIST:
+                return
+            raise CNIError(100, f"failed to add route '{_describe(kw, dev)}'", str(e)) from None
+
+
+def replace_route(dst: IPNetwork | str, **kw: Any) -> None:
+    add_route(dst, replace=True, **kw)
+
+
+def del_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: str | int | None = None,
+              table: int | None = None, priority: int | None = None, scope: int | None = None) -> bool:
+    """Delete a matching route; True when one was removed. Idempotent."""
+    with ipr() as sock:
+        try:
+            oif = _index(sock, dev)
+        except CNIError:
+            return False
+        kw = _spec(dst, gw, oif, table, priority, scope)
+        try:
+            sock.route("del", **kw)
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            if netlink_errno(e) in (errno.ESRCH, errno.ENOENT, errno.ENODEV):
+                return False
+            raise CNIError(100, f"failed to delete route '{_describe(kw, dev)}'", str(e)) from None
+        return True
+
+
+def list_routes(family: int | None = None, *, table: int | None = RT_TABLE_MAIN,
+                dev: str | int | None = None) -> list[RouteEntry]:
+    """Routes of ``family`` (4, 6, None for both) in ``table`` (None: every table), optionally by link."""
+    with ipr() as sock:
+        oif = _index(sock, dev)
+        fams = [socket.AF_INET, socket.AF_INET6] if family is None else [
+            socket.AF_INET if family == 4 else socket.AF_INET6]
+        out: list[RouteEntry] = []
+        for fam in fams:
+            kw: dict[str, Any] = {"table": table} if table is not None else {}  # no table: all of them
+            for msg in sock.get_routes(family=fam, **kw):
+                r = RouteEntry.from_msg(msg)
+                if table is not None and r.table != table:
+                    continue
+                if oif is not None and r.oif != oif:
+                    continue
+                out.append(r)
+        return out
