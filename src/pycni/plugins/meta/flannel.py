@@ -1,0 +1,271 @@
+"""flannel: turn flannel's node subnet file into a delegate configuration and run the delegate.
+
+flanneld writes the node's share of the cluster network to a subnet file (default
+/run/flannel/subnet.env). On ADD this plugin builds a configuration for the delegate plugin
+(bridge by default) with host-local IPAM over the node's subnet and a route to the whole
+flannel network, saves that configuration under ``dataDir`` keyed by container ID, and runs
+the delegate. DEL replays the saved configuration, so it works after the subnet file has
+gone or changed, and removes it once the delegate's DEL succeeded. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pycni import invoke
+from pycni.skel import CmdArgs, Plugin, config_version, load_conf, run_plugin
+from pycni.spec import errors as E
+from pycni.spec.errors import CNIError
+from pycni.spec.types import Result
+from pycni.spec.validate import validate_container_id
+
+DEFAULT_SUBNET_FILE = "/run/flannel/subnet.env"
+DEFAULT_DATA_DIR = "/var/lib/cni/flannel"
+
+
+@dataclass
+class SubnetEnv:
+    """What flanneld wrote about this node (IPv4 and/or IPv6)."""
+
+    networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(default_factory=list)
+    subnets: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(default_factory=list)
+    mtu: int | None = None
+    ipmasq: bool | None = None
+
+
+@dataclass
+class FlannelConf:
+    name: str
+    cni_version: str
+    subnet_file: str
+    data_dir: str
+    delegate: dict[str, Any]
+    ipam: dict[str, Any] | None
+    runtime_config: dict[str, Any] | None
+    raw: dict[str, Any]
+
+
+def parse_conf(data: bytes) -> FlannelConf:
+    raw = load_conf(data)
+
+    def opt_dict(key: str) -> dict[str, Any] | None:
+        value = raw.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise CNIError(E.INVALID_CONFIG, f"'{key}' must be a JSON object", f"got {value!r}")
+        return value
+
+    delegate = opt_dict("delegate") or {}
+    if "type" in delegate and not isinstance(delegate["type"], str):
+        raise CNIError(E.INVALID_CONFIG, "'delegate' dictionary, if present, must have (string) 'type' field")
+    if "name" in delegate:
+        raise CNIError(E.INVALID_CONFIG, "'delegate' dictionary must not have 'name' field, it'll be set by flannel")
+    if "ipam" in delegate:
+        raise CNIError(E.INVALID_CONFIG, "'delegate' dictionary must not have 'ipam' field, it'll be set by flannel")
+    for key in ("subnetFile", "dataDir"):
+        if key in raw and not isinstance(raw[key], str):
+            raise CNIError(E.INVALID_CONFIG, f"'{key}' must be a string", f"got {raw[key]!r}")
+    return FlannelConf(name=str(raw.get("name", "")), cni_version=config_version(raw),
+                       subnet_file=raw.get("subnetFile") or DEFAULT_SUBNET_FILE,
+                       data_dir=raw.get("dataDir") or DEFAULT_DATA_DIR, delegate=dict(delegate),
+                       ipam=opt_dict("ipam"), runtime_config=opt_dict("runtimeConfig"), raw=raw)
+
+
+def load_subnet_env(path: str) -> SubnetEnv:
+    """Parse flannel's subnet file; missing keys and bad values are config errors (code 7)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise CNIError(E.INVALID_CONFIG, f"failed to read flannel subnet file {path}",
+                       f"{e.strerror or e}; is flanneld running on this node?") from None
+    env = SubnetEnv()
+    v4: dict[str, Any] = {}
+    v6: dict[str, Any] = {}
+    for lineno, line in enumerate(lines, 1):
+        key, sep, value = line.strip().partition("=")
+        if not sep:
+            continue
+        try:
+            if key in ("FLANNEL_NETWORK", "FLANNEL_SUBNET"):
+                v4[key] = ipaddress.ip_network(value, strict=False)
+            elif key in ("FLANNEL_IPV6_NETWORK", "FLANNEL_IPV6_SUBNET"):
+                v6[key] = ipaddress.ip_network(value, strict=False)
+            elif key == "FLANNEL_MTU":
+                env.mtu = int(value)
+                if not 0 < env.mtu < 2**32:
+                    raise ValueError("MTU out of range")
+            elif key == "FLANNEL_IPMASQ":
+                env.ipmasq = value == "true"
+        except ValueError as e:
+            raise CNIError(E.INVALID_CONFIG, f"invalid {key} in flannel subnet file {path}",
+                           f"line {lineno}: {value!r}: {e}") from None
+    env.networks = [n for n in (v4.get("FLANNEL_NETWORK"), v6.get("FLANNEL_IPV6_NETWORK")) if n]
+    env.subnets = [n for n in (v4.get("FLANNEL_SUBNET"), v6.get("FLANNEL_IPV6_SUBNET")) if n]
+    missing = []
+    if not env.networks:
+        missing += ["FLANNEL_NETWORK", "FLANNEL_IPV6_NETWORK"]
+    if not env.subnets:
+        missing += ["FLANNEL_SUBNET", "FLANNEL_IPV6_SUBNET"]
+    if env.mtu is None:
+        missing.append("FLANNEL_MTU")
+    if env.ipmasq is None:
+        missing.append("FLANNEL_IPMASQ")
+    if missing:
+        raise CNIError(E.INVALID_CONFIG, f"{path} is missing {', '.join(missing)}",
+                       "flanneld writes all of these; check the file or the subnetFile setting")
+    return env
+
+
+def delegate_conf(conf: FlannelConf, env: SubnetEnv) -> dict[str, Any]:
+    """The delegate's configuration, merged as flannel merges it (explicit delegate keys win)."""
+    d = dict(conf.delegate)
+    d["name"] = conf.name
+    d.setdefault("type", "bridge")
+    if "ipMasq" not in d:
+        d["ipMasq"] = not env.ipmasq  # masquerade in the delegate only when flanneld does not
+    if "mtu" not in d:
+        d["mtu"] = env.mtu
+    if d["type"] == "bridge":
+        d.setdefault("isGateway", True)
+    if conf.cni_version:
+        d["cniVersion"] = conf.cni_version
+    ipam = dict(conf.ipam or {})
+    ipam.setdefault("type", "host-local")
+    ipam["ranges"] = [[{"subnet": str(sn)}] for sn in env.subnets]
+    routes = list(ipam.get("routes") or [])
+    if not isinstance(routes, list):
+        raise CNIError(E.INVALID_CONFIG, "failed to read IPAM routes", "ipam.routes must be a list")
+    routes += [{"dst": str(nw)} for nw in env.networks]
+    ipam["routes"] = routes
+    d["ipam"] = ipam
+    if conf.runtime_config is not None:
+        d["runtimeConfig"] = conf.runtime_config
+    return d
+
+
+def _scratch_path(data_dir: str, container_id: str) -> str:
+    validate_container_id(container_id)  # the ID names a file: it must not escape dataDir
+    return os.path.join(data_dir, container_id)
+
+
+def _save(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _read_saved(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise CNIError(E.IO_FAILURE, f"failed to read saved flannel delegate config {path}", str(e)) from None
+
+
+def cmd_add(args: CmdArgs) -> Result:
+    conf = parse_conf(args.stdin_data)
+    env = load_subnet_env(conf.subnet_file)
+    delegate = delegate_conf(conf, env)
+    data = json.dumps(delegate).encode()
+    path = _scratch_path(conf.data_dir, args.container_id)
+    try:
+        _save(path, data)
+    except OSError as e:
+        raise CNIError(E.IO_FAILURE, f"failed to save delegate config in {conf.data_dir}", str(e)) from None
+    try:
+        return invoke.delegate_add(delegate["type"], data, args)
+    except Exception:
+        # Leave nothing behind: undo whatever the delegate managed, then forget the config.
+        try:
+            invoke.delegate_del(delegate["type"], data, args)
+        except CNIError:
+            pass
+        _remove(path)
+        raise
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def cmd_del(args: CmdArgs) -> None:
+    conf = parse_conf(args.stdin_data)
+    path = _scratch_path(conf.data_dir, args.container_id)
+    saved = _read_saved(path)
+    if saved is None:
+        return  # never added, or already deleted: DEL is idempotent
+    try:
+        delegate = json.loads(saved)
+        plugin_type = delegate["type"]
+    except (ValueError, KeyError, TypeError):
+        _remove(path)  # unusable leftover; nothing can be replayed from it
+        return
+    invoke.delegate_del(plugin_type, saved, args)
+    _remove(path)
+
+
+def cmd_check(args: CmdArgs) -> None:
+    """Replay CHECK through the delegate with the saved configuration and our prevResult."""
+    conf = parse_conf(args.stdin_data)
+    saved = _read_saved(_scratch_path(conf.data_dir, args.container_id))
+    if saved is None:
+        raise CNIError(E.UNKNOWN_CONTAINER, f"no flannel delegate config for container {args.container_id}",
+                       f"nothing saved in {conf.data_dir}; was ADD run for this container?")
+    delegate = json.loads(saved)
+    if "prevResult" in conf.raw:
+        prev = Result.from_dict(conf.raw["prevResult"], conf.cni_version)
+        delegate["prevResult"] = prev.to_dict(delegate.get("cniVersion") or conf.cni_version)
+    invoke.delegate_check(delegate["type"], json.dumps(delegate).encode(), args)
+
+
+def cmd_gc(args: CmdArgs) -> None:
+    """Let the delegate collect what is not in cni.dev/valid-attachments; drop stale saved configs."""
+    conf = parse_conf(args.stdin_data)
+    valid = conf.raw.get("cni.dev/valid-attachments") or []
+    keep = {a.get("containerID") for a in valid if isinstance(a, dict)}
+    try:
+        env = load_subnet_env(conf.subnet_file)
+    except CNIError:
+        env = None
+    if env is not None:
+        delegate = delegate_conf(conf, env)
+        delegate["cni.dev/valid-attachments"] = valid
+        invoke.delegate_gc(delegate["type"], json.dumps(delegate).encode(), args)
+    try:
+        names = os.listdir(conf.data_dir)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name not in keep and ".tmp" not in name:
+            _remove(os.path.join(conf.data_dir, name))
+
+
+def cmd_status(args: CmdArgs) -> None:
+    conf = parse_conf(args.stdin_data)
+    try:
+        load_subnet_env(conf.subnet_file)
+    except CNIError as e:
+        raise CNIError(E.PLUGIN_NOT_AVAILABLE, "flannel subnet file not available", str(e)) from None
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
+                about="pycni flannel: delegates to bridge (or another plugin) using flannel's subnet file")
+
+
+def main() -> None:
+    run_plugin(PLUGIN)

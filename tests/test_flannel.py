@@ -1,0 +1,185 @@
+"""flannel: delegate config building, subnet-file errors, DEL from the saved config, two nodes over VXLAN."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from netns_util import Namespace
+from pycni import invoke
+from pycni.plugins.meta import flannel
+from pycni.skel import dispatch
+from pycni.spec.errors import CNIError
+
+SUBNET_ENV = "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n"
+
+
+def write_env(tmp_path: Path, text: str = SUBNET_ENV, name: str = "subnet.env") -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def conf_bytes(tmp_path: Path, subnet_file: str, **extra: object) -> bytes:
+    conf = {"cniVersion": "1.0.0", "name": "flnet", "type": "flannel", "subnetFile": subnet_file,
+            "dataDir": str(tmp_path / "flannel-data"), "ipam": {"dataDir": str(tmp_path / "ipam")}}
+    conf.update(extra)
+    return json.dumps(conf).encode()
+
+
+# ---- unit: config merging --------------------------------------------------------------------
+
+def test_delegate_defaults_follow_flannel(tmp_path: Path) -> None:
+    env = flannel.load_subnet_env(write_env(tmp_path))
+    conf = flannel.parse_conf(conf_bytes(tmp_path, "x", runtimeConfig={"portMappings": []}))
+    d = flannel.delegate_conf(conf, env)
+    assert d["type"] == "bridge" and d["name"] == "flnet" and d["cniVersion"] == "1.0.0"
+    assert d["ipMasq"] is False  # flanneld masquerades, so the bridge must not
+    assert d["mtu"] == 1450 and d["isGateway"] is True
+    assert d["ipam"]["type"] == "host-local"
+    assert d["ipam"]["ranges"] == [[{"subnet": "10.244.1.0/24"}]]
+    assert d["ipam"]["routes"] == [{"dst": "10.244.0.0/16"}]
+    assert d["ipam"]["dataDir"] == str(tmp_path / "ipam")
+    assert d["runtimeConfig"] == {"portMappings": []}
+
+
+def test_explicit_delegate_keys_win_and_routes_append(tmp_path: Path) -> None:
+    env = flannel.load_subnet_env(write_env(tmp_path, SUBNET_ENV.replace("true", "false")))
+    conf = flannel.parse_conf(conf_bytes(tmp_path, "x", delegate={"mtu": 1400, "isGateway": False,
+                                                                   "bridge": "fl0"},
+                                         ipam={"routes": [{"dst": "192.0.2.0/24"}]}))
+    d = flannel.delegate_conf(conf, env)
+    assert d["mtu"] == 1400 and d["isGateway"] is False and d["bridge"] == "fl0"
+    assert d["ipMasq"] is True
+    assert d["ipam"]["routes"] == [{"dst": "192.0.2.0/24"}, {"dst": "10.244.0.0/16"}]
+
+
+def test_dual_stack_subnet_file(tmp_path: Path) -> None:
+    text = SUBNET_ENV + "FLANNEL_IPV6_NETWORK=fd00:10::/56\nFLANNEL_IPV6_SUBNET=fd00:10:0:1::1/64\n"
+    d = flannel.delegate_conf(flannel.parse_conf(conf_bytes(tmp_path, "x")),
+                              flannel.load_subnet_env(write_env(tmp_path, text)))
+    assert d["ipam"]["ranges"] == [[{"subnet": "10.244.1.0/24"}], [{"subnet": "fd00:10:0:1::/64"}]]
+    assert {"dst": "fd00:10::/56"} in d["ipam"]["routes"]
+
+
+def test_ipv6_only_subnet_file(tmp_path: Path) -> None:
+    text = "FLANNEL_IPV6_NETWORK=fd00:10::/56\nFLANNEL_IPV6_SUBNET=fd00:10:0:1::1/64\nFLANNEL_MTU=1400\nFLANNEL_IPMASQ=false\n"
+    env = flannel.load_subnet_env(write_env(tmp_path, text))
+    assert [str(s) for s in env.subnets] == ["fd00:10:0:1::/64"]
+
+
+@pytest.mark.parametrize("delegate,msg", [({"name": "x"}, "'name'"), ({"ipam": {}}, "'ipam'"),
+                                          ({"type": 5}, "(string) 'type'")])
+def test_bad_delegate_is_config_error(tmp_path: Path, delegate: dict, msg: str) -> None:
+    with pytest.raises(CNIError) as e:
+        flannel.parse_conf(conf_bytes(tmp_path, "x", delegate=delegate))
+    assert e.value.code == 7 and msg in e.value.msg
+
+
+@pytest.mark.parametrize("text,what", [
+    (None, "failed to read flannel subnet file"),
+    ("FLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n", "missing FLANNEL_NETWORK"),
+    (SUBNET_ENV.replace("1450", "lots"), "invalid FLANNEL_MTU"),
+    (SUBNET_ENV.replace("10.244.1.1/24", "10.244.1.300/24"), "invalid FLANNEL_SUBNET"),
+])
+def test_subnet_file_errors_change_nothing(tmp_path: Path, text: str | None, what: str) -> None:
+    path = str(tmp_path / "subnet.env") if text is None else write_env(tmp_path, text)
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/proc/self/ns/net",
+           "CNI_IFNAME": "eth0", "CNI_PATH": str(tmp_path / "nothing-here")}
+    out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, path))
+    err = json.loads(out.stdout)
+    assert out.exit_code == 1 and err["code"] == 7 and what in err["msg"], err
+    assert not (tmp_path / "flannel-data").exists() or not os.listdir(tmp_path / "flannel-data")
+
+
+def test_del_without_saved_config_succeeds(tmp_path: Path) -> None:
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "never-added", "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent"}
+    out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, str(tmp_path / "gone.env")))
+    assert out.exit_code == 0 and out.stdout == b""
+
+
+def test_status_reports_missing_subnet_file(tmp_path: Path) -> None:
+    env = {"CNI_COMMAND": "STATUS", "CNI_PATH": "/nonexistent"}
+    data = json.loads(conf_bytes(tmp_path, str(tmp_path / "gone.env")))
+    data["cniVersion"] = "1.1.0"
+    out = dispatch(flannel.PLUGIN, env, json.dumps(data).encode())
+    assert out.exit_code == 1 and json.loads(out.stdout)["code"] == 50
+
+
+# ---- integration: real namespaces ------------------------------------------------------------
+
+def run_flannel(node: Namespace, plugin_dir: str, command: str, container: Namespace | None, cid: str,
+                conf: bytes) -> bytes:
+    env = invoke.plugin_env({"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin")}, command, container_id=cid,
+                            netns=container.path if container else "", ifname="eth0", path=plugin_dir)
+    with node.enter():
+        return invoke.exec_plugin(os.path.join(plugin_dir, "flannel"), conf, env)
+
+
+def test_add_then_del_after_subnet_file_removed(netns_factory: Callable[[], Namespace], plugin_dir: str,
+                                                 tmp_path: Path) -> None:
+    node, ctr = netns_factory(), netns_factory()
+    subnet_file = write_env(tmp_path)
+    conf = conf_bytes(tmp_path, subnet_file, delegate={"isDefaultGateway": True, "bridge": "cni-fl0"})
+    out = json.loads(run_flannel(node, plugin_dir, "ADD", ctr, "ctr-1", conf))
+    addr = out["ips"][0]["address"]
+    assert addr.startswith("10.244.1.") and addr.endswith("/24"), out
+    assert out["ips"][0]["gateway"] == "10.244.1.1"
+    link = json.loads(ctr.run(["ip", "-j", "link", "show", "eth0"]).stdout)[0]
+    assert link["mtu"] == 1450
+    routes = json.loads(ctr.run(["ip", "-j", "route", "show", "default"]).stdout)
+    assert routes and routes[0]["gateway"] == "10.244.1.1"
+    ctr.run(["ping", "-c", "1", "-W", "2", "10.244.1.1"])
+    saved = tmp_path / "flannel-data" / "ctr-1"
+    assert json.loads(saved.read_bytes())["ipam"]["ranges"] == [[{"subnet": "10.244.1.0/24"}]]
+
+    os.unlink(subnet_file)  # flanneld went away: DEL must still clean up from the saved config
+    run_flannel(node, plugin_dir, "DEL", ctr, "ctr-1", conf)
+    assert not saved.exists()
+    assert ctr.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
+    assert not [f for f in os.listdir(tmp_path / "ipam" / "flnet") if f[0].isdigit()]
+    run_flannel(node, plugin_dir, "DEL", ctr, "ctr-1", conf)  # and again: idempotent
+
+
+def _vxlan_node(node: Namespace, underlay_ip: str, vtep_ip: str) -> str:
+    node.run(["ip", "link", "add", "flannel.1", "type", "vxlan", "id", "1", "local", underlay_ip,
+              "dev", "underlay", "dstport", "8472", "nolearning"])
+    node.run(["ip", "link", "set", "flannel.1", "mtu", "1450", "up"])
+    node.run(["ip", "addr", "add", f"{vtep_ip}/32", "dev", "flannel.1"])
+    node.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+    return str(json.loads(node.run(["ip", "-j", "link", "show", "flannel.1"]).stdout)[0]["address"])
+
+
+def test_two_nodes_over_vxlan(netns_factory: Callable[[], Namespace], plugin_dir: str, tmp_path: Path) -> None:
+    """flannel's vxlan backend by hand: a container on node 1 reaches a container on node 2."""
+    n1, n2, c1, c2 = (netns_factory() for _ in range(4))
+    subprocess.run(["ip", "link", "add", "underlay", "netns", n1.name, "type", "veth", "peer", "name", "underlay",
+                    "netns", n2.name], check=True)
+    for ns, ip in ((n1, "172.30.0.1"), (n2, "172.30.0.2")):
+        ns.run(["ip", "addr", "add", f"{ip}/24", "dev", "underlay"])
+        ns.run(["ip", "link", "set", "underlay", "up"])
+    mac1 = _vxlan_node(n1, "172.30.0.1", "10.244.1.0")
+    mac2 = _vxlan_node(n2, "172.30.0.2", "10.244.2.0")
+    for ns, peer_vtep, peer_mac, peer_underlay, peer_subnet in (
+            (n1, "10.244.2.0", mac2, "172.30.0.2", "10.244.2.0/24"),
+            (n2, "10.244.1.0", mac1, "172.30.0.1", "10.244.1.0/24")):
+        ns.run(["ip", "neigh", "add", peer_vtep, "lladdr", peer_mac, "dev", "flannel.1", "nud", "permanent"])
+        ns.run(["bridge", "fdb", "append", peer_mac, "dev", "flannel.1", "dst", peer_underlay])
+        ns.run(["ip", "route", "add", peer_subnet, "via", peer_vtep, "dev", "flannel.1", "onlink"])
+
+    addrs = []
+    for i, (node, ctr) in enumerate(((n1, c1), (n2, c2)), 1):
+        d = tmp_path / f"node{i}"
+        d.mkdir()
+        env_file = write_env(d, SUBNET_ENV.replace("10.244.1.1/24", f"10.244.{i}.1/24"))
+        conf = conf_bytes(d, env_file)
+        out = json.loads(run_flannel(node, plugin_dir, "ADD", ctr, f"ctr-{i}", conf))
+        addrs.append(out["ips"][0]["address"].split("/")[0])
+    assert addrs[0].startswith("10.244.1.") and addrs[1].startswith("10.244.2.")
+    c1.run(["ping", "-c", "2", "-W", "2", addrs[1]])
+    c2.run(["ping", "-c", "2", "-W", "2", addrs[0]])
