@@ -1,0 +1,176 @@
+"""iptables / ip6tables through their commands, for plugins whose ``backend`` asks for them.
+
+Every call waits for the xtables lock (``-w``) so concurrent plugin invocations queue rather
+than fail. Commands act in the calling thread's network namespace (processes forked inside
+:func:`pycni.net.netns.enter` inherit it). Where one round trip will do, use :func:`restore`
+(``iptables-restore --noflush``), which applies a whole table's changes atomically.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Sequence
+
+from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
+
+LOCK_WAIT_SECONDS = "30"
+_NOT_FOUND = ("No chain/target/match by that name", "does a matching rule exist", "doesn't exist",
+              "No such file or directory", "Bad rule (does a matching rule exist")
+
+
+class IptablesError(CNIError):
+    """An iptables command failed; ``stderr`` is the tool's own explanation."""
+
+    def __init__(self, code: int, msg: str, stderr: str, exit_status: int) -> None:
+        super().__init__(code, msg, stderr.strip())
+        self.stderr = stderr
+        self.exit_status = exit_status
+
+    @property
+    def not_found(self) -> bool:
+        return any(s in self.stderr for s in _NOT_FOUND)
+
+    @property
+    def chain_exists(self) -> bool:
+        return "Chain already exists" in self.stderr
+
+
+def _binary(ipv6: bool, restore: bool = False) -> str:
+    base = "ip6tables" if ipv6 else "iptables"
+    return f"{base}-restore" if restore else base
+
+
+def _exec(cmd: list[str], stdin: str | None, code: int) -> str:
+    try:
+        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=90)
+    except FileNotFoundError:
+        raise IptablesError(IO_FAILURE, f"{cmd[0]} command not found",
+                            "install the iptables package or choose the nftables backend", 127) from None
+    except subprocess.TimeoutExpired:
+        raise IptablesError(TRY_AGAIN, f"{cmd[0]} timed out", "the xtables lock was not released in time",
+                            -1) from None
+    if proc.returncode != 0:
+        err = proc.stderr or proc.stdout
+        if proc.returncode == 4 or "Resource temporarily unavailable" in err or "xtables lock" in err:
+            code = TRY_AGAIN
+        shown = " ".join(shlex.quote(a) for a in cmd)
+        raise IptablesError(code, f"{shown} failed", err, proc.returncode)
+    return proc.stdout
+
+
+def run(args: Sequence[str], ipv6: bool = False, *, code: int = IO_FAILURE) -> str:
+    """Run one ``iptables``/``ip6tables`` command (with ``-w``); return its stdout."""
+    return _exec([_binary(ipv6), "-w", LOCK_WAIT_SECONDS, *args], None, code)
+
+
+def restore(text: str, ipv6: bool = False, *, noflush: bool = True, code: int = IO_FAILURE) -> None:
+    """Apply ``iptables-save`` formatted ``text`` in one atomic commit per table."""
+    cmd = [_binary(ipv6, restore=True), "-w", LOCK_WAIT_SECONDS]
+    if noflush:
+        cmd.append("--noflush")
+    _exec(cmd, text, code)
+
+
+def restore_quote(arg: str) -> str:
+    """``arg`` quoted for an iptables-restore line (double quotes, backslash escapes)."""
+    if arg and not any(c in arg for c in " \t\"'\\"):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def rule_line(op: str, chain: str, rule: Sequence[str]) -> str:
+    """One iptables-restore line: ``-A CHAIN args...``."""
+    return " ".join([op, chain, *(restore_quote(a) for a in rule)])
+
+
+def rule_exists(table: str, chain: str, rule: Sequence[str], ipv6: bool = False) -> bool:
+    try:
+        run(["-t", table, "-C", chain, *rule], ipv6)
+    except IptablesError as e:
+        if e.exit_status in (1, 2) or e.not_found:
+            return False
+        raise
+    return True
+
+
+def list_rules(table: str, chain: str, ipv6: bool = False) -> list[str]:
+    """The ``-S`` lines of ``chain`` (without its ``-N``/``-P`` header); [] when it is missing."""
+    try:
+        out = run(["-t", table, "-S", chain], ipv6)
+    except IptablesError as e:
+        if e.not_found or e.exit_status == 1:
+            return []
+        raise
+    return [line for line in out.splitlines() if line.startswith("-A ")]
+
+
+def list_chains(table: str, ipv6: bool = False) -> list[str]:
+    out = run(["-t", table, "-S"], ipv6)
+    chains = []
+    for line in out.splitlines():
+        if line.startswith(("-N ", "-P ")):
+            chains.append(line.split()[1])
+    return chains
+
+
+def chain_exists(table: str, chain: str, ipv6: bool = False) -> bool:
+    try:
+        run(["-t", table, "-n", "-L", chain], ipv6)
+    except IptablesError as e:
+        if e.not_found or e.exit_status == 1:
+            return False
+        raise
+    return True
+
+
+def ensure_chain(table: str, chain: str, ipv6: bool = False) -> None:
+    try:
+        run(["-t", table, "-N", chain], ipv6)
+    except IptablesError as e:
+        if not e.chain_exists:
+            raise
+
+
+def append_unique(table: str, chain: str, rule: Sequence[str], ipv6: bool = False, *,
+                  prepend: bool = False) -> None:
+    """Add ``rule`` unless an identical one is there (``prepend`` inserts it first)."""
+    if rule_exists(table, chain, rule, ipv6):
+        return
+    run(["-t", table, "-I" if prepend else "-A", chain, *([] if not prepend else ["1"]), *rule], ipv6)
+
+
+def delete_rule(table: str, chain: str, rule: Sequence[str], ipv6: bool = False) -> None:
+    """Delete ``rule``; a missing rule or chain is not an error (DEL is idempotent)."""
+    try:
+        run(["-t", table, "-D", chain, *rule], ipv6)
+    except IptablesError as e:
+        if not (e.not_found or e.exit_status in (1, 2)):
+            raise
+
+
+def delete_chain(table: str, chain: str, ipv6: bool = False) -> None:
+    """Flush and delete ``chain``; a missing chain is not an error."""
+    for op in ("-F", "-X"):
+        try:
+            run(["-t", table, op, chain], ipv6)
+        except IptablesError as e:
+            if not e.not_found:
+                raise
+            return
+
+
+def split_rule(line: str) -> list[str]:
+    """An ``-S`` line as arguments, without its leading ``-A CHAIN``."""
+    parts = shlex.split(line)
+    return parts[2:] if parts[:1] == ["-A"] else parts
+
+
+def usable(ipv6: bool = False) -> bool:
+    """Whether this iptables family works here (binary present, nat table reachable)."""
+    try:
+        run(["-t", "nat", "-S", "OUTPUT"], ipv6)
+    except IptablesError:
+        return False
+    return True

@@ -1,0 +1,245 @@
+"""IP masquerading for a container's addresses (the ``ipMasq`` of bridge and ptp).
+
+Two backends, each laid out as the Go reference lays it out so rules made by either
+implementation can be found and removed by the other:
+
+* ``iptables``: a nat chain ``CNI-<hash(network+containerID)>`` holding ``-d <subnet> -j ACCEPT``
+  and ``! -d 224.0.0.0/4 -j MASQUERADE`` (``ff00::/8`` for IPv6), jumped to from POSTROUTING with
+  ``-s <ip>``; every rule carries the comment ``name: "<network>" id: "<containerID>"``.
+* ``nftables``: table ``inet cni_plugins_masquerade`` whose ``postrouting`` nat chain skips
+  multicast and goes to ``masq_checks``, which holds one ``saddr == ip daddr != subnet
+  masquerade`` rule per address, commented with a hash of (network, ifname, containerID).
+  Each call is one nft transaction.
+
+Everything acts in the calling thread's network namespace. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from ipaddress import IPv4Interface, IPv6Interface
+
+from pycni.net import iptables, nft
+from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+
+Address = IPv4Interface | IPv6Interface
+
+BACKENDS = ("iptables", "nftables")
+NFT_TABLE = "cni_plugins_masquerade"
+NFT_CHAIN = "masq_checks"
+_TABLE_COMMENT = "Masquerading for plugins from github.com/containernetworking/plugins"
+_CHAIN_COMMENT = "Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet"
+MULTICAST = {4: "224.0.0.0/4", 6: "ff00::/8"}
+
+
+# ---- names shared with the Go reference -----------------------------------------------------
+def hash_with_prefix(length: int, prefix: str, to_hash: str) -> str:
+    """``prefix`` + hex SHA-512 of ``to_hash``, cut to ``length`` (Go: MustFormatHashWithPrefix)."""
+    return (prefix + hashlib.sha512(to_hash.encode()).hexdigest())[:length]
+
+
+def chain_name(network: str, container_id: str, prefix: str = "") -> str:
+    """The 28-character iptables chain name Go's utils.FormatChainName(WithPrefix) gives."""
+    return hash_with_prefix(28, "CNI-" + prefix, network + container_id)
+
+
+def go_quote(s: str) -> str:
+    """A string as Go's ``%q`` renders it (close enough for names and IDs: JSON escaping)."""
+    return json.dumps(s, ensure_ascii=False)
+
+
+def iptables_comment(network: str, container_id: str) -> str:
+    return f"name: {go_quote(network)} id: {go_quote(container_id)}"
+
+
+def nft_instance_hash(network: str, ifname: str, container_id: str) -> str:
+    return hash_with_prefix(16, "", network) + "-" + hash_with_prefix(16, "", f"{ifname}:{container_id}")
+
+
+def nft_comment(network: str, ifname: str, container_id: str) -> str:
+    strip = lambda s: s.replace('"', "")  # noqa: E731
+    text = (f"{nft_instance_hash(network, ifname, container_id)}, net: {strip(network)}, "
+            f"if: {strip(ifname)}, id: {strip(container_id)}")
+    return text[:nft.COMMENT_MAX]
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise CNIError(INVALID_CONFIG, f"unknown ipMasq backend {backend!r}",
+                       f"ipMasqBackend must be one of {', '.join(BACKENDS)}")
+
+
+# ---- public API ------------------------------------------------------------------------------
+def setup_ip_masq(backend: str, network: str, container_id: str, ifname: str,
+                  addresses: Sequence[Address]) -> None:
+    """Masquerade traffic from ``addresses`` to anywhere outside their subnets (idempotent)."""
+    _check_backend(backend)
+    if not addresses:
+        return
+    if backend == "iptables":
+        for family in (4, 6):
+            addrs = [a for a in addresses if a.version == family]
+            if addrs:
+                _ipt_setup(network, container_id, addrs, family == 6)
+    else:
+        _nft_setup(network, ifname, container_id, addresses)
+
+
+def teardown_ip_masq(backend: str | None, network: str, container_id: str, ifname: str,
+                     addresses: Sequence[Address] | None) -> None:
+    """Remove this container's masquerade rules; idempotent, works without ``addresses``.
+
+    ``backend`` None (or "") cleans both backends, as the Go reference's teardown does, since
+    the container may have been set up under a different configuration.
+    """
+    if backend:
+        _check_backend(backend)
+    errors: list[str] = []
+    if backend in (None, "", "iptables"):
+        for v6 in (False, True):
+            addrs = None if addresses is None else [a for a in addresses if (a.version == 6) == v6]
+            if addrs == []:
+                continue
+            try:
+                _ipt_teardown(network, container_id, addrs, v6)
+            except CNIError as e:
+                if backend == "iptables" or iptables.usable(v6):
+                    errors.append(str(e))
+    if backend in (None, "", "nftables"):
+        try:
+            _nft_teardown(network, ifname, container_id)
+        except CNIError as e:
+            errors.append(str(e))
+    if errors:
+        raise CNIError(PLUGIN_SPECIFIC, "failed to tear down IP masquerade rules", "; ".join(errors))
+
+
+def check_ip_masq(backend: str, network: str, container_id: str, ifname: str,
+                  addresses: Sequence[Address]) -> None:
+    """Raise a CNIError unless the masquerade rules for every address are in place."""
+    _check_backend(backend)
+    if backend == "iptables":
+        for family in (4, 6):
+            addrs = [a for a in addresses if a.version == family]
+            if addrs:
+                _ipt_check(network, container_id, addrs, family == 6)
+    else:
+        _nft_check(network, ifname, container_id, addresses)
+
+
+# ---- iptables --------------------------------------------------------------------------------
+def _ipt_chain_rules(addrs: Sequence[Address], chain: str, comment: str) -> list[list[str]]:
+    rules: list[list[str]] = []
+    for a in addrs:
+        rules.append(["-d", str(a.network), "-j", "ACCEPT", "-m", "comment", "--comment", comment])
+    rules.append(["!", "-d", MULTICAST[addrs[0].version], "-j", "MASQUERADE", "-m", "comment", "--comment", comment])
+    return rules
+
+
+def _ipt_jump(addr: Address, chain: str, comment: str) -> list[str]:
+    return ["-s", str(addr.ip), "-j", chain, "-m", "comment", "--comment", comment]
+
+
+def _ipt_setup(network: str, container_id: str, addrs: Sequence[Address], v6: bool) -> None:
+    chain = chain_name(network, container_id)
+    comment = iptables_comment(network, container_id)
+    # One atomic restore writes the per-container chain afresh (declaring it flushes it).
+    lines = ["*nat", f":{chain} - [0:0]"]
+    lines += [iptables.rule_line("-A", chain, r) for r in _ipt_chain_rules(addrs, chain, comment)]
+    jumps = [_ipt_jump(a, chain, comment) for a in addrs]
+    existing = {tuple(iptables.split_rule(line)) for line in iptables.list_rules("nat", "POSTROUTING", v6)}
+    for j in jumps:
+        if not _jump_present(existing, j):
+            lines.append(iptables.rule_line("-A", "POSTROUTING", j))
+    lines.append("COMMIT")
+    iptables.restore("\n".join(lines) + "\n", v6)
+
+
+def _jump_present(existing: set[tuple[str, ...]], jump: list[str]) -> bool:
+    src, chain = jump[1], jump[3]
+    for rule in existing:
+        if "-j" in rule and rule[rule.index("-j") + 1] == chain and "-s" in rule:
+            if rule[rule.index("-s") + 1].split("/")[0] == src.split("/")[0]:
+                return True
+    return False
+
+
+def _ipt_teardown(network: str, container_id: str, addrs: Sequence[Address] | None, v6: bool) -> None:
+    chain = chain_name(network, container_id)
+    # Find the POSTROUTING jumps to our chain by their target, so a DEL without addresses
+    # (or with different ones) still removes them.
+    for line in iptables.list_rules("nat", "POSTROUTING", v6):
+        rule = iptables.split_rule(line)
+        if "-j" in rule and rule[rule.index("-j") + 1] == chain:
+            iptables.delete_rule("nat", "POSTROUTING", rule, v6)
+    iptables.delete_chain("nat", chain, v6)
+
+
+def _ipt_check(network: str, container_id: str, addrs: Sequence[Address], v6: bool) -> None:
+    chain = chain_name(network, container_id)
+    comment = iptables_comment(network, container_id)
+    if not iptables.chain_exists("nat", chain, v6):
+        raise CNIError(PLUGIN_SPECIFIC, "IP masquerade chain missing", f"nat chain {chain} not found")
+    for rule in _ipt_chain_rules(addrs, chain, comment):
+        if not iptables.rule_exists("nat", chain, rule, v6):
+            raise CNIError(PLUGIN_SPECIFIC, "IP masquerade rule missing", f"{' '.join(rule)} not in {chain}")
+    for a in addrs:
+        if not iptables.rule_exists("nat", "POSTROUTING", _ipt_jump(a, chain, comment), v6):
+            raise CNIError(PLUGIN_SPECIFIC, "IP masquerade jump missing",
+                           f"no POSTROUTING rule sends {a.ip} to {chain}")
+
+
+# ---- nftables --------------------------------------------------------------------------------
+def _nft_our_rules(prefix: str) -> list[dict]:  # type: ignore[type-arg]
+    listing = nft.list_json("chain", "inet", NFT_TABLE, NFT_CHAIN, missing_ok=True)
+    return [r for r in nft.rules(listing) if str(r.get("comment", "")).startswith(prefix)]
+
+
+def _nft_setup(network: str, ifname: str, container_id: str, addrs: Sequence[Address]) -> None:
+    t = f"inet {NFT_TABLE}"
+    stale = _nft_our_rules(nft_instance_hash(network, ifname, container_id))
+    comment = nft.quote(nft_comment(network, ifname, container_id))
+    script = [
+        f"add table {t} {{ comment {nft.quote(_TABLE_COMMENT)}; }}",
+        f"add chain {t} {NFT_CHAIN} {{ comment {nft.quote(_CHAIN_COMMENT)}; }}",
+        f"add chain {t} postrouting {{ type nat hook postrouting priority srcnat; }}",
+        f"flush chain {t} postrouting",
+        f"add rule {t} postrouting ip daddr == {MULTICAST[4]} return",
+        f"add rule {t} postrouting ip6 daddr == {MULTICAST[6]} return",
+        f"add rule {t} postrouting goto {NFT_CHAIN}",
+    ]
+    script += [f"delete rule {t} {NFT_CHAIN} handle {r['handle']}" for r in stale]
+    for a in addrs:
+        ipx = "ip" if a.version == 4 else "ip6"
+        script.append(f"add rule {t} {NFT_CHAIN} {ipx} saddr == {a.ip} {ipx} daddr != {a.network} "
+                      f"masquerade comment {comment}")
+    nft.run("\n".join(script) + "\n", what="ipMasq setup")
+
+
+def _nft_teardown(network: str, ifname: str, container_id: str) -> None:
+    ours = _nft_our_rules(nft_instance_hash(network, ifname, container_id))
+    if ours:
+        nft.run("".join(f"delete rule inet {NFT_TABLE} {NFT_CHAIN} handle {r['handle']}\n" for r in ours),
+                what="ipMasq teardown")
+
+
+def _nft_check(network: str, ifname: str, container_id: str, addrs: Sequence[Address]) -> None:
+    ours = _nft_our_rules(nft_instance_hash(network, ifname, container_id))
+    if not nft.chain_exists("inet", NFT_TABLE, "postrouting"):
+        raise CNIError(PLUGIN_SPECIFIC, "IP masquerade chain missing", f"inet {NFT_TABLE} postrouting not found")
+    for a in addrs:
+        if not any(_rule_has_saddr(r, str(a.ip)) for r in ours):
+            raise CNIError(PLUGIN_SPECIFIC, "IP masquerade rule missing",
+                           f"no rule in inet {NFT_TABLE} {NFT_CHAIN} masquerades {a.ip} for {container_id}")
+
+
+def _rule_has_saddr(rule: dict, ip: str) -> bool:  # type: ignore[type-arg]
+    for e in rule.get("expr", []):
+        m = e.get("match") if isinstance(e, dict) else None
+        if m and m.get("op") == "==" and m.get("right") == ip:
+            left = m.get("left", {}).get("payload", {})
+            if left.get("field") == "saddr":
+                return True
+    return False

@@ -1,0 +1,98 @@
+"""nftables through the ``nft`` command: one ``nft -f -`` transaction per call, JSON listings.
+
+The kernel applies a script atomically: either every command in it takes effect or none does,
+so a failed ADD leaves nothing half-made. Commands run in the calling thread's network
+namespace (a process forked inside :func:`pycni.net.netns.enter` inherits it). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
+
+NFT = "nft"
+# knftables' limit, which the Go reference applies to its comments; the kernel allows 128 bytes.
+COMMENT_MAX = 128
+# nft's stderr when the object a command names does not exist.
+_NOT_FOUND = ("No such file or directory", "does not exist")
+_BUSY = ("Resource temporarily unavailable", "Interrupted system call")
+
+
+class NftError(CNIError):
+    """An ``nft`` command failed; ``stderr`` is nft's own explanation."""
+
+    def __init__(self, code: int, msg: str, stderr: str) -> None:
+        super().__init__(code, msg, stderr.strip())
+        self.stderr = stderr
+
+    @property
+    def not_found(self) -> bool:
+        return any(s in self.stderr for s in _NOT_FOUND)
+
+    @property
+    def exists(self) -> bool:
+        return "File exists" in self.stderr
+
+
+def _exec(args: list[str], stdin: str | None, what: str, code: int) -> str:
+    try:
+        proc = subprocess.run([NFT, *args], input=stdin, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise NftError(IO_FAILURE, "nft command not found",
+                       "install the nftables package (the nft binary) or choose the iptables backend") from None
+    except subprocess.TimeoutExpired:
+        raise NftError(TRY_AGAIN, f"nft timed out during {what}", "nft did not answer within 60s") from None
+    if proc.returncode != 0:
+        err = proc.stderr or proc.stdout
+        if any(s in err for s in _BUSY):
+            code = TRY_AGAIN
+        raise NftError(code, f"nftables {what} failed", err)
+    return proc.stdout
+
+
+def run(script: str, *, code: int = IO_FAILURE, what: str = "transaction") -> None:
+    """Apply ``script`` as one atomic transaction (``nft -f -``); raise :class:`NftError` on failure."""
+    _exec(["-f", "-"], script, what, code)
+
+
+def list_json(*args: str, missing_ok: bool = False) -> dict[str, Any]:
+    """``nft -j list <args>`` parsed; with ``missing_ok`` a missing object lists as empty."""
+    try:
+        out = _exec(["-j", "list", *args], None, f"list {' '.join(args)}", IO_FAILURE)
+    except NftError as e:
+        if missing_ok and e.not_found:
+            return {"nftables": []}
+        raise
+    try:
+        data = json.loads(out) if out.strip() else {"nftables": []}
+    except ValueError as e:
+        raise NftError(IO_FAILURE, "cannot parse nft JSON output", str(e)) from None
+    if not isinstance(data, dict):
+        raise NftError(IO_FAILURE, "cannot parse nft JSON output", f"expected an object, got {out[:200]!r}")
+    return data
+
+
+def objects(listing: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The ``kind`` objects ("rule", "chain", "set", "map", "table", ...) of a JSON listing."""
+    return [item[kind] for item in listing.get("nftables", []) if isinstance(item, dict) and kind in item]
+
+
+def rules(listing: dict[str, Any]) -> list[dict[str, Any]]:
+    return objects(listing, "rule")
+
+
+def table_exists(family: str, table: str) -> bool:
+    return bool(objects(list_json("table", family, table, missing_ok=True), "table"))
+
+
+def chain_exists(family: str, table: str, chain: str) -> bool:
+    return bool(objects(list_json("chain", family, table, chain, missing_ok=True), "chain"))
+
+
+def quote(text: str, limit: int = COMMENT_MAX) -> str:
+    """``text`` as an nft string literal: nft strings cannot escape quotes, so drop them."""
+    clean = "".join(ch for ch in text if ch not in '"\\\n\r')
+    return '"' + clean.encode()[:limit].decode(errors="ignore") + '"'
