@@ -1,0 +1,175 @@
+"""Linux bridges and their ports, in the calling thread's netns (see :mod:`pycni.net.link`)."""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass, field
+from typing import Any
+
+from pycni.net.link import Link, _lookup, ipr, is_netlink_error, netlink_errno
+from pycni.spec.errors import CNIError
+
+AF_BRIDGE = 7
+BRIDGE_VLAN_INFO_PVID = 0x2
+BRIDGE_VLAN_INFO_UNTAGGED = 0x4
+
+
+def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filtering: bool = False) -> Link:
+    """Create bridge ``name`` or reuse the one there; bring it up; return it.
+
+    As in the reference: an existing non-bridge link of that name is an error, an existing
+    bridge is taken as it is (its MTU and vlan_filtering are not changed), ``accept_ra`` is
+    turned off so we own its routes.
+    """
+    with ipr() as sock:
+        kw: dict[str, Any] = {"ifname": name, "kind": "bridge"}
+        if mtu:
+            kw["mtu"] = mtu
+        if vlan_filtering:
+            kw["br_vlan_filtering"] = 1
+        try:
+            sock.link("add", **kw)
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            if netlink_errno(e) != errno.EEXIST:
+                raise CNIError(100, f"could not add {name!r}", str(e)) from None
+        msg = _lookup(sock, name)
+        if msg is None:
+            raise CNIError(100, f"could not lookup {name!r}", "the bridge vanished right after creation")
+        link = Link.from_msg(msg)
+        if link.kind != "bridge":
+            raise CNIError(100, f"{name!r} already exists but is not a bridge",
+                           f"link {name!r} is of kind {link.kind or 'unknown'!r}; pick another bridge name")
+        try:
+            if promisc:
+                sock.link("set", index=link.index, flags=0x100, change=0x100)
+        except Exception as e:
+            raise CNIError(100, f"could not set promiscuous mode on {name!r}", str(e)) from None
+    try:
+        from pycni.net.sysctl import write_sysctl
+
+        write_sysctl(f"net/ipv6/conf/{name}/accept_ra", "0")
+    except CNIError:
+        pass  # IPv6 disabled: nothing to own
+    with ipr() as sock:
+        try:
+            sock.link("set", index=link.index, state="up")
+        except Exception as e:
+            raise CNIError(100, f"could not set {name!r} up", str(e)) from None
+        return Link.from_msg(_lookup(sock, link.index))
+
+
+def bridge_vlan_filtering(name: str) -> bool | None:
+    """Whether bridge ``name`` filters VLANs (None when it is not there)."""
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+        if msg is None:
+            return None
+        data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
+        return bool(data.get_attr("IFLA_BR_VLAN_FILTERING")) if data is not None else False
+
+
+@dataclass
+class PortInfo:
+    hairpin: bool = False
+    isolated: bool = False
+    vlans: dict[int, int] = field(default_factory=dict)  # vid -> BRIDGE_VLAN_INFO_* flags
+
+    @property
+    def pvid(self) -> int | None:
+        for vid, flags in self.vlans.items():
+            if flags & BRIDGE_VLAN_INFO_PVID:
+                return vid
+        return None
+
+
+def set_port(name: str | int, *, hairpin: bool | None = None, isolated: bool | None = None) -> None:
+    """Set bridge-port flags of an enslaved link (hairpin = IFLA_BRPORT_MODE)."""
+    kw: dict[str, Any] = {}
+    if hairpin is not None:
+        kw["mode"] = 1 if hairpin else 0
+    if isolated is not None:
+        kw["isolated"] = 1 if isolated else 0
+    if not kw:
+        return
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+        if msg is None:
+            raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+        try:
+            sock.brport("set", index=int(msg["index"]), **kw)
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            raise CNIError(100, f"failed to set bridge port flags {kw} on {name!r}", str(e)) from None
+
+
+def get_port(name: str | int) -> PortInfo | None:
+    """Hairpin, isolation and VLANs of bridge port ``name`` (None when not a bridge port)."""
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+        if msg is None:
+            return None
+        index = int(msg["index"])
+        data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_SLAVE_DATA")
+        if data is None:
+            return None
+        info = PortInfo(hairpin=bool(data.get_attr("IFLA_BRPORT_MODE")),
+                        isolated=bool(data.get_attr("IFLA_BRPORT_ISOLATED")))
+        info.vlans = _port_vlans(sock, index)
+        return info
+
+
+def _port_vlans(sock: Any, index: int) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for m in sock.get_links(family=AF_BRIDGE, ext_mask=2):  # RTEXT_FILTER_BRVLAN
+        if int(m["index"]) != index:
+            continue
+        spec = m.get_attr("IFLA_AF_SPEC")
+        if spec is None:
+            continue
+        for nla in spec.get_attrs("IFLA_BRIDGE_VLAN_INFO"):
+            out[int(nla["vid"])] = int(nla["flags"])
+    return out
+
+
+def add_port_vlan(name: str | int, vid: int, *, pvid: bool = False, untagged: bool = False) -> None:
+    """Allow VLAN ``vid`` on bridge port ``name`` (master side, as Go's BridgeVlanAdd(.., master))."""
+    _port_vlan("add", name, vid, pvid, untagged)
+
+
+def del_port_vlan(name: str | int, vid: int) -> None:
+    _port_vlan("del", name, vid, False, False)
+
+
+def _port_vlan(cmd: str, name: str | int, vid: int, pvid: bool, untagged: bool) -> None:
+    flags = (BRIDGE_VLAN_INFO_PVID if pvid else 0) | (BRIDGE_VLAN_INFO_UNTAGGED if untagged else 0)
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+        if msg is None:
+            raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+        try:
+            sock.vlan_filter(cmd, index=int(msg["index"]), vlan_info={"vid": vid, "flags": flags})
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            raise CNIError(100, f"failed to {cmd} vlan {vid} on interface {name!r}", str(e)) from None
+
+
+def port_vlans(name: str | int) -> dict[int, int]:
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+        if msg is None:
+            return {}
+        return _port_vlans(sock, int(msg["index"]))
+
+
+def remove_all_port_vlans(name: str | int) -> None:
+    """Drop every VLAN of a port (the default VLAN 1 included), as Go's removeDefaultVlan."""
+    for vid in port_vlans(name):
+        del_port_vlan(name, vid)
+
+
+__all__ = ["ensure_bridge", "bridge_vlan_filtering", "set_port", "get_port", "add_port_vlan",
+           "del_port_vlan", "port_vlans", "remove_all_port_vlans", "PortInfo"]

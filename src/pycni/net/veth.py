@@ -1,0 +1,124 @@
+"""Veth pairs between the calling thread's netns (the host) and a container netns.
+
+Same outcome as Go's ``ip.SetupVeth``: the host end is called ``veth`` + 8 random hex digits
+and brought up (with ``accept_ra`` off so we own its routes), the container end is called
+``ifname`` and left down for the caller to configure. We create the pair from the host side
+with the peer born directly in the container (IFLA_NET_NS_FD), so no link ever appears under
+the container's name in the host namespace.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from pycni.net import netns
+from pycni.net.link import Link, _lookup, ipr, is_netlink_error, netlink_errno
+from pycni.spec.errors import CNIError
+
+MAX_NAME_TRIES = 10
+
+
+def random_veth_name() -> str:
+    """``veth`` + 8 hex digits, as the Go reference names host-side veths."""
+    return "veth" + secrets.token_hex(4)
+
+
+@dataclass
+class VethPair:
+    host: Link       # as seen in the host (calling) namespace
+    container: Link  # as seen in the container namespace
+
+
+def setup_veth(container_netns: str, ifname: str, *, mtu: int = 0, mac: str = "",
+               host_name: str = "") -> VethPair:
+    """Create a veth pair: ``ifname`` in ``container_netns``, the host end here (up).
+
+    With no ``host_name`` a random one is chosen and retried on a clash. A clash on the
+    container side (``ifname`` exists there) is an error, as in the reference.
+    """
+    target = netns.open_netns(container_netns)
+    try:
+        return _setup(target, container_netns, ifname, mtu, mac, host_name)
+    finally:
+        os.close(target)
+
+
+def _create(sock: Any, host: str, ifname: str, target: int, mtu: int, mac: str) -> None:
+    peer: dict[str, Any] = {"ifname": ifname, "net_ns_fd": target}
+    kw: dict[str, Any] = {"ifname": host, "kind": "veth", "peer": peer}
+    if mtu:
+        kw["mtu"] = mtu
+        peer["mtu"] = mtu
+    if mac:
+        peer["address"] = mac
+    sock.link("add", **kw)
+
+
+def _container_has(container_netns: str, ifname: str) -> bool:
+    with netns.enter(container_netns), ipr() as sock:
+        return _lookup(sock, ifname) is not None
+
+
+def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, host_name: str) -> VethPair:
+    if mac:
+        _check_mac(mac)
+    for _ in range(MAX_NAME_TRIES):
+        host = host_name or random_veth_name()
+        with ipr() as sock:
+            try:
+                _create(sock, host, ifname, target, mtu, mac)
+            except Exception as e:
+                if not is_netlink_error(e):
+                    raise
+                if netlink_errno(e) == errno.EEXIST:
+                    if not host_name and _lookup(sock, host) is not None and not _container_has(
+                            container_netns, ifname):
+                        continue  # our random host name was taken: pick another
+                    raise CNIError(100, f"container veth name ({ifname!r}) peer provided ({host!r}) already exists",
+                                   f"an interface named {ifname!r} already exists in {container_netns} "
+                                   f"(or {host!r} in the host); choose another CNI_IFNAME") from None
+                raise CNIError(100, "failed to make veth pair", str(e)) from None
+            try:
+                sock.link("set", index=int(_lookup(sock, host)["index"]), state="up")
+            except Exception as e:
+                _delete_quietly(sock, host)
+                raise CNIError(100, f"failed to set {host!r} up", str(e)) from None
+        try:
+            from pycni.net.sysctl import write_sysctl
+
+            write_sysctl(f"net/ipv6/conf/{host}/accept_ra", "0")
+        except (CNIError, ImportError):
+            pass  # IPv6 may be disabled; the reference ignores this too
+        host_link = _get(host)
+        with netns.enter(container_netns):
+            cont_link = _get(ifname)
+        return VethPair(host=host_link, container=cont_link)
+    raise CNIError(100, "failed to find a unique veth name", f"{MAX_NAME_TRIES} random names were all taken")
+
+
+def _get(name: str) -> Link:
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+    if msg is None:
+        raise CNIError(100, f"failed to lookup {name!r}", "the veth vanished right after creation")
+    return Link.from_msg(msg)
+
+
+def _delete_quietly(sock: Any, name: str) -> None:
+    msg = _lookup(sock, name)
+    if msg is not None:
+        try:
+            sock.link("del", index=int(msg["index"]))
+        except Exception:  # noqa: BLE001 - best-effort rollback
+            pass
+
+
+def _check_mac(mac: str) -> None:
+    parts = mac.split(":")
+    if len(parts) != 6 or not all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts):
+        raise CNIError(7, f"invalid MAC address {mac!r}",
+                       "give a 6-byte MAC address in the form 0a:58:0a:f4:00:05")
