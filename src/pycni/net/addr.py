@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pycni.net.link import ipr, is_netlink_error, netlink_errno
+from pycni.net.link import INTERNAL, ipr, is_netlink_error, netlink_errno
 from pycni.spec.errors import CNIError
 
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -53,7 +53,7 @@ def _index(sock: Any, name: str | int) -> int:
         return name
     found = sock.link_lookup(ifname=name)
     if not found:
-        raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+        raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
     return int(found[0])
 
 
@@ -86,7 +86,7 @@ def add_addr(name: str | int, address: IPInterface | str, *, exist_ok: bool = Fa
                 raise
             if exist_ok and netlink_errno(e) == errno.EEXIST:
                 return
-            raise CNIError(100, f"failed to add IP addr {addr} to {name!r}", str(e)) from None
+            raise CNIError(INTERNAL, f"failed to add IP addr {addr} to {name!r}", str(e)) from None
 
 
 def del_addr(name: str | int, address: IPInterface | str) -> bool:
@@ -104,7 +104,7 @@ def del_addr(name: str | int, address: IPInterface | str) -> bool:
                 raise
             if netlink_errno(e) in (errno.EADDRNOTAVAIL, errno.ENOENT, errno.ENODEV, errno.ESRCH):
                 return False
-            raise CNIError(100, f"failed to remove IP addr {addr} from {name!r}", str(e)) from None
+            raise CNIError(INTERNAL, f"failed to remove IP addr {addr} from {name!r}", str(e)) from None
         return True
 
 
@@ -118,14 +118,14 @@ def settle_addresses(name: str, timeout: float = 5.0) -> None:
         pending = []
         for a in list_addrs(name, 6):
             if a.dad_failed:
-                raise CNIError(100, f"failed to settle addresses for {name!r}",
+                raise CNIError(INTERNAL, f"failed to settle addresses for {name!r}",
                                f"duplicate address detected for {a.address}")
             if a.tentative and a.scope != RT_SCOPE_HOST:
                 pending.append(a)
         if not pending:
             return
         if time.monotonic() >= deadline:
-            raise CNIError(100, f"failed to settle addresses for {name!r}",
+            raise CNIError(INTERNAL, f"failed to settle addresses for {name!r}",
                            f"link {name} still has tentative addresses after {timeout}s: "
                            f"{', '.join(str(a.address) for a in pending)}")
         time.sleep(0.05)

@@ -6,7 +6,7 @@ import errno
 from dataclasses import dataclass, field
 from typing import Any
 
-from pycni.net.link import Link, _lookup, ipr, is_netlink_error, netlink_errno
+from pycni.net.link import INTERNAL, Link, _lookup, ipr, is_netlink_error, netlink_errno
 from pycni.spec.errors import CNIError
 
 AF_BRIDGE = 7
@@ -33,19 +33,19 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
             if not is_netlink_error(e):
                 raise
             if netlink_errno(e) != errno.EEXIST:
-                raise CNIError(100, f"could not add {name!r}", str(e)) from None
+                raise CNIError(INTERNAL, f"could not add {name!r}", str(e)) from None
         msg = _lookup(sock, name)
         if msg is None:
-            raise CNIError(100, f"could not lookup {name!r}", "the bridge vanished right after creation")
+            raise CNIError(INTERNAL, f"could not lookup {name!r}", "the bridge vanished right after creation")
         link = Link.from_msg(msg)
         if link.kind != "bridge":
-            raise CNIError(100, f"{name!r} already exists but is not a bridge",
+            raise CNIError(INTERNAL, f"{name!r} already exists but is not a bridge",
                            f"link {name!r} is of kind {link.kind or 'unknown'!r}; pick another bridge name")
         try:
             if promisc:
                 sock.link("set", index=link.index, flags=0x100, change=0x100)
         except Exception as e:
-            raise CNIError(100, f"could not set promiscuous mode on {name!r}", str(e)) from None
+            raise CNIError(INTERNAL, f"could not set promiscuous mode on {name!r}", str(e)) from None
     try:
         from pycni.net.sysctl import write_sysctl
 
@@ -56,7 +56,7 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
         try:
             sock.link("set", index=link.index, state="up")
         except Exception as e:
-            raise CNIError(100, f"could not set {name!r} up", str(e)) from None
+            raise CNIError(INTERNAL, f"could not set {name!r} up", str(e)) from None
         return Link.from_msg(_lookup(sock, link.index))
 
 
@@ -96,13 +96,13 @@ def set_port(name: str | int, *, hairpin: bool | None = None, isolated: bool | N
     with ipr() as sock:
         msg = _lookup(sock, name)
         if msg is None:
-            raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+            raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
         try:
             sock.brport("set", index=int(msg["index"]), **kw)
         except Exception as e:
             if not is_netlink_error(e):
                 raise
-            raise CNIError(100, f"failed to set bridge port flags {kw} on {name!r}", str(e)) from None
+            raise CNIError(INTERNAL, f"failed to set bridge port flags {kw} on {name!r}", str(e)) from None
 
 
 def get_port(name: str | int) -> PortInfo | None:
@@ -148,13 +148,13 @@ def _port_vlan(cmd: str, name: str | int, vid: int, pvid: bool, untagged: bool) 
     with ipr() as sock:
         msg = _lookup(sock, name)
         if msg is None:
-            raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+            raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
         try:
             sock.vlan_filter(cmd, index=int(msg["index"]), vlan_info={"vid": vid, "flags": flags})
         except Exception as e:
             if not is_netlink_error(e):
                 raise
-            raise CNIError(100, f"failed to {cmd} vlan {vid} on interface {name!r}", str(e)) from None
+            raise CNIError(INTERNAL, f"failed to {cmd} vlan {vid} on interface {name!r}", str(e)) from None
 
 
 def port_vlans(name: str | int) -> dict[int, int]:

@@ -14,6 +14,7 @@ import ipaddress
 from pycni.net import addr as _addr
 from pycni.net import link as _link
 from pycni.net import route as _route
+from pycni.net.link import INTERNAL
 from pycni.spec.errors import CNIError
 from pycni.spec.types import Result
 
@@ -34,17 +35,17 @@ def _enable_ipv6(ifname: str) -> None:
         try:
             write_sysctl(key, "0")
         except CNIError as e:
-            raise CNIError(100, f"failed to enable IPv6 for interface {name!r} ({key}={value})", str(e)) from None
+            raise CNIError(INTERNAL, f"failed to enable IPv6 for interface {name!r} ({key}={value})", str(e)) from None
     write_sysctl(f"net/ipv6/conf/{ifname}/keep_addr_on_down", "1")
 
 
 def configure_iface(ifname: str, result: Result) -> None:
     """Put ``result``'s addresses and routes for ``ifname`` on it and bring it up."""
     if not result.interfaces:
-        raise CNIError(100, "no interfaces to configure", "the result lists no interfaces")
+        raise CNIError(INTERNAL, "no interfaces to configure", "the result lists no interfaces")
     link = _link.get_link(ifname)
     if link is None:
-        raise CNIError(100, f"failed to lookup {ifname!r}", f"link {ifname!r} not found")
+        raise CNIError(INTERNAL, f"failed to lookup {ifname!r}", f"link {ifname!r} not found")
     v4gw: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
     v6gw: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
     ipv6_ready = False
@@ -53,7 +54,7 @@ def configure_iface(ifname: str, result: Result) -> None:
             continue
         idx = ipc.interface
         if idx < 0 or idx >= len(result.interfaces) or result.interfaces[idx].name != ifname:
-            raise CNIError(100, f"failed to add IP addr {ipc.address} to {ifname!r}: invalid interface index",
+            raise CNIError(INTERNAL, f"failed to add IP addr {ipc.address} to {ifname!r}: invalid interface index",
                            f"ips[].interface={idx} does not name {ifname!r} in the result's interfaces")
         if ipc.address.version == 6 and not ipv6_ready:
             _enable_ipv6(ifname)

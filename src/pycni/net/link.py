@@ -32,6 +32,9 @@ IFF_PROMISC = 0x100
 IFF_ALLMULTI = 0x200
 IFF_LOWER_UP = 0x10000
 
+# Netlink failures are reported as the Go plugins report a plain error: the internal code 999.
+INTERNAL = 999
+
 _UNSET: Any = ...  # sentinel: "leave this attribute alone" (None means "detach" for master)
 
 
@@ -124,7 +127,7 @@ def require_link(name: str | int) -> Link:
     """Like :func:`get_link` but a CNIError (code 100) naming the link when it is missing."""
     link = get_link(name)
     if link is None:
-        raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+        raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
     return link
 
 
@@ -144,7 +147,7 @@ def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None,
     with ipr() as sock:
         msg = _lookup(sock, name)
         if msg is None:
-            raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+            raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
         index = int(msg["index"])
         try:
             # Order matters: rename needs the link down; state goes last so "up" sees the rest.
@@ -165,7 +168,7 @@ def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None,
                 else:
                     m = _lookup(sock, master)
                     if m is None:
-                        raise CNIError(100, f"failed to lookup master {master!r}",
+                        raise CNIError(INTERNAL, f"failed to lookup master {master!r}",
                                        f"link {master!r} not found")
                     sock.link("set", index=index, master=int(m["index"]))
             if up is not None:
@@ -175,7 +178,7 @@ def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None,
         except Exception as e:
             if not is_netlink_error(e):
                 raise
-            raise CNIError(100, f"failed to set attributes of link {name!r}", str(e)) from None
+            raise CNIError(INTERNAL, f"failed to set attributes of link {name!r}", str(e)) from None
         after = _lookup(sock, index)
         return Link.from_msg(after)
 
@@ -193,7 +196,7 @@ def delete_link(name: str | int) -> bool:
         except NetlinkError as e:
             if e.code in (errno.ENODEV, errno.ENOENT):
                 return False
-            raise CNIError(100, f"failed to delete link {name!r}", str(e)) from None
+            raise CNIError(INTERNAL, f"failed to delete link {name!r}", str(e)) from None
         return True
 
 
@@ -202,7 +205,7 @@ def move_link_to_netns(name: str | int, netns_fd: int, new_name: str | None = No
     with ipr() as sock:
         msg = _lookup(sock, name)
         if msg is None:
-            raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+            raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
         kw: dict[str, Any] = {"index": int(msg["index"]), "net_ns_fd": netns_fd}
         if new_name:
             kw["ifname"] = new_name
@@ -211,7 +214,7 @@ def move_link_to_netns(name: str | int, netns_fd: int, new_name: str | None = No
         except Exception as e:
             if not is_netlink_error(e):
                 raise
-            raise CNIError(100, f"failed to move link {name!r} to another netns", str(e)) from None
+            raise CNIError(INTERNAL, f"failed to move link {name!r} to another netns", str(e)) from None
 
 
 def wait_oper_up(name: str, timeout: float = 5.0) -> bool:

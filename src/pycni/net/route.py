@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from pycni.net.link import ipr, is_netlink_error, netlink_errno
+from pycni.net.link import INTERNAL, ipr, is_netlink_error, netlink_errno
 from pycni.spec.errors import CNIError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -70,7 +70,7 @@ def _index(sock: Any, name: str | int | None) -> int | None:
         return name
     found = sock.link_lookup(ifname=name)
     if not found:
-        raise CNIError(100, f"failed to lookup {name!r}", f"link {name!r} not found")
+        raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
     return int(found[0])
 
 
@@ -125,7 +125,7 @@ def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
                 raise
             if exist_ok and netlink_errno(e) == errno.EEXIST:
                 return
-            raise CNIError(100, f"failed to add route '{_describe(kw, dev)}'", str(e)) from None
+            raise CNIError(INTERNAL, f"failed to add route '{_describe(kw, dev)}'", str(e)) from None
 
 
 def replace_route(dst: IPNetwork | str, **kw: Any) -> None:
@@ -148,7 +148,7 @@ def del_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
                 raise
             if netlink_errno(e) in (errno.ESRCH, errno.ENOENT, errno.ENODEV):
                 return False
-            raise CNIError(100, f"failed to delete route '{_describe(kw, dev)}'", str(e)) from None
+            raise CNIError(INTERNAL, f"failed to delete route '{_describe(kw, dev)}'", str(e)) from None
         return True
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycni.net import netns
-from pycni.net.link import Link, _lookup, ipr, is_netlink_error, netlink_errno
+from pycni.net.link import INTERNAL, Link, _lookup, ipr, is_netlink_error, netlink_errno
 from pycni.spec.errors import CNIError
 
 MAX_NAME_TRIES = 10
@@ -78,15 +78,16 @@ def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, h
                     if not host_name and _lookup(sock, host) is not None and not _container_has(
                             container_netns, ifname):
                         continue  # our random host name was taken: pick another
-                    raise CNIError(100, f"container veth name ({ifname!r}) peer provided ({host!r}) already exists",
+                    raise CNIError(INTERNAL,
+                                   f"container veth name ({ifname!r}) peer provided ({host!r}) already exists",
                                    f"an interface named {ifname!r} already exists in {container_netns} "
                                    f"(or {host!r} in the host); choose another CNI_IFNAME") from None
-                raise CNIError(100, "failed to make veth pair", str(e)) from None
+                raise CNIError(INTERNAL, "failed to make veth pair", str(e)) from None
             try:
                 sock.link("set", index=int(_lookup(sock, host)["index"]), state="up")
             except Exception as e:
                 _delete_quietly(sock, host)
-                raise CNIError(100, f"failed to set {host!r} up", str(e)) from None
+                raise CNIError(INTERNAL, f"failed to set {host!r} up", str(e)) from None
         try:
             from pycni.net.sysctl import write_sysctl
 
@@ -97,14 +98,14 @@ def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, h
         with netns.enter(container_netns):
             cont_link = _get(ifname)
         return VethPair(host=host_link, container=cont_link)
-    raise CNIError(100, "failed to find a unique veth name", f"{MAX_NAME_TRIES} random names were all taken")
+    raise CNIError(INTERNAL, "failed to find a unique veth name", f"{MAX_NAME_TRIES} random names were all taken")
 
 
 def _get(name: str) -> Link:
     with ipr() as sock:
         msg = _lookup(sock, name)
     if msg is None:
-        raise CNIError(100, f"failed to lookup {name!r}", "the veth vanished right after creation")
+        raise CNIError(INTERNAL, f"failed to lookup {name!r}", "the veth vanished right after creation")
     return Link.from_msg(msg)
 
 
