@@ -1,0 +1,170 @@
+"""The result cache, in libcni's on-disk layout and format, so Go runtimes and pycni share it.
+
+One file per attachment, ``<cacheDir>/results/<network>-<containerID>-<ifname>``, holding::
+
+    {"kind":"cniCacheV1","containerId":...,"config":"<base64 of the network config bytes>",
+     "ifName":...,"networkName":...,"netns":...,"cniArgs":[["K","V"]],"capabilityArgs":{...},
+     "result":{...}}
+
+``config`` is base64 because Go marshals ``[]byte`` that way. A file in the older format
+(a bare result object) is still read, as libcni reads it. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from pycni.runtime.conf import go_json, sorted_keys
+from pycni.spec.errors import DECODE_FAILURE, IO_FAILURE, CNIError
+
+DEFAULT_CACHE_DIR = "/var/lib/cni"
+CACHE_KIND = "cniCacheV1"
+
+
+@dataclass
+class CacheEntry:
+    """One cached attachment: what ADD was given and what it returned."""
+
+    network_name: str
+    container_id: str
+    ifname: str
+    config: bytes = b""
+    netns: str = ""
+    cni_args: list[tuple[str, str]] = field(default_factory=list)
+    capability_args: dict[str, Any] = field(default_factory=dict)
+    result: dict[str, Any] | None = None
+    legacy: bool = False  # the file was a bare result (pre-cniCacheV1)
+
+    def to_json(self) -> bytes:
+        """The file's bytes, field for field as libcni's cachedInfo marshals."""
+        d: dict[str, Any] = {
+            "kind": CACHE_KIND,
+            "containerId": self.container_id,
+            "config": base64.b64encode(self.config).decode(),
+            "ifName": self.ifname,
+            "networkName": self.network_name,
+        }
+        if self.netns:
+            d["netns"] = self.netns
+        if self.cni_args:
+            d["cniArgs"] = [[k, v] for k, v in self.cni_args]
+        if self.capability_args:
+            d["capabilityArgs"] = sorted_keys(self.capability_args)
+        if self.result:
+            d["result"] = sorted_keys(self.result)
+        return go_json(d)
+
+
+def cache_file(cache_dir: str, network: str, container_id: str, ifname: str) -> str:
+    """Path of one attachment's cache file (all three names are needed, as in libcni)."""
+    if not network or not container_id or not ifname:
+        raise CNIError(IO_FAILURE, "cannot locate cache file",
+                       f"cache file path requires network name ({network!r}), container ID ({container_id!r}), "
+                       f"and interface name ({ifname!r})")
+    return os.path.join(cache_dir or DEFAULT_CACHE_DIR, "results", f"{network}-{container_id}-{ifname}")
+
+
+def write_entry(cache_dir: str, entry: CacheEntry) -> str:
+    """Write ``entry`` atomically (0600, directories 0700); return its path."""
+    path = cache_file(cache_dir, entry.network_name, entry.container_id, entry.ifname)
+    data = entry.to_json()
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as e:
+        raise CNIError(IO_FAILURE, f"failed to set network {entry.network_name!r} cached result",
+                       f"writing {path}: {e.strerror or e}") from None
+    return path
+
+
+def parse_entry(data: bytes, network: str = "", container_id: str = "", ifname: str = "",
+                path: str = "") -> CacheEntry:
+    """Decode a cache file; a bare result object is read as a legacy entry."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CNIError(DECODE_FAILURE, f"failed to decode cache file {path}", str(e)) from None
+    if not isinstance(obj, dict):
+        raise CNIError(DECODE_FAILURE, f"failed to decode cache file {path}", "expected a JSON object")
+    if obj.get("kind") != CACHE_KIND:
+        return CacheEntry(network, container_id, ifname, result=obj, legacy=True)
+    try:
+        raw_config = obj.get("config") or ""
+        config = base64.b64decode(raw_config, validate=True) if raw_config else b""
+        args = [(str(k), str(v)) for k, v in (obj.get("cniArgs") or [])]
+        caps = obj.get("capabilityArgs") or {}
+        result = obj.get("result")
+        if not isinstance(caps, dict) or (result is not None and not isinstance(result, dict)):
+            raise ValueError("capabilityArgs and result must be objects")
+        for key in ("containerId", "ifName", "networkName", "netns"):
+            if not isinstance(obj.get(key, ""), str):
+                raise ValueError(f"{key} must be a string")
+    except (binascii.Error, ValueError, TypeError) as e:
+        raise CNIError(DECODE_FAILURE, f"failed to decode cache file {path}", str(e)) from None
+    return CacheEntry(network_name=obj.get("networkName", ""), container_id=obj.get("containerId", ""),
+                      ifname=obj.get("ifName", ""), config=config, netns=obj.get("netns", "") or "",
+                      cni_args=args, capability_args=caps, result=result)
+
+
+def read_entry(cache_dir: str, network: str, container_id: str, ifname: str) -> CacheEntry | None:
+    """The cached entry, or None when there is none (a read error counts as none, as in libcni)."""
+    path = cache_file(cache_dir, network, container_id, ifname)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return parse_entry(data, network, container_id, ifname, path)
+
+
+def delete_entry(cache_dir: str, network: str, container_id: str, ifname: str) -> bool:
+    """Remove the entry; False when there was none."""
+    try:
+        os.unlink(cache_file(cache_dir, network, container_id, ifname))
+    except (OSError, CNIError):
+        return False
+    return True
+
+
+def list_entries(cache_dir: str, container_id: str = "") -> list[CacheEntry]:
+    """Every readable cniCacheV1 entry (of one container, if given), as GetCachedAttachments."""
+    directory = os.path.join(cache_dir or DEFAULT_CACHE_DIR, "results")
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        if container_id:
+            pos = name.find(f"-{container_id}-")
+            if pos <= 0 or pos + len(container_id) + 2 >= len(name):
+                continue
+        try:
+            with open(os.path.join(directory, name), "rb") as f:
+                entry = parse_entry(f.read())
+        except (OSError, CNIError):
+            continue
+        if entry.legacy or not entry.ifname or not entry.network_name:
+            continue
+        if container_id and entry.container_id != container_id:
+            continue
+        out.append(entry)
+    return out
