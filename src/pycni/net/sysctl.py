@@ -35,10 +35,19 @@ def sysctl_path(key: str) -> str:
     if not isinstance(key, str) or not key:
         raise CNIError(INVALID_CONFIG, "invalid sysctl key",
                        f"sysctl key must be a non-empty string, got {key!r}")
-    name = normalize_key(key)
+    return proc_path(normalize_key(key), key)
+
+
+def proc_path(name: str, key: str | None = None) -> str:
+    """The /proc/sys file for an already slash-separated ``name`` (no separator swapping).
+
+    Refuses (code 7) empty components, '.', '..' and absolute names, so the result always
+    stays under /proc/sys. ``key`` is what to call it in the error (defaults to ``name``).
+    """
+    label = key if key is not None else name
     parts = name.split("/")
     if name.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in name:
-        raise CNIError(INVALID_CONFIG, f"invalid sysctl key {key!r}",
+        raise CNIError(INVALID_CONFIG, f"invalid sysctl key {label!r}",
                        "a sysctl key is a relative name under /proc/sys such as net.ipv4.ip_forward; "
                        "empty components, '.', '..' and absolute paths are not allowed")
     return f"{PROC_SYS}/{name}"

@@ -1,0 +1,455 @@
+"""tuning: a chained plugin that sets network sysctls and interface attributes in the container.
+
+Config keys, as in the Go reference: ``sysctl`` (map of net.* keys to values; ``IFNAME`` in a
+key stands for CNI_IFNAME), ``mac``, ``mtu``, ``promisc``, ``allmulti``, ``txQLen``, ``dataDir``
+(default /run/cni/tuning); ``runtimeConfig.mac`` (capability "mac"); ``MAC`` in CNI_ARGS; and
+``args.cni`` overriding any of sysctl/mac/mtu/promisc/allmulti/txQLen. Precedence for the MAC:
+CNI_ARGS < runtimeConfig < args.cni. If /etc/cni/tuning/allowlist.conf exists, every sysctl
+key must match one of its regular expressions.
+
+ADD saves the interface's original mac/mtu/promisc/allmulti/txQLen (only those it changes) to
+``<dataDir>/<containerID>_<ifname>.json`` — the reference's file and JSON — and DEL puts them
+back. Sysctls are not restored on DEL (nor by the reference): they live and die with the
+namespace.
+
+Where we are stricter or safer than the reference: every key and value is checked before
+anything is touched; a failure part-way through ADD undoes what it did; sysctls the kernel
+keeps global (visible only in the initial namespace) are refused; a repeated ADD keeps the
+first saved originals; DEL removes the saved file when the namespace or interface is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pycni.cniargs import load_cni_args
+from pycni.net import link as netlink
+from pycni.net import netns
+from pycni.net.sysctl import normalize_key, proc_path, read_sysctl, write_sysctl
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
+from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, IO_FAILURE, PLUGIN_SPECIFIC, CNIError
+from pycni.spec.types import Result
+
+DEFAULT_DATA_DIR = "/run/cni/tuning"
+ALLOWLIST_FILE = "/etc/cni/tuning/allowlist.conf"
+
+# Net sysctls the kernel keeps global: they exist (writable) only in the initial namespace,
+# so a container must never set them (they would change the whole host). Slash form, globs.
+GLOBAL_SYSCTLS = (
+    "net/core/bpf_jit_*", "net/core/busy_poll", "net/core/busy_read", "net/core/default_qdisc",
+    "net/core/dev_weight*", "net/core/devconf_inherit_init_net", "net/core/fb_tunnels_only_for_init_net",
+    "net/core/flow_limit_*", "net/core/gro_normal_batch", "net/core/high_order_alloc_disable",
+    "net/core/max_skb_frags", "net/core/mem_pcpu_rsv", "net/core/message_*", "net/core/netdev_*",
+    "net/core/rmem_default", "net/core/rmem_max", "net/core/wmem_default", "net/core/wmem_max",
+    "net/core/rps_sock_flow_entries", "net/core/skb_defer_max", "net/core/warnings",
+    "net/ipv4/cipso_*", "net/ipv4/fib_sync_mem", "net/ipv4/inet_peer_*", "net/ipv4/ipfrag_secret_interval",
+    "net/ipv4/route/error_*", "net/ipv4/route/gc_*", "net/ipv4/route/max_size", "net/ipv4/route/redirect_*",
+    "net/ipv4/tcp_low_latency", "net/ipv4/tcp_max_orphans", "net/ipv4/tcp_mem", "net/ipv4/udp_mem",
+    "net/ipv4/tcp_allowed_congestion_control",
+    "net/ipv6/calipso_*", "net/ipv6/ip6frag_secret_interval", "net/ipv6/mld_max_msf", "net/ipv6/mld_qrv",
+    "net/nf_conntrack_max", "net/netfilter/nf_conntrack_max", "net/netfilter/nf_conntrack_buckets",
+    "net/netfilter/nf_conntrack_expect_max", "net/netfilter/nf_log_all_netns",
+)
+_GLOBAL_RE = re.compile("|".join(re.escape(g).replace(r"\*", "[^/]*") for g in GLOBAL_SYSCTLS) + r"\Z")
+
+
+@dataclass
+class Sysctl:
+    key: str  # as configured, for messages
+    path: str  # /proc/sys/net/..., IFNAME substituted
+    value: str
+
+
+@dataclass
+class TuningConf:
+    cni_version: str
+    data_dir: str = DEFAULT_DATA_DIR
+    sysctls: list[Sysctl] = field(default_factory=list)
+    mac: str = ""  # as configured: the reference reports it verbatim in the result
+    promisc: bool = False
+    mtu: int = 0
+    allmulti: bool | None = None
+    txqlen: int | None = None
+    prev_result: Result | None = None
+
+    @property
+    def changes_link(self) -> bool:
+        return bool(self.mac or self.mtu or self.promisc or self.allmulti is not None or self.txqlen is not None)
+
+
+# ---- config ------------------------------------------------------------------------------------
+
+class _DupDict(dict):  # type: ignore[type-arg]
+    """A JSON object that remembers keys it saw more than once."""
+
+    dups: list[str]
+
+
+def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = _DupDict()
+    d.dups = []
+    for k, v in pairs:
+        if k in d:
+            d.dups.append(k)
+        d[k] = v
+    return d
+
+
+def _load(stdin: bytes) -> dict[str, Any]:
+    try:
+        conf = json.loads(stdin, object_pairs_hook=_pairs_hook)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CNIError(DECODE_FAILURE, "failed to load netconf", str(e)) from None
+    if not isinstance(conf, dict):
+        raise CNIError(DECODE_FAILURE, "failed to load netconf", "the network configuration must be a JSON object")
+    return conf
+
+
+def _bad(key: str, want: str, got: Any) -> CNIError:
+    return CNIError(INVALID_CONFIG, f"invalid tuning config: {key!r} must be {want}", f"got {json.dumps(got)}")
+
+
+def _opt(d: dict[str, Any], key: str, kind: type, want: str, where: str = "") -> Any:
+    """``d[key]`` checked against ``kind`` (JSON null counts as absent, as in Go)."""
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        raise _bad(where + key, want, v)
+    return v
+
+
+def parse_mac(value: str) -> str:
+    """Lower-case colon form of a hardware address in any form Go's net.ParseMAC takes."""
+    s = value
+    groups: list[str] = []
+    if len(s) >= 14 and s[2] in ":-" and (len(s) + 1) % 3 == 0:
+        groups = s.split(s[2])
+        ok = all(len(g) == 2 for g in groups)
+    elif len(s) >= 14 and s[4] == "." and (len(s) + 1) % 5 == 0:
+        quads = s.split(".")
+        ok = all(len(q) == 4 for q in quads)
+        groups = [q[i:i + 2] for q in quads for i in (0, 2)]
+    else:
+        ok = False
+    if ok and len(groups) in (6, 8, 20) and all(re.fullmatch(r"[0-9a-fA-F]{2}", g) for g in groups):
+        return ":".join(groups).lower()
+    raise CNIError(INVALID_CONFIG, f"invalid args {value} for MAC addr",
+                   "expected a hardware address such as 0a:58:0a:f4:00:05")
+
+
+def _sysctl_map(raw: Any, where: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise _bad(where, "an object of sysctl names to string values", raw)
+    dups = getattr(raw, "dups", [])
+    if dups:
+        raise CNIError(INVALID_CONFIG, "duplicated sysctl keys are not allowed", f"{where}: {sorted(set(dups))}")
+    for k, v in raw.items():
+        if not isinstance(v, str):
+            raise _bad(f"{where}[{k}]", "a string", v)
+    return dict(raw)
+
+
+def sysctl_file(key: str, ifname: str) -> str:
+    """The /proc/sys/net file a tuning key names; CNIError 7 unless it is a namespaced net sysctl."""
+    name = normalize_key(key).replace("IFNAME", ifname, 1)
+    path = proc_path(name, key)
+    if not name.startswith("net/"):
+        raise CNIError(INVALID_CONFIG, f"invalid net sysctl key: {key!r}",
+                       "tuning only sets network sysctls (net.*), which belong to the container's namespace")
+    if _GLOBAL_RE.match(name):
+        raise CNIError(INVALID_CONFIG, f"sysctl {key!r} is not namespaced",
+                       "the kernel keeps it global (host-wide); it cannot be set for one container")
+    return path
+
+
+def check_allowlist(keys: list[str], allowlist_file: str = ALLOWLIST_FILE) -> None:
+    """Every key must match (re.search, like Go's regexp.MatchString) a line of the allowlist, if any."""
+    try:
+        with open(allowlist_file) as f:
+            patterns = [line.strip() for line in f if line.strip()]
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise CNIError(IO_FAILURE, "failed to read the sysctl allowlist", f"{allowlist_file}: {e}") from None
+    for key in keys:
+        try:
+            if any(re.search(p, key) for p in patterns):
+                continue
+        except re.error as e:
+            raise CNIError(INVALID_CONFIG, "invalid pattern in the sysctl allowlist",
+                           f"{allowlist_file}: {e}") from None
+        raise CNIError(INVALID_CONFIG, f"Sysctl {key} is not allowed",
+                       f"only sysctls matching these patterns are allowed ({allowlist_file}): {patterns}")
+
+
+def parse_conf(args: CmdArgs, allowlist_file: str = ALLOWLIST_FILE) -> TuningConf:
+    """Decode and check the whole configuration before anything is touched."""
+    raw = _load(args.stdin_data)
+    conf = TuningConf(cni_version=config_version(raw))
+    conf.data_dir = _opt(raw, "dataDir", str, "a directory path") or DEFAULT_DATA_DIR
+    sysctls = _sysctl_map(raw.get("sysctl"), "sysctl")
+    conf.mac = _opt(raw, "mac", str, "a MAC address string") or ""
+    conf.promisc = bool(_opt(raw, "promisc", bool, "true or false"))
+    conf.mtu = _opt(raw, "mtu", int, "an integer") or 0
+    conf.allmulti = _opt(raw, "allmulti", bool, "true or false")
+    conf.txqlen = _opt(raw, "txQLen", int, "an integer")
+
+    env_mac = load_cni_args(args.args, ["MAC"]).get("MAC", "")
+    if env_mac:
+        conf.mac = env_mac
+    rc = raw.get("runtimeConfig")
+    if isinstance(rc, dict) and _opt(rc, "mac", str, "a MAC address string", "runtimeConfig."):
+        conf.mac = rc["mac"]
+    a = raw.get("args")
+    cni = a.get("cni") if isinstance(a, dict) else None
+    if isinstance(cni, dict):
+        sysctls.update(_sysctl_map(cni.get("sysctl"), "args.cni.sysctl"))
+        for key, attr, kind, want in (("mac", "mac", str, "a MAC address string"),
+                                      ("promisc", "promisc", bool, "true or false"),
+                                      ("mtu", "mtu", int, "an integer"),
+                                      ("allmulti", "allmulti", bool, "true or false"),
+                                      ("txQLen", "txqlen", int, "an integer")):
+            v = _opt(cni, key, kind, want, "args.cni.")
+            if v is not None:
+                setattr(conf, attr, v)
+
+    if conf.mac:
+        parse_mac(conf.mac)
+    if conf.mtu < 0:
+        raise _bad("mtu", "a positive integer", conf.mtu)
+    if conf.txqlen is not None and conf.txqlen < 0:
+        raise _bad("txQLen", "zero or a positive integer", conf.txqlen)
+    by_path: dict[str, Sysctl] = {}
+    for key, value in sysctls.items():
+        path = sysctl_file(key, args.ifname)
+        if path in by_path and by_path[path].value != value:
+            raise CNIError(INVALID_CONFIG, "conflicting sysctl keys",
+                           f"{by_path[path].key!r} and {key!r} name the same sysctl with different values")
+        by_path[path] = Sysctl(key, path, value)
+    conf.sysctls = list(by_path.values())
+    check_allowlist(list(sysctls), allowlist_file)
+
+    if raw.get("prevResult") is not None:
+        conf.prev_result = Result.from_dict(raw["prevResult"], conf.cni_version)
+    return conf
+
+
+def _require_prev(conf: TuningConf) -> Result:
+    if conf.prev_result is None:
+        raise CNIError(INVALID_CONFIG, "Required prevResult missing",
+                       "tuning is a chained plugin: list it after an interface-creating plugin")
+    return conf.prev_result
+
+
+# ---- saved originals ---------------------------------------------------------------------------
+
+def backup_path(data_dir: str, container_id: str, ifname: str) -> str:
+    return os.path.join(data_dir, f"{container_id}_{ifname}.json")
+
+
+def _read_backup(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}  # unreadable: nothing we can restore from it
+    return data if isinstance(data, dict) else {}
+
+
+def _write_backup(path: str, saved: dict[str, Any]) -> None:
+    """Atomically write the reference's JSON (one-space indent, its key order), mode 0600."""
+    order = ("mac", "promisc", "mtu", "allmulti", "txQLen")
+    data = json.dumps({k: saved[k] for k in order if k in saved}, indent=1)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data.encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise CNIError(IO_FAILURE, "failed to save the interface's original settings", f"{path}: {e}") from None
+
+
+def _originals(conf: TuningConf, link: netlink.Link) -> dict[str, Any]:
+    """What ADD is about to change, as it is now (the reference's omitempty fields)."""
+    saved: dict[str, Any] = {}
+    if conf.mac:
+        saved["mac"] = link.mac
+    if conf.promisc:
+        saved["promisc"] = link.promisc
+    if conf.mtu:
+        saved["mtu"] = link.mtu
+    if conf.allmulti is not None:
+        saved["allmulti"] = link.allmulti
+    if conf.txqlen is not None:
+        saved["txQLen"] = link.txqlen
+    return saved
+
+
+def _restore_link(ifname: str, saved: dict[str, Any]) -> list[str]:
+    """Put back saved attributes one by one, in the reference's order; return the failures."""
+    errors = []
+    for key, attr, what in (("mtu", "mtu", "MTU"), ("mac", "mac", "MAC address"),
+                            ("promisc", "promisc", "promiscuous mode"),
+                            ("allmulti", "allmulti", "all-multicast mode"),
+                            ("txQLen", "txqlen", "transmit queue length")):
+        value = saved.get(key)
+        if value is None or (key in ("mtu", "mac") and not value):
+            continue
+        try:
+            netlink.set_link(ifname, **{attr: value})
+        except CNIError as e:
+            errors.append(f"failed to restore {what}: {e}")
+    return errors
+
+
+# ---- handlers ----------------------------------------------------------------------------------
+
+def _write_sysctls(sysctls: list[Sysctl]) -> list[tuple[Sysctl, str]]:
+    """Set every sysctl; on a failure put back those already set and raise. Returns the originals."""
+    for s in sysctls:
+        if not os.path.exists(s.path):
+            raise CNIError(INVALID_CONFIG, f"sysctl {s.key!r} does not exist in the container's namespace",
+                           f"{s.path} not found (does the interface exist? is the kernel module loaded?)")
+    done: list[tuple[Sysctl, str]] = []
+    try:
+        for s in sysctls:
+            old = read_sysctl(_slash_key(s.path))
+            write_sysctl(_slash_key(s.path), s.value)
+            done.append((s, old))
+    except Exception:
+        _undo_sysctls(done)
+        raise
+    return done
+
+
+def _slash_key(path: str) -> str:
+    """The slash-form key of a /proc/sys path (read/write_sysctl take it as it is)."""
+    return path[len("/proc/sys/"):]
+
+
+def _undo_sysctls(done: list[tuple[Sysctl, str]]) -> None:
+    for s, old in reversed(done):
+        try:
+            write_sysctl(_slash_key(s.path), old)
+        except CNIError:
+            pass  # best effort: the original error is the one to report
+
+
+def cmd_add(args: CmdArgs) -> Result:
+    conf = parse_conf(args)
+    result = _require_prev(conf).copy()
+    with netns.enter(args.netns):
+        link = None
+        if conf.changes_link:
+            link = netlink.get_link(args.ifname)
+            if link is None:
+                raise CNIError(PLUGIN_SPECIFIC, f"failed to get {args.ifname!r}",
+                               f"no interface {args.ifname!r} in {args.netns}")
+        done = _write_sysctls(conf.sysctls)
+        if link is None:
+            return result
+        path = backup_path(conf.data_dir, args.container_id, args.ifname)
+        previous = _read_backup(path)
+        saved = _originals(conf, link)
+        if previous:  # a repeated ADD: the first originals are the true ones
+            saved.update({k: v for k, v in previous.items() if k in saved})
+        try:
+            _write_backup(path, saved)
+            netlink.set_link(args.ifname, mac=parse_mac(conf.mac) if conf.mac else None,
+                             promisc=True if conf.promisc else None, mtu=conf.mtu or None,
+                             allmulti=conf.allmulti, txqlen=conf.txqlen)
+        except Exception:
+            _restore_link(args.ifname, _originals(conf, link))
+            if previous is None:
+                _remove(path)
+            else:
+                _write_backup(path, previous)
+            _undo_sysctls(done)
+            raise
+    if conf.mac:
+        for iface in result.interfaces:
+            if iface.name == args.ifname:
+                iface.mac = conf.mac
+    return result
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise CNIError(IO_FAILURE, "failed to remove saved settings", f"{path}: {e}") from None
+
+
+def cmd_del(args: CmdArgs) -> None:
+    """Restore what ADD saved. Succeeds when there is nothing to restore or nowhere to restore it."""
+    raw = _load(args.stdin_data)
+    data_dir = _opt(raw, "dataDir", str, "a directory path") or DEFAULT_DATA_DIR
+    path = backup_path(data_dir, args.container_id, args.ifname)
+    saved = _read_backup(path)
+    if saved is None:
+        return
+    if not saved or not args.netns or not netns.netns_exists(args.netns):
+        _remove(path)  # nothing restorable, or the namespace (and interface) is gone
+        return
+    with netns.enter(args.netns):
+        if netlink.get_link(args.ifname) is None:
+            _remove(path)
+            return
+        if _restore_link(args.ifname, saved):
+            return  # like the reference: DEL succeeds, the file stays for a later retry
+    _remove(path)
+
+
+def _check_error(msg: str) -> CNIError:
+    return CNIError(PLUGIN_SPECIFIC, msg, "the container no longer has the configured tuning")
+
+
+def cmd_check(args: CmdArgs) -> None:
+    conf = parse_conf(args)
+    _require_prev(conf)
+    with netns.enter(args.netns):
+        for s in conf.sysctls:
+            current = read_sysctl(_slash_key(s.path))
+            if current.split() != s.value.split():
+                raise _check_error(f"Tuning configured value of {s.path} is {s.value}, current value is {current}")
+        link = netlink.get_link(args.ifname)
+        if link is None:
+            raise CNIError(PLUGIN_SPECIFIC, f"Cannot find container link {args.ifname}",
+                           f"no interface {args.ifname!r} in {args.netns}")
+    ifn = args.ifname
+    if conf.mac and parse_mac(conf.mac) != link.mac:
+        raise _check_error(f"Tuning configured Ethernet of {ifn} is {conf.mac}, current value is {link.mac}")
+    if conf.promisc != link.promisc:
+        raise _check_error(f"Tuning link {ifn} configured promisc is {str(conf.promisc).lower()}, "
+                           f"current value is {int(link.promisc)}")
+    if conf.mtu and conf.mtu != link.mtu:
+        raise _check_error(f"Tuning configured MTU of {ifn} is {conf.mtu}, current value is {link.mtu}")
+    if conf.allmulti is not None and conf.allmulti != link.allmulti:
+        raise _check_error(f"Tuning configured all-multicast mode of {ifn} is {str(conf.allmulti).lower()}, "
+                           f"current value is {str(link.allmulti).lower()}")
+    if conf.txqlen is not None and conf.txqlen != link.txqlen:
+        raise _check_error(f"Tuning configured Transmit Queue Length of {ifn} is {conf.txqlen}, "
+                           f"current value is {link.txqlen}")
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+                about="CNI tuning plugin (pycni): net sysctls and interface attributes in the container")
+
+
+def main() -> None:
+    run_plugin(PLUGIN)
