@@ -1,0 +1,212 @@
+"""The pycni daemon: runs plugin handlers in-process with imports and netlink warm.
+
+Each connection is one plugin invocation forwarded by a shim (see :mod:`pycni.shim`). The
+daemon learns the caller's pid from the socket's peer credentials and performs the request in
+that process's network namespace, so a plugin behaves exactly as if it had run in the shim.
+Requests run concurrently on threads (netns switches are per-thread), but never two for the
+same container at once; a failing request becomes an error reply, never a dead daemon.
+Only root and the daemon's own user may connect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+from pycni.daemon import protocol
+from pycni.net import netns
+from pycni.plugins.registry import PLUGIN_MODULES
+from pycni.skel import INTERNAL_ERROR, Outcome, Plugin, dispatch
+from pycni.spec.errors import CNIError
+
+log = logging.getLogger("pycni.daemon")
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class ContainerLocks:
+    """One lock per container ID, created on demand and dropped when unused."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users <= 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
+class Daemon:
+    """Serves forwarded plugin invocations on a unix socket."""
+
+    def __init__(self, socket_path: str = protocol.DEFAULT_SOCKET, preload: bool = True) -> None:
+        self.socket_path = socket_path
+        self.locks = ContainerLocks()
+        self.plugins: dict[str, Plugin] = {}
+        self._plugins_guard = threading.Lock()
+        self._stop = threading.Event()
+        self._sock: socket.socket | None = None
+        if preload:
+            self._preload()
+
+    def _preload(self) -> None:
+        """Import every plugin (and with them pyroute2) once, up front."""
+        for name in PLUGIN_MODULES:
+            try:
+                self._plugin(name)
+            except Exception as e:  # noqa: BLE001 - a plugin that fails to import is reported per request
+                log.warning("plugin %s not preloaded: %s", name, e)
+
+    def _plugin(self, name: str) -> Plugin:
+        with self._plugins_guard:
+            plugin = self.plugins.get(name)
+            if plugin is None:
+                plugin = importlib.import_module(PLUGIN_MODULES[name]).PLUGIN
+                self.plugins[name] = plugin
+            return plugin
+
+    # ---- serving ---------------------------------------------------------------------------
+    def bind(self) -> None:
+        os.makedirs(os.path.dirname(self.socket_path) or ".", mode=0o755, exist_ok=True)
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(self.socket_path)
+        finally:
+            os.umask(old)
+        os.chmod(self.socket_path, 0o600)
+        sock.listen(128)
+        self._sock = sock
+
+    def serve_forever(self) -> None:
+        if self._sock is None:
+            self.bind()
+        assert self._sock is not None
+        self._sock.settimeout(0.5)
+        log.info("pycni daemon listening on %s", self.socket_path)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    break
+                raise
+            conn.settimeout(None)
+            threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
+        self._close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        log.info("pycni daemon stopped")
+
+    def _serve_conn(self, conn: socket.socket) -> None:
+        try:
+            pid, uid, _gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+            if uid not in (0, os.getuid()):
+                log.warning("refused connection from uid %d (pid %d)", uid, pid)
+                outcome = _error_outcome(CNIError(4, "permission denied",
+                                                  "only root or the daemon's user may use the pycni daemon"))
+            else:
+                request = protocol.recv_frame(conn)
+                outcome = self.handle(request, pid)
+            protocol.send_frame(conn, {"exit": outcome.exit_code, "stdout": protocol.b64(outcome.stdout),
+                                       "stderr": protocol.b64(outcome.stderr)})
+        except Exception as e:  # noqa: BLE001 - one broken client must not take the daemon down
+            log.warning("request failed: %s: %s", type(e).__name__, e)
+        finally:
+            conn.close()
+
+    def handle(self, request: dict[str, Any], peer_pid: int) -> Outcome:
+        """Run one invocation in the network namespace of process ``peer_pid``."""
+        name = request.get("plugin")
+        env = request.get("env")
+        if not isinstance(name, str) or name not in PLUGIN_MODULES or not isinstance(env, dict):
+            return _error_outcome(CNIError(4, "malformed daemon request", f"unknown plugin {name!r}"))
+        stdin = protocol.unb64(str(request.get("stdin", "")))
+        env = {str(k): str(v) for k, v in env.items()}
+        # A request from a plugin this daemon is already serving (a delegated IPAM run as a
+        # binary) must not wait for its parent's container lock.
+        nested = env.get("PYCNI_IN_DAEMON") == "1"
+        env["PYCNI_IN_DAEMON"] = "1"
+        try:
+            plugin = self._plugin(name)
+        except Exception as e:  # noqa: BLE001
+            return _error_outcome(CNIError(INTERNAL_ERROR, f"plugin {name} failed to load", str(e)))
+        # Pin the caller's namespace now: the pid could exit and be reused while we wait.
+        try:
+            ns_fd = os.open(f"/proc/{peer_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            return _error_outcome(CNIError(5, "cannot find the caller's network namespace", str(e)))
+        try:
+            key = env.get("CNI_CONTAINERID") or ""
+            lock = self.locks.hold(key) if key and not nested else nullcontext()
+            with lock, netns.enter(f"/proc/self/fd/{ns_fd}"):
+                log.debug("%s %s %s", name, env.get("CNI_COMMAND"), env.get("CNI_CONTAINERID"))
+                return dispatch(plugin, env, stdin)
+        except CNIError as e:
+            return _error_outcome(e)
+        except Exception as e:  # noqa: BLE001
+            return _error_outcome(CNIError(INTERNAL_ERROR, str(e) or type(e).__name__, "pycni daemon"))
+        finally:
+            os.close(ns_fd)
+
+
+def _error_outcome(err: CNIError) -> Outcome:
+    return Outcome(1, (err.to_json() + "\n").encode())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pycni daemon", description="Serve pycni plugins in-process.")
+    parser.add_argument("--socket", default=os.environ.get("PYCNI_SOCKET") or protocol.DEFAULT_SOCKET,
+                        help="unix socket to listen on (default %(default)s)")
+    parser.add_argument("--log-file", help="log here instead of stderr")
+    parser.add_argument("--debug", action="store_true", help="log every request")
+    args = parser.parse_args(argv)
+    logging.basicConfig(filename=args.log_file, level=logging.DEBUG if args.debug else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    daemon = Daemon(args.socket)
+    try:
+        daemon.bind()
+    except OSError as e:
+        sys.stderr.write(f"pycni daemon: cannot listen on {args.socket}: {e}\n")
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
+    signal.signal(signal.SIGINT, lambda *_: daemon.stop())
+    daemon.serve_forever()
+    return 0
