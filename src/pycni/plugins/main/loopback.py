@@ -1,0 +1,80 @@
+"""The ``loopback`` plugin: bring a namespace's ``lo`` up (ADD) or down (DEL).
+
+As the Go reference: CNI_IFNAME is ignored (it is always ``lo``); the result lists ``lo``
+with its first IPv4 and first IPv6 address (interface 0), or, when chained, passes the
+prevResult through unchanged. DEL succeeds when there is no netns at all.
+"""
+
+from __future__ import annotations
+
+from pycni import skel
+from pycni.skel import CmdArgs, Plugin, run_plugin
+from pycni.spec import errors as E
+from pycni.spec.errors import CNIError
+from pycni.spec.types import Interface, IPConfig, Result
+
+LOOPBACK = "lo"
+LOOPBACK_MAC = "00:00:00:00:00:00"
+
+
+def parse_conf(args: CmdArgs) -> tuple[dict, Result | None]:
+    """The config and its prevResult (parsed, so a bad one fails before we touch anything)."""
+    conf = args.conf()
+    try:
+        prev = skel.prev_result(conf)
+    except CNIError as e:
+        raise CNIError(E.DECODE_FAILURE, "failed to parse prevResult", e.details or e.msg) from None
+    return conf, prev
+
+
+def cmd_add(args: CmdArgs) -> Result:
+    from pycni.net import addr, link, netns
+
+    conf, prev = parse_conf(args)
+    with netns.enter(args.netns):
+        lo = link.set_link(LOOPBACK, up=True)
+        v4 = addr.list_addrs(lo.index, 4)
+        v6 = addr.list_addrs(lo.index, 6)
+    for a in (*v4, *v6):
+        if not a.address.ip.is_loopback:
+            raise CNIError(skel.INTERNAL_ERROR, f"loopback interface found with non-loopback address {str(a.address.ip)!r}",
+                           "lo carries an address outside 127.0.0.0/8 and ::1; remove it or use another netns")
+    if prev is not None:
+        return prev
+    result = Result(cni_version=skel.config_version(conf),
+                    interfaces=[Interface(name=LOOPBACK, mac=LOOPBACK_MAC, sandbox=args.netns)])
+    for found in (v4, v6):
+        if found:
+            result.ips.append(IPConfig(address=found[0].address, interface=0))
+    return result
+
+
+def cmd_del(args: CmdArgs) -> None:
+    from pycni.net import link, netns
+
+    if not args.netns or not netns.netns_exists(args.netns):
+        return  # nothing to take down: DEL is idempotent
+    with netns.enter(args.netns):
+        if link.get_link(LOOPBACK) is not None:
+            link.set_link(LOOPBACK, up=False)
+
+
+def cmd_check(args: CmdArgs) -> None:
+    from pycni.net import link, netns
+
+    parse_conf(args)
+    with netns.enter(args.netns):
+        lo = link.get_link(LOOPBACK)
+    if lo is None:
+        raise CNIError(skel.INTERNAL_ERROR, "Link not found", f"no {LOOPBACK} in {args.netns}")
+    if not lo.up:
+        raise CNIError(skel.INTERNAL_ERROR, "loopback interface is down",
+                       f"{LOOPBACK} in {args.netns} is down; run ADD again to bring it up")
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+                about="CNI loopback plugin (pycni): brings up lo in the container")
+
+
+def main() -> None:
+    run_plugin(PLUGIN)
