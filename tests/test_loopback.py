@@ -6,8 +6,8 @@ import json
 import os
 
 import pytest
-
 from netns_util import Namespace
+
 from pycni.plugins.main.loopback import PLUGIN
 from pycni.skel import dispatch
 

@@ -37,7 +37,8 @@ def cmd_add(args: CmdArgs) -> Result:
         v6 = addr.list_addrs(lo.index, 6)
     for a in (*v4, *v6):
         if not a.address.ip.is_loopback:
-            raise CNIError(skel.INTERNAL_ERROR, f"loopback interface found with non-loopback address {str(a.address.ip)!r}",
+            raise CNIError(skel.INTERNAL_ERROR,
+                           f"loopback interface found with non-loopback address {str(a.address.ip)!r}",
                            "lo carries an address outside 127.0.0.0/8 and ::1; remove it or use another netns")
     if prev is not None:
         return prev
