@@ -1,0 +1,5 @@
+"""``python -m pycni``: the ``pycni`` command."""
+
+from pycni.cli import main
+
+main()

@@ -1,0 +1,309 @@
+"""The ``pycni`` command: cnitool's verbs and environment, and a few more.
+
+    pycni add|check|del NETWORK NETNS      run a network's plugin chain for a namespace
+    pycni gc|status NETWORK [NETNS]         spec 1.1 GC / STATUS of a network
+    pycni list | validate NETWORK | version
+    pycni install-plugins --dir DIR [TYPE...]
+    pycni plugin TYPE                       run one of our plugins in this process
+
+Environment as cnitool: NETCONFPATH (default /etc/cni/net.d), CNI_PATH, CNI_IFNAME (default
+eth0), CNI_ARGS (``K=V;K=V``), CAP_ARGS (JSON object of capability args). Without
+``--container-id`` the ID is cnitool's: ``cnitool-`` + the first 10 bytes of the SHA-512 of
+the absolute netns path in hex, so either tool deletes what the other added.
+
+Errors are one line on stderr, ``pycni: <msg>: <details> (code N)``, and exit status 1.
+The runtime is imported per verb to keep start-up short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pycni.runtime import CNI, NetworkConfigList
+    from pycni.spec.errors import CNIError
+
+DEFAULT_NETCONFPATH = "/etc/cni/net.d"
+
+
+class UsageError(Exception):
+    """Bad command-line or environment input, reported with a spec code."""
+
+    def __init__(self, code: int, msg: str, details: str = "") -> None:
+        super().__init__(msg)
+        self.code, self.msg, self.details = code, msg, details
+
+
+def cnitool_container_id(netns: str) -> str:
+    """cnitool's container ID for ``netns``: sha512 of the absolute path, first 10 bytes in hex."""
+    import hashlib
+
+    path = os.path.abspath(netns)
+    if path.startswith("//"):  # Go's filepath.Clean collapses the leading '//' POSIX keeps
+        path = "/" + path.lstrip("/")
+    return "cnitool-" + hashlib.sha512(path.encode()).hexdigest()[:20]
+
+
+def parse_cni_args(raw: str) -> list[tuple[str, str]]:
+    """CNI_ARGS as cnitool reads it: ``K=V`` pairs split on ';' (empty pairs are skipped)."""
+    pairs = []
+    for pair in raw.split(";"):
+        if not pair:
+            continue
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not value:
+            raise UsageError(4, f"invalid CNI_ARGS pair {pair!r}", "CNI_ARGS must be KEY=VALUE pairs separated by ';'")
+        pairs.append((key, value))
+    return pairs
+
+
+def parse_cap_args(raw: str) -> dict[str, Any]:
+    """CAP_ARGS: a JSON object of capability name -> value."""
+    import json
+
+    if not raw:
+        return {}
+    try:
+        obj = json.loads(raw)
+    except ValueError as e:
+        raise UsageError(6, "invalid CAP_ARGS", f"{e}; CAP_ARGS must be a JSON object, "
+                         "e.g. '{\"portMappings\": [...]}'") from None
+    if not isinstance(obj, dict):
+        raise UsageError(6, "invalid CAP_ARGS", f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+# ---- building the runtime from flags and environment ---------------------------------------
+
+def _runtime(opts: argparse.Namespace) -> CNI:
+    from pycni.runtime import CNI
+
+    conf_dir = opts.conf_dir or os.environ.get("NETCONFPATH") or DEFAULT_NETCONFPATH
+    raw_path = opts.cni_path if opts.cni_path is not None else os.environ.get("CNI_PATH", "")
+    paths = [p for p in raw_path.split(os.pathsep) if p]
+    return CNI(conf_dir=conf_dir, plugin_path=paths, cache_dir=opts.cache_dir or "")
+
+
+def _network(rt: CNI, name: str) -> NetworkConfigList:
+    return rt.load_network(name)
+
+
+def _attachment(opts: argparse.Namespace) -> dict[str, Any]:
+    ifname = opts.ifname or os.environ.get("CNI_IFNAME") or "eth0"
+    netns = os.path.abspath(opts.netns)
+    if netns.startswith("//"):
+        netns = "/" + netns.lstrip("/")
+    return {"container_id": opts.container_id or cnitool_container_id(opts.netns), "netns": netns,
+            "ifname": ifname, "args": parse_cni_args(os.environ.get("CNI_ARGS", "")),
+            "capability_args": parse_cap_args(os.environ.get("CAP_ARGS", ""))}
+
+
+# ---- verbs --------------------------------------------------------------------------------
+
+def cmd_add(opts: argparse.Namespace) -> int:
+    rt = _runtime(opts)
+    att = _attachment(opts)
+    result = rt.add(_network(rt, opts.network), **att)
+    sys.stdout.write(result.to_json() + "\n")
+    return 0
+
+
+def cmd_check(opts: argparse.Namespace) -> int:
+    rt = _runtime(opts)
+    att = _attachment(opts)
+    rt.check(_network(rt, opts.network), **att)
+    return 0
+
+
+def cmd_del(opts: argparse.Namespace) -> int:
+    rt = _runtime(opts)
+    att = _attachment(opts)
+    rt.delete(_network(rt, opts.network), **att)
+    return 0
+
+
+def cmd_gc(opts: argparse.Namespace) -> int:
+    rt = _runtime(opts)
+    net = _network(rt, opts.network)
+    valid = None
+    if opts.valid is not None:
+        valid = []
+        for item in opts.valid:
+            cid, sep, ifname = item.rpartition(":")
+            if not sep or not cid or not ifname:
+                raise UsageError(4, f"invalid --valid attachment {item!r}", "use CONTAINERID:IFNAME")
+            valid.append((cid, ifname))
+    rt.gc(net, valid)
+    return 0
+
+
+def cmd_status(opts: argparse.Namespace) -> int:
+    rt = _runtime(opts)
+    rt.status(_network(rt, opts.network))
+    return 0
+
+
+def cmd_validate(opts: argparse.Namespace) -> int:
+    rt = _runtime(opts)
+    net = _network(rt, opts.network)
+    caps = rt.validate(net)
+    types = ", ".join(p.type for p in net.plugins)
+    print(f"network {net.name!r} (cniVersion {net.cni_version}, {net.path or 'inline'}) is valid: "
+          f"plugins {types} found and speak {net.cni_version}")
+    print(f"capabilities: {', '.join(caps) if caps else '(none)'}")
+    return 0
+
+
+def cmd_list(opts: argparse.Namespace) -> int:
+    rt = _runtime(opts)
+    files = rt.networks()
+    if not files:
+        print(f"no network configurations in {rt.conf_dir}")
+        return 0
+    for item in files:
+        if item.network is None:
+            assert item.error is not None
+            print(f"{item.path}: ERROR {_error_line(item.error)}")
+            continue
+        net = item.network
+        note = "  (shadowed: an earlier file defines this name)" if item.shadowed else ""
+        print(f"{net.name}  cniVersion={net.cni_version}  {item.path}{note}")
+        if item.error is not None:
+            print(f"    ERROR {_error_line(item.error)}")
+        for p in net.plugins:
+            caps = p.enabled_capabilities()
+            print(f"    - {p.type}" + (f"  capabilities: {', '.join(caps)}" if caps else ""))
+    return 0
+
+
+def cmd_version(opts: argparse.Namespace) -> int:
+    from pycni import __version__
+    from pycni.spec.version import ALL_VERSIONS, CURRENT_VERSION
+
+    print(f"pycni {__version__}")
+    print(f"CNI protocol versions supported: {', '.join(ALL_VERSIONS)} (current {CURRENT_VERSION})")
+    return 0
+
+
+def cmd_install_plugins(opts: argparse.Namespace) -> int:
+    from pycni.plugins import registry
+
+    try:
+        written = registry.install(opts.dir, opts.names or None, python=opts.python,
+                                   daemon=not opts.direct and registry.daemon_shims_available())
+    except KeyError as e:
+        raise UsageError(7, "cannot install plugins", str(e.args[0])) from None
+    except OSError as e:
+        raise UsageError(5, f"cannot write plugins to {opts.dir}", e.strerror or str(e)) from None
+    for path in written:
+        print(path)
+    return 0
+
+
+def cmd_plugin(opts: argparse.Namespace) -> int:
+    from pycni.plugins import registry
+
+    mods = registry.available()
+    if opts.type not in mods:
+        raise UsageError(7, f"unknown plugin type {opts.type!r}", f"available: {', '.join(sorted(mods))}")
+    from pycni.skel import run_plugin
+
+    run_plugin(registry.load(opts.type))  # exits
+    return 0
+
+
+# ---- argument parsing and the entry point ----------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pycni", description="Run CNI networks and plugins (cnitool-compatible).")
+    sub = p.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--conf-dir", help="network configuration directory (default: $NETCONFPATH or "
+                        f"{DEFAULT_NETCONFPATH})")
+        sp.add_argument("--cni-path", help="plugin search path, ':'-separated (default: $CNI_PATH)")
+        sp.add_argument("--cache-dir", help="result cache directory (default: /var/lib/cni)")
+
+    for verb, fn, text in (("add", cmd_add, "attach NETNS to NETWORK and print the result"),
+                           ("check", cmd_check, "check NETNS's attachment to NETWORK"),
+                           ("del", cmd_del, "detach NETNS from NETWORK")):
+        sp = sub.add_parser(verb, help=text, description=text)
+        sp.add_argument("network", metavar="NETWORK")
+        sp.add_argument("netns", metavar="NETNS", help="path of the network namespace")
+        sp.add_argument("-i", "--ifname", help="interface name (default: $CNI_IFNAME or eth0)")
+        sp.add_argument("--container-id", help="container ID (default: cnitool's, derived from NETNS)")
+        common(sp)
+        sp.set_defaults(fn=fn)
+
+    sp = sub.add_parser("gc", help="garbage-collect NETWORK (spec 1.1)",
+                        description="DEL cached attachments of NETWORK that are not --valid, then GC "
+                        "every plugin. Like cnitool, with no --valid every cached attachment is stale.")
+    sp.add_argument("network", metavar="NETWORK")
+    sp.add_argument("netns", metavar="NETNS", nargs="?", help="ignored (cnitool takes it)")
+    sp.add_argument("--valid", action="append", metavar="CONTAINERID:IFNAME",
+                    help="an attachment still in use (repeatable)")
+    sp.add_argument("-i", "--ifname", help=argparse.SUPPRESS)
+    common(sp)
+    sp.set_defaults(fn=cmd_gc)
+
+    sp = sub.add_parser("status", help="ask every plugin of NETWORK whether it can serve ADD (spec 1.1)")
+    sp.add_argument("network", metavar="NETWORK")
+    sp.add_argument("netns", metavar="NETNS", nargs="?", help="ignored (cnitool takes it)")
+    sp.add_argument("-i", "--ifname", help=argparse.SUPPRESS)
+    common(sp)
+    sp.set_defaults(fn=cmd_status)
+
+    sp = sub.add_parser("validate", help="check NETWORK's plugins exist and speak its version")
+    sp.add_argument("network", metavar="NETWORK")
+    common(sp)
+    sp.set_defaults(fn=cmd_validate)
+
+    sp = sub.add_parser("list", help="list networks and their plugins")
+    common(sp)
+    sp.set_defaults(fn=cmd_list)
+
+    sp = sub.add_parser("version", help="print pycni's version and the CNI versions it speaks")
+    sp.set_defaults(fn=cmd_version)
+
+    sp = sub.add_parser("install-plugins", help="write plugin executables into a CNI bin directory")
+    sp.add_argument("--dir", required=True, help="target directory (e.g. /opt/cni/bin)")
+    sp.add_argument("--python", help="interpreter for the executables (default: this one)")
+    sp.add_argument("--direct", action="store_true", help="never forward to a pycni daemon")
+    sp.add_argument("names", nargs="*", metavar="TYPE", help="plugin types (default: all)")
+    sp.set_defaults(fn=cmd_install_plugins)
+
+    sp = sub.add_parser("plugin", help="run plugin TYPE in this process (CNI_COMMAND etc. from the env)")
+    sp.add_argument("type", metavar="TYPE")
+    sp.set_defaults(fn=cmd_plugin)
+    return p
+
+
+def _error_line(e: CNIError | UsageError) -> str:
+    return f"{e.msg}: {e.details} (code {e.code})" if e.details else f"{e.msg} (code {e.code})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``pycni`` and ``python -m pycni``; returns (and exits with) the status."""
+    opts = _parser().parse_args(argv)
+    from pycni.spec.errors import CNIError
+
+    try:
+        status = int(opts.fn(opts))
+    except (CNIError, UsageError) as e:
+        sys.stderr.write(f"pycni: {_error_line(e)}\n")
+        status = 1
+    except KeyboardInterrupt:
+        status = 130
+    except Exception as e:  # noqa: BLE001 - one line, never a traceback (PYCNI_DEBUG=1 shows it)
+        if os.environ.get("PYCNI_DEBUG"):
+            raise
+        sys.stderr.write(f"pycni: internal error: {type(e).__name__}: {e} (code 999)\n")
+        status = 1
+    if argv is None:
+        sys.exit(status)
+    return status
