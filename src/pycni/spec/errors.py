@@ -12,13 +12,21 @@ INVALID_ENV = 4
 IO_FAILURE = 5
 DECODE_FAILURE = 6
 INVALID_CONFIG = 7
+# Go reference (libcni 1.2+): CNI_NETNS is the plugin's own namespace.
+INVALID_NETNS = 8
 TRY_AGAIN = 11
-# Spec 1.1 STATUS: the plugin is not ready to serve ADD.
+# Spec 1.1 STATUS: the plugin cannot serve ADD (50), and containers may have lost
+# connectivity too (51).
 PLUGIN_NOT_AVAILABLE = 50
 LIMITED_CONNECTIVITY = 51
+# Not in the spec (kept because earlier code may name it); use 51.
 NO_CONNECTIVITY = 52
 # Codes 0-99 are the spec's; plugins use 100 and above for their own errors.
 PLUGIN_SPECIFIC = 100
+# What the Go reference reports for a failure that was not a CNI error (a bug, an OSError...).
+INTERNAL = 999
+# What Go's invoke reports when a failed plugin printed no parsable error (ErrUnknown).
+UNKNOWN = 0
 
 CODE_NAMES: dict[int, str] = {
     INCOMPATIBLE_VERSION: "incompatible CNI version",
@@ -28,10 +36,12 @@ CODE_NAMES: dict[int, str] = {
     IO_FAILURE: "I/O failure",
     DECODE_FAILURE: "failed to decode content",
     INVALID_CONFIG: "invalid network config",
+    INVALID_NETNS: "invalid network namespace",
     TRY_AGAIN: "try again later",
     PLUGIN_NOT_AVAILABLE: "plugin not available",
     LIMITED_CONNECTIVITY: "limited connectivity",
     NO_CONNECTIVITY: "no connectivity",
+    INTERNAL: "internal error",
 }
 
 

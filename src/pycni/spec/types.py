@@ -4,8 +4,23 @@ One in-memory shape (the 1.x one) is parsed from and rendered to each version's 
 
 * 0.1.0 / 0.2.0: ``ip4`` / ``ip6`` objects with ``ip``, ``gateway``, ``routes``; no interfaces.
 * 0.3.0 / 0.3.1 / 0.4.0: ``interfaces``, ``ips`` (each with ``version``), ``routes``, ``dns``.
-* 1.0.0 / 1.1.0: as 0.4.0 without the per-IP ``version``; 1.1.0 adds route and
-  interface attributes (mtu, advmss, priority, table, scope, socketPath, pciID).
+* 1.0.0 / 1.1.0: as 0.4.0 without the per-IP ``version``; interfaces may carry ``mtu``,
+  ``socketPath`` and ``pciID``. Routes carry ``mtu``, ``advmss``, ``priority``, ``table``
+  and ``scope`` in every version from 0.3.0 (the Go route type is shared).
+
+What survives a conversion follows the Go reference (pkg/types/{020,040,100}) exactly:
+
+* 1.x -> 0.3/0.4 drops the interface extras, recomputes each IP's ``version`` from its
+  address, keeps route attributes; -> 0.1/0.2 keeps the first IPv4 and first IPv6 address,
+  files routes under the family of their destination with only ``dst`` and ``gw``, and
+  refuses a result with no address at all.
+* 0.3/0.4 -> 0.1/0.2 picks addresses by their declared ``version`` string, not the address.
+* 1.0.0 <-> 1.1.0 keeps everything (same Go type).
+* Empty ``dns`` is always printed (``"dns": {}``) for 0.x results; 1.x results omit it
+  (current reference, since libcni 1.2; 1.1.x printed ``{}`` there too).
+
+Parsing is stricter than Go's where Go would accept garbage silently (a missing address, a
+number in a string field): that is refused with code 6 and says which field is wrong.
 """
 
 from __future__ import annotations
@@ -13,15 +28,20 @@ from __future__ import annotations
 import copy
 import ipaddress
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CNIError
-from pycni.spec.version import ALL_VERSIONS, LEGACY_RESULT_VERSIONS, V04_RESULT_VERSIONS
+from pycni.spec.version import ALL_VERSIONS, LEGACY_RESULT_VERSIONS, V04_RESULT_VERSIONS, V1_RESULT_VERSIONS
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# Go's net.ParseCIDR takes a literal address, '/', and a decimal prefix length; no zones,
+# no netmask notation (which Python's ipaddress would also accept).
+_CIDR_RE = re.compile(r"^[0-9A-Fa-f:.]+/[0-9]{1,3}$")
 
 
 def _decode_error(what: str, value: object, why: str = "") -> CNIError:
@@ -31,6 +51,8 @@ def _decode_error(what: str, value: object, why: str = "") -> CNIError:
 def parse_ip(value: object, what: str = "IP address") -> IPAddress:
     if not isinstance(value, str):
         raise _decode_error(what, value, "not a string")
+    if "%" in value:
+        raise _decode_error(what, value, "zone suffixes are not allowed")
     try:
         return ipaddress.ip_address(value)
     except ValueError as e:
@@ -39,8 +61,8 @@ def parse_ip(value: object, what: str = "IP address") -> IPAddress:
 
 def parse_cidr(value: object, what: str = "CIDR address") -> IPInterface:
     """Parse 'a.b.c.d/n' keeping host bits (an address with its prefix)."""
-    if not isinstance(value, str) or "/" not in value:
-        raise _decode_error(what, value, "expected address/prefix")
+    if not isinstance(value, str) or not _CIDR_RE.match(value):
+        raise _decode_error(what, value, "expected address/prefix, e.g. 10.1.2.3/24")
     try:
         return ipaddress.ip_interface(value)
     except ValueError as e:
@@ -49,12 +71,53 @@ def parse_cidr(value: object, what: str = "CIDR address") -> IPInterface:
 
 def parse_network(value: object, what: str = "network") -> IPNetwork:
     """Parse a CIDR as a network, masking host bits as Go's net.ParseCIDR does."""
-    if not isinstance(value, str) or "/" not in value:
-        raise _decode_error(what, value, "expected address/prefix")
-    try:
-        return ipaddress.ip_network(value, strict=False)
-    except ValueError as e:
-        raise _decode_error(what, value, str(e)) from None
+    return parse_cidr(value, what).network
+
+
+def _str_field(d: dict[str, Any], key: str, what: str) -> str:
+    v = d.get(key)
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise _decode_error(f"{what} {key}", v, "expected a string")
+    return v
+
+
+def _int_field(d: dict[str, Any], key: str, what: str) -> int | None:
+    """An optional JSON integer (null/absent -> None); bools and floats are refused as in Go."""
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _decode_error(f"{what} {key}", v, "expected an integer")
+    return v
+
+
+def _list_field(d: dict[str, Any], key: str, what: str) -> list[Any]:
+    v = d.get(key)
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise _decode_error(f"{what} {key}", v, "expected a list")
+    return v
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _decode_error(what, value, "expected a JSON object")
+    return value
+
+
+def result_family(version: str) -> str:
+    """Which Go result type holds ``version``: 'legacy' (0.1/0.2), '04' (0.3/0.4) or '1'."""
+    if version in LEGACY_RESULT_VERSIONS:
+        return "legacy"
+    if version in V04_RESULT_VERSIONS:
+        return "04"
+    if version in V1_RESULT_VERSIONS:
+        return "1"
+    raise CNIError(INCOMPATIBLE_VERSION, "unsupported CNI result version",
+                   f"result version {version!r} is not one of {list(ALL_VERSIONS)}")
 
 
 @dataclass
@@ -66,27 +129,33 @@ class Interface:
     socket_path: str = ""
     pci_id: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, version: str | None = None) -> dict[str, Any]:
+        """JSON in Go's field order; the 1.x extras only when ``version`` is 1.x (or unset)."""
+        extras = version is None or version in V1_RESULT_VERSIONS
         d: dict[str, Any] = {"name": self.name}
         if self.mac:
             d["mac"] = self.mac
-        if self.mtu:
+        if extras and self.mtu:
             d["mtu"] = self.mtu
         if self.sandbox:
             d["sandbox"] = self.sandbox
-        if self.socket_path:
+        if extras and self.socket_path:
             d["socketPath"] = self.socket_path
-        if self.pci_id:
+        if extras and self.pci_id:
             d["pciID"] = self.pci_id
         return d
 
     @classmethod
-    def from_dict(cls, d: Any) -> Interface:
-        if not isinstance(d, dict) or not isinstance(d.get("name", ""), str):
-            raise _decode_error("interface", d)
-        return cls(name=d.get("name", ""), mac=str(d.get("mac", "") or ""), sandbox=str(d.get("sandbox", "") or ""),
-                   mtu=int(d.get("mtu", 0) or 0), socket_path=str(d.get("socketPath", "") or ""),
-                   pci_id=str(d.get("pciID", "") or ""))
+    def from_dict(cls, d: Any, version: str | None = None) -> Interface:
+        """Parse one interface; a 0.x result has no extras, so Go ignores them there."""
+        d = _object(d, "interface")
+        iface = cls(name=_str_field(d, "name", "interface"), mac=_str_field(d, "mac", "interface"),
+                    sandbox=_str_field(d, "sandbox", "interface"))
+        if version is None or version in V1_RESULT_VERSIONS:
+            iface.mtu = _int_field(d, "mtu", "interface") or 0
+            iface.socket_path = _str_field(d, "socketPath", "interface")
+            iface.pci_id = _str_field(d, "pciID", "interface")
+        return iface
 
 
 @dataclass
@@ -94,6 +163,9 @@ class IPConfig:
     address: IPInterface
     gateway: IPAddress | None = None
     interface: int | None = None
+    # The "version" string a 0.3/0.4 result (or the ip4/ip6 key of a 0.1/0.2 one) declared.
+    # Go trusts it over the address when converting down, so it is kept for 0.x results.
+    declared_version: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def version(self) -> str:
@@ -102,7 +174,7 @@ class IPConfig:
     def to_dict(self, with_version: bool = False) -> dict[str, Any]:
         d: dict[str, Any] = {}
         if with_version:
-            d["version"] = self.version
+            d["version"] = self.declared_version if self.declared_version is not None else self.version
         if self.interface is not None:
             d["interface"] = self.interface
         d["address"] = str(self.address)
@@ -111,15 +183,15 @@ class IPConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: Any) -> IPConfig:
-        if not isinstance(d, dict):
-            raise _decode_error("IP config", d)
+    def from_dict(cls, d: Any, version: str | None = None) -> IPConfig:
+        d = _object(d, "IP config")
         addr = parse_cidr(d.get("address"), "IP config address")
-        gw = parse_ip(d["gateway"], "gateway") if d.get("gateway") else None
-        iface = d.get("interface")
-        if iface is not None and not isinstance(iface, int):
-            raise _decode_error("IP config interface index", iface)
-        return cls(address=addr, gateway=gw, interface=iface)
+        gw = parse_ip(d["gateway"], "IP config gateway") if d.get("gateway") not in (None, "") else None
+        iface = _int_field(d, "interface", "IP config")
+        declared = None
+        if version in V04_RESULT_VERSIONS:
+            declared = _str_field(d, "version", "IP config")
+        return cls(address=addr, gateway=gw, interface=iface, declared_version=declared)
 
 
 @dataclass
@@ -131,11 +203,24 @@ class Route:
     priority: int = 0
     table: int | None = None
     scope: int | None = None
+    # Go keeps the host bits of "dst" ("10.0.0.5/24" prints back as given); so do we.
+    dst_host: IPAddress | None = field(default=None, compare=False, repr=False)
+    # The ip4/ip6 block a 0.1/0.2 route came in; Go copies blocks verbatim between 0.1 and 0.2.
+    legacy_block: str | None = field(default=None, compare=False, repr=False)
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"dst": str(self.dst)}
+    def dst_text(self) -> str:
+        host = self.dst_host
+        if host is not None and host.version == self.dst.version and host in self.dst:
+            return f"{host}/{self.dst.prefixlen}"
+        return str(self.dst)
+
+    def to_dict(self, attributes: bool = True) -> dict[str, Any]:
+        """JSON in Go's field order; ``attributes=False`` keeps only dst and gw (0.1/0.2)."""
+        d: dict[str, Any] = {"dst": self.dst_text()}
         if self.gw is not None:
             d["gw"] = str(self.gw)
+        if not attributes:
+            return d
         if self.mtu:
             d["mtu"] = self.mtu
         if self.advmss:
@@ -150,16 +235,14 @@ class Route:
 
     @classmethod
     def from_dict(cls, d: Any) -> Route:
-        if not isinstance(d, dict):
-            raise _decode_error("route", d)
-        dst = parse_network(d.get("dst"), "route destination")
-        gw = parse_ip(d["gw"], "route gateway") if d.get("gw") else None
-        table = d.get("table")
-        scope = d.get("scope")
-        return cls(dst=dst, gw=gw, mtu=int(d.get("mtu", 0) or 0), advmss=int(d.get("advmss", 0) or 0),
-                   priority=int(d.get("priority", 0) or 0),
-                   table=int(table) if table is not None else None,
-                   scope=int(scope) if scope is not None else None)
+        d = _object(d, "route")
+        where = parse_cidr(d.get("dst"), "route destination")
+        gw = parse_ip(d["gw"], "route gateway") if d.get("gw") not in (None, "") else None
+        return cls(dst=where.network, gw=gw, mtu=_int_field(d, "mtu", "route") or 0,
+                   advmss=_int_field(d, "advmss", "route") or 0,
+                   priority=_int_field(d, "priority", "route") or 0,
+                   table=_int_field(d, "table", "route"), scope=_int_field(d, "scope", "route"),
+                   dst_host=where.ip)
 
 
 @dataclass
@@ -188,22 +271,25 @@ class DNS:
     def from_dict(cls, d: Any) -> DNS:
         if d is None:
             return cls()
-        if not isinstance(d, dict):
-            raise _decode_error("dns", d)
+        d = _object(d, "dns")
 
         def strs(key: str) -> list[str]:
-            v = d.get(key) or []
-            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            v = _list_field(d, key, "dns")
+            if not all(isinstance(x, str) for x in v):
                 raise _decode_error(f"dns {key}", v, "expected a list of strings")
             return list(v)
 
-        return cls(nameservers=strs("nameservers"), domain=str(d.get("domain", "") or ""),
+        return cls(nameservers=strs("nameservers"), domain=_str_field(d, "domain", "dns"),
                    search=strs("search"), options=strs("options"))
 
 
 @dataclass
 class Result:
-    """A plugin's result, held in the 1.x shape whatever version it came in."""
+    """A plugin's result, held in the 1.x shape whatever version it came in.
+
+    ``cni_version`` is the version it was parsed from (or built for): conversion rules
+    depend on where a result comes from, as Go's do on its concrete type.
+    """
 
     cni_version: str = "1.0.0"
     interfaces: list[Interface] = field(default_factory=list)
@@ -214,40 +300,44 @@ class Result:
     # ---- parsing -------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, d: Any, version: str | None = None) -> Result:
-        """Parse a result of any supported version (``version`` defaults to its cniVersion)."""
-        if not isinstance(d, dict):
-            raise _decode_error("result", d, "expected a JSON object")
-        ver = version or d.get("cniVersion") or "0.1.0"
-        if ver not in ALL_VERSIONS:
-            raise CNIError(INCOMPATIBLE_VERSION, "unsupported CNI result version",
-                           f"result version {ver!r} is not one of {list(ALL_VERSIONS)}")
-        if ver in LEGACY_RESULT_VERSIONS:
+        """Parse a result of any supported version.
+
+        ``version`` is the version the caller expects (e.g. the config's, for a prevResult
+        or a result without ``cniVersion``); a declared ``cniVersion`` of the same Go result
+        type wins, one of another type is refused, as Go's create.Create refuses it.
+        """
+        d = _object(d, "result")
+        declared = d.get("cniVersion")
+        if declared is not None and not isinstance(declared, str):
+            raise _decode_error("result cniVersion", declared, "expected a string")
+        ver = declared or version or "0.1.0"
+        family = result_family(ver)
+        if version and declared and result_family(version) != family:
+            raise CNIError(DECODE_FAILURE, "result version does not match the expected version",
+                           f"expected a {version} result, got one declaring cniVersion {declared!r}")
+        if family == "legacy":
             return cls._from_legacy(d, ver)
-        raw_ifaces = d.get("interfaces") or []
-        raw_ips = d.get("ips") or []
-        raw_routes = d.get("routes") or []
-        for name, v in (("interfaces", raw_ifaces), ("ips", raw_ips), ("routes", raw_routes)):
-            if not isinstance(v, list):
-                raise _decode_error(f"result {name}", v, "expected a list")
         return cls(cni_version=ver,
-                   interfaces=[Interface.from_dict(i) for i in raw_ifaces],
-                   ips=[IPConfig.from_dict(i) for i in raw_ips],
-                   routes=[Route.from_dict(r) for r in raw_routes],
+                   interfaces=[Interface.from_dict(i, ver) for i in _list_field(d, "interfaces", "result")],
+                   ips=[IPConfig.from_dict(i, ver) for i in _list_field(d, "ips", "result")],
+                   routes=[Route.from_dict(r) for r in _list_field(d, "routes", "result")],
                    dns=DNS.from_dict(d.get("dns")))
 
     @classmethod
     def _from_legacy(cls, d: dict[str, Any], ver: str) -> Result:
         res = cls(cni_version=ver, dns=DNS.from_dict(d.get("dns")))
-        for key in ("ip4", "ip6"):
+        for key, family in (("ip4", "4"), ("ip6", "6")):
             block = d.get(key)
-            if not block:
+            if block is None:
                 continue
-            if not isinstance(block, dict):
-                raise _decode_error(f"result {key}", block)
+            block = _object(block, f"result {key}")
             addr = parse_cidr(block.get("ip"), f"{key} address")
-            gw = parse_ip(block["gateway"], f"{key} gateway") if block.get("gateway") else None
-            res.ips.append(IPConfig(address=addr, gateway=gw))
-            res.routes.extend(Route.from_dict(r) for r in block.get("routes") or [])
+            gw = parse_ip(block["gateway"], f"{key} gateway") if block.get("gateway") not in (None, "") else None
+            res.ips.append(IPConfig(address=addr, gateway=gw, declared_version=family))
+            for raw in _list_field(block, "routes", f"result {key}"):
+                route = Route.from_dict(raw)
+                route.legacy_block = family
+                res.routes.append(route)
         return res
 
     @classmethod
@@ -262,41 +352,49 @@ class Result:
     def to_dict(self, version: str | None = None) -> dict[str, Any]:
         """Render as ``version`` (default: own), converting as the Go reference does."""
         ver = version or self.cni_version
-        if ver not in ALL_VERSIONS:
-            raise CNIError(INCOMPATIBLE_VERSION, "unsupported CNI result version",
-                           f"cannot convert result to version {ver!r}; supported: {list(ALL_VERSIONS)}")
-        if ver in LEGACY_RESULT_VERSIONS:
-            return self._to_legacy(ver)
-        with_version = ver in V04_RESULT_VERSIONS
+        target = result_family(ver)
+        source = result_family(self.cni_version) if self.cni_version in ALL_VERSIONS else "1"
+        if target == "legacy":
+            return self._to_legacy(ver, source)
         d: dict[str, Any] = {"cniVersion": ver}
         if self.interfaces:
-            d["interfaces"] = [i.to_dict() for i in self.interfaces]
+            d["interfaces"] = [i.to_dict(ver) for i in self.interfaces]
         if self.ips:
-            d["ips"] = [ip.to_dict(with_version) for ip in self.ips]
+            if target == "04":
+                # From a 1.x result Go recomputes "version" from the address; a 0.x one keeps its own.
+                d["ips"] = [(ip if source != "1" else _undeclared(ip)).to_dict(True) for ip in self.ips]
+            else:
+                d["ips"] = [ip.to_dict(False) for ip in self.ips]
         if self.routes:
             d["routes"] = [r.to_dict() for r in self.routes]
-        d["dns"] = self.dns.to_dict()
+        if target == "04" or not self.dns.is_empty():
+            d["dns"] = self.dns.to_dict()
         return d
 
-    def _to_legacy(self, ver: str) -> dict[str, Any]:
-        d: dict[str, Any] = {"cniVersion": ver}
+    def _to_legacy(self, ver: str, source: str) -> dict[str, Any]:
         blocks: dict[str, dict[str, Any]] = {}
         for ip in self.ips:
-            key = "ip4" if ip.address.version == 4 else "ip6"
-            if key in blocks:
+            family = ip.declared_version if source != "1" and ip.declared_version is not None else ip.version
+            key = {"4": "ip4", "6": "ip6"}.get(family)
+            if key is None or key in blocks:
                 continue  # only the first address of each family survives, as in Go
             block: dict[str, Any] = {"ip": str(ip.address)}
             if ip.gateway is not None:
                 block["gateway"] = str(ip.gateway)
             blocks[key] = block
         for r in self.routes:
-            key = "ip4" if r.dst.version == 4 else "ip6"
+            # 0.1 <-> 0.2 copies blocks whole; from 0.3+ Go files routes by destination family
+            # and keeps only dst/gw.
+            verbatim = source == "legacy" and r.legacy_block is not None
+            family = r.legacy_block if verbatim else str(r.dst.version)
+            key = "ip4" if family == "4" else "ip6"
             if key in blocks:
-                blocks[key].setdefault("routes", []).append({"dst": str(r.dst), **(
-                    {"gw": str(r.gw)} if r.gw is not None else {})})
+                blocks[key].setdefault("routes", []).append(r.to_dict(attributes=source == "legacy"))
         if not blocks:
             raise CNIError(INCOMPATIBLE_VERSION, "cannot convert result",
-                           f"cannot convert to version {ver}: no valid IP addresses")
+                           f"cannot convert to version {ver}: no valid IP addresses "
+                           "(0.1.0/0.2.0 results need at least one)")
+        d: dict[str, Any] = {"cniVersion": ver}
         for key in ("ip4", "ip6"):
             if key in blocks:
                 d[key] = blocks[key]
@@ -312,3 +410,7 @@ class Result:
 
     def copy(self) -> Result:
         return copy.deepcopy(self)
+
+
+def _undeclared(ip: IPConfig) -> IPConfig:
+    return IPConfig(address=ip.address, gateway=ip.gateway, interface=ip.interface)
