@@ -1,0 +1,307 @@
+"""bandwidth: limit a container's traffic with token buckets on the host side of its veth.
+
+Chained after an interface plugin, as the Go reference: traffic *into* the container
+(``ingressRate``/``ingressBurst``) is shaped by a root qdisc on the host-side veth; traffic
+*out of* it (``egress*``) is redirected from the veth's ingress to an ifb device
+(``bwp`` + hash of network name and container id) and shaped there. Rates are bits/s,
+bursts bits. Without subnets the shaper is a tbf (as the reference today); with
+``shapedSubnets`` or ``unshapedSubnets`` it is an htb with a shaped and an uncapped class and
+u32 filters choosing between them (as the reference's htb mode). Values may come from the
+config itself or from ``runtimeConfig.bandwidth`` (the ``bandwidth`` capability).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
+from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+from pycni.spec.types import Interface, Result
+from pycni.spec.version import ALL_VERSIONS
+
+IFB_PREFIX = "bwp"
+IFNAME_MAX = 15
+MAX_U32 = 0xFFFFFFFF
+MAX_U64 = 0xFFFFFFFFFFFFFFFF
+RATE_KEYS = ("ingressRate", "ingressBurst", "egressRate", "egressBurst")
+ENTRY_KEYS = (*RATE_KEYS, "shapedSubnets", "unshapedSubnets")
+
+
+@dataclass
+class Limits:
+    """One direction's token bucket, in bytes (as the kernel takes them)."""
+
+    rate: int  # bytes/s
+    burst: int  # bytes
+
+
+@dataclass
+class BandwidthConf:
+    name: str
+    cni_version: str
+    ingress: Limits | None = None
+    egress: Limits | None = None
+    shaped_subnets: list[str] = field(default_factory=list)
+    unshaped_subnets: list[str] = field(default_factory=list)
+    prev: Result | None = None
+
+    @property
+    def is_zero(self) -> bool:
+        return self.ingress is None and self.egress is None
+
+
+def ifb_name(network: str, container_id: str) -> str:
+    """The ifb device's name, derived as the reference derives it (so either can clean up)."""
+    digest = hashlib.sha512((network + container_id).encode()).hexdigest()
+    return (IFB_PREFIX + digest)[:IFNAME_MAX]
+
+
+# ---- configuration ---------------------------------------------------------------------------
+def _uint(entry: dict[str, Any], key: str) -> int:
+    v = entry.get(key, 0)
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise CNIError(DECODE_FAILURE, "failed to parse network configuration",
+                       f"{key} must be a non-negative integer, got {v!r}")
+    if v < 0 or v > MAX_U64:
+        raise CNIError(DECODE_FAILURE, "failed to parse network configuration",
+                       f"{key} must be an unsigned 64-bit integer, got {v}")
+    return v
+
+
+def _subnets(entry: dict[str, Any], key: str) -> list[str]:
+    v = entry.get(key) or []
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise CNIError(DECODE_FAILURE, "failed to parse network configuration",
+                       f"{key} must be a list of CIDR strings, got {v!r}")
+    for s in v:
+        try:
+            if "/" not in s:
+                raise ValueError("missing /prefix")
+            ipaddress.ip_network(s, strict=False)
+        except ValueError as e:
+            raise CNIError(INVALID_CONFIG, f"bad subnet {s!r} provided",
+                           f"{key} entries must be CIDRs such as 10.0.0.0/8 or fd00::/64 ({e})") from None
+    return list(v)
+
+
+def _limits(direction: str, rate_bits: int, burst_bits: int) -> Limits | None:
+    """Validate one direction as the reference does, plus what would overflow the kernel's u32s."""
+    if rate_bits and not burst_bits:
+        raise CNIError(INVALID_CONFIG, "if rate is set, burst must also be set",
+                       f"{direction}Rate is {rate_bits} but {direction}Burst is 0: give a burst in bits")
+    if burst_bits and not rate_bits:
+        raise CNIError(INVALID_CONFIG, "if burst is set, rate must also be set",
+                       f"{direction}Burst is {burst_bits} but {direction}Rate is 0: give a rate in bits/s")
+    if burst_bits // 8 >= MAX_U32:
+        raise CNIError(INVALID_CONFIG, "burst cannot be more than 4GB",
+                       f"{direction}Burst is {burst_bits} bits; the kernel keeps bursts in 32 bits of bytes")
+    if not rate_bits:
+        return None
+    rate, burst = rate_bits // 8, burst_bits // 8
+    if rate == 0:
+        raise CNIError(INVALID_CONFIG, f"{direction}Rate too small",
+                       f"{direction}Rate is {rate_bits} bits/s; the kernel counts whole bytes: use at least 8")
+    if burst == 0:
+        raise CNIError(INVALID_CONFIG, f"{direction}Burst too small",
+                       f"{direction}Burst is {burst_bits} bits; the kernel counts whole bytes: use at least 8")
+    from pycni.net import tc
+
+    if tc.xmittime(rate, burst) > MAX_U32 or tc.tbf_limit(rate, burst) > MAX_U32:
+        raise CNIError(INVALID_CONFIG, f"{direction}Burst too large for {direction}Rate",
+                       f"sending {burst_bits} bits at {rate_bits} bits/s overflows the kernel's 32-bit "
+                       "bucket size: lower the burst or raise the rate")
+    return Limits(rate, burst)
+
+
+def parse_conf(args: CmdArgs) -> BandwidthConf:
+    raw = args.conf()
+    version = config_version(raw)
+    # Top-level limits win whole over runtimeConfig's (the reference embeds one entry or the other).
+    entry: Any = None
+    if any(k in raw for k in ENTRY_KEYS):
+        entry = raw
+    else:
+        rc = raw.get("runtimeConfig") or {}
+        if not isinstance(rc, dict):
+            raise CNIError(DECODE_FAILURE, "failed to parse network configuration", "runtimeConfig must be an object")
+        entry = rc.get("bandwidth")
+    conf = BandwidthConf(name=str(raw.get("name") or ""), cni_version=version, prev=prev_result(raw))
+    if entry is None:
+        return conf
+    if not isinstance(entry, dict):
+        raise CNIError(DECODE_FAILURE, "failed to parse network configuration", "bandwidth must be an object")
+    vals = {k: _uint(entry, k) for k in RATE_KEYS}
+    conf.ingress = _limits("ingress", vals["ingressRate"], vals["ingressBurst"])
+    conf.egress = _limits("egress", vals["egressRate"], vals["egressBurst"])
+    conf.shaped_subnets = _subnets(entry, "shapedSubnets")
+    conf.unshaped_subnets = _subnets(entry, "unshapedSubnets")
+    if conf.shaped_subnets and conf.unshaped_subnets:
+        raise CNIError(INVALID_CONFIG, "unshapedSubnets and shapedSubnets cannot be both specified",
+                       "give one of them: shapedSubnets shapes only those destinations, "
+                       "unshapedSubnets shapes all but those")
+    return conf
+
+
+# ---- shared steps ----------------------------------------------------------------------------
+def host_interface(prev: Result, args: CmdArgs) -> Interface:
+    """The host-side veth: the peer of the container's interface, listed without a sandbox."""
+    from pycni.net import link, netns
+
+    if not prev.interfaces:
+        raise CNIError(INVALID_CONFIG, "no interfaces provided", "prevResult lists no interfaces")
+    with netns.enter(args.netns):
+        cont = link.get_link(args.ifname)
+    if cont is None or cont.kind != "veth" or not cont.peer_index:
+        raise CNIError(PLUGIN_SPECIFIC, f"container interface {args.ifname} has no veth peer",
+                       f"{args.ifname!r} in {args.netns} is missing or not a veth")
+    peer = link.get_link(cont.peer_index)
+    if peer is None:
+        raise CNIError(PLUGIN_SPECIFIC, f"veth peer with index {cont.peer_index} is not in host ns",
+                       "run the plugin in the namespace that holds the host side of the veth")
+    for iface in prev.interfaces:
+        if not iface.sandbox and iface.name == peer.name:
+            return iface
+    raise CNIError(PLUGIN_SPECIFIC, "no veth peer of container interface found in host ns",
+                   f"host-side veth {peer.name!r} is not among prevResult's host interfaces")
+
+
+def _shape(conf: BandwidthConf, dev: str, lim: Limits) -> None:
+    from pycni.net import tc
+
+    if conf.shaped_subnets or conf.unshaped_subnets:
+        exclude = bool(conf.unshaped_subnets)
+        tc.add_htb(dev, lim.rate, lim.burst, conf.unshaped_subnets or conf.shaped_subnets, exclude)
+    else:
+        tc.add_tbf(dev, lim.rate, lim.burst)
+
+
+def _check_shaper(conf: BandwidthConf, dev: str, lim: Limits) -> None:
+    from pycni.net import tc
+
+    qs = tc.qdiscs(dev)
+    if qs is None:
+        raise CNIError(PLUGIN_SPECIFIC, f"device {dev} not found")
+    root = [q for q in qs if q.parent == 0xFFFFFFFF]
+    if not root:
+        raise CNIError(PLUGIN_SPECIFIC, f"failed to find qdisc on {dev}", "no root shaping qdisc")
+    q = root[0]
+    if conf.shaped_subnets or conf.unshaped_subnets:
+        want_def = tc.UNSHAPED_MINOR if conf.shaped_subnets else tc.SHAPED_MINOR
+        if q.kind != "htb":
+            raise CNIError(PLUGIN_SPECIFIC, f"root qdisc on {dev} is {q.kind}, expected htb")
+        if q.params.get("defcls") != want_def:
+            raise CNIError(PLUGIN_SPECIFIC, f"default class does not match on {dev}",
+                           f"{q.params.get('defcls')} != {want_def}")
+        classes = {c.handle & 0xFFFF: c for c in tc.htb_classes(dev)}
+        shaped = classes.get(tc.SHAPED_MINOR)
+        if len(classes) != 2 or shaped is None or tc.UNSHAPED_MINOR not in classes:
+            raise CNIError(PLUGIN_SPECIFIC, f"htb classes do not match on {dev}", f"found {sorted(classes)}")
+        if shaped.rate != lim.rate or shaped.buffer != tc.tc_xmittime(lim.rate, lim.burst):
+            raise CNIError(PLUGIN_SPECIFIC, f"rate or burst does not match on {dev}",
+                           f"class 1:30 rate {shaped.rate} != {lim.rate} or buffer differs")
+        subnets = conf.shaped_subnets or conf.unshaped_subnets
+        if len(tc.filters(dev, "1:")) != len(subnets):
+            raise CNIError(PLUGIN_SPECIFIC, f"subnet filters do not match on {dev}",
+                           f"expected {len(subnets)} u32 filters")
+        return
+    if q.kind != "tbf":
+        raise CNIError(PLUGIN_SPECIFIC, f"root qdisc on {dev} is {q.kind}, expected tbf")
+    if q.params.get("rate") != lim.rate:
+        raise CNIError(PLUGIN_SPECIFIC, "Rate doesn't match", f"{dev}: {q.params.get('rate')} != {lim.rate}")
+    if q.params.get("limit") != tc.tbf_limit(lim.rate, lim.burst):
+        raise CNIError(PLUGIN_SPECIFIC, "Limit doesn't match", f"{dev}: {q.params.get('limit')}")
+    if q.params.get("buffer") != tc.xmittime(lim.rate, lim.burst):
+        raise CNIError(PLUGIN_SPECIFIC, "Buffer doesn't match", f"{dev}: {q.params.get('buffer')}")
+
+
+# ---- handlers --------------------------------------------------------------------------------
+def cmd_add(args: CmdArgs) -> Result:
+    from pycni.net import link, tc
+
+    conf = parse_conf(args)
+    if conf.is_zero:
+        return conf.prev or Result(cni_version=conf.cni_version)
+    if conf.prev is None:
+        raise CNIError(INVALID_CONFIG, "must be called as chained plugin",
+                       "bandwidth needs a prevResult from the interface plugin before it")
+    result = conf.prev.copy()
+    host = host_interface(result, args)
+    ifb = ifb_name(conf.name, args.container_id)
+    done: list[str] = []
+    try:
+        if conf.ingress is not None:
+            _shape(conf, host.name, conf.ingress)
+            done.append("root")
+        if conf.egress is not None:
+            hl = link.require_link(host.name)
+            mac = tc.create_ifb(ifb, hl.mtu)
+            done.append("ifb")
+            result.interfaces.append(Interface(name=ifb, mac=mac))
+            tc.add_ingress_redirect(host.name, ifb)
+            done.append("ingress")
+            _shape(conf, ifb, conf.egress)
+    except BaseException:
+        # Leave nothing half-made: undo what this ADD created, newest first.
+        for step in reversed(done):
+            try:
+                if step == "ifb":
+                    link.delete_link(ifb)
+                else:
+                    tc.delete_qdisc(host.name, ingress=step == "ingress")
+            except Exception:  # noqa: BLE001 - best effort; the first error is the one to report
+                pass
+        raise
+    return result
+
+
+def cmd_del(args: CmdArgs) -> None:
+    """Remove the ifb (and, when the veth still exists, its shapers). Idempotent."""
+    from pycni.net import link, tc
+
+    conf = parse_conf(args)
+    link.delete_link(ifb_name(conf.name, args.container_id))
+    if conf.prev is None or not args.netns:
+        return
+    try:  # beyond the reference: also clear the host veth's qdiscs if it outlives this DEL
+        host = host_interface(conf.prev, args)
+    except CNIError:
+        return
+    tc.delete_qdisc(host.name, ingress=True)
+    if conf.ingress is not None:
+        tc.delete_qdisc(host.name)
+
+
+def cmd_check(args: CmdArgs) -> None:
+    from pycni.net import tc
+
+    conf = parse_conf(args)
+    if conf.prev is None:
+        raise CNIError(INVALID_CONFIG, "must be called as a chained plugin",
+                       "bandwidth CHECK needs the prevResult of the chain")
+    host = host_interface(conf.prev, args)
+    if conf.ingress is not None:
+        _check_shaper(conf, host.name, conf.ingress)
+    if conf.egress is not None:
+        ifb = ifb_name(conf.name, args.container_id)
+        if tc.qdiscs(ifb) is None:
+            raise CNIError(PLUGIN_SPECIFIC, f"get ifb device: {ifb} not found")
+        redirects = [f for f in tc.filters(host.name, "ffff:")
+                     if any(a.get("to_dev") == ifb for a in f["options"].get("actions", []))]
+        if not redirects:
+            raise CNIError(PLUGIN_SPECIFIC, f"no redirect from {host.name} to {ifb}",
+                           "the ingress mirred filter is missing")
+        _check_shaper(conf, ifb, conf.egress)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+                versions=tuple(v for v in ALL_VERSIONS if v >= "0.3.0"),
+                about="pycni bandwidth: tbf/htb traffic shaping on the host side of a container's veth")
+
+
+def main() -> None:
+    run_plugin(PLUGIN)

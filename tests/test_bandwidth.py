@@ -1,0 +1,307 @@
+"""bandwidth: config validation, and real shaping chained after a bridge in throwaway namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from pycni.plugins.meta import bandwidth as bw
+from pycni.skel import dispatch
+
+GO_BRIDGE = "/usr/lib/cni/bridge"
+GO_BANDWIDTH = "/usr/lib/cni/bandwidth"
+NET = "bwnet"
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def env(cmd: str, cid: str, netns: str = "", ifname: str = "eth0") -> dict[str, str]:
+    e = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": cid, "CNI_IFNAME": ifname, "CNI_PATH": "/usr/lib/cni",
+         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+    if netns:
+        e["CNI_NETNS"] = netns
+    return e
+
+
+def bridge_conf(tmp: Any, subnet: str = "10.77.0.0/24") -> dict[str, Any]:
+    return {"cniVersion": "1.0.0", "name": NET, "type": "bridge", "bridge": "cni-bw0", "isGateway": True,
+            "ipam": {"type": "host-local", "subnet": subnet, "dataDir": str(tmp / "ipam")}}
+
+
+def bridge_add(host: Any, tmp: Any, cont: Any, cid: str) -> dict[str, Any]:
+    p = host.run([GO_BRIDGE], input=json.dumps(bridge_conf(tmp)), env=env("ADD", cid, cont.path))
+    return json.loads(p.stdout)
+
+
+def bridge_del(host: Any, tmp: Any, cont: Any, cid: str) -> None:
+    host.run([GO_BRIDGE], input=json.dumps(bridge_conf(tmp)), env=env("DEL", cid, cont.path))
+
+
+def bw_conf(prev: dict[str, Any] | None, **limits: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {"cniVersion": "1.0.0", "name": NET, "type": "bandwidth", **limits}
+    if prev is not None:
+        c["prevResult"] = prev
+    return c
+
+
+def run_bw(host: Any, cmd: str, conf: dict[str, Any], cid: str, cont: Any) -> tuple[int, dict[str, Any]]:
+    with host.enter():
+        out = dispatch(bw.PLUGIN, env(cmd, cid, cont.path), json.dumps(conf).encode())
+    assert not out.stderr, out.stderr
+    return out.exit_code, (json.loads(out.stdout) if out.stdout.strip() else {})
+
+
+def host_veth(prev: dict[str, Any]) -> str:
+    return [i["name"] for i in prev["interfaces"] if "sandbox" not in i and i["name"] != "cni-bw0"][0]
+
+
+def container_ip(prev: dict[str, Any]) -> str:
+    return prev["ips"][0]["address"].split("/")[0]
+
+
+def in_ns(ns: Any, fn: Any) -> Any:
+    with ns.enter():
+        return fn()
+
+
+def throughput(sender_ns: Any, receiver_ns: Any, dst_ip: str, seconds: float = 2.0) -> float:
+    """Bytes/s a TCP stream achieves from sender_ns to dst_ip (a listener in receiver_ns)."""
+    got = [0]
+    ready = threading.Event()
+    port = 5201
+
+    def serve() -> None:
+        with receiver_ns.enter():
+            srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((dst_ip, port))
+        srv.listen(1)
+        srv.settimeout(10)
+        ready.set()
+        try:
+            conn, _ = srv.accept()
+            conn.settimeout(seconds + 5)
+            start = None
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    break
+                if start is None:
+                    start = time.monotonic()
+                got[0] += len(data)
+            conn.close()
+        finally:
+            srv.close()
+
+    t = threading.Thread(target=serve)
+    t.start()
+    assert ready.wait(10)
+    with sender_ns.enter():
+        s = socket.create_connection((dst_ip, port), timeout=10)
+    chunk = b"x" * 65536
+    start = time.monotonic()
+    s.settimeout(0.5)
+    while time.monotonic() - start < seconds:
+        try:
+            s.send(chunk)
+        except TimeoutError:
+            continue
+    elapsed = time.monotonic() - start
+    s.close()
+    t.join(15)
+    return got[0] / elapsed
+
+
+# ---- configuration (no namespaces needed) ----------------------------------------------------
+def _err(conf: dict[str, Any], cmd: str = "ADD") -> dict[str, Any]:
+    out = dispatch(bw.PLUGIN, env(cmd, "c1", "/proc/self/ns/net"), json.dumps(conf).encode())
+    assert out.exit_code == 1 and not out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("limits,code,text", [
+    ({"ingressRate": 1000000, "ingressBurst": 0}, 7, "burst must also be set"),
+    ({"egressRate": 0, "egressBurst": 1000}, 7, "rate must also be set"),
+    ({"ingressRate": 1000000, "ingressBurst": 8 * 0xFFFFFFFF}, 7, "4GB"),
+    ({"ingressRate": 8000, "ingressBurst": 8 * 0xFFFFFF}, 7, "too large"),
+    ({"ingressRate": 4, "ingressBurst": 800}, 7, "too small"),
+    ({"ingressRate": -5, "ingressBurst": 800}, 6, "unsigned 64-bit"),
+    ({"ingressRate": "fast", "ingressBurst": 800}, 6, "non-negative"),
+    ({"ingressRate": 8000, "ingressBurst": 800, "shapedSubnets": ["10.0.0.0/8"],
+      "unshapedSubnets": ["10.1.0.0/16"]}, 7, "cannot be both"),
+    ({"ingressRate": 8000, "ingressBurst": 800, "shapedSubnets": ["10.0.0.300/8"]}, 7, "bad subnet"),
+])
+def test_bad_values_refused(limits: dict[str, Any], code: int, text: str) -> None:
+    e = _err(bw_conf(None, **limits))
+    assert e["code"] == code
+    assert text in e["msg"] + e.get("details", "")
+
+
+def test_runtime_config_and_precedence() -> None:
+    rc = {"runtimeConfig": {"bandwidth": {"ingressRate": 8000, "ingressBurst": 80}}}
+    args = bw.CmdArgs("ADD", stdin_data=json.dumps(bw_conf(None, **rc)).encode())
+    c = bw.parse_conf(args)
+    assert c.ingress == bw.Limits(1000, 10) and c.egress is None
+    # Top-level keys win over the capability's values entirely, as in the reference.
+    args = bw.CmdArgs("ADD", stdin_data=json.dumps(bw_conf(None, egressRate=16000, egressBurst=160, **rc)).encode())
+    c = bw.parse_conf(args)
+    assert c.ingress is None and c.egress == bw.Limits(2000, 20)
+
+
+def test_zero_limits_pass_prev_result_through() -> None:
+    prev = {"cniVersion": "1.0.0", "ips": [{"address": "10.1.2.3/24"}], "dns": {}}
+    out = dispatch(bw.PLUGIN, env("ADD", "c1", "/proc/self/ns/net"), json.dumps(bw_conf(prev)).encode())
+    assert out.exit_code == 0
+    assert json.loads(out.stdout)["ips"] == [{"address": "10.1.2.3/24"}]
+
+
+def test_missing_prev_result_with_limits() -> None:
+    e = _err(bw_conf(None, ingressRate=8000, ingressBurst=800))
+    assert e["code"] == 7 and "chained" in e["msg"]
+
+
+def test_ifb_name_derivation() -> None:
+    name = bw.ifb_name("mynet", "abc123")
+    assert name.startswith("bwp") and len(name) == 15
+    assert name == bw.ifb_name("mynet", "abc123") != bw.ifb_name("mynet", "abc124")
+
+
+# ---- integration -----------------------------------------------------------------------------
+RATE = 8_000_000  # 1 MB/s
+BURST = 8 * 64 * 1024
+
+
+def test_shaping_both_directions(host_ns: Any, netns_factory: Any, tmp_path: Any) -> None:
+    from pycni.net import tc
+
+    c1, c2 = netns_factory(), netns_factory()
+    prev1 = bridge_add(host_ns, tmp_path, c1, "c1")
+    prev2 = bridge_add(host_ns, tmp_path, c2, "c2")
+    limits = {"ingressRate": RATE, "ingressBurst": BURST, "egressRate": RATE, "egressBurst": BURST}
+    rc, res = run_bw(host_ns, "ADD", bw_conf(prev1, **limits), "c1", c1)
+    assert rc == 0, res
+    ifb = bw.ifb_name(NET, "c1")
+    assert res["interfaces"][-1]["name"] == ifb and res["interfaces"][-1]["mac"]
+    assert res["ips"] == prev1["ips"]
+    veth = host_veth(prev1)
+
+    def read() -> tuple[Any, Any, Any]:
+        return tc.qdiscs(veth), tc.qdiscs(ifb), tc.filters(veth, "ffff:")
+
+    qv, qi, fv = in_ns(host_ns, read)
+    root = [q for q in qv if q.parent == 0xFFFFFFFF][0]
+    assert root.kind == "tbf" and root.params["rate"] == RATE // 8
+    assert root.params["limit"] == tc.tbf_limit(RATE // 8, BURST // 8)
+    assert any(q.kind == "ingress" for q in qv)
+    assert [q.kind for q in qi if q.parent == 0xFFFFFFFF] == ["tbf"]
+    assert fv and fv[0]["options"]["actions"][0]["to_dev"] == ifb
+
+    assert run_bw(host_ns, "CHECK", bw_conf(res, **limits), "c1", c1)[0] == 0
+    # CHECK notices a different configuration.
+    rc, e = run_bw(host_ns, "CHECK", bw_conf(res, **{**limits, "ingressRate": 2 * RATE}), "c1", c1)
+    assert rc == 1 and "Rate" in e["msg"]
+
+    # Real packets: c2 -> c1 crosses c1's host veth egress (ingress shaping), c1 -> c2 its ifb.
+    ip1, ip2 = container_ip(prev1), container_ip(prev2)
+    into = throughput(c2, c1, ip1)
+    out_of = throughput(c1, c2, ip2)
+    assert 0.4 * RATE / 8 < into < 1.6 * RATE / 8, into
+    assert 0.4 * RATE / 8 < out_of < 1.6 * RATE / 8, out_of
+    free = throughput(c2, host_ns, "10.77.0.1", seconds=1.0)  # c2 is not shaped
+    assert free > 5 * RATE / 8, free
+
+    assert run_bw(host_ns, "DEL", bw_conf(res, **limits), "c1", c1)[0] == 0
+    qv, qi, fv = in_ns(host_ns, read)
+    assert qi is None and not fv and not [q for q in qv if q.parent == 0xFFFFFFFF or q.kind == "ingress"]
+    assert run_bw(host_ns, "DEL", bw_conf(res, **limits), "c1", c1)[0] == 0  # idempotent
+    assert run_bw(host_ns, "DEL", bw_conf(None, **limits), "c1", c1)[0] == 0
+    bridge_del(host_ns, tmp_path, c1, "c1")
+    bridge_del(host_ns, tmp_path, c2, "c2")
+
+
+def test_del_of_one_container_leaves_the_other(host_ns: Any, netns_factory: Any, tmp_path: Any) -> None:
+    from pycni.net import tc
+
+    c1, c2 = netns_factory(), netns_factory()
+    limits = {"ingressRate": RATE, "ingressBurst": BURST, "egressRate": RATE, "egressBurst": BURST}
+    res = {}
+    for cid, c in (("c1", c1), ("c2", c2)):
+        prev = bridge_add(host_ns, tmp_path, c, cid)
+        rc, res[cid] = run_bw(host_ns, "ADD", bw_conf(prev, **limits), cid, c)
+        assert rc == 0, res[cid]
+    assert run_bw(host_ns, "DEL", bw_conf(res["c1"], **limits), "c1", c1)[0] == 0
+    assert in_ns(host_ns, lambda: tc.qdiscs(bw.ifb_name(NET, "c1"))) is None
+    assert run_bw(host_ns, "CHECK", bw_conf(res["c2"], **limits), "c2", c2)[0] == 0
+    assert in_ns(host_ns, lambda: tc.qdiscs(bw.ifb_name(NET, "c2")))
+
+
+def test_shaped_subnets_use_htb(host_ns: Any, netns_factory: Any, tmp_path: Any) -> None:
+    from pycni.net import tc
+
+    c1, c2 = netns_factory(), netns_factory()
+    prev1 = bridge_add(host_ns, tmp_path, c1, "c1")
+    prev2 = bridge_add(host_ns, tmp_path, c2, "c2")
+    ip2 = container_ip(prev2)
+    # Only traffic towards c2 is shaped; towards the gateway (host) it is not.
+    limits = {"egressRate": RATE, "egressBurst": BURST, "ingressRate": RATE, "ingressBurst": BURST,
+              "shapedSubnets": [f"{ip2}/32", "fd00::/64"]}
+    rc, res = run_bw(host_ns, "ADD", bw_conf(prev1, **limits), "c1", c1)
+    assert rc == 0, res
+    ifb = bw.ifb_name(NET, "c1")
+    classes = in_ns(host_ns, lambda: tc.htb_classes(ifb))
+    assert sorted(c.handle & 0xFFFF for c in classes) == [tc.UNSHAPED_MINOR, tc.SHAPED_MINOR]
+    assert len(in_ns(host_ns, lambda: tc.filters(ifb, "1:"))) == 2
+    assert run_bw(host_ns, "CHECK", bw_conf(res, **limits), "c1", c1)[0] == 0
+    shaped = throughput(c1, c2, ip2)
+    assert 0.4 * RATE / 8 < shaped < 1.6 * RATE / 8, shaped
+    free = throughput(c1, host_ns, "10.77.0.1", seconds=1.0)
+    assert free > 5 * RATE / 8, free
+    assert run_bw(host_ns, "DEL", bw_conf(res, **limits), "c1", c1)[0] == 0
+    assert in_ns(host_ns, lambda: tc.qdiscs(ifb)) is None
+
+
+def test_failed_add_rolls_back(host_ns: Any, container_ns: Any, tmp_path: Any) -> None:
+    from pycni.net import tc
+
+    prev = bridge_add(host_ns, tmp_path, container_ns, "c1")
+    # Something already holds the ifb's name: ADD must fail and undo its ingress shaping.
+    host_ns.run(["ip", "link", "add", bw.ifb_name(NET, "c1"), "type", "ifb"])
+    limits = {"ingressRate": RATE, "ingressBurst": BURST, "egressRate": RATE, "egressBurst": BURST}
+    rc, e = run_bw(host_ns, "ADD", bw_conf(prev, **limits), "c1", container_ns)
+    assert rc == 1 and "ifb" in e["msg"]
+    qv = in_ns(host_ns, lambda: tc.qdiscs(host_veth(prev)))
+    assert not [q for q in qv if q.kind in ("tbf", "htb", "ingress")]
+
+
+def test_same_qdiscs_as_go_reference(host_ns: Any, netns_factory: Any, tmp_path: Any) -> None:
+    """Go bandwidth on one container, ours on another, same config: same kernel state; and our
+    DEL cleans up the ifb the Go plugin made (same name derivation)."""
+    from pycni.net import tc
+
+    c1, c2 = netns_factory(), netns_factory()
+    limits = {"ingressRate": 3_000_000, "ingressBurst": 200_000, "egressRate": 5_000_000, "egressBurst": 300_000}
+    prev1 = bridge_add(host_ns, tmp_path, c1, "c1")
+    prev2 = bridge_add(host_ns, tmp_path, c2, "c2")
+    go = host_ns.run([GO_BANDWIDTH], input=json.dumps(bw_conf(prev1, **limits)), env=env("ADD", "c1", c1.path))
+    go_res = json.loads(go.stdout)
+    rc, ours = run_bw(host_ns, "ADD", bw_conf(prev2, **limits), "c2", c2)
+    assert rc == 0
+    assert go_res["interfaces"][-1]["name"] == bw.ifb_name(NET, "c1")
+
+    def state(prev: dict[str, Any], cid: str) -> Any:
+        return ([(q.kind, q.handle, q.params) for q in tc.qdiscs(host_veth(prev)) or []],
+                [(q.kind, q.handle, q.params) for q in tc.qdiscs(bw.ifb_name(NET, cid)) or []])
+
+    assert in_ns(host_ns, lambda: state(prev1, "c1")) == in_ns(host_ns, lambda: state(prev2, "c2"))
+    # Each CHECKs the other's work.
+    assert run_bw(host_ns, "CHECK", bw_conf(go_res, **limits), "c1", c1)[0] == 0
+    host_ns.run([GO_BANDWIDTH], input=json.dumps(bw_conf(ours, **limits)), env=env("CHECK", "c2", c2.path))
+    assert run_bw(host_ns, "DEL", bw_conf(go_res, **limits), "c1", c1)[0] == 0
+    assert in_ns(host_ns, lambda: tc.qdiscs(bw.ifb_name(NET, "c1"))) is None
+    host_ns.run([GO_BANDWIDTH], input=json.dumps(bw_conf(ours, **limits)), env=env("DEL", "c2", c2.path))
+    assert in_ns(host_ns, lambda: tc.qdiscs(bw.ifb_name(NET, "c2"))) is None
