@@ -317,16 +317,19 @@ def _restore_link(ifname: str, saved: dict[str, Any]) -> list[str]:
 
 # ---- handlers ----------------------------------------------------------------------------------
 
-def _write_sysctls(sysctls: list[Sysctl]) -> list[tuple[Sysctl, str]]:
+def _write_sysctls(sysctls: list[Sysctl]) -> list[tuple[Sysctl, str | None]]:
     """Set every sysctl; on a failure put back those already set and raise. Returns the originals."""
     for s in sysctls:
-        if not os.path.exists(s.path):
+        if not os.path.isfile(s.path):
             raise CNIError(INVALID_CONFIG, f"sysctl {s.key!r} does not exist in the container's namespace",
                            f"{s.path} not found (does the interface exist? is the kernel module loaded?)")
-    done: list[tuple[Sysctl, str]] = []
+    done: list[tuple[Sysctl, str | None]] = []
     try:
         for s in sysctls:
-            old = read_sysctl(_slash_key(s.path))
+            try:
+                old: str | None = read_sysctl(_slash_key(s.path))
+            except CNIError:
+                old = None  # write-only (e.g. route/flush): nothing to put back
             write_sysctl(_slash_key(s.path), s.value)
             done.append((s, old))
     except Exception:
@@ -340,8 +343,10 @@ def _slash_key(path: str) -> str:
     return path[len("/proc/sys/"):]
 
 
-def _undo_sysctls(done: list[tuple[Sysctl, str]]) -> None:
+def _undo_sysctls(done: list[tuple[Sysctl, str | None]]) -> None:
     for s, old in reversed(done):
+        if old is None:
+            continue
         try:
             write_sysctl(_slash_key(s.path), old)
         except CNIError:
@@ -380,6 +385,9 @@ def cmd_add(args: CmdArgs) -> Result:
             _undo_sysctls(done)
             raise
     if conf.mac:
+        # The reference edits the MAC on the result converted to the current (1.x) type, so
+        # what it prints is that conversion's (e.g. 0.4.0 IP "version"s recomputed).
+        result = result.convert("1.1.0")
         for iface in result.interfaces:
             if iface.name == args.ifname:
                 iface.mac = conf.mac
