@@ -83,6 +83,11 @@ class Link:
     flags: int = 0
     link_netnsid: int | None = None
     peer_index: int | None = None  # IFLA_LINK: a veth's peer index (in its own netns)
+    operstate: int = 0  # IFLA_OPERSTATE (RFC 2863): 6 is "up"
+
+    @property
+    def oper_up(self) -> bool:
+        return self.operstate == 6
 
     @classmethod
     def from_msg(cls, msg: Any) -> Link:
@@ -97,7 +102,18 @@ class Link:
                    up=bool(flags & IFF_UP), promisc=bool(flags & IFF_PROMISC),
                    allmulti=bool(flags & IFF_ALLMULTI), txqlen=int(msg.get_attr("IFLA_TXQLEN") or 0),
                    master=int(master) if master else None, flags=flags,
-                   link_netnsid=msg.get_attr("IFLA_LINK_NETNSID"), peer_index=msg.get_attr("IFLA_LINK"))
+                   link_netnsid=msg.get_attr("IFLA_LINK_NETNSID"), peer_index=msg.get_attr("IFLA_LINK"),
+                   operstate=_operstate(msg.get_attr("IFLA_OPERSTATE")))
+
+
+_OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DORMANT", "UP")
+
+
+def _operstate(value: Any) -> int:
+    """IFLA_OPERSTATE as its number (pyroute2 decodes it to a name such as 'UP')."""
+    if isinstance(value, str):
+        return _OPERSTATES.index(value) if value in _OPERSTATES else 0
+    return int(value or 0)
 
 
 def _lookup(sock: Any, name: str | int) -> Any | None:

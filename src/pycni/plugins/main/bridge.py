@@ -1,0 +1,521 @@
+"""The ``bridge`` plugin: a veth from the container to a Linux bridge on the host.
+
+Same config keys, behaviour and result as the Go reference bridge. Where we differ on
+purpose: bad config is rejected with code 7 before anything is made (the reference often
+fails half-way with code 999); an ADD that fails undoes everything it did (veth, IPAM
+reservation, masquerade and spoof-check rules); DEL with the netns gone still removes the
+host-side rules; CHECK looks for the expected routes in every routing table, so it passes
+after a chained plugin (sbr, ...) moved them out of the main table.
+
+The plugin runs in the host's netns (the calling thread's); the container side is done
+inside ``netns.enter(CNI_NETNS)``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pycni import invoke, skel
+from pycni.cniargs import load_cni_args
+from pycni.skel import CmdArgs, Plugin, run_plugin
+from pycni.spec import errors as E
+from pycni.spec.errors import CNIError
+from pycni.spec.types import DNS, Interface, Result, Route
+
+DEFAULT_BRIDGE = "cni0"
+INTERNAL = skel.INTERNAL_ERROR
+PORT_UP_RETRIES_MS = (0, 50, 500, 1000, 1000)  # the reference's wait for the bridge port
+
+
+# ---- config ------------------------------------------------------------------------------------
+@dataclass
+class BridgeConf:
+    name: str
+    cni_version: str
+    bridge: str = DEFAULT_BRIDGE
+    is_gw: bool = False
+    is_default_gw: bool = False
+    force_address: bool = False
+    ip_masq: bool = False
+    ip_masq_backend: str | None = None
+    mtu: int = 0
+    hairpin: bool = False
+    promisc: bool = False
+    vlan: int = 0
+    vlan_trunk: bool = False  # vlanTrunk given at all (turns on vlan_filtering, as in Go)
+    vlans: list[int] = field(default_factory=list)
+    preserve_default_vlan: bool = False
+    macspoofchk: bool = False
+    enable_dad: bool = False
+    disable_container_interface: bool = False
+    port_isolation: bool = False
+    mac: str = ""
+    ipam_type: str = ""
+    dns: DNS = field(default_factory=DNS)
+    dns_set: bool = False
+
+    @property
+    def vlan_filtering(self) -> bool:
+        return self.vlan != 0 or self.vlan_trunk
+
+
+def _bad(msg: str, details: str = "") -> CNIError:
+    return CNIError(E.INVALID_CONFIG, msg, details)
+
+
+def _get(conf: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    value = conf.get(key, default)
+    if value is None:
+        return default
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise _bad(f"invalid {key!r} in network config",
+                   f"{key} must be a {'boolean' if kind is bool else kind.__name__}, got {value!r}")
+    return value
+
+
+def _vlan_trunk(items: Any) -> list[int]:
+    """Expand ``vlanTrunk`` ([{id} | {minID, maxID}]) into a sorted list, checked as in Go."""
+    if not isinstance(items, list):
+        raise _bad("invalid 'vlanTrunk' in network config", "vlanTrunk must be a list of {id} or {minID, maxID}")
+    vids: set[int] = set()
+
+    def vid(item: dict[str, Any], key: str, what: str) -> int:
+        v = item[key]
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 4094:
+            raise _bad(f"incorrect trunk {what} parameter", f"{key} must be an integer in 1..4094, got {v!r}")
+        return v
+
+    for item in items:
+        if not isinstance(item, dict):
+            raise _bad("invalid 'vlanTrunk' entry", f"expected an object, got {item!r}")
+        has_min, has_max = item.get("minID") is not None, item.get("maxID") is not None
+        if has_min and has_max:
+            lo, hi = vid(item, "minID", "minID"), vid(item, "maxID", "maxID")
+            if hi < lo:
+                raise _bad("minID is greater than maxID in trunk parameter", f"{item!r}")
+            vids.update(range(lo, hi + 1))
+        elif has_max:
+            raise _bad("minID and maxID should be configured simultaneously, minID is missing", f"{item!r}")
+        elif has_min:
+            raise _bad("minID and maxID should be configured simultaneously, maxID is missing", f"{item!r}")
+        if item.get("id") is not None:
+            vids.add(vid(item, "id", "id"))
+    return sorted(vids)
+
+
+def _check_mac(mac: str, where: str) -> str:
+    parts = mac.split(":")
+    if len(parts) != 6 or not all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts):
+        raise _bad(f"invalid MAC address {mac!r} in {where}", "give a MAC address like 0a:58:0a:f4:00:05")
+    return mac.lower()
+
+
+def parse_conf(args: CmdArgs) -> BridgeConf:
+    """The network config as a :class:`BridgeConf`; every value checked before we act."""
+    raw = args.conf()
+    version = skel.config_version(raw)
+    ipam = raw.get("ipam") or {}
+    if not isinstance(ipam, dict):
+        raise _bad("invalid 'ipam' in network config", "ipam must be an object with a 'type'")
+    ipam_type = ipam.get("type") or ""
+    if not isinstance(ipam_type, str):
+        raise _bad("invalid ipam type", f"ipam.type must be a string, got {ipam_type!r}")
+    n = BridgeConf(name=str(raw.get("name") or ""), cni_version=version, ipam_type=ipam_type,
+                   bridge=_get(raw, "bridge", str, DEFAULT_BRIDGE) or DEFAULT_BRIDGE,
+                   is_gw=_get(raw, "isGateway", bool, False), is_default_gw=_get(raw, "isDefaultGateway", bool, False),
+                   force_address=_get(raw, "forceAddress", bool, False), ip_masq=_get(raw, "ipMasq", bool, False),
+                   ip_masq_backend=_get(raw, "ipMasqBackend", str, None), mtu=_get(raw, "mtu", int, 0),
+                   hairpin=_get(raw, "hairpinMode", bool, False), promisc=_get(raw, "promiscMode", bool, False),
+                   vlan=_get(raw, "vlan", int, 0),
+                   preserve_default_vlan=_get(raw, "preserveDefaultVlan", bool, False),
+                   macspoofchk=_get(raw, "macspoofchk", bool, False), enable_dad=_get(raw, "enabledad", bool, False),
+                   disable_container_interface=_get(raw, "disableContainerInterface", bool, False),
+                   port_isolation=_get(raw, "portIsolation", bool, False))
+    from pycni.spec.validate import validate_interface_name
+
+    try:
+        validate_interface_name(n.bridge)
+    except CNIError as e:
+        raise _bad(f"invalid bridge name {n.bridge!r}", e.details or e.msg) from None
+    if not 0 <= n.vlan <= 4094:
+        raise _bad(f"invalid VLAN ID {n.vlan} (must be between 0 and 4094)", "set vlan to 0 (none) or 1..4094")
+    if n.mtu < 0:
+        raise _bad(f"invalid MTU {n.mtu}", "mtu must be a positive number of bytes, or 0 for the default")
+    if raw.get("vlanTrunk") is not None:
+        n.vlan_trunk = True
+        n.vlans = _vlan_trunk(raw["vlanTrunk"])
+    if n.ip_masq_backend not in (None, "iptables", "nftables"):
+        raise _bad(f"unknown ipmasq backend {n.ip_masq_backend!r}", "ipMasqBackend must be iptables or nftables")
+    if n.is_default_gw:
+        n.is_gw = True
+    if n.ipam_type and n.disable_container_interface:
+        raise _bad("cannot use IPAM when DisableContainerInterface flag is set",
+                   "drop ipam for an L2-only attachment, or drop disableContainerInterface")
+    if n.hairpin and n.promisc:
+        raise _bad("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
+    # The container MAC: CNI_ARGS MAC, then args.cni.mac, then runtimeConfig.mac (last wins).
+    env_mac = load_cni_args(args.args, ["MAC"]).get("MAC", "")
+    if env_mac:
+        n.mac = _check_mac(env_mac, "CNI_ARGS")
+    a = raw.get("args")
+    if isinstance(a, dict) and isinstance(a.get("cni"), dict) and a["cni"].get("mac"):
+        n.mac = _check_mac(str(a["cni"]["mac"]), "args.cni.mac")
+    rc = raw.get("runtimeConfig")
+    if isinstance(rc, dict) and rc.get("mac"):
+        n.mac = _check_mac(str(rc["mac"]), "runtimeConfig.mac")
+    dns = raw.get("dns")
+    if isinstance(dns, dict) and any(dns.get(k) for k in ("nameservers", "search", "options", "domain")):
+        n.dns, n.dns_set = DNS.from_dict(dns), True
+    return n
+
+
+# ---- ADD ---------------------------------------------------------------------------------------
+class _Undo:
+    """Steps to take back if ADD fails, run newest first; their own failures are ignored."""
+
+    def __init__(self) -> None:
+        self.steps: list[Callable[[], object]] = []
+
+    def push(self, step: Callable[[], object]) -> None:
+        self.steps.append(step)
+
+    def run(self) -> None:
+        for step in reversed(self.steps):
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - keep unwinding; the original error is what matters
+                pass
+
+
+def _gateway_for(address: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> Any:
+    return address.network.network_address + 1
+
+
+def _calc_gateways(result: Result, n: BridgeConf) -> dict[int, list[Any]]:
+    """Fill in gateways and default routes as Go's calcGateways; return gateway addrs per family."""
+    gws: dict[int, list[Any]] = {4: [], 6: []}
+    default_found = {4: False, 6: False}
+    for ipc in result.ips:
+        fam = ipc.address.version
+        ipc.interface = 2
+        if ipc.gateway is None and n.is_gw:
+            ipc.gateway = _gateway_for(ipc.address)
+        if n.is_default_gw and not default_found[fam]:
+            default = ipaddress.ip_network("0.0.0.0/0" if fam == 4 else "::/0")
+            default_found[fam] = any(r.gw is not None and r.dst == default for r in result.routes)
+            if not default_found[fam]:
+                result.routes.append(Route(dst=default, gw=ipc.gateway))
+                default_found[fam] = True
+        if n.is_gw:
+            gws[fam].append(ipaddress.ip_interface(f"{ipc.gateway}/{ipc.address.network.prefixlen}"))
+    return gws
+
+
+def _ensure_addr(link_name: str, gw: Any, force: bool) -> None:
+    """Put gateway address ``gw`` on the bridge (or its VLAN interface), as Go's ensureAddr."""
+    from pycni.net import addr, link
+
+    for a in addr.list_addrs(link_name, gw.version):
+        if a.address == gw:
+            return
+        overlap = a.address.network.overlaps(gw.network)
+        if gw.version == 4 or overlap:
+            if not force:
+                raise CNIError(INTERNAL, f"{link_name!r} already has an IP address different from {gw}",
+                               f"it has {a.address}; set forceAddress to replace it, or use another bridge")
+            addr.del_addr(link_name, a.address)
+    addr.add_addr(link_name, gw, exist_ok=True)
+    # Pin the bridge MAC, or it follows the lowest port MAC as ports come and go.
+    current = link.require_link(link_name)
+    link.set_link(link_name, mac=current.mac)
+
+
+def _enable_forwarding(family: int) -> None:
+    from pycni.net.sysctl import read_sysctl, write_sysctl
+
+    key = "net/ipv4/ip_forward" if family == 4 else "net/ipv6/conf/all/forwarding"
+    if read_sysctl(key) != "1":
+        write_sysctl(key, "1")
+
+
+def _setup_port(host: str, bridge: str, *, hairpin: bool, isolated: bool, vlan: int, vlans: list[int],
+                preserve_default_vlan: bool) -> None:
+    """Enslave a host veth to the bridge and set its port flags and VLANs, as Go's setupVeth."""
+    from pycni.net import bridge as br
+    from pycni.net import link
+
+    link.set_link(host, master=bridge)
+    br.set_port(host, hairpin=hairpin, isolated=isolated)
+    if (vlan or vlans) and not preserve_default_vlan:
+        br.remove_all_port_vlans(host)
+    if vlan:
+        br.add_port_vlan(host, vlan, pvid=True, untagged=True)
+    for v in vlans:
+        br.add_port_vlan(host, v)
+    if not vlan and vlans:
+        br.add_port_vlan(host, 1, pvid=True, untagged=True)  # the trunk's native VLAN, as in Go
+
+
+def _ensure_vlan_interface(n: BridgeConf, bridge_mtu: int, undo: _Undo) -> Any:
+    """The ``<bridge>.<vlan>`` gateway veth in the host, made like a container port (Go's way)."""
+    from pycni.net import link, netns, veth
+
+    name = f"{n.bridge}.{n.vlan}"
+    found = link.get_link(name)
+    if found is not None:
+        return found
+    pair = veth.setup_veth(netns.current_netns_path(), name, mtu=bridge_mtu)
+    undo.push(lambda: link.delete_link(pair.host.name))
+    _setup_port(pair.host.name, n.bridge, hairpin=False, isolated=False, vlan=n.vlan, vlans=[],
+                preserve_default_vlan=n.preserve_default_vlan)
+    return link.set_link(name, up=True)
+
+
+def _wait_port_up(host: str) -> Any:
+    from pycni.net import link
+
+    for i, ms in enumerate(PORT_UP_RETRIES_MS):
+        time.sleep(ms / 1000)
+        found = link.require_link(host)
+        if found.oper_up:
+            return found
+        if i == len(PORT_UP_RETRIES_MS) - 1:
+            raise CNIError(INTERNAL, f"bridge port in error state: operstate {found.operstate}",
+                           f"{host} did not come up on {found.master}")
+    return None  # pragma: no cover
+
+
+def default_masq_backend() -> str:
+    """Prefer iptables unless only nftables works here, as the reference does."""
+    from pycni.net import iptables
+
+    return "iptables" if iptables.usable() else "nftables"
+
+
+def cmd_add(args: CmdArgs) -> Result:
+    from pycni.net import bridge as br
+    from pycni.net import link, netns, spoofchk, veth
+
+    n = parse_conf(args)
+    netns.check_netns(args.netns)
+    bridge = br.ensure_bridge(n.bridge, mtu=n.mtu, promisc=n.promisc, vlan_filtering=n.vlan_filtering)
+    undo = _Undo()
+    try:
+        pair = veth.setup_veth(args.netns, args.ifname, mtu=n.mtu, mac=n.mac)
+        undo.push(lambda: link.delete_link(pair.host.name))
+        _setup_port(pair.host.name, n.bridge, hairpin=n.hairpin, isolated=n.port_isolation, vlan=n.vlan,
+                    vlans=n.vlans, preserve_default_vlan=n.preserve_default_vlan)
+        host_if = Interface(name=pair.host.name, mac=pair.host.mac)
+        cont_if = Interface(name=pair.container.name, mac=pair.container.mac, sandbox=args.netns)
+        br_if = Interface(name=bridge.name, mac=bridge.mac)
+        result = Result(cni_version=n.cni_version, interfaces=[br_if, host_if, cont_if])
+        refid = spoofchk.ref_id(args.container_id, args.ifname)
+        if n.macspoofchk:
+            undo.push(lambda: spoofchk.teardown(refid))
+            spoofchk.setup(pair.host.name, pair.container.mac, refid)
+        if n.ipam_type:
+            _add_l3(args, n, result, bridge.mtu, undo)
+        elif not n.disable_container_interface:
+            with netns.enter(args.netns):
+                link.set_link(args.ifname, up=True)
+        if not n.disable_container_interface:
+            host_if.mac = _wait_port_up(pair.host.name).mac
+        else:
+            host_if.mac = link.require_link(pair.host.name).mac
+        # The bridge MAC may change when the first port joins or an address is set.
+        br_if.mac = link.require_link(n.bridge).mac
+        if n.dns_set:
+            result.dns = n.dns
+        return result
+    except BaseException:
+        undo.run()
+        raise
+
+
+def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, undo: _Undo) -> None:
+    from pycni.net import iface, masq, netns
+    from pycni.net.sysctl import write_sysctl
+
+    ipam_result = invoke.delegate_add(n.ipam_type, args.stdin_data, args)
+    undo.push(lambda: invoke.delegate_del(n.ipam_type, args.stdin_data, args))
+    result.ips, result.routes, result.dns = ipam_result.ips, ipam_result.routes, ipam_result.dns
+    if not result.ips:
+        raise CNIError(INTERNAL, "IPAM plugin returned missing IP config",
+                       f"{n.ipam_type} returned no addresses for {args.container_id}/{args.ifname}")
+    gws = _calc_gateways(result, n)
+    with netns.enter(args.netns):
+        for key, value in ((f"net/ipv6/conf/{args.ifname}/enhanced_dad", "1" if n.enable_dad else None),
+                           (f"net/ipv6/conf/{args.ifname}/accept_dad", "1" if n.enable_dad else "0"),
+                           (f"net/ipv4/conf/{args.ifname}/arp_notify", "1")):
+            if value is not None:
+                try:
+                    write_sysctl(key, value)
+                except CNIError:
+                    pass  # best effort, as in the reference (e.g. IPv6 disabled)
+        iface.configure_iface(args.ifname, result)
+    if n.is_gw:
+        vlan_if: Interface | None = None
+        for fam in (4, 6):
+            for gw in gws[fam]:
+                if n.vlan:
+                    vl = _ensure_vlan_interface(n, bridge_mtu, undo)
+                    if vlan_if is None:
+                        vlan_if = Interface(name=vl.name, mac=vl.mac)
+                        result.interfaces.append(vlan_if)
+                    _ensure_addr(vl.name, gw, n.force_address)
+                else:
+                    _ensure_addr(n.bridge, gw, n.force_address)
+            if gws[fam]:
+                _enable_forwarding(fam)
+    if n.ip_masq:
+        backend = n.ip_masq_backend or default_masq_backend()
+        addrs = [ipc.address for ipc in result.ips]
+        undo.push(lambda: masq.teardown_ip_masq(backend, n.name, args.container_id, args.ifname, addrs))
+        masq.setup_ip_masq(backend, n.name, args.container_id, args.ifname, addrs)
+
+
+# ---- DEL ---------------------------------------------------------------------------------------
+def _global_unicast(ip: Any) -> bool:
+    """Go's IP.IsGlobalUnicast: anything but link-local, loopback, multicast and unspecified."""
+    return not (ip.is_link_local or ip.is_loopback or ip.is_multicast or ip.is_unspecified
+                or (ip.version == 4 and ip == ipaddress.IPv4Address("255.255.255.255")))
+
+
+def cmd_del(args: CmdArgs) -> None:
+    from pycni.net import addr, link, netns, spoofchk
+
+    n = parse_conf(args)
+    addrs: list[Any] | None = None
+    if args.netns and netns.netns_exists(args.netns):
+        with netns.enter(args.netns):
+            found = link.get_link(args.ifname)
+            if found is not None:
+                addrs = [a.address for a in addr.list_addrs(found.index) if _global_unicast(a.address.ip)]
+                link.delete_link(found.index)
+    if n.ipam_type:
+        invoke.delegate_del(n.ipam_type, args.stdin_data, args)
+    if n.macspoofchk:
+        spoofchk.teardown(spoofchk.ref_id(args.container_id, args.ifname))
+    if n.ipam_type and n.ip_masq:
+        from pycni.net import masq
+
+        # Both backends, as the reference: the container may have been set up under another config.
+        masq.teardown_ip_masq(None, n.name, args.container_id, args.ifname, addrs or None)
+
+
+# ---- CHECK -------------------------------------------------------------------------------------
+def _fail(msg: str, details: str = "") -> CNIError:
+    return CNIError(INTERNAL, msg, details)
+
+
+def cmd_check(args: CmdArgs) -> None:
+    from pycni.net import link, netns, spoofchk
+
+    n = parse_conf(args)
+    netns.check_netns(args.netns)
+    if n.ipam_type:
+        invoke.delegate_check(n.ipam_type, args.stdin_data, args)
+    raw = args.conf()
+    if raw.get("prevResult") is None:
+        raise _bad("Required prevResult missing", "CHECK needs the result of ADD as prevResult")
+    result = skel.prev_result(raw)
+    assert result is not None
+    br_map = next((i for i in result.interfaces if i.name == n.bridge), None)
+    cont_map = next((i for i in result.interfaces if i.name == args.ifname and i.sandbox == args.netns), None)
+    # the bridge, in the host
+    if br_map is None:
+        raise _fail("Interface name missing ", f"prevResult lists no interface named {n.bridge!r}")
+    if br_map.sandbox:
+        raise _fail(f"Interface {br_map.name} should not be in sandbox")
+    br_link = link.get_link(n.bridge)
+    if br_link is None:
+        raise _fail(f"Interface name {n.bridge} not found")
+    if br_link.kind != "bridge":
+        raise _fail(f"Interface {n.bridge} does not have link type of bridge")
+    if br_map.mac and br_map.mac.lower() != br_link.mac:
+        raise _fail(f"Bridge interface {n.bridge} Mac doesn't match: {br_map.mac}")
+    if br_link.promisc != n.promisc:
+        raise _fail(f"Bridge interface {n.bridge} configured Promisc Mode {str(n.promisc).lower()} doesn't match "
+                    f"current state: {str(br_link.promisc).lower()} ")
+    # the container side
+    if cont_map is None:
+        raise _fail(f"Sandbox in prevResult  doesn't match configured netns: {args.netns}",
+                    f"prevResult lists no {args.ifname!r} with sandbox {args.netns}")
+    with netns.enter(args.netns):
+        cont = link.get_link(args.ifname)
+    if cont is None:
+        raise _fail(f"Interface name {args.ifname} not found")
+    if cont.kind != "veth":
+        raise _fail(f"Error: Container interface {args.ifname} not of type veth")
+    if cont_map.mac and cont_map.mac.lower() != cont.mac:
+        raise _fail(f"Interface {args.ifname} Mac {cont_map.mac} doesn't match container Mac: {cont.mac}")
+    # the host veth: peer of the container side, enslaved to the bridge
+    host = None
+    for intf in result.interfaces:
+        if intf.name in (n.bridge, args.ifname) or intf.sandbox:
+            continue
+        cand = link.get_link(intf.name)
+        if cand is None:
+            raise _fail(f"Interface name {intf.name} not found")
+        if cand.kind != "veth" or cand.index != cont.peer_index or cand.peer_index != cont.index \
+                or cand.master != br_link.index:
+            continue
+        if intf.mac and intf.mac.lower() != cand.mac:
+            raise _fail(f"Interface {intf.name} Mac doesn't match: {intf.mac} not found")
+        host = cand
+        break
+    if host is None:
+        raise _fail(f"CNI veth created for bridge {n.bridge} was not found")
+    if n.macspoofchk and not spoofchk.is_set_up(host.name, cont.mac, spoofchk.ref_id(args.container_id,
+                                                                                    args.ifname)):
+        raise _fail(f"macspoofchk rules for {host.name} not found", "run ADD again to restore them")
+    with netns.enter(args.netns):
+        _check_ips_and_routes(args.ifname, result)
+
+
+def _check_ips_and_routes(ifname: str, result: Result) -> None:
+    """Every prevResult address is on ``ifname`` and every route exists — in ANY routing table.
+
+    The reference looks only in the main table and so fails after sbr or similar moved the
+    routes to a per-interface table; we accept a route wherever it lives.
+    """
+    from pycni.net import addr, route
+
+    have = {a.address for a in addr.list_addrs(ifname)}
+    routes = route.list_routes(table=None)
+    for ipc in result.ips:
+        if ipc.address not in have:
+            raise _fail(f"Failed to match addr {ipc.address} on interface {ifname}")
+        if not any(r.dst == ipc.address.network for r in routes):
+            raise _fail(f"Failed to find Gateway {ipc.gateway} for interface {ifname}",
+                        f"no route to {ipc.address.network} in any table")
+    for want in result.routes:
+        if not any(r.dst == want.dst and (want.gw is None or r.via(want.gw)) for r in routes):
+            raise _fail(f"Expected Route {want.to_dict()} not found in routing table",
+                        "looked in every routing table")
+
+
+# ---- STATUS / GC -------------------------------------------------------------------------------
+def cmd_status(args: CmdArgs) -> None:
+    n = parse_conf(args)
+    if n.ipam_type:
+        invoke.delegate_status(n.ipam_type, args.stdin_data, args)
+
+
+def cmd_gc(args: CmdArgs) -> None:
+    n = parse_conf(args)
+    if n.ipam_type:
+        invoke.delegate_gc(n.ipam_type, args.stdin_data, args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, status=cmd_status, gc=cmd_gc,
+                about="CNI bridge plugin (pycni)")
+
+
+def main() -> None:
+    run_plugin(PLUGIN)
+
