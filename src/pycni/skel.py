@@ -23,10 +23,10 @@ from typing import Any
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import Result
-from pycni.spec.validate import validate_container_id, validate_interface_name
-from pycni.spec.version import ALL_VERSIONS, check_supported, greater_than_or_equal, version_info
+from pycni.spec.validate import validate_container_id, validate_interface_name, validate_network_name
+from pycni.spec.version import ALL_VERSIONS, check_supported, greater_than_or_equal, highest, version_info
 
-INTERNAL_ERROR = 999  # what the Go reference reports for errors that are not CNI errors
+INTERNAL_ERROR = E.INTERNAL  # what the Go reference reports for errors that are not CNI errors
 
 # Which environment variables each command requires (spec: "Parameters").
 REQUIRED_ENV: dict[str, tuple[str, ...]] = {
@@ -116,19 +116,48 @@ def prev_result(conf: Mapping[str, Any]) -> Result | None:
     return Result.from_dict(raw, config_version(conf))
 
 
+# The variables skel reads, in the Go reference's order (error messages list them in it).
+_ENV_ORDER = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
+_VALIDATORS: dict[str, Callable[[str], None]] = {
+    "CNI_CONTAINERID": validate_container_id,
+    "CNI_IFNAME": validate_interface_name,
+}
+
+
 def _cmd_args(command: str, env: Mapping[str, str], stdin: bytes) -> CmdArgs:
-    missing = [k for k in REQUIRED_ENV[command] if not env.get(k)]
+    """Check the environment as Go's skel does: a present-but-invalid value first, then all missing ones."""
+    required = REQUIRED_ENV.get(command, ())
+    missing = []
+    for name in _ENV_ORDER:
+        value = env.get(name, "")
+        if not value:
+            if name in required or name == "CNI_COMMAND":
+                missing.append(name)
+        elif name in required and name in _VALIDATORS:
+            _VALIDATORS[name](value)
     if missing:
         raise CNIError(E.INVALID_ENV, f"required env variables [{','.join(missing)}] missing",
-                       f"the runtime must set {', '.join(missing)} for {command}")
-    args = CmdArgs(command=command, container_id=env.get("CNI_CONTAINERID", ""), netns=env.get("CNI_NETNS", ""),
+                       f"the runtime must set {', '.join(missing)} for CNI_COMMAND={command or '(unset)'}")
+    return CmdArgs(command=command, container_id=env.get("CNI_CONTAINERID", ""), netns=env.get("CNI_NETNS", ""),
                    ifname=env.get("CNI_IFNAME", ""), args=env.get("CNI_ARGS", ""), path=env.get("CNI_PATH", ""),
-                   stdin_data=stdin, netns_override=env.get("CNI_NETNS_OVERRIDE", "") in ("1", "true"),
-                   env=dict(env))
-    if command in ("ADD", "CHECK", "DEL"):
-        validate_container_id(args.container_id)
-        validate_interface_name(args.ifname)
-    return args
+                   stdin_data=stdin, netns_override=_netns_override(env), env=dict(env))
+
+
+def _netns_override(env: Mapping[str, str]) -> bool:
+    return env.get("CNI_NETNS_OVERRIDE", "").upper() in ("1", "TRUE")
+
+
+def _validate_config(stdin: bytes) -> dict[str, Any]:
+    """Every command but VERSION needs a JSON config with a valid name (Go: validateConfig)."""
+    conf = load_conf(stdin)
+    name = conf.get("name")
+    if name is None or name == "":
+        raise CNIError(E.INVALID_CONFIG, "missing network name", "the network configuration needs a \"name\"")
+    if not isinstance(name, str):
+        raise CNIError(E.DECODE_FAILURE, "error unmarshalling network config",
+                       f"\"name\" must be a string, got {name!r}")
+    validate_network_name(name)
+    return conf
 
 
 def _handler_for(plugin: Plugin, command: str) -> Handler | None:
@@ -136,41 +165,75 @@ def _handler_for(plugin: Plugin, command: str) -> Handler | None:
             "STATUS": plugin.status}.get(command)
 
 
+def _check_min_version(plugin: Plugin, command: str, cni_version: str) -> None:
+    """CHECK needs 0.4.0, GC and STATUS 1.1.0, in the config and among the plugin's versions."""
+    need = MIN_VERSION[command]
+    if not greater_than_or_equal(cni_version, need):
+        raise CNIError(E.INCOMPATIBLE_VERSION, f"config version does not allow {command}",
+                       f"{command} needs cniVersion {need} or later; the config says {cni_version}")
+    if not any(greater_than_or_equal(v, cni_version) for v in plugin.versions):
+        raise CNIError(E.INCOMPATIBLE_VERSION, f"plugin version does not allow {command}",
+                       f"the plugin supports {list(plugin.versions)}; the config says {cni_version}")
+
+
+def _same_netns_as_plugin(netns: str) -> bool:
+    """Is CNI_NETNS the namespace this thread runs in? (Unopenable paths are not: Go's CheckNetNS.)"""
+    try:
+        a, b = os.stat(netns), os.stat("/proc/thread-self/ns/net")
+    except (OSError, ValueError):
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes) -> Outcome:
-    """Run one invocation; never raises, never exits: errors become the spec's error JSON."""
+    """Run one invocation; never raises, never exits: errors become the spec's error JSON.
+
+    The order of checks follows Go's skel, so the same bad input gets the same code:
+    invalid CNI_CONTAINERID/CNI_IFNAME, missing variables (4), VERSION, undecodable config
+    (6), missing/invalid name (7), unknown command (4), minimum version for CHECK/GC/STATUS
+    (1), unsupported cniVersion (1), the handler, and for ADD/DEL a CNI_NETNS that is the
+    plugin's own namespace (8, unless CNI_NETNS_OVERRIDE).
+    """
     cni_version = ""
     try:
         command = env.get("CNI_COMMAND", "")
-        if not command:
-            raise CNIError(E.INVALID_ENV, "required env variables [CNI_COMMAND] missing",
-                           "set CNI_COMMAND to ADD, DEL, CHECK, GC, STATUS or VERSION")
+        try:
+            args = _cmd_args(command, env, stdin)
+        except CNIError as e:
+            if e.code == E.INVALID_ENV and not command and plugin.about:
+                # Run by hand with no CNI_COMMAND: say what this is, as the Go plugins do.
+                return Outcome(0, b"", (f"{plugin.about}\nCNI protocol versions supported: "
+                                        f"{', '.join(plugin.versions)}\n").encode())
+            raise
+        if command == "VERSION":
+            return _version(plugin, stdin)
+        conf = _validate_config(stdin)
         if command not in REQUIRED_ENV:
             raise CNIError(E.INVALID_ENV, f"unknown CNI_COMMAND: {command}",
                            "CNI_COMMAND must be ADD, DEL, CHECK, GC, STATUS or VERSION")
-        if command == "VERSION":
-            return _version(plugin, stdin)
-        args = _cmd_args(command, env, stdin)
-        conf = load_conf(stdin)
         cni_version = config_version(conf)
+        if command in MIN_VERSION:
+            _check_min_version(plugin, command, cni_version)
         check_supported(cni_version, plugin.versions)
-        if command in MIN_VERSION and not greater_than_or_equal(cni_version, MIN_VERSION[command]):
-            raise CNIError(E.INCOMPATIBLE_VERSION, f"config version does not allow {command}",
-                           f"{command} needs cniVersion {MIN_VERSION[command]} or later; config is {cni_version}")
         handler = _handler_for(plugin, command)
-        if handler is None:
-            if command in ("GC", "STATUS"):
-                return Outcome(0)  # a plugin with nothing to collect or report succeeds
-            raise CNIError(E.INVALID_ENV, f"plugin does not implement {command}", plugin.about)
-        result = handler(args)
+        if handler is None and command == "ADD":
+            raise CNIError(E.INTERNAL, "plugin does not implement ADD", plugin.about)
+        result = handler(args) if handler is not None else None
+        out = b""
         if command == "ADD":
             if result is None:
-                raise CNIError(INTERNAL_ERROR, "plugin returned no result for ADD", plugin.about)
-            return Outcome(0, (json.dumps(result.to_dict(cni_version), indent=4) + "\n").encode())
-        return Outcome(0)
+                raise CNIError(E.INTERNAL, "plugin returned no result for ADD", plugin.about)
+            out = (json.dumps(result.to_dict(cni_version), indent=4) + "\n").encode()
+        if command in ("ADD", "DEL") and not args.netns_override and args.netns \
+                and _same_netns_as_plugin(args.netns):
+            raise CNIError(E.INVALID_NETNS, "plugin's netns and netns from CNI_NETNS should not be the same",
+                           f"CNI_NETNS={args.netns} is the namespace the plugin runs in; pass the container's "
+                           "namespace, or set CNI_NETNS_OVERRIDE=1 if this is really meant")
+        return Outcome(0, out)
     except CNIError as e:
         return Outcome(1, (e.to_json(cni_version or None) + "\n").encode())
-    except Exception as e:  # noqa: BLE001 - no traceback ever reaches the runtime
-        err = CNIError(INTERNAL_ERROR, str(e) or type(e).__name__, type(e).__name__)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - no traceback ever reaches the runtime
+        err = CNIError(E.INTERNAL, str(e) or type(e).__name__, type(e).__name__)
         debug = b""
         if env.get("PYCNI_DEBUG"):
             import traceback
@@ -180,26 +243,26 @@ def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes) -> Outcome:
 
 
 def _version(plugin: Plugin, stdin: bytes) -> Outcome:
-    """VERSION answers with the config's version when we speak it, else our newest."""
+    """VERSION answers with the config's version when we speak it (spec), else our newest.
+
+    Go's skel ignores stdin and always answers with its own newest version; both satisfy
+    Go's decoder, which needs only a non-empty cniVersion and supportedVersions.
+    """
     asked = ""
     if stdin.strip():
         try:
             asked = config_version(load_conf(stdin))
         except CNIError:
             asked = ""
-    reply_version = asked if asked in plugin.versions else plugin.versions[-1]
+    reply_version = asked if asked in plugin.versions else highest(plugin.versions)
     return Outcome(0, (json.dumps(version_info(plugin.versions, reply_version)) + "\n").encode())
 
 
 def run_plugin(plugin: Plugin) -> None:
     """Process entry point: read os.environ and stdin, write stdout/stderr, exit."""
     env = os.environ
-    command = env.get("CNI_COMMAND", "")
-    if sys.stdin is None or sys.stdin.isatty():
-        if not command:  # run by hand: say what this is, as the Go plugins do
-            sys.stderr.write(f"{plugin.about or 'CNI plugin'}\nCNI protocol versions supported: "
-                             f"{', '.join(plugin.versions)}\n")
-            sys.exit(0)
+    # Go reads no stdin when CNI_COMMAND is unset (someone ran the binary by hand).
+    if not env.get("CNI_COMMAND") or sys.stdin is None or sys.stdin.isatty():
         stdin = b""
     else:
         stdin = sys.stdin.buffer.read()

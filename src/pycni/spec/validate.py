@@ -12,6 +12,7 @@ IFNAMSIZ = 16
 
 
 def validate_container_id(container_id: str) -> None:
+    """Empty is 'unknown container' (3), bad characters an env error (4), as in Go's utils."""
     if not container_id:
         raise CNIError(UNKNOWN_CONTAINER, "missing containerID", "CNI_CONTAINERID must not be empty")
     if not _ID_RE.match(container_id):
@@ -21,6 +22,7 @@ def validate_container_id(container_id: str) -> None:
 
 
 def validate_network_name(name: str) -> None:
+    """A network name becomes part of file names (cache, IPAM store): same rule as container IDs."""
     if not name:
         raise CNIError(INVALID_CONFIG, "missing network name", "the network configuration needs a \"name\"")
     if not _ID_RE.match(name):
@@ -30,16 +32,18 @@ def validate_network_name(name: str) -> None:
 
 
 def validate_interface_name(ifname: str) -> None:
+    """The kernel's rules (dev_valid_name): 1-15 bytes, not . or .., no '/', ':' or white space."""
     if not ifname:
         raise CNIError(INVALID_ENV, "interface name is empty", "CNI_IFNAME must name the interface to create")
-    if len(ifname) > IFNAMSIZ - 1:
+    size = len(ifname.encode("utf-8", "surrogateescape"))  # the kernel (and Go) count bytes
+    if size > IFNAMSIZ - 1:
         raise CNIError(INVALID_ENV, "interface name is too long",
-                       f"{ifname!r} has {len(ifname)} characters; the kernel allows at most {IFNAMSIZ - 1}")
+                       f"{ifname!r} is {size} bytes; interface names must be less than {IFNAMSIZ} bytes")
     if ifname in (".", ".."):
         raise CNIError(INVALID_ENV, "interface name is . or ..", f"{ifname!r} is not a valid interface name")
     for ch in ifname:
         if ch in "/:" or ch.isspace():
-            raise CNIError(INVALID_ENV, "interface name contains an invalid character",
+            raise CNIError(INVALID_ENV, "interface name contains / or : or whitespace characters",
                            f"{ifname!r} contains {ch!r}; '/', ':' and white space are not allowed")
 
 

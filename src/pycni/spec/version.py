@@ -16,15 +16,17 @@ V1_RESULT_VERSIONS = ("1.0.0", "1.1.0")
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
-    """Parse 'X', 'X.Y' or 'X.Y.Z' as the Go reference does (missing parts are 0)."""
-    if not isinstance(version, str) or not version:
-        raise CNIError(DECODE_FAILURE, "invalid version", f"version {version!r} is empty or not a string")
+    """Parse 'X', 'X.Y' or 'X.Y.Z' as the Go reference does (missing parts are 0, '' is 0.1.0)."""
+    if not isinstance(version, str):
+        raise CNIError(DECODE_FAILURE, "invalid version", f"version {version!r} is not a string")
+    if version == "":
+        return 0, 1, 0  # no version declared means 0.1.0
     parts = version.split(".")
     if len(parts) > 3:
         raise CNIError(DECODE_FAILURE, "invalid version", f"{version!r}: too many dot-separated parts")
     nums: list[int] = []
     for part in parts:
-        if not part.isdigit():
+        if not (part.isascii() and part.isdigit()):
             raise CNIError(DECODE_FAILURE, "invalid version", f"{version!r}: {part!r} is not a number")
         nums.append(int(part))
     while len(nums) < 3:
@@ -65,8 +67,9 @@ def select_config_version(cni_version: str, cni_versions: Sequence[str] | None,
 def check_supported(config_version: str, plugin_versions: Sequence[str]) -> None:
     """Refuse a config whose version the plugin does not speak (spec error 1)."""
     if config_version not in plugin_versions:
+        quoted = " ".join(f'"{v}"' for v in plugin_versions)
         raise CNIError(INCOMPATIBLE_VERSION, "incompatible CNI versions",
-                       f"config is {config_version!r}, plugin supports {list(plugin_versions)}")
+                       f'config is "{config_version}", plugin supports [{quoted}]')
 
 
 def version_info(supported: Sequence[str], cni_version: str = CURRENT_VERSION) -> dict[str, object]:
