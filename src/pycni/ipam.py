@@ -1,0 +1,89 @@
+"""IPAM delegation and rollback for interface plugins (what Go's pkg/ipam is for). Stdlib only.
+
+An interface plugin hands its whole configuration to the IPAM plugin named in ``ipam.type``
+(found on CNI_PATH), uses the addresses it returns, and must give them back if anything
+after that fails. :class:`Rollback` collects undo steps so an ADD that fails at any point
+leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+from pycni import invoke
+from pycni.skel import CmdArgs
+from pycni.spec import errors as E
+from pycni.spec.errors import CNIError
+from pycni.spec.types import Result
+
+INTERNAL = 999
+
+
+def ipam_type(conf: Mapping[str, Any]) -> str:
+    """The IPAM plugin type named by the config, '' when there is no IPAM section."""
+    ipam = conf.get("ipam")
+    if ipam is None:
+        return ""
+    if not isinstance(ipam, dict):
+        raise CNIError(E.INVALID_CONFIG, "\"ipam\" must be a JSON object", f"got {ipam!r}")
+    t = ipam.get("type", "")
+    if not isinstance(t, str):
+        raise CNIError(E.INVALID_CONFIG, "\"ipam.type\" must be a string", f"got {t!r}")
+    return t
+
+
+def require_ipam(conf: Mapping[str, Any], plugin: str) -> str:
+    t = ipam_type(conf)
+    if not t:
+        raise CNIError(E.INVALID_CONFIG, f"{plugin}: IPAM type is required",
+                       "add an \"ipam\" section, e.g. {\"type\": \"host-local\", \"subnet\": \"10.1.0.0/24\"}")
+    return t
+
+
+def add(conf: Mapping[str, Any], args: CmdArgs) -> Result:
+    """Run IPAM ADD with the plugin's own stdin; refuse a result with no address."""
+    result = invoke.delegate_add(ipam_type(conf), args.stdin_data, args)
+    if not result.ips:
+        raise CNIError(INTERNAL, "IPAM plugin returned missing IP config",
+                       f"{ipam_type(conf)} returned no addresses")
+    return result
+
+
+def delete(conf: Mapping[str, Any], args: CmdArgs) -> None:
+    if ipam_type(conf):
+        invoke.delegate_del(ipam_type(conf), args.stdin_data, args)
+
+
+def check(conf: Mapping[str, Any], args: CmdArgs) -> None:
+    if ipam_type(conf):
+        invoke.delegate_check(ipam_type(conf), args.stdin_data, args)
+
+
+class Rollback:
+    """Undo steps for a half-done ADD, run newest first when the ``with`` body raises.
+
+        with Rollback() as undo:
+            res = ipam.add(conf, args); undo.push(ipam.delete, conf, args)
+            ...   # anything that raises from here undoes the IPAM reservation
+    """
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+
+    def push(self, fn: Callable[..., Any], *fn_args: Any) -> None:
+        self._steps.append((fn, fn_args))
+
+    def __enter__(self) -> Rollback:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is not None:
+            for fn, fn_args in reversed(self._steps):
+                try:
+                    fn(*fn_args)
+                except Exception:  # noqa: BLE001 - the original error is the one to report
+                    pass
+        self._steps.clear()

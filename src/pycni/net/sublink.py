@@ -1,0 +1,120 @@
+"""Links born in the container from a parent in the host: macvlan, ipvlan, vlan, dummy.
+
+The link is created under a temporary name directly inside the container's namespace
+(IFLA_NET_NS_FD) — so nothing ever shows up under the container's name on the host — and then
+renamed to CNI_IFNAME there, as the Go reference ends up doing. With ``link_in_container`` the
+parent lives in the container namespace too (the reference's ``linkInContainer``).
+Acts from the calling thread's namespace (the host).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from typing import Any
+
+from pycni.net import netns
+from pycni.net.link import INTERNAL, Link, _lookup, get_link, ipr, is_netlink_error, netlink_errno
+from pycni.spec import errors as E
+from pycni.spec.errors import CNIError
+
+
+def kernel_lacks(kind: str) -> CNIError:
+    return CNIError(INTERNAL, f"the kernel does not support {kind} links",
+                    f"creating a {kind} link failed with EOPNOTSUPP: load the {kind} module "
+                    f"(modprobe {'8021q' if kind == 'vlan' else kind}) or use another plugin")
+
+
+def parent_link(name: str, container_netns: str, link_in_container: bool) -> Link:
+    """Look up the parent (``master``) where it lives; a missing one is a config error."""
+    if link_in_container:
+        with netns.enter(container_netns):
+            link = get_link(name)
+    else:
+        link = get_link(name)
+    if link is None:
+        where = "the container namespace" if link_in_container else "the host namespace"
+        raise CNIError(E.INVALID_CONFIG, f"failed to lookup master {name!r}",
+                       f"no interface named {name!r} in {where}; fix \"master\" in the config")
+    return link
+
+
+def create_in_container(kind: str, container_netns: str, ifname: str, *, parent: int | None = None,
+                        link_in_container: bool = False, mtu: int = 0, mac: str = "",
+                        **attrs: Any) -> Link:
+    """Create a ``kind`` link named ``ifname`` in ``container_netns``; return it (down)."""
+    with netns.enter(container_netns):
+        if get_link(ifname) is not None:
+            raise CNIError(INTERNAL, f"container interface {ifname!r} already exists",
+                           f"{container_netns} already has an interface named {ifname!r}; choose another CNI_IFNAME")
+    tmp = f"{kind[:5]}{secrets.token_hex(4)}"
+    spec: dict[str, Any] = {"ifname": tmp, "kind": kind, **attrs}
+    if parent is not None:
+        spec["link"] = parent
+    if mtu:
+        spec["mtu"] = mtu
+    if mac:
+        spec["address"] = mac
+    target = netns.open_netns(container_netns)
+    try:
+        if link_in_container:
+            with netns.enter(container_netns), ipr() as sock:
+                _add(sock, spec, kind)
+        else:
+            spec["net_ns_fd"] = target
+            with ipr() as sock:
+                _add(sock, spec, kind)
+    finally:
+        os.close(target)
+    with netns.enter(container_netns):
+        try:
+            with ipr() as sock:
+                msg = _lookup(sock, tmp)
+                if msg is None:
+                    raise CNIError(INTERNAL, f"failed to lookup new {kind} link", f"{tmp!r} vanished after creation")
+                sock.link("set", index=int(msg["index"]), ifname=ifname)
+                return Link.from_msg(_lookup(sock, int(msg["index"])))
+        except Exception as e:
+            _delete_by_name(tmp)
+            if isinstance(e, CNIError):
+                raise
+            if is_netlink_error(e):
+                raise CNIError(INTERNAL, f"failed to rename {kind} link to {ifname!r}", str(e)) from None
+            raise
+
+
+def _add(sock: Any, spec: dict[str, Any], kind: str) -> None:
+    try:
+        sock.link("add", **spec)
+    except Exception as e:
+        if not is_netlink_error(e):
+            raise
+        code = netlink_errno(e)
+        if code == errno.EOPNOTSUPP:
+            raise kernel_lacks(kind) from None
+        raise CNIError(INTERNAL, f"failed to create {kind} link", str(e)) from None
+
+
+def _delete_by_name(name: str) -> None:
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+        if msg is not None:
+            try:
+                sock.link("del", index=int(msg["index"]))
+            except Exception:  # noqa: BLE001 - best-effort rollback
+                pass
+
+
+def kernel_supports(kind: str, **attrs: Any) -> bool:
+    """Whether this kernel can create ``kind`` links (tried in a scratch namespace by tests)."""
+    with ipr() as sock:
+        name = f"probe{secrets.token_hex(3)}"
+        try:
+            sock.link("add", ifname=name, kind=kind, **attrs)
+        except Exception as e:
+            if is_netlink_error(e) and netlink_errno(e) == errno.EOPNOTSUPP:
+                return False
+            raise
+        _delete_by_name(name)
+        return True

@@ -1,0 +1,51 @@
+"""CHECK helpers: does the namespace still hold what a prevResult says it should?
+
+Run in the container's netns (the calling thread's). Routes are looked for in every routing
+table, not only main: a later plugin in the chain (sbr, vrf) legitimately moves a container's
+routes into its own table, and CHECK must not fail because of that — the Go reference's does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pycni.net import addr as _addr
+from pycni.net import route as _route
+from pycni.net.link import get_link
+from pycni.spec.errors import CNIError
+from pycni.spec.types import IPConfig, Route
+
+INTERNAL = 999
+
+
+def expect_interface_ips(ifname: str, ips: Sequence[IPConfig]) -> None:
+    """Every address of ``ips`` must be on ``ifname`` with its prefix length."""
+    link = get_link(ifname)
+    if link is None:
+        raise CNIError(INTERNAL, f"failed to find interface {ifname!r}", "the container interface is gone")
+    present = {a.address for a in _addr.list_addrs(link.index)}
+    for ipc in ips:
+        if ipc.address not in present:
+            raise CNIError(INTERNAL, f"failed to find IP address {ipc.address} on interface {ifname!r}",
+                           f"addresses present: {sorted(str(a) for a in present) or 'none'}")
+
+
+def expect_routes(routes: Sequence[Route]) -> None:
+    """Every route must exist (same destination, and gateway when one is given) in some table."""
+    if not routes:
+        return
+    installed = _route.list_routes(table=None)
+    for r in routes:
+        if not any(e.dst == r.dst and (r.gw is None or e.gw == r.gw or r.gw in e.multipath_gws)
+                   for e in installed):
+            raise CNIError(INTERNAL, f"route (dst {r.dst}{' via ' + str(r.gw) if r.gw else ''}) not found",
+                           "the container's routing no longer matches the ADD result")
+
+
+def container_interface(result_interfaces: Sequence[object], ifname: str, netns_path: str) -> None:
+    """The prevResult must name ``ifname`` in ``netns_path`` (the reference's sandbox check)."""
+    for intf in result_interfaces:
+        if getattr(intf, "name", None) == ifname and getattr(intf, "sandbox", None) == netns_path:
+            return
+    raise CNIError(INTERNAL, f"interface {ifname!r} with sandbox {netns_path} not found in prevResult",
+                   "CHECK compares against the result of ADD for this container and interface")

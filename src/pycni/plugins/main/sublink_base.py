@@ -1,0 +1,216 @@
+"""The shared shape of macvlan, ipvlan, vlan and dummy: one link in the container, from a parent.
+
+Each of those plugins declares a :class:`SublinkSpec` (netlink kind, how config keys become
+link attributes, what CHECK compares) and gets ADD / DEL / CHECK with the Go reference's
+behaviour: the parent (``master``) defaults to the interface of the default route, ``mtu``
+may not exceed the parent's, IPAM is delegated when configured (layer 3) or the link is just
+brought up (layer 2), and any failure rolls back both the link and the IPAM reservation.
+DEL is idempotent: a missing netns or interface is success.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pycni import ipam
+from pycni.cniargs import load_cni_args
+from pycni.net import netns, sublink
+from pycni.net.link import Link, get_link
+from pycni.skel import CmdArgs, Plugin, config_version, load_conf, prev_result
+from pycni.spec import errors as E
+from pycni.spec.errors import CNIError
+from pycni.spec.types import DNS, Interface, Result
+
+INTERNAL = 999
+
+
+@dataclass
+class SublinkSpec:
+    """What differs between the plugins that share this shape."""
+
+    name: str                    # CNI type, for messages
+    kind: str                    # netlink link kind
+    about: str
+    needs_master: bool = True
+    ipam_required: bool = False
+    mac_configurable: bool = False
+    # config -> extra netlink attributes (e.g. macvlan_mode); raise CNIError(7) on bad values
+    link_attrs: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=lambda conf: {})
+    # (config, netlink message of the container link) -> raise CNIError when CHECK must fail
+    check_link: Callable[[Mapping[str, Any], Any], None] = field(default=lambda conf, msg: None)
+
+
+def default_route_interface(in_netns: str | None = None) -> str:
+    """Name of the link carrying the first default route (where the reference looks for master)."""
+    from pycni.net import route
+    from pycni.net.link import get_link
+
+    def find() -> str:
+        for r in route.list_routes(table=route.RT_TABLE_MAIN):
+            if r.dst.prefixlen == 0 and r.oif:
+                link = get_link(r.oif)
+                if link is not None:
+                    return link.name
+        raise CNIError(E.INVALID_CONFIG, "no default route interface found",
+                       "set \"master\" in the config to the interface to attach to")
+
+    if in_netns:
+        with netns.enter(in_netns):
+            return find()
+    return find()
+
+
+def _mtu(conf: Mapping[str, Any]) -> int:
+    mtu = conf.get("mtu", 0) or 0
+    if not isinstance(mtu, int) or isinstance(mtu, bool):
+        raise CNIError(E.INVALID_CONFIG, "\"mtu\" must be an integer", f"got {mtu!r}")
+    return mtu
+
+
+def _mac(conf: Mapping[str, Any], args: CmdArgs) -> str:
+    mac = str(conf.get("mac", "") or "")
+    env_mac = load_cni_args(args.args, ["MAC"]).get("MAC", "")
+    if env_mac:
+        mac = env_mac
+    rc = conf.get("runtimeConfig") or {}
+    if isinstance(rc, dict) and rc.get("mac"):
+        mac = str(rc["mac"])
+    if mac:
+        parts = mac.split(":")
+        if len(parts) != 6 or not all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts):
+            raise CNIError(E.INVALID_CONFIG, f"invalid args {mac} for MAC addr", "use the form 0a:58:0a:f4:00:05")
+    return mac.lower()
+
+
+class SublinkPlugin:
+    """ADD / DEL / CHECK for one :class:`SublinkSpec`."""
+
+    def __init__(self, spec: SublinkSpec) -> None:
+        self.spec = spec
+
+    def plugin(self) -> Plugin:
+        return Plugin(add=self.add, delete=self.delete, check=self.check, about=self.spec.about)
+
+    # ---- config -----------------------------------------------------------------------------
+    def _conf(self, args: CmdArgs) -> dict[str, Any]:
+        conf = load_conf(args.stdin_data)
+        if self.spec.ipam_required:
+            ipam.require_ipam(conf, self.spec.name)
+        else:
+            ipam.ipam_type(conf)
+        self.spec.link_attrs(conf)  # validate early: nothing is made for a bad config
+        return conf
+
+    def _parent(self, conf: dict[str, Any], args: CmdArgs) -> Link | None:
+        if not self.spec.needs_master:
+            return None
+        in_container = bool(conf.get("linkInContainer", False))
+        master = conf.get("master") or ""
+        if not isinstance(master, str):
+            raise CNIError(E.INVALID_CONFIG, "\"master\" must be a string", f"got {master!r}")
+        if not master:
+            master = default_route_interface(args.netns if in_container else None)
+            conf["master"] = master
+        parent = sublink.parent_link(master, args.netns, in_container)
+        mtu = _mtu(conf)
+        if mtu < 0 or mtu > parent.mtu:
+            raise CNIError(E.INVALID_CONFIG, f"invalid MTU {mtu}, must be [0, master MTU({parent.mtu})]",
+                           f"lower \"mtu\" to at most the MTU of {master!r}")
+        return parent
+
+    # ---- handlers ---------------------------------------------------------------------------
+    def add(self, args: CmdArgs) -> Result:
+        conf = self._conf(args)
+        netns.check_netns(args.netns)
+        parent = self._parent(conf, args)
+        mac = _mac(conf, args) if self.spec.mac_configurable else ""
+        attrs = self.spec.link_attrs(conf)
+        with ipam.Rollback() as undo:
+            link = sublink.create_in_container(
+                self.spec.kind, args.netns, args.ifname, parent=parent.index if parent else None,
+                link_in_container=bool(conf.get("linkInContainer", False)), mtu=_mtu(conf), mac=mac, **attrs)
+            undo.push(self._delete_link, args.netns, args.ifname)
+            result = Result(cni_version=config_version(conf),
+                            interfaces=[Interface(name=args.ifname, mac=link.mac, sandbox=args.netns)])
+            prev = prev_result(conf)
+            if ipam.ipam_type(conf):
+                ipam_result = ipam.add(conf, args)
+                undo.push(ipam.delete, conf, args)
+                result.ips, result.routes = ipam_result.ips, ipam_result.routes
+            elif prev is not None and prev.ips:
+                result.ips, result.routes = prev.ips, prev.routes  # chained after an IPAM-only plugin
+            for ipc in result.ips:
+                ipc.interface = 0
+            self._configure(args, result)
+            result.dns = DNS.from_dict(conf.get("dns"))
+        with netns.enter(args.netns):
+            created = get_link(args.ifname)
+            if created is not None:
+                result.interfaces[0].mac = created.mac
+        return result
+
+    def _configure(self, args: CmdArgs, result: Result) -> None:
+        from pycni.net import iface, link
+        from pycni.net.sysctl import write_sysctl
+
+        with netns.enter(args.netns):
+            if result.ips:
+                for key in (f"net/ipv4/conf/{args.ifname}/arp_notify", f"net/ipv6/conf/{args.ifname}/ndisc_notify"):
+                    try:
+                        write_sysctl(key, "1")
+                    except CNIError:
+                        pass  # best effort, as in the reference
+                iface.configure_iface(args.ifname, result)
+            else:
+                link.set_link(args.ifname, up=True)
+
+    @staticmethod
+    def _delete_link(netns_path: str, ifname: str) -> None:
+        from pycni.net import link
+
+        if not netns.netns_exists(netns_path):
+            return
+        with netns.enter(netns_path):
+            link.delete_link(ifname)
+
+    def delete(self, args: CmdArgs) -> None:
+        conf = load_conf(args.stdin_data)
+        ipam.delete(conf, args)
+        if args.netns:
+            self._delete_link(args.netns, args.ifname)
+
+    def check(self, args: CmdArgs) -> None:
+        from pycni.net import verify
+        from pycni.net.link import _lookup, ipr
+
+        conf = self._conf(args)
+        netns.check_netns(args.netns)
+        ipam.check(conf, args)
+        prev = prev_result(conf)
+        if prev is None:
+            raise CNIError(E.INVALID_CONFIG, "required prevResult missing", "CHECK needs the result of ADD")
+        verify.container_interface(prev.interfaces, args.ifname, args.netns)
+        self._parent(conf, args)
+        expected = next(i for i in prev.interfaces if i.name == args.ifname and i.sandbox == args.netns)
+        with netns.enter(args.netns):
+            with ipr() as sock:
+                msg = _lookup(sock, args.ifname)
+            if msg is None:
+                raise CNIError(INTERNAL, f"container Interface name in prevResult: {args.ifname} not found")
+            found = Link.from_msg(msg)
+            if found.kind != self.spec.kind:
+                raise CNIError(INTERNAL, f"error: Container interface {args.ifname} not of type {self.spec.kind}")
+            self.spec.check_link(conf, msg)
+            if expected.mac and expected.mac.lower() != found.mac:
+                raise CNIError(INTERNAL, f"interface {args.ifname} Mac {expected.mac} doesn't match container "
+                                         f"Mac: {found.mac}")
+            verify.expect_interface_ips(args.ifname, [i for i in prev.ips if i.interface in (None, 0)])
+            verify.expect_routes(prev.routes)
+
+
+def link_info_data(msg: Any) -> Any:
+    """The IFLA_INFO_DATA of a link message (kind-specific attributes), or None."""
+    info = msg.get_attr("IFLA_LINKINFO")
+    return info.get_attr("IFLA_INFO_DATA") if info is not None else None

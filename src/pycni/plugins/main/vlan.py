@@ -1,0 +1,39 @@
+"""vlan: an 802.1Q link with ``vlanId`` on ``master`` in the container (IPAM required)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pycni.plugins.main.sublink_base import SublinkPlugin, SublinkSpec, link_info_data
+from pycni.skel import run_plugin
+from pycni.spec import errors as E
+from pycni.spec.errors import CNIError
+
+
+def _vlan_id(conf: Mapping[str, Any]) -> int:
+    vid = conf.get("vlanId", 0)
+    if not isinstance(vid, int) or isinstance(vid, bool) or not 0 <= vid <= 4094:
+        raise CNIError(E.INVALID_CONFIG, f"invalid VLAN ID {vid} (must be between 0 and 4095 exclusive)",
+                       "set \"vlanId\" to a number from 0 to 4094")
+    return vid
+
+
+def link_attrs(conf: Mapping[str, Any]) -> dict[str, Any]:
+    return {"vlan_id": _vlan_id(conf)}
+
+
+def check_link(conf: Mapping[str, Any], msg: Any) -> None:
+    data = link_info_data(msg)
+    have = data.get_attr("IFLA_VLAN_ID") if data is not None else None
+    if have != _vlan_id(conf):
+        raise CNIError(999, f"error: Container interface vlan id {have} does not match expected {_vlan_id(conf)}")
+
+
+SPEC = SublinkSpec(name="vlan", kind="vlan", ipam_required=True, link_attrs=link_attrs, check_link=check_link,
+                   about="pycni vlan: an 802.1Q VLAN interface on a host link")
+PLUGIN = SublinkPlugin(SPEC).plugin()
+
+
+def main() -> None:
+    run_plugin(PLUGIN)

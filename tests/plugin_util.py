@@ -1,0 +1,39 @@
+"""Running a plugin the way a runtime does, for tests: env + stdin, inside a host namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from netns_util import Namespace
+from pycni.skel import Outcome, Plugin, dispatch
+
+
+def cni_env(command: str, container: Namespace | None, cni_path: str, ifname: str = "eth0",
+            container_id: str = "ctr", args: str = "") -> dict[str, str]:
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_IFNAME": ifname, "CNI_PATH": cni_path,
+           "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "PYCNI_SOCKET": "off"}
+    if container is not None:
+        env["CNI_NETNS"] = container.path
+    if args:
+        env["CNI_ARGS"] = args
+    return env
+
+
+def call(plugin: Plugin, host: Namespace, command: str, conf: dict[str, Any], container: Namespace | None,
+         cni_path: str, **kw: Any) -> Outcome:
+    """Dispatch ``plugin`` in-process with the calling thread inside ``host``."""
+    with host.enter():
+        return dispatch(plugin, cni_env(command, container, cni_path, **kw), json.dumps(conf).encode())
+
+
+def ok(outcome: Outcome) -> dict[str, Any]:
+    """The JSON result of a successful invocation (an AssertionError with the error otherwise)."""
+    assert outcome.exit_code == 0, outcome.stdout.decode() + outcome.stderr.decode()
+    return json.loads(outcome.stdout) if outcome.stdout else {}
+
+
+def err(outcome: Outcome) -> dict[str, Any]:
+    assert outcome.exit_code != 0, f"expected failure, got {outcome.stdout.decode()}"
+    return json.loads(outcome.stdout)
