@@ -153,9 +153,9 @@ def test_runtime_config_and_precedence() -> None:
     assert c.ingress is None and c.egress == bw.Limits(2000, 20)
 
 
-def test_zero_limits_pass_prev_result_through() -> None:
+def test_zero_limits_pass_prev_result_through(container_ns: Any) -> None:
     prev = {"cniVersion": "1.0.0", "ips": [{"address": "10.1.2.3/24"}], "dns": {}}
-    out = dispatch(bw.PLUGIN, env("ADD", "c1", "/proc/self/ns/net"), json.dumps(bw_conf(prev)).encode())
+    out = dispatch(bw.PLUGIN, env("ADD", "c1", container_ns.path), json.dumps(bw_conf(prev)).encode())
     assert out.exit_code == 0
     assert json.loads(out.stdout)["ips"] == [{"address": "10.1.2.3/24"}]
 

@@ -121,3 +121,22 @@ def same_netns(a: str, b: str) -> bool:
             return False
         raise
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+@contextmanager
+def locked(path: str = "/proc/thread-self/ns/net") -> Iterator[None]:
+    """Hold an exclusive flock on a namespace file (default: the calling thread's own netns).
+
+    Serialises concurrent plugin invocations that read-modify-write state shared inside one
+    namespace (iptables chains, routing tables), as the Go plugins lock on the netns path.
+    Every opener of the same namespace sees the same nsfs inode, so processes and threads
+    exclude each other; the lock is released when the body ends.
+    """
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the only descriptor drops the flock

@@ -1,0 +1,304 @@
+"""firewall: let a container's traffic through the host's forwarding filter.
+
+Chained after an interface plugin, as the Go reference. Backends:
+
+* ``iptables`` (the default, as the reference when firewalld is not running): chain
+  ``CNI-FORWARD`` jumped to first from ``FORWARD``, which first jumps to the admin chain
+  (``CNI-ADMIN`` or ``iptablesAdminChainName``, left to the administrator), then holds per-IP
+  rules: replies to the container (conntrack RELATED,ESTABLISHED) and everything it sends.
+* ``nftables`` (pycni's own): table ``inet cni_firewall`` with a forward base chain that
+  jumps to the admin chain and accepts replies to / traffic from the addresses in the sets
+  ``allowed4``/``allowed6``; a container is its set elements, so DEL removes exactly them.
+  An accept there is final only for this table (nftables semantics): a drop in another table
+  still drops — use the iptables backend to punch through an iptables FORWARD DROP policy.
+* ``firewalld`` is refused (code 7): there is no firewalld to talk to here.
+
+``ingressPolicy`` ``same-bridge`` / ``isolated`` add the reference's CNI-ISOLATION-STAGE-1/2
+iptables chains for the bridge (first interface of prevResult), whatever the backend.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
+from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+from pycni.spec.types import IPConfig, Result
+from pycni.spec.version import ALL_VERSIONS
+
+PRIV_CHAIN = "CNI-FORWARD"
+DEFAULT_ADMIN_CHAIN = "CNI-ADMIN"
+FILTER_COMMENT = "CNI firewall plugin rules"
+ADMIN_COMMENT = "CNI firewall plugin admin overrides"
+NFT_TABLE = "cni_firewall"
+STAGE1, STAGE2 = "CNI-ISOLATION-STAGE-1", "CNI-ISOLATION-STAGE-2"
+POLICIES = ("", "open", "same-bridge", "isolated")
+_CHAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,27}$")
+
+
+@dataclass
+class FirewallConf:
+    cni_version: str
+    backend: str
+    admin_chain: str
+    ingress_policy: str
+    prev: Result | None
+
+
+def parse_conf(args: CmdArgs) -> FirewallConf:
+    raw = args.conf()
+    version = config_version(raw)
+    for key in ("backend", "iptablesAdminChainName", "firewalldZone", "ingressPolicy"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise CNIError(DECODE_FAILURE, "failed to load netconf", f"{key} must be a string, got {raw[key]!r}")
+    backend = raw.get("backend") or "iptables"
+    if backend == "firewalld":
+        raise CNIError(INVALID_CONFIG, "firewalld backend is not supported",
+                       "pycni has no firewalld integration and no firewalld runs here: "
+                       "set \"backend\" to \"iptables\" or \"nftables\"")
+    if backend not in ("iptables", "nftables"):
+        raise CNIError(INVALID_CONFIG, f"unknown firewall backend {backend!r}",
+                       "backend must be \"iptables\" or \"nftables\"")
+    admin = raw.get("iptablesAdminChainName") or DEFAULT_ADMIN_CHAIN
+    if not _CHAIN_RE.match(admin):
+        raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
+                       "use up to 28 letters, digits, '_', '-' or '.'")
+    policy = raw.get("ingressPolicy") or ""
+    if policy not in POLICIES:
+        raise CNIError(INVALID_CONFIG, f"unknown ingress policy: {policy!r}",
+                       "ingressPolicy must be \"open\", \"same-bridge\" or \"isolated\"")
+    return FirewallConf(version, backend, admin, policy, prev_result(raw))
+
+
+def host_ip(ip: IPConfig) -> str:
+    """The address as a single-host prefix (/32 or /128), as the rules match it."""
+    return f"{ip.address.ip}/{32 if ip.address.version == 4 else 128}"
+
+
+# ---- iptables backend ------------------------------------------------------------------------
+def _ipt_jump(chain: str, comment: str) -> list[str]:
+    return ["-m", "comment", "--comment", comment, "-j", chain]
+
+
+def _ipt_ip_rules(ip: str) -> list[list[str]]:
+    return [["-d", ip, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"],
+            ["-s", ip, "-j", "ACCEPT"]]
+
+
+def _ipt_rules_by_family(result: Result) -> dict[bool, list[list[str]]]:
+    out: dict[bool, list[list[str]]] = {}
+    for ip in result.ips:
+        out.setdefault(ip.address.version == 6, []).extend(_ipt_ip_rules(host_ip(ip)))
+    return out
+
+
+def iptables_add(conf: FirewallConf, result: Result) -> None:
+    from pycni.net import iptables as ipt
+
+    for v6, rules in _ipt_rules_by_family(result).items():
+        ipt.ensure_chain("filter", PRIV_CHAIN, v6)
+        ipt.ensure_chain("filter", conf.admin_chain, v6)
+        ipt.append_unique("filter", "FORWARD", _ipt_jump(PRIV_CHAIN, FILTER_COMMENT), v6, prepend=True)
+        ipt.append_unique("filter", PRIV_CHAIN, _ipt_jump(conf.admin_chain, ADMIN_COMMENT), v6, prepend=True)
+        added: list[list[str]] = []
+        try:
+            for rule in rules:
+                if not ipt.rule_exists("filter", PRIV_CHAIN, rule, v6):
+                    ipt.run(["-t", "filter", "-A", PRIV_CHAIN, *rule], v6)
+                    added.append(rule)
+        except BaseException:
+            for rule in added:
+                ipt.delete_rule("filter", PRIV_CHAIN, rule, v6)
+            raise
+
+
+def iptables_del(conf: FirewallConf, result: Result) -> None:
+    from pycni.net import iptables as ipt
+
+    for v6, rules in _ipt_rules_by_family(result).items():
+        for rule in rules:
+            ipt.delete_rule("filter", PRIV_CHAIN, rule, v6)
+
+
+def iptables_check(conf: FirewallConf, result: Result) -> None:
+    from pycni.net import iptables as ipt
+
+    for v6, rules in _ipt_rules_by_family(result).items():
+        fam = "ip6tables" if v6 else "iptables"
+        for chain in (PRIV_CHAIN, conf.admin_chain):
+            if not ipt.chain_exists("filter", chain, v6):
+                raise CNIError(PLUGIN_SPECIFIC, f"{fam} chain {chain} not found")
+        for chain, rule in [("FORWARD", _ipt_jump(PRIV_CHAIN, FILTER_COMMENT)),
+                            (PRIV_CHAIN, _ipt_jump(conf.admin_chain, ADMIN_COMMENT)),
+                            *((PRIV_CHAIN, r) for r in rules)]:
+            if not ipt.rule_exists("filter", chain, rule, v6):
+                raise CNIError(PLUGIN_SPECIFIC, f"expected {chain} rule not found",
+                               f"{fam} -t filter -C {chain} {' '.join(rule)}")
+
+
+# ---- nftables backend ------------------------------------------------------------------------
+def _nft_elements(result: Result) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {"allowed4": [], "allowed6": []}
+    for ip in result.ips:
+        out["allowed4" if ip.address.version == 4 else "allowed6"].append(str(ip.address.ip))
+    return out
+
+
+def _nft_base(admin: str) -> str:
+    """Table, sets and chains, with the forward chain's fixed rules rewritten (idempotent)."""
+    t = f"inet {NFT_TABLE}"
+    return "\n".join([
+        f"add table {t}",
+        f"add set {t} allowed4 {{ type ipv4_addr; }}",
+        f"add set {t} allowed6 {{ type ipv6_addr; }}",
+        f"add chain {t} {admin}",
+        f"add chain {t} forward {{ type filter hook forward priority filter; policy accept; }}",
+        f"flush chain {t} forward",
+        f"add rule {t} forward jump {admin} comment \"{ADMIN_COMMENT}\"",
+        f"add rule {t} forward ip daddr @allowed4 ct state related,established counter accept",
+        f"add rule {t} forward ip saddr @allowed4 counter accept",
+        f"add rule {t} forward ip6 daddr @allowed6 ct state related,established counter accept",
+        f"add rule {t} forward ip6 saddr @allowed6 counter accept",
+    ]) + "\n"
+
+
+def _nft_set_members(listing: dict[str, Any], name: str) -> set[str]:
+    from pycni.net import nft
+
+    members: set[str] = set()
+    for s in nft.objects(listing, "set"):
+        if s.get("name") == name:
+            for e in s.get("elem", []):
+                members.add(e if isinstance(e, str) else str(e.get("elem", {}).get("val", e)))
+    return members
+
+
+def nft_add(conf: FirewallConf, result: Result) -> None:
+    from pycni.net import nft
+
+    script = _nft_base(conf.admin_chain)
+    for set_name, addrs in _nft_elements(result).items():
+        if addrs:
+            script += f"add element inet {NFT_TABLE} {set_name} {{ {', '.join(addrs)} }}\n"
+    nft.run(script, what="firewall ADD")
+
+
+def nft_del(conf: FirewallConf, result: Result) -> None:
+    from pycni.net import nft
+
+    listing = nft.list_json("table", "inet", NFT_TABLE, missing_ok=True)
+    if not nft.objects(listing, "table"):
+        return
+    script = ""
+    for set_name, addrs in _nft_elements(result).items():
+        present = [a for a in addrs if a in _nft_set_members(listing, set_name)]
+        if present:
+            script += f"delete element inet {NFT_TABLE} {set_name} {{ {', '.join(present)} }}\n"
+    if script:
+        nft.run(script, what="firewall DEL")
+
+
+def nft_check(conf: FirewallConf, result: Result) -> None:
+    from pycni.net import nft
+
+    listing = nft.list_json("table", "inet", NFT_TABLE, missing_ok=True)
+    if not nft.objects(listing, "table"):
+        raise CNIError(PLUGIN_SPECIFIC, f"nftables table inet {NFT_TABLE} not found")
+    chains = {c.get("name") for c in nft.objects(listing, "chain")}
+    for chain in ("forward", conf.admin_chain):
+        if chain not in chains:
+            raise CNIError(PLUGIN_SPECIFIC, f"nftables chain {chain} not found in inet {NFT_TABLE}")
+    fwd = [r for r in nft.rules(listing) if r.get("chain") == "forward"]
+    jumps = [r for r in fwd if any(e.get("jump", {}).get("target") == conf.admin_chain for e in r.get("expr", []))]
+    if not jumps or len(fwd) < 5:
+        raise CNIError(PLUGIN_SPECIFIC, "nftables forward chain rules missing",
+                       f"expected the jump to {conf.admin_chain} and four set rules in inet {NFT_TABLE} forward")
+    for set_name, addrs in _nft_elements(result).items():
+        missing = [a for a in addrs if a not in _nft_set_members(listing, set_name)]
+        if missing:
+            raise CNIError(PLUGIN_SPECIFIC, f"addresses {missing} not allowed in set {set_name}",
+                           f"inet {NFT_TABLE} {set_name} lacks this container's addresses")
+
+
+# ---- ingress policy (iptables, whatever the backend, as the reference) -----------------------
+def _policy_comment(policy: str) -> list[str]:
+    return ["-m", "comment", "--comment", f"CNI firewall plugin rules (ingressPolicy: {policy})"]
+
+
+DEFAULT_POLICY_COMMENT = _policy_comment("same-bridge|isolated")
+
+
+def setup_ingress_policy(conf: FirewallConf, result: Result) -> None:
+    from pycni.net import iptables as ipt
+
+    if conf.ingress_policy in ("", "open"):
+        return
+    if not result.interfaces or not result.interfaces[0].name:
+        raise CNIError(INVALID_CONFIG, f"interface needs to be set for ingress policy {conf.ingress_policy!r}",
+                       "make sure to chain \"firewall\" after \"bridge\"")
+    br = result.interfaces[0].name
+    isolated = conf.ingress_policy == "isolated"
+    pc = _policy_comment(conf.ingress_policy)
+    for v6 in sorted({ip.address.version == 6 for ip in result.ips}):
+        for chain in (STAGE1, STAGE2):
+            ipt.ensure_chain("filter", chain, v6)
+        ipt.append_unique("filter", "FORWARD", ["-j", STAGE1, *DEFAULT_POLICY_COMMENT], v6, prepend=True)
+        ipt.append_unique("filter", STAGE1, ["-i", br, "!", "-o", br, "-j", STAGE2, *pc], v6, prepend=True)
+        if isolated:
+            ipt.append_unique("filter", STAGE1, ["-i", br, "-o", br, "-j", "DROP", *pc], v6, prepend=True)
+        ipt.append_unique("filter", STAGE1, ["-j", "RETURN", *DEFAULT_POLICY_COMMENT], v6)
+        ipt.append_unique("filter", STAGE2, ["-o", br, "-j", "DROP", *DEFAULT_POLICY_COMMENT], v6, prepend=True)
+        ipt.append_unique("filter", STAGE2, ["-j", "RETURN", *DEFAULT_POLICY_COMMENT], v6)
+
+
+# ---- handlers --------------------------------------------------------------------------------
+BACKENDS = {"iptables": (iptables_add, iptables_del, iptables_check), "nftables": (nft_add, nft_del, nft_check)}
+
+
+def cmd_add(args: CmdArgs) -> Result:
+    from pycni.net import netns
+
+    conf = parse_conf(args)
+    if conf.prev is None:
+        raise CNIError(INVALID_CONFIG, "missing prevResult from earlier plugin",
+                       "firewall is a chained plugin: put it after an interface plugin in a conflist")
+    add, delete, _ = BACKENDS[conf.backend]
+    with netns.locked():
+        add(conf, conf.prev)
+        try:
+            setup_ingress_policy(conf, conf.prev)
+        except BaseException:
+            delete(conf, conf.prev)  # no half-made ADD: take this container's rules back out
+            raise
+    return conf.prev
+
+
+def cmd_del(args: CmdArgs) -> None:
+    """Remove this container's rules (found from prevResult); shared chains stay. Idempotent."""
+    from pycni.net import netns
+
+    conf = parse_conf(args)
+    if conf.prev is None:
+        return
+    with netns.locked():
+        BACKENDS[conf.backend][1](conf, conf.prev)
+    # Per-bridge isolation chains stay: other containers on the bridge may still need them.
+
+
+def cmd_check(args: CmdArgs) -> None:
+    conf = parse_conf(args)
+    if conf.prev is None:
+        raise CNIError(INVALID_CONFIG, "missing prevResult from earlier plugin",
+                       "CHECK needs the prevResult of the chain")
+    BACKENDS[conf.backend][2](conf, conf.prev)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+                versions=tuple(v for v in ALL_VERSIONS if v >= "0.4.0"),
+                about="pycni firewall: allow container traffic through iptables or nftables forwarding")
+
+
+def main() -> None:
+    run_plugin(PLUGIN)

@@ -1,0 +1,219 @@
+"""firewall: config errors, and real forwarding through iptables/nftables in throwaway namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+import pytest
+
+from pycni.plugins.meta import firewall as fw
+from pycni.skel import dispatch
+
+GO_BRIDGE = "/usr/lib/cni/bridge"
+GO_FIREWALL = "/usr/lib/cni/firewall"
+NET = "fwnet"
+OUTSIDE_IP = "10.99.0.2"
+
+
+def env(cmd: str, cid: str, netns: str = "/proc/self/ns/net", ifname: str = "eth0") -> dict[str, str]:
+    e = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": cid, "CNI_IFNAME": ifname, "CNI_PATH": "/usr/lib/cni",
+         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+    if netns:
+        e["CNI_NETNS"] = netns
+    return e
+
+
+def fw_conf(prev: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {"cniVersion": "1.0.0", "name": NET, "type": "firewall", **extra}
+    if prev is not None:
+        c["prevResult"] = prev
+    return c
+
+
+def run_fw(host: Any, cmd: str, conf: dict[str, Any], cid: str, netns: str) -> tuple[
+        int, dict[str, Any]]:
+    with host.enter():
+        out = dispatch(fw.PLUGIN, env(cmd, cid, netns), json.dumps(conf).encode())
+    assert not out.stderr, out.stderr
+    return out.exit_code, (json.loads(out.stdout) if out.stdout.strip() else {})
+
+
+def synthetic_prev(*addrs: str) -> dict[str, Any]:
+    return {"cniVersion": "1.0.0", "interfaces": [{"name": "cni0"}, {"name": "veth1"},
+                                                  {"name": "eth0", "sandbox": "/x"}],
+            "ips": [{"address": a, "interface": 2} for a in addrs], "dns": {}}
+
+
+def ipt_state(ns: Any, v6: bool = False) -> str:
+    return ns.run(["ip6tables" if v6 else "iptables", "-w", "-t", "filter", "-S"]).stdout
+
+
+# ---- configuration ---------------------------------------------------------------------------
+@pytest.mark.parametrize("extra,code,text", [
+    ({"backend": "firewalld"}, 7, "firewalld"),
+    ({"backend": "pf"}, 7, "unknown firewall backend"),
+    ({"ingressPolicy": "closed"}, 7, "unknown ingress policy"),
+    ({"iptablesAdminChainName": "bad chain"}, 7, "iptablesAdminChainName"),
+    ({"backend": 3}, 6, "must be a string"),
+])
+def test_bad_config_refused(extra: dict[str, Any], code: int, text: str) -> None:
+    out = dispatch(fw.PLUGIN, env("ADD", "c1"), json.dumps(fw_conf(synthetic_prev("10.1.0.2/24"), **extra)).encode())
+    e = json.loads(out.stdout)
+    assert out.exit_code == 1 and e["code"] == code and text in e["msg"] + e.get("details", "")
+
+
+def test_missing_prev_result() -> None:
+    out = dispatch(fw.PLUGIN, env("ADD", "c1"), json.dumps(fw_conf(None)).encode())
+    assert json.loads(out.stdout)["code"] == 7
+    assert dispatch(fw.PLUGIN, env("DEL", "c1", netns=""), json.dumps(fw_conf(None)).encode()).exit_code == 0
+
+
+# ---- integration: real forwarding ------------------------------------------------------------
+@pytest.fixture
+def lab(host_ns: Any, netns_factory: Any, tmp_path: Any) -> dict[str, Any]:
+    """A host with a bridge network (Go bridge + host-local) and a routed 'outside' namespace."""
+    outside = netns_factory()
+    host_ns.run(["ip", "link", "add", "up0", "type", "veth", "peer", "name", "out0"])
+    host_ns.run(["ip", "link", "set", "out0", "netns", outside.name])
+    host_ns.run(["ip", "addr", "add", "10.99.0.1/24", "dev", "up0"])
+    host_ns.run(["ip", "link", "set", "up0", "up"])
+    outside.run(["ip", "addr", "add", f"{OUTSIDE_IP}/24", "dev", "out0"])
+    outside.run(["ip", "link", "set", "out0", "up"])
+    outside.run(["ip", "route", "add", "10.78.0.0/24", "via", "10.99.0.1"])
+    host_ns.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+    bconf = {"cniVersion": "1.0.0", "name": NET, "type": "bridge", "bridge": "cni-fw0", "isGateway": True,
+             "ipam": {"type": "host-local", "subnet": "10.78.0.0/24", "dataDir": str(tmp_path / "ipam"),
+                      "routes": [{"dst": "0.0.0.0/0"}]}}
+    conts: dict[str, Any] = {}
+    for cid in ("c1", "c2"):
+        ns = netns_factory()
+        p = host_ns.run([GO_BRIDGE], input=json.dumps(bconf), env=env("ADD", cid, ns.path))
+        conts[cid] = (ns, json.loads(p.stdout))
+    return {"host": host_ns, "outside": outside, "conts": conts}
+
+
+def reaches_outside(ns: Any) -> bool:
+    return ns.run(["ping", "-c1", "-W1", OUTSIDE_IP], check=False).returncode == 0
+
+
+def test_iptables_backend_forwarding(lab: dict[str, Any]) -> None:
+    host = lab["host"]
+    (n1, p1), (n2, p2) = lab["conts"]["c1"], lab["conts"]["c2"]
+    host.run(["iptables", "-w", "-P", "FORWARD", "DROP"])
+    assert not reaches_outside(n1)
+    for cid, prev, ns in (("c1", p1, n1), ("c2", p2, n2)):
+        rc, res = run_fw(host, "ADD", fw_conf(prev), cid, ns.path)
+        assert rc == 0 and res["ips"] == prev["ips"], res
+    assert reaches_outside(n1) and reaches_outside(n2)
+    rules = ipt_state(host)
+    ip1 = p1["ips"][0]["address"].split("/")[0]
+    assert f"-A CNI-FORWARD -s {ip1}/32 -j ACCEPT" in rules
+    fwd = [line for line in rules.splitlines() if line.startswith("-A FORWARD")]
+    assert "-j CNI-FORWARD" in fwd[0]
+    assert run_fw(host, "CHECK", fw_conf(p1), "c1", n1.path)[0] == 0
+
+    assert run_fw(host, "DEL", fw_conf(p1), "c1", n1.path)[0] == 0
+    assert not reaches_outside(n1)
+    assert reaches_outside(n2)
+    assert run_fw(host, "CHECK", fw_conf(p2), "c2", n2.path)[0] == 0
+    rc, e = run_fw(host, "CHECK", fw_conf(p1), "c1", n1.path)
+    assert rc == 1 and "not found" in e["msg"]
+    assert run_fw(host, "DEL", fw_conf(p1), "c1", n1.path)[0] == 0  # idempotent
+    assert run_fw(host, "DEL", fw_conf(p2), "c2", n2.path)[0] == 0
+    assert not reaches_outside(n2)
+
+
+def test_nftables_backend_forwarding(lab: dict[str, Any]) -> None:
+    from pycni.net import nft
+
+    host = lab["host"]
+    (n1, p1), (n2, p2) = lab["conts"]["c1"], lab["conts"]["c2"]
+    conf = {"backend": "nftables", "iptablesAdminChainName": "MY-ADMIN"}
+    for cid, prev, ns in (("c1", p1, n1), ("c2", p2, n2)):
+        assert run_fw(host, "ADD", fw_conf(prev, **conf), cid, ns.path)[0] == 0
+    assert run_fw(host, "ADD", fw_conf(p2, **conf), "c2", n2.path)[0] == 0  # re-ADD: no duplicate rules
+    assert reaches_outside(n1)
+
+    def listing() -> dict[str, Any]:
+        with host.enter():
+            return nft.list_json("table", "inet", fw.NFT_TABLE)
+
+    lst = listing()
+    fwd = [r for r in nft.rules(lst) if r["chain"] == "forward"]
+    assert len(fwd) == 5
+    # The ping was counted by this table's per-address accept rule: real packets, real rule.
+    counted = sum(e["counter"]["packets"] for r in fwd for e in r["expr"] if "counter" in e)
+    assert counted >= 2
+    ips = {p["ips"][0]["address"].split("/")[0] for p in (p1, p2)}
+    assert fw._nft_set_members(lst, "allowed4") == ips
+    assert run_fw(host, "CHECK", fw_conf(p1, **conf), "c1", n1.path)[0] == 0
+    assert run_fw(host, "DEL", fw_conf(p1, **conf), "c1", n1.path)[0] == 0
+    assert fw._nft_set_members(listing(), "allowed4") == {p2["ips"][0]["address"].split("/")[0]}
+    assert run_fw(host, "CHECK", fw_conf(p2, **conf), "c2", n2.path)[0] == 0
+    assert run_fw(host, "CHECK", fw_conf(p1, **conf), "c1", n1.path)[0] == 1
+    assert run_fw(host, "DEL", fw_conf(p1, **conf), "c1", n1.path)[0] == 0  # idempotent
+    assert run_fw(host, "DEL", fw_conf(p2, **conf), "c2", n2.path)[0] == 0
+    assert fw._nft_set_members(listing(), "allowed4") == set()
+
+
+def test_concurrent_adds_do_not_duplicate_shared_rules(host_ns: Any, container_ns: Any) -> None:
+    prevs = [synthetic_prev(f"10.5.0.{i}/24") for i in range(2, 8)]
+    codes: list[int] = []
+
+    def one(i: int) -> None:
+        codes.append(run_fw(host_ns, "ADD", fw_conf(prevs[i]), f"c{i}", container_ns.path)[0])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prevs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert codes == [0] * len(prevs)
+    rules = ipt_state(host_ns)
+    assert sum("-j CNI-FORWARD" in line for line in rules.splitlines() if line.startswith("-A FORWARD")) == 1
+    assert sum("-j CNI-ADMIN" in line for line in rules.splitlines()) == 1
+    assert sum(" -s 10.5.0." in line for line in rules.splitlines()) == len(prevs)
+
+
+# ---- differential: same iptables state as the Go reference -----------------------------------
+def go_comparable(rules: str) -> str:
+    """Newer references say "same-bridge|isolated" where v1.1.1 (installed here) says "same-bridge"."""
+    return rules.replace("(ingressPolicy: same-bridge|isolated)", "(ingressPolicy: same-bridge)")
+
+
+@pytest.mark.parametrize("extra", [{}, {"iptablesAdminChainName": "ADMIN-X"}, {"ingressPolicy": "same-bridge"}])
+def test_same_rules_as_go_reference(netns_factory: Any, extra: dict[str, Any]) -> None:
+    ours_ns, go_ns, cont = netns_factory(), netns_factory(), netns_factory()
+    prev = synthetic_prev("10.1.0.2/24", "fd00:1::2/64")
+    conf = fw_conf(prev, backend="iptables", **extra)
+    assert run_fw(ours_ns, "ADD", conf, "c1", cont.path)[0] == 0
+    go_ns.run([GO_FIREWALL], input=json.dumps(conf), env=env("ADD", "c1", cont.path))
+    for v6 in (False, True):
+        assert go_comparable(ipt_state(ours_ns, v6)) == ipt_state(go_ns, v6)
+    # Each side CHECKs and DELs the other's rules identically.
+    assert run_fw(go_ns, "CHECK", conf, "c1", cont.path)[0] == 0
+    ours_ns.run([GO_FIREWALL], input=json.dumps(conf), env=env("CHECK", "c1", cont.path))
+    assert run_fw(go_ns, "DEL", conf, "c1", cont.path)[0] == 0
+    ours_ns.run([GO_FIREWALL], input=json.dumps(conf), env=env("DEL", "c1", cont.path))
+    for v6 in (False, True):
+        assert go_comparable(ipt_state(ours_ns, v6)) == ipt_state(go_ns, v6)
+        assert "-s 10.1.0.2" not in ipt_state(ours_ns, v6) and "fd00:1::2" not in ipt_state(ours_ns, v6)
+
+
+def test_isolated_policy_drops_intra_bridge(netns_factory: Any) -> None:
+    """isolated (newer reference only): the same-bridge chains plus a DROP for bridge-to-bridge."""
+    host, cont = netns_factory(), netns_factory()
+    conf = fw_conf(synthetic_prev("10.1.0.2/24"), ingressPolicy="isolated")
+    assert run_fw(host, "ADD", conf, "c1", cont.path)[0] == 0
+    rules = ipt_state(host).splitlines()
+    stage1 = [r for r in rules if r.startswith("-A CNI-ISOLATION-STAGE-1")]
+    assert stage1[0].startswith("-A CNI-ISOLATION-STAGE-1 -i cni0 -o cni0") and stage1[0].endswith("-j DROP")
+    assert stage1[-1].endswith("-j RETURN")
+    assert any(r.startswith("-A CNI-ISOLATION-STAGE-2 -o cni0") and r.endswith("-j DROP") for r in rules)
+    assert rules.index([r for r in rules if "-j CNI-ISOLATION-STAGE-1" in r][0]) < rules.index(
+        [r for r in rules if "-j CNI-FORWARD" in r][0])
+    assert run_fw(host, "ADD", conf, "c1", cont.path)[0] == 0  # repeatable: no duplicates
+    assert ipt_state(host).splitlines() == rules
