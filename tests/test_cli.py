@@ -1,0 +1,238 @@
+"""The ``pycni`` command: cnitool's verbs and environment, errors, and real runs in namespaces.
+
+Real runs use the Go reference bridge + host-local from /usr/lib/cni inside a throwaway
+"host" namespace (``ip netns exec``), attaching throwaway "container" namespaces; config,
+cache and IPAM data directories are pytest temporary directories.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from netns_util import Namespace
+
+from pycni.cli import cnitool_container_id
+
+GO_PLUGINS = "/usr/lib/cni"
+PYCNI = [sys.executable, "-m", "pycni"]
+
+
+def run(args: list[str], env: dict[str, str] | None = None, **kw: Any) -> subprocess.CompletedProcess[str]:
+    full_env = {"PATH": os.environ["PATH"], **(env or {})}
+    return subprocess.run([*PYCNI, *args], env=full_env, capture_output=True, text=True, timeout=120, **kw)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+    assert proc.returncode == 1, proc
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("pycni: ") and lines[0].endswith(f"(code {code})"), lines[0]
+    assert "Traceback" not in proc.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+# ---- container ID as cnitool derives it ------------------------------------------------------
+
+GO_CONTAINER_ID = r"""package main
+
+import (
+	"crypto/sha512"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+func main() {
+	for _, p := range os.Args[1:] {
+		abs, _ := filepath.Abs(p)
+		s := sha512.Sum512([]byte(abs))
+		fmt.Printf("cnitool-%x\n", s[:10])
+	}
+}
+"""
+
+
+def test_container_id_is_cnitools(tmp_path: Path) -> None:
+    """Same IDs as cnitool's code (run in Go), relative and unclean paths included."""
+    paths = ["/var/run/netns/ctr1", "//var/run//netns/./ctr1/", "rel/ns", "../x/../ns"]
+    ours = [cnitool_container_id(p) for p in paths]
+    assert ours[0] == "cnitool-" + hashlib.sha512(b"/var/run/netns/ctr1").hexdigest()[:20]
+    assert ours[0] == ours[1] and len(ours[0]) == len("cnitool-") + 20
+    if not shutil.which("go"):
+        pytest.skip("needs golang-go for the Go side")
+    (tmp_path / "main.go").write_text(GO_CONTAINER_ID)
+    env = dict(os.environ, GO111MODULE="off", GOCACHE=str(tmp_path / "gocache"), GOFLAGS="")
+    proc = subprocess.run(["go", "run", str(tmp_path / "main.go"), *paths], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ours
+
+
+# ---- verbs that need no namespace ------------------------------------------------------------
+
+def test_version() -> None:
+    proc = run(["version"])
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("pycni ") and "1.1.0" in proc.stdout and "0.1.0" in proc.stdout
+
+
+def test_errors_are_one_line_with_code(tmp_path: Path) -> None:
+    (tmp_path / "a.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": "net1",
+                                                     "plugins": [{"type": "bridge"}]}))
+    env = {"NETCONFPATH": str(tmp_path), "CNI_PATH": GO_PLUGINS}
+    assert_one_line_error(run(["add", "nosuch", "/var/run/netns/x"], env), 7, 'name "nosuch"', str(tmp_path))
+    assert_one_line_error(run(["add", "net1", "/x"], dict(env, CAP_ARGS="{nope")), 6, "CAP_ARGS")
+    assert_one_line_error(run(["add", "net1", "/x"], dict(env, CAP_ARGS="[1]")), 6, "JSON object")
+    assert_one_line_error(run(["del", "net1", "/x"], dict(env, CNI_ARGS="A=1;B")), 4, "'B'")
+    assert_one_line_error(run(["check", "net1", "/x", "--ifname", "bad/name"], env), 4, "interface name")
+    assert_one_line_error(run(["add", "net1", "/x"], {"NETCONFPATH": str(tmp_path), "CNI_PATH": str(tmp_path)}),
+                          7, "bridge")
+    (tmp_path / "b.conflist").write_text("{oops")
+    assert_one_line_error(run(["status", "zzz"], env), 6, str(tmp_path / "b.conflist"))
+    usage = run(["add", "net1"], env)  # argparse: usage on stderr, exit 2, no traceback
+    assert usage.returncode == 2 and "usage:" in usage.stderr and "Traceback" not in usage.stderr
+
+
+def test_list_shows_networks_plugins_errors_and_shadowing(tmp_path: Path) -> None:
+    (tmp_path / "10-a.conflist").write_text(json.dumps({
+        "cniVersion": "1.0.0", "name": "net1",
+        "plugins": [{"type": "bridge"}, {"type": "portmap", "capabilities": {"portMappings": True}}]}))
+    (tmp_path / "20-b.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": "net1",
+                                                       "plugins": [{"type": "ptp"}]}))
+    (tmp_path / "30-c.conflist").write_text("not json")
+    (tmp_path / "40-old.conf").write_text(json.dumps({"cniVersion": "0.3.1", "name": "old", "type": "macvlan"}))
+    proc = run(["list", "--conf-dir", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"net1  cniVersion=1.0.0  {tmp_path / '10-a.conflist'}\n" in out
+    assert "    - portmap  capabilities: portMappings" in out
+    assert f"{tmp_path / '20-b.conflist'}  (shadowed" in out
+    assert f"{tmp_path / '30-c.conflist'}: ERROR " in out and "(code 6)" in out
+    assert "old  cniVersion=0.3.1" in out and "    - macvlan" in out
+
+
+def test_validate_with_go_plugins(tmp_path: Path) -> None:
+    (tmp_path / "a.conflist").write_text(json.dumps({
+        "cniVersion": "1.0.0", "name": "net1",
+        "plugins": [{"type": "bridge", "ipam": {"type": "host-local"}},
+                    {"type": "portmap", "capabilities": {"portMappings": True}}]}))
+    (tmp_path / "b.conflist").write_text(json.dumps({"cniVersion": "1.1.0", "name": "new",
+                                                    "plugins": [{"type": "bridge"}]}))
+    env = {"NETCONFPATH": str(tmp_path), "CNI_PATH": GO_PLUGINS}
+    proc = run(["validate", "net1"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert "is valid" in proc.stdout and "capabilities: portMappings" in proc.stdout
+    # the Go plugins v1.1.1 speak up to 1.0.0
+    assert_one_line_error(run(["validate", "new"], env), 1, 'does not support config version "1.1.0"')
+
+
+def test_install_plugins_and_plugin_verb(tmp_path: Path) -> None:
+    from pycni.plugins import registry
+
+    mods = registry.available()
+    if not mods:
+        pytest.skip("no plugin modules written yet")
+    name = "loopback" if "loopback" in mods else sorted(mods)[0]
+    proc = run(["install-plugins", "--direct", "--dir", str(tmp_path / "bin"), name])
+    assert proc.returncode == 0, proc.stderr
+    shim = tmp_path / "bin" / name
+    assert proc.stdout.strip() == str(shim)
+    assert os.access(shim, os.X_OK) and shim.read_text().startswith(f"#!{sys.executable} -IS\n")
+    for cmd in ([str(shim)], [*PYCNI, "plugin", name]):
+        ver = subprocess.run(cmd, input='{"cniVersion":"1.0.0"}', env={"CNI_COMMAND": "VERSION"},
+                             capture_output=True, text=True, timeout=60)
+        assert ver.returncode == 0, ver.stderr
+        assert "1.0.0" in json.loads(ver.stdout)["supportedVersions"]
+    assert_one_line_error(run(["install-plugins", "--dir", str(tmp_path / "bin"), "nosuch"]), 7, "nosuch")
+    assert_one_line_error(run(["plugin", "nosuch"]), 7, "unknown plugin type")
+
+
+# ---- real runs: Go bridge + host-local in throwaway namespaces ---------------------------------
+
+@pytest.fixture
+def bridge_net(tmp_path: Path) -> dict[str, str]:
+    """A bridge + host-local network in tmp dirs; returns the environment for pycni."""
+    conf = tmp_path / "net.d"
+    conf.mkdir()
+    (conf / "10-clinet.conflist").write_text(json.dumps({
+        "cniVersion": "1.0.0", "name": "clinet",
+        "plugins": [{"type": "bridge", "bridge": "pycnibr0", "isGateway": True, "ipMasq": False,
+                     "ipam": {"type": "host-local", "subnet": "10.123.0.0/24",
+                              "dataDir": str(tmp_path / "ipam")}}]}))
+    return {"NETCONFPATH": str(conf), "CNI_PATH": GO_PLUGINS, "PATH": os.environ["PATH"],
+            "CACHE": str(tmp_path / "cache"), "IPAM": str(tmp_path / "ipam" / "clinet")}
+
+
+def pycni_in(ns: Namespace, args: list[str], env: dict[str, str], check: bool = True,
+             ) -> subprocess.CompletedProcess[str]:
+    return ns.run([*PYCNI, *args, "--cache-dir", env["CACHE"]], env=env, check=check)
+
+
+def addresses(ns: Namespace, ifname: str) -> list[str]:
+    proc = ns.run(["ip", "-j", "addr", "show", "dev", ifname], check=False)
+    if proc.returncode != 0:
+        return []
+    return [f"{a['local']}/{a['prefixlen']}" for link in json.loads(proc.stdout) for a in link["addr_info"]
+            if a["family"] == "inet"]
+
+
+@pytest.mark.skipif(not os.path.exists(f"{GO_PLUGINS}/bridge"), reason="needs containernetworking-plugins")
+def test_add_check_del_in_namespaces(host_ns: Namespace, container_ns: Namespace,
+                                     bridge_net: dict[str, str]) -> None:
+    env = dict(bridge_net, CNI_IFNAME="net0", CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAME=web")
+    add = pycni_in(host_ns, ["add", "clinet", container_ns.path], env)
+    result = json.loads(add.stdout)
+    assert result["cniVersion"] == "1.0.0"
+    (ip,) = result["ips"]
+    assert ip["address"].startswith("10.123.0.") and ip["gateway"] == "10.123.0.1"
+    assert addresses(container_ns, "net0") == [ip["address"]]
+    assert addresses(host_ns, "pycnibr0") == ["10.123.0.1/24"]
+    ping = container_ns.run(["ping", "-c1", "-W2", "10.123.0.1"], check=False)
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    cid = cnitool_container_id(container_ns.path)
+    cache = Path(env["CACHE"]) / "results" / f"clinet-{cid}-net0"
+    cached = json.loads(cache.read_text())
+    assert cached["containerId"] == cid and cached["netns"] == container_ns.path
+    assert cached["cniArgs"] == [["IgnoreUnknown", "1"], ["K8S_POD_NAME", "web"]]
+    assert (Path(env["IPAM"]) / ip["address"].split("/")[0]).read_text().startswith(cid)
+
+    assert pycni_in(host_ns, ["check", "clinet", container_ns.path], env).returncode == 0
+    # break the attachment: CHECK reports the plugin's error, one line with its code
+    container_ns.run(["ip", "addr", "flush", "dev", "net0"])
+    assert_one_line_error(pycni_in(host_ns, ["check", "clinet", container_ns.path], env, check=False), 999,
+                          'plugin type="bridge" failed (check)')
+
+    pycni_in(host_ns, ["del", "clinet", container_ns.path], env)
+    assert addresses(container_ns, "net0") == []
+    assert not cache.exists()
+    assert not (Path(env["IPAM"]) / ip["address"].split("/")[0]).exists()
+    pycni_in(host_ns, ["del", "clinet", container_ns.path], env)  # DEL again: still fine
+
+
+@pytest.mark.skipif(not os.path.exists(f"{GO_PLUGINS}/bridge"), reason="needs containernetworking-plugins")
+def test_gc_deletes_stale_attachments_and_status(host_ns: Namespace, netns_factory: Callable[[], Namespace],
+                                                 bridge_net: dict[str, str]) -> None:
+    keep, stale = netns_factory(), netns_factory()
+    env = dict(bridge_net)
+    for ns in (keep, stale):
+        pycni_in(host_ns, ["add", "clinet", ns.path, "--container-id", ns.name], env)
+    assert addresses(stale, "eth0") and addresses(keep, "eth0")
+    pycni_in(host_ns, ["gc", "clinet", "--valid", f"{keep.name}:eth0"], env)
+    assert addresses(stale, "eth0") == [] and addresses(keep, "eth0") != []
+    remaining = [p.name for p in (Path(env["CACHE"]) / "results").iterdir()]
+    assert remaining == [f"clinet-{keep.name}-eth0"]
+    assert pycni_in(host_ns, ["status", "clinet", keep.path], env).stdout == ""  # 1.0.0: nothing to ask
+    pycni_in(host_ns, ["gc", "clinet", "ignored-netns"], env)  # as cnitool: nothing valid, all go
+    assert addresses(keep, "eth0") == []
+    assert list((Path(env["CACHE"]) / "results").iterdir()) == []
