@@ -6,9 +6,11 @@ so the same code runs in a one-shot plugin and in the daemon.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +18,7 @@ from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import Result
 from pycni.spec.validate import validate_plugin_type
+from pycni.spec.version import CURRENT_VERSION
 
 if TYPE_CHECKING:
     from pycni.skel import CmdArgs
@@ -25,7 +28,11 @@ CNI_ENV_KEYS = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CN
 
 
 def find_in_path(plugin: str, paths: Sequence[str]) -> str:
-    """Absolute path of ``plugin`` in the first of ``paths`` that has it (code 7 when none)."""
+    """Path of ``plugin`` in the first of ``paths`` holding a regular file of that name.
+
+    As Go's FindInPath: the first match wins even if it is not executable (running it then
+    fails with a clear permission error rather than silently picking a later copy).
+    """
     validate_plugin_type(plugin)
     dirs = [p for p in paths if p]
     if not dirs:
@@ -33,37 +40,65 @@ def find_in_path(plugin: str, paths: Sequence[str]) -> str:
                        f"cannot find plugin {plugin!r}: CNI_PATH is empty")
     for d in dirs:
         candidate = os.path.join(d, plugin)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        if os.path.isfile(candidate):
             return candidate
     raise CNIError(E.INVALID_CONFIG, f"failed to find plugin {plugin!r} in path {list(dirs)}",
                    f"install the {plugin!r} plugin into one of {list(dirs)} or fix the config's type")
 
 
+_ETXTBSY_RETRIES = 5
+
+
 def exec_plugin(plugin_path: str, stdin: bytes, env: Mapping[str, str], timeout: float | None = None) -> bytes:
-    """Run a plugin binary; return its stdout, or raise the CNIError it printed."""
-    try:
-        proc = subprocess.run([plugin_path], input=stdin, env=dict(env), capture_output=True, timeout=timeout)
-    except FileNotFoundError:
-        raise CNIError(E.INVALID_CONFIG, f"plugin {plugin_path!r} not found", "") from None
-    except PermissionError as e:
-        raise CNIError(E.IO_FAILURE, f"cannot execute plugin {plugin_path!r}", str(e)) from None
-    except subprocess.TimeoutExpired:
-        raise CNIError(E.TRY_AGAIN, f"plugin {plugin_path!r} timed out", f"no answer after {timeout}s") from None
+    """Run a plugin binary; return its stdout, or raise the CNIError it printed.
+
+    A plugin binary being replaced while we start it ("text file busy") is retried, as Go does.
+    """
+    name = os.path.basename(plugin_path)
+    for attempt in range(_ETXTBSY_RETRIES + 1):
+        try:
+            proc = subprocess.run([plugin_path], input=stdin, env=dict(env), capture_output=True,
+                                  timeout=timeout)
+            break
+        except FileNotFoundError:
+            raise CNIError(E.INVALID_CONFIG, f"plugin {plugin_path!r} not found",
+                           "the file is missing, or it is a script whose interpreter does not exist") from None
+        except PermissionError as e:
+            raise CNIError(E.IO_FAILURE, f"cannot execute plugin {plugin_path!r}",
+                           f"{e.strerror}: make it executable (chmod +x) or fix CNI_PATH") from None
+        except subprocess.TimeoutExpired:
+            raise CNIError(E.TRY_AGAIN, f"plugin {name} timed out", f"no answer after {timeout}s") from None
+        except OSError as e:
+            if e.errno == errno.ETXTBSY and attempt < _ETXTBSY_RETRIES:
+                time.sleep(1)
+                continue
+            raise CNIError(E.IO_FAILURE, f"cannot execute plugin {plugin_path!r}", str(e)) from None
     if proc.returncode != 0:
         raise _error_from_output(plugin_path, proc.returncode, proc.stdout, proc.stderr)
     return proc.stdout
 
 
 def _error_from_output(plugin_path: str, rc: int, stdout: bytes, stderr: bytes) -> CNIError:
+    """The error a failed plugin reported; Go's wording and code 0 when it printed no error JSON."""
+    name = os.path.basename(plugin_path)
+    status = f"{name} exited with status {rc}" if rc > 0 else f"{name} was killed by signal {-rc}"
+    err_text = stderr.decode(errors="replace").strip()
+    if not stdout.strip():
+        if not err_text:
+            return CNIError(E.UNKNOWN, f"netplugin failed with no error message: {status}")
+        return CNIError(E.UNKNOWN, f"netplugin failed: {err_text[-2000:]!r}", status)
+    out_text = stdout.decode(errors="replace").strip()
     try:
         obj = json.loads(stdout)
-        if isinstance(obj, dict) and "code" in obj:
-            return CNIError.from_dict(obj)
-    except (ValueError, UnicodeDecodeError):
-        pass
-    text = (stderr or stdout).decode(errors="replace").strip()
-    return CNIError(999, f"netplugin failed: {os.path.basename(plugin_path)} exited {rc}",
-                    text[-2000:])
+    except (ValueError, UnicodeDecodeError) as e:
+        return CNIError(E.UNKNOWN, "netplugin failed but error parsing its diagnostic message",
+                        f"{out_text[-2000:]!r}: {e}; {status}")
+    code = obj.get("code", 0) if isinstance(obj, dict) else None
+    if isinstance(code, bool) or not isinstance(code, int) or code < 0 \
+            or not isinstance(obj.get("msg", ""), str) or not isinstance(obj.get("details", ""), str):
+        return CNIError(E.UNKNOWN, "netplugin failed but error parsing its diagnostic message",
+                        f"{out_text[-2000:]!r}: not a CNI error object; {status}")
+    return CNIError(code, obj.get("msg", ""), obj.get("details", ""), str(obj.get("cniVersion", "") or ""))
 
 
 def plugin_env(base: Mapping[str, str], command: str, *, container_id: str = "", netns: str = "",
@@ -77,18 +112,27 @@ def plugin_env(base: Mapping[str, str], command: str, *, container_id: str = "",
 
 def exec_with_result(plugin_path: str, netconf: bytes, env: Mapping[str, str],
                      timeout: float | None = None) -> Result:
+    """Run an ADD and parse its result; a result without cniVersion is read as the config's version."""
     out = exec_plugin(plugin_path, netconf, env, timeout)
+    name = os.path.basename(plugin_path)
+    try:
+        conf: Any = json.loads(netconf)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CNIError(E.DECODE_FAILURE, "decoding version from network config", str(e)) from None
+    conf_version = conf.get("cniVersion") if isinstance(conf, dict) else None
     try:
         obj: Any = json.loads(out)
     except (ValueError, UnicodeDecodeError) as e:
-        raise CNIError(E.DECODE_FAILURE, f"failed to decode result of {os.path.basename(plugin_path)}",
+        raise CNIError(E.DECODE_FAILURE, f"failed to decode result of {name}",
                        f"{e}: {out[:500]!r}") from None
-    version = obj.get("cniVersion") if isinstance(obj, dict) else None
-    if not version:
-        try:
-            version = json.loads(netconf).get("cniVersion") or "0.1.0"
-        except (ValueError, AttributeError):
-            version = "0.1.0"
+    if obj is None:
+        obj = {}
+    if not isinstance(obj, dict):
+        raise CNIError(E.DECODE_FAILURE, f"failed to decode result of {name}",
+                       f"expected a JSON object, got {out[:500]!r}")
+    version = obj.get("cniVersion")
+    if not isinstance(version, str) or not version:
+        obj["cniVersion"] = version = (conf_version if isinstance(conf_version, str) else "") or "0.1.0"
     return Result.from_dict(obj, version)
 
 
@@ -126,17 +170,35 @@ def delegate_status(plugin: str, netconf: bytes, args: CmdArgs) -> None:
     exec_plugin(path, netconf, _delegate_env(args, "STATUS"))
 
 
-def get_version_info(plugin_path: str, env: Mapping[str, str], cni_version: str = "1.1.0") -> dict[str, Any]:
-    """Ask a plugin which versions it supports (VERSION)."""
+def get_version_info(plugin_path: str, env: Mapping[str, str], cni_version: str = CURRENT_VERSION) -> dict[str, Any]:
+    """Ask a plugin which versions it supports (VERSION), reading the answer as Go does.
+
+    A plugin too old to know VERSION speaks 0.1.0; a 0.2.0 answer without
+    ``supportedVersions`` means 0.1.0 and 0.2.0; anything else must list them.
+    """
     e = dict(env)
     e["CNI_COMMAND"] = "VERSION"
-    out = exec_plugin(plugin_path, json.dumps({"cniVersion": cni_version}).encode(), e)
+    try:
+        out = exec_plugin(plugin_path, json.dumps({"cniVersion": cni_version}).encode(), e)
+    except CNIError as err:
+        if err.msg == "unknown CNI_COMMAND: VERSION":
+            return {"cniVersion": "0.1.0", "supportedVersions": ["0.1.0"]}
+        raise
     try:
         info = json.loads(out)
-    except ValueError as err:
-        raise CNIError(E.DECODE_FAILURE, "failed to decode VERSION answer", str(err)) from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CNIError(E.DECODE_FAILURE, "decoding version info", f"{err}: {out[:200]!r}") from None
     if not isinstance(info, dict):
-        raise CNIError(E.DECODE_FAILURE, "failed to decode VERSION answer", repr(out[:200]))
-    if "supportedVersions" not in info:  # 0.1.0 plugins answer with only cniVersion
-        info["supportedVersions"] = ["0.1.0"]
+        raise CNIError(E.DECODE_FAILURE, "decoding version info", f"expected a JSON object: {out[:200]!r}")
+    if not isinstance(info.get("cniVersion"), str) or not info["cniVersion"]:
+        raise CNIError(E.DECODE_FAILURE, "decoding version info: missing field cniVersion", repr(out[:200]))
+    supported = info.get("supportedVersions")
+    if not supported:
+        if info["cniVersion"] != "0.2.0":
+            raise CNIError(E.DECODE_FAILURE, "decoding version info: missing field supportedVersions",
+                           repr(out[:200]))
+        info["supportedVersions"] = ["0.1.0", "0.2.0"]
+    elif not isinstance(supported, list) or not all(isinstance(v, str) for v in supported):
+        raise CNIError(E.DECODE_FAILURE, "decoding version info: supportedVersions is not a list of strings",
+                       repr(out[:200]))
     return info

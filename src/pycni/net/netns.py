@@ -10,13 +10,18 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pycni.spec.errors import INVALID_ENV, CNIError
 
 CLONE_NEWNET = 0x40000000
+NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3)
+_NS_NAMES = {0x00020000: "mount", 0x02000000: "cgroup", 0x04000000: "uts", 0x08000000: "ipc",
+             0x10000000: "user", 0x20000000: "pid", 0x00000080: "time"}
 NSFS_MAGIC = 0x6E736673
 PROC_SUPER_MAGIC = 0x9FA0
 
@@ -49,12 +54,16 @@ def _setns(fd: int) -> None:
 
 
 def current_netns_path() -> str:
-    """Path naming the calling thread's network namespace."""
-    return f"/proc/{os.getpid()}/task/{_gettid()}/ns/net"
+    """Path naming the calling thread's network namespace (stable while the thread lives)."""
+    return f"/proc/{os.getpid()}/task/{threading.get_native_id()}/ns/net"
 
 
-def _gettid() -> int:
-    return int(_get_libc().syscall(186))  # SYS_gettid on x86_64
+def _ns_type(fd: int) -> int | None:
+    """The namespace type of an nsfs fd (NS_GET_NSTYPE, Linux 4.11+); None when unknown."""
+    try:
+        return int(fcntl.ioctl(fd, NS_GET_NSTYPE))
+    except OSError:
+        return None
 
 
 def open_netns(path: str) -> int:
@@ -71,10 +80,16 @@ def open_netns(path: str) -> int:
     except OSError as e:
         os.close(fd)
         raise CNIError(INVALID_ENV, "cannot inspect network namespace", f"{path!r}: {e}") from None
-    if fstype not in (NSFS_MAGIC, PROC_SUPER_MAGIC):
+    nstype = _ns_type(fd) if fstype == NSFS_MAGIC else None
+    # procfs is what ns files were before nsfs (Linux < 3.19); accept only those, as Go does.
+    old_proc_ns = fstype == PROC_SUPER_MAGIC and os.path.basename(os.path.dirname(path)) == "ns"
+    if not (fstype == NSFS_MAGIC or old_proc_ns) or (nstype is not None and nstype != CLONE_NEWNET):
         os.close(fd)
+        what = f"a {_NS_NAMES.get(nstype, 'non-network')} namespace" if nstype is not None else \
+            f"on a filesystem of type {fstype:#x}"
         raise CNIError(INVALID_ENV, "not a network namespace",
-                       f"{path!r} is not a network namespace (a bind mount of /proc/<pid>/ns/net is expected)")
+                       f"{path!r} is {what}; expected a network namespace such as /proc/<pid>/ns/net "
+                       "or a bind mount of one (/var/run/netns/<name>)")
     return fd
 
 
