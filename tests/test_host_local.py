@@ -586,3 +586,51 @@ def test_go_refuses_what_we_refuse(tmp_path: Path, label: str, mutate: Callable[
     # Same words where Go's are about ranges; Go's JSON decoder errors are phrased by Go.
     if "json:" not in go_err["msg"]:
         assert go_err["msg"] in f"{py_err['msg']}: {py_err.get('details', '')}", (go_err, py_err)
+
+
+EDGE_RANGES = [
+    {"subnet": "10.0.0.0/30"},
+    {"subnet": "10.0.0.0/29", "gateway": "10.0.0.6"},
+    {"subnet": "10.0.0.0/29", "gateway": "192.168.0.1"},
+    {"subnet": "10.0.0.0/29", "gateway": "2001:db8::1"},
+    {"subnet": "10.0.0.0/29", "rangeStart": "10.0.0.3", "rangeEnd": "10.0.0.3"},
+    {"subnet": "10.0.0.0/29", "rangeStart": "::ffff:10.0.0.4"},
+    {"subnet": "2001:db8::/126"},
+    {"subnet": "2001:DB8::/125", "rangeStart": "2001:db8::5", "gateway": "2001:db8::6"},
+]
+
+
+@have_go
+@pytest.mark.parametrize("ipam", EDGE_RANGES, ids=[json.dumps(r) for r in EDGE_RANGES])
+def test_go_same_sequence_on_edge_ranges(tmp_path: Path, ipam: dict[str, Any]) -> None:
+    """Allocate until the range runs out: every address, gateway and final error as Go's."""
+    seqs = {}
+    for impl, run in (("go", run_go), ("py", run_py)):
+        conf = net_conf(tmp_path / impl, ipam)
+        seq = []
+        for i in range(10):
+            code, res = run(conf, cid=f"c{i}")
+            seq.append((code, res["msg"] if code else res["ips"]))
+            if code:
+                break
+        seqs[impl] = seq
+    assert seqs["py"] == seqs["go"]
+    assert seqs["py"][-1][0] == 1  # ran out
+
+
+@have_go
+def test_go_same_requested_ip_with_prefix(tmp_path: Path) -> None:
+    for impl, run in (("go", run_go), ("py", run_py)):
+        code, res = run(net_conf(tmp_path / impl), cni_args="IgnoreUnknown=true;IP=10.1.2.77/24")
+        assert code == 0 and res["ips"] == [{"address": "10.1.2.77/24", "gateway": "10.1.2.1"}], impl
+    assert reservations(tmp_path / "py") == reservations(tmp_path / "go")
+
+
+def test_network_and_broadcast_never_handed_out(tmp_path: Path) -> None:
+    """Go would hand out 10.0.0.0 and 10.0.0.7 when rangeStart/rangeEnd name them; we skip them."""
+    conf = net_conf(tmp_path, {"subnet": "10.0.0.0/29", "rangeStart": "10.0.0.0", "rangeEnd": "10.0.0.7"})
+    got = [addresses(run_py(conf, cid=f"c{i}"))[0] for i in range(5)]
+    assert got == ["10.0.0.2/29", "10.0.0.3/29", "10.0.0.4/29", "10.0.0.5/29", "10.0.0.6/29"]
+    assert "no IP addresses available" in run_py(conf, cid="c5")[1]["msg"]
+    code, err = run_py(conf, cid="c6", cni_args="IP=10.0.0.7")
+    assert code == 1 and err["code"] == 7 and "broadcast" in err["msg"]
