@@ -354,3 +354,33 @@ def test_plugins_run_with_base_env_and_cni_vars_replaced(env: Env) -> None:
     env.rt.add(env.network([{"type": "p1"}]), "c", "/ns", "eth0")
     (call,) = env.calls()
     assert "CNI_ARGS" not in call["env"] and call["env"]["CNI_IFNAME"] == "eth0"
+
+
+# ---- the API for real: Go plugins run from inside a "host" namespace ---------------------------
+
+@pytest.mark.skipif(not os.path.exists("/usr/lib/cni/bridge"), reason="needs containernetworking-plugins")
+def test_api_runs_plugins_in_calling_threads_netns(tmp_path: Path, host_ns: Any, container_ns: Any) -> None:
+    import subprocess
+
+    conf = tmp_path / "net.d"
+    conf.mkdir()
+    (conf / "a.conflist").write_text(json.dumps({
+        "cniVersion": "1.0.0", "name": "apinet",
+        "plugins": [{"type": "bridge", "bridge": "pycniapi0", "isGateway": True,
+                     "ipam": {"type": "host-local", "subnet": "10.124.0.0/24", "dataDir": str(tmp_path / "ipam")}},
+                    {"type": "tuning", "capabilities": {"mac": True}}]}))
+    rt = CNI(conf_dir=str(conf), plugin_path=["/usr/lib/cni"], cache_dir=str(tmp_path / "cache"))
+    net = rt.load_network("apinet")
+    with host_ns.enter():
+        res = rt.add(net, "ctr1", container_ns.path, "eth0", capability_args={"mac": "0a:58:0a:7c:00:99"})
+        rt.check(net, "ctr1", container_ns.path, "eth0")
+    assert str(res.ips[0].address) == "10.124.0.2/24"
+    link = json.loads(container_ns.run(["ip", "-j", "link", "show", "eth0"]).stdout)[0]
+    assert link["address"] == "0a:58:0a:7c:00:99"  # tuning got runtimeConfig.mac
+    assert host_ns.run(["ip", "link", "show", "pycniapi0"]).returncode == 0
+    root = subprocess.run(["ip", "link", "show", "pycniapi0"], capture_output=True)
+    assert root.returncode != 0  # the bridge is in the host namespace, not the machine's
+    with host_ns.enter():
+        rt.delete(net, "ctr1", container_ns.path, "eth0")
+    assert container_ns.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
+    assert rt.cached_attachments() == []
