@@ -113,11 +113,13 @@ def _describe(kw: dict[str, Any], dev: str | int | None) -> str:
 def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: str | int | None = None,
               table: int | None = None, priority: int | None = None, scope: int | None = None,
               mtu: int | None = None, advmss: int | None = None, exist_ok: bool = False,
-              replace: bool = False) -> None:
-    """Add (or with ``replace``, replace) a route; ``dev`` is a link name or index."""
+              replace: bool = False, src: IPAddress | str | None = None) -> None:
+    """Add (or with ``replace``, replace) a route; ``dev`` is a link name or index; ``src`` the prefsrc."""
     with ipr() as sock:
         oif = _index(sock, dev)
         kw = _spec(dst, gw, oif, table, priority, scope, mtu, advmss, proto=RTPROT_BOOT)
+        if src is not None:
+            kw["prefsrc"] = str(src)
         try:
             sock.route("replace" if replace else "add", **kw)
         except Exception as e:

@@ -1,0 +1,117 @@
+"""ptp: routed veth pairs — traffic through the host, masquerade, dual stack, CHECK, idempotent DEL."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from netns_util import Namespace
+from plugin_util import call, err, ok
+from pycni.plugins.main import ptp
+
+
+def conf(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {"cniVersion": "1.0.0", "name": "ptpnet", "type": "ptp", "mtu": 1400,
+                         "ipam": {"type": "host-local", "dataDir": str(tmp_path / "ipam"),
+                                  "ranges": [[{"subnet": "10.77.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}]}}
+    c.update(extra)
+    return c
+
+
+def reservations(tmp_path: Path) -> list[str]:
+    d = tmp_path / "ipam" / "ptpnet"
+    return [f.name for f in d.iterdir() if f.name[0].isdigit() or ":" in f.name] if d.exists() else []
+
+
+def test_two_containers_route_through_host(netns_factory: Callable[[], Namespace], plugin_dir: str,
+                                           tmp_path: Path) -> None:
+    host, c1, c2 = netns_factory(), netns_factory(), netns_factory()
+    cfg = conf(tmp_path)
+    r1 = ok(call(ptp.PLUGIN, host, "ADD", cfg, c1, plugin_dir, container_id="c1"))
+    r2 = ok(call(ptp.PLUGIN, host, "ADD", cfg, c2, plugin_dir, container_id="c2"))
+    host_if, cont_if = r1["interfaces"]
+    assert host_if["name"].startswith("veth") and "sandbox" not in host_if
+    assert cont_if == {"name": "eth0", "mac": cont_if["mac"], "sandbox": c1.path}
+    assert r1["ips"] == [{"interface": 1, "address": r1["ips"][0]["address"], "gateway": "10.77.0.1"}]
+    # container routing: gateway /32 on link, subnet via the gateway, no plain subnet route
+    routes = c1.run(["ip", "-4", "route"]).stdout
+    assert "10.77.0.1 dev eth0 scope link" in routes and "10.77.0.0/24 via 10.77.0.1 dev eth0" in routes
+    assert "default via 10.77.0.1" in routes
+    # host end: gateway /32 and a host route to the container
+    assert "10.77.0.1/32" in host.run(["ip", "-4", "addr", "show", host_if["name"]]).stdout
+    ip1 = r1["ips"][0]["address"].split("/")[0]
+    assert f"{ip1} dev {host_if['name']}" in host.run(["ip", "-4", "route"]).stdout
+    assert json.loads(c1.run(["ip", "-j", "link", "show", "eth0"]).stdout)[0]["mtu"] == 1400
+    c2.run(["ping", "-c", "2", "-W", "2", ip1])
+
+    ok(call(ptp.PLUGIN, host, "CHECK", dict(cfg, prevResult=r1), c1, plugin_dir, container_id="c1"))
+    c1.run(["ip", "route", "del", "default"])
+    e = err(call(ptp.PLUGIN, host, "CHECK", dict(cfg, prevResult=r1), c1, plugin_dir, container_id="c1"))
+    assert "not found" in e["msg"]
+
+    for cid, c, r in (("c1", c1, r1), ("c2", c2, r2)):
+        ok(call(ptp.PLUGIN, host, "DEL", cfg, c, plugin_dir, container_id=cid))
+        ok(call(ptp.PLUGIN, host, "DEL", cfg, c, plugin_dir, container_id=cid))
+        assert host.run(["ip", "link", "show", r["interfaces"][0]["name"]], check=False).returncode != 0
+    assert reservations(tmp_path) == []
+
+
+def test_ipmasq_hides_container_address(netns_factory: Callable[[], Namespace], plugin_dir: str,
+                                        tmp_path: Path) -> None:
+    host, ctr, world = netns_factory(), netns_factory(), netns_factory()
+    subprocess.run(["ip", "link", "add", "up0", "netns", host.name, "type", "veth", "peer", "name", "eth0",
+                    "netns", world.name], check=True)
+    host.run(["ip", "addr", "add", "198.18.5.1/24", "dev", "up0"])
+    host.run(["ip", "link", "set", "up0", "up"])
+    world.run(["ip", "addr", "add", "198.18.5.2/24", "dev", "eth0"])
+    world.run(["ip", "link", "set", "eth0", "up"])
+    cfg = conf(tmp_path, ipMasq=True)
+    ok(call(ptp.PLUGIN, host, "ADD", cfg, ctr, plugin_dir, container_id="masq1"))
+    assert "CNI-" in host.run(["iptables-save", "-t", "nat"]).stdout
+    # the world has no route back to 10.77.0.0/24: the ping only works when masqueraded
+    ctr.run(["ping", "-c", "2", "-W", "2", "198.18.5.2"])
+    ok(call(ptp.PLUGIN, host, "DEL", cfg, ctr, plugin_dir, container_id="masq1"))
+    assert "masq1" not in host.run(["iptables-save", "-t", "nat"]).stdout
+
+
+def test_del_with_netns_gone_removes_masquerade(netns_factory: Callable[[], Namespace], plugin_dir: str,
+                                                tmp_path: Path) -> None:
+    host, ctr = netns_factory(), netns_factory()
+    cfg = conf(tmp_path, ipMasq=True)
+    r = ok(call(ptp.PLUGIN, host, "ADD", cfg, ctr, plugin_dir, container_id="gone1"))
+    ctr.delete()
+    ok(call(ptp.PLUGIN, host, "DEL", cfg, ctr, plugin_dir, container_id="gone1"))
+    assert "gone1" not in host.run(["iptables-save", "-t", "nat"]).stdout  # the reference leaks this chain
+    assert host.run(["ip", "link", "show", r["interfaces"][0]["name"]], check=False).returncode != 0
+    assert reservations(tmp_path) == []
+
+
+def test_dual_stack(netns_factory: Callable[[], Namespace], plugin_dir: str, tmp_path: Path) -> None:
+    host, c1, c2 = netns_factory(), netns_factory(), netns_factory()
+    cfg = conf(tmp_path)
+    cfg["ipam"]["ranges"].append([{"subnet": "fd77::/64"}])
+    cfg["ipam"]["routes"].append({"dst": "::/0"})
+    r1 = ok(call(ptp.PLUGIN, host, "ADD", cfg, c1, plugin_dir, container_id="d1"))
+    r2 = ok(call(ptp.PLUGIN, host, "ADD", cfg, c2, plugin_dir, container_id="d2"))
+    v6 = [i["address"].split("/")[0] for i in r2["ips"] if ":" in i["address"]]
+    assert v6 and len(r1["ips"]) == 2
+    c1.run(["ping", "-6", "-c", "2", "-W", "3", v6[0]])
+    for cid, c in (("d1", c1), ("d2", c2)):
+        ok(call(ptp.PLUGIN, host, "DEL", cfg, c, plugin_dir, container_id=cid))
+    assert reservations(tmp_path) == []
+
+
+def test_missing_ipam_is_config_error_and_rollback_on_clash(netns_factory: Callable[[], Namespace],
+                                                            plugin_dir: str, tmp_path: Path) -> None:
+    host, ctr = netns_factory(), netns_factory()
+    cfg = conf(tmp_path)
+    no_ipam = {k: v for k, v in cfg.items() if k != "ipam"}
+    assert err(call(ptp.PLUGIN, host, "ADD", no_ipam, ctr, plugin_dir))["code"] == 7
+    ctr.run(["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "x0"])
+    e = err(call(ptp.PLUGIN, host, "ADD", cfg, ctr, plugin_dir))
+    assert "already exists" in e["msg"]
+    assert reservations(tmp_path) == []
+    assert [ln for ln in host.run(["ip", "-o", "link"]).stdout.splitlines() if "veth" in ln] == []
