@@ -384,3 +384,13 @@ def test_api_runs_plugins_in_calling_threads_netns(tmp_path: Path, host_ns: Any,
         rt.delete(net, "ctr1", container_ns.path, "eth0")
     assert container_ns.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
     assert rt.cached_attachments() == []
+
+
+def test_args_accepted_as_cni_args_text(env: Env) -> None:
+    net = env.network([{"type": "p1"}])
+    env.rt.add(net, "c", "/ns", "eth0", args="A=1;B=x=y;")
+    (call,) = env.calls()
+    assert call["env"]["CNI_ARGS"] == "A=1;B=x=y"
+    with pytest.raises(CNIError) as e:
+        env.rt.add(net, "c", "/ns", "eth0", args="A=1;oops")
+    assert e.value.code == INVALID_ENV and "'oops'" in e.value.msg

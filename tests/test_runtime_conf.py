@@ -216,3 +216,21 @@ def test_conflist_from_bytes_without_file(tmp_path: Path) -> None:
 def test_go_json_escapes_like_go() -> None:
     assert C.go_json({"a": "<&>", "b": [1, {"d": 1, "c": 2}]}) == b'{"a":"\\u003c\\u0026\\u003e","b":[1,{"d":1,"c":2}]}'
     assert C.go_json(C.sorted_keys({"b": 1, "a": {"z": 1, "y": 2}})) == b'{"a":{"y":2,"z":1},"b":1}'
+
+
+def test_conflist_saved_as_conf_gets_a_hint(tmp_path: Path) -> None:
+    path = write(tmp_path, "10-wrong.conf", conflist())
+    with pytest.raises(CNIError) as e:
+        C.load_network(str(tmp_path), "net1")
+    assert e.value.code == INVALID_CONFIG and str(path) in e.value.msg and "*.conflist" in e.value.details
+
+
+def test_invalid_name_never_names_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    write(tmp_path, "evil.conf", "{not json")  # would break the load if '../' were followed
+    write(tmp_path / "conf", "a.conflist", conflist(name="..", version="1.1.0"))
+    write(tmp_path / "conf", "b.conflist", conflist(name="good"))
+    assert C.load_network(str(tmp_path / "conf"), "good").name == "good"
+    with pytest.raises(CNIError) as e:
+        C.load_network(str(tmp_path / "conf"), "..")
+    assert e.value.code == INVALID_CONFIG and "network name" in e.value.msg

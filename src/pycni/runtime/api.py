@@ -22,7 +22,7 @@ from pycni import invoke
 from pycni.runtime import cache as _cache
 from pycni.runtime import conf as _conf
 from pycni.runtime.conf import NetworkConfig, NetworkConfigList, go_json, sorted_keys
-from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, UNKNOWN_CONTAINER, CNIError
+from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_ENV, UNKNOWN_CONTAINER, CNIError
 from pycni.spec.types import Result
 from pycni.spec.validate import validate_container_id, validate_interface_name, validate_network_name
 from pycni.spec.version import greater_than_or_equal
@@ -154,27 +154,36 @@ class CNI:
 
     # ---- attachment operations --------------------------------------------------------------
     def add(self, net: Network, container_id: str, netns: str, ifname: str = "eth0", *,
-            args: Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
+            args: str | Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
             capability_args: Mapping[str, Any] | None = None) -> Result:
         """ADD every plugin in order, threading prevResult; cache and return the final result."""
         return self.add_rt(net, self.runtime_conf(container_id, netns, ifname, args, capability_args))
 
     def delete(self, net: Network, container_id: str, netns: str = "", ifname: str = "eth0", *,
-               args: Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
+               args: str | Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
                capability_args: Mapping[str, Any] | None = None) -> None:
         """DEL every plugin in reverse order with the cached result, then drop the cache entry."""
         self.delete_rt(net, self.runtime_conf(container_id, netns, ifname, args, capability_args))
 
     def check(self, net: Network, container_id: str, netns: str, ifname: str = "eth0", *,
-              args: Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
+              args: str | Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
               capability_args: Mapping[str, Any] | None = None) -> None:
         """CHECK every plugin in order against the cached ADD result."""
         self.check_rt(net, self.runtime_conf(container_id, netns, ifname, args, capability_args))
 
     @staticmethod
     def runtime_conf(container_id: str, netns: str = "", ifname: str = "eth0",
-                     args: Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
+                     args: str | Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
                      capability_args: Mapping[str, Any] | None = None) -> RuntimeConf:
+        if isinstance(args, str):  # CNI_ARGS text, "K=V;K=V"
+            parsed = []
+            for kv in filter(None, args.split(";")):
+                key, sep, value = kv.partition("=")
+                if not sep or not key:
+                    raise CNIError(INVALID_ENV, f"invalid CNI_ARGS pair {kv!r}",
+                                   "CNI_ARGS must be KEY=VALUE pairs separated by ';'")
+                parsed.append((key, value))
+            args = parsed
         pairs = list(args.items()) if isinstance(args, Mapping) else [(str(k), str(v)) for k, v in args or ()]
         return RuntimeConf(container_id=container_id, netns=netns, ifname=ifname, args=pairs,
                            capability_args=dict(capability_args or {}))

@@ -109,7 +109,9 @@ def conf_from_bytes(data: bytes | str, path: str = "", what: str = "configuratio
     raw = _decode(data, path, what)
     ptype = _string_field(raw, "type", path, what)
     if not ptype:
-        raise _invalid(path, what, "missing 'type': every plugin configuration names its plugin binary")
+        hint = ("; this file has a 'plugins' list: network configurations are named *.conflist"
+                if "plugins" in raw and what == "configuration" else "")
+        raise _invalid(path, what, f"missing 'type': every plugin configuration names its plugin binary{hint}")
     try:
         validate_plugin_type(ptype)
     except CNIError as e:
@@ -247,12 +249,21 @@ def conflist_from_bytes(data: bytes | str, path: str = "", load_plugin_dir: bool
             except CNIError as e:
                 raise CNIError(e.code, f"failed to parse plugin config {i}{_where(path)}",
                                e.details or e.msg) from None
-    if load_plugin_dir and path and not inlined_only:
+    if load_plugin_dir and path and not inlined_only and _valid_name(name):
         nl.plugins.extend(plugin_confs_from_dir(os.path.join(os.path.dirname(path), name)))
     if not nl.plugins:
         raise _invalid(path, what, f"no plugin configs found for network {name!r}: add a 'plugins' list"
                        + (f" or .conf files in {os.path.join(os.path.dirname(path), name)}" if path else ""))
     return nl
+
+
+def _valid_name(name: str) -> bool:
+    """Only a valid network name may name a folder (no '..', no '/')."""
+    try:
+        validate_network_name(name)
+    except CNIError:
+        return False
+    return True
 
 
 def plugin_confs_from_dir(folder: str) -> list[NetworkConfig]:
