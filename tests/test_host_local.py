@@ -289,6 +289,7 @@ def test_bad_cni_args(tmp_path: Path) -> None:
 # ---- ipRanges capability --------------------------------------------------------------------
 
 
+@have_go
 def test_ip_ranges_runtime_config(tmp_path: Path) -> None:
     conf = net_conf(tmp_path, {"subnet": None}, runtimeConfig={"ipRanges": [
         [{"subnet": "192.168.7.0/24", "rangeStart": "192.168.7.100", "gateway": "192.168.7.254"}]]})
@@ -297,6 +298,11 @@ def test_ip_ranges_runtime_config(tmp_path: Path) -> None:
     both = net_conf(tmp_path, {"ranges": [[{"subnet": "2001:db8::/64"}]]}, runtimeConfig={"ipRanges": [
         [{"subnet": "10.5.0.0/24"}]]})
     assert addresses(run_py(both, cid="b")) == ["10.5.0.2/24", "10.1.2.2/24", "2001:db8::2/64"]
+    assert run_py(both, cid="b")[0] == 1  # a second ADD is refused, as always
+    # The Go binary agrees on the order.
+    assert addresses(run_go(net_conf(tmp_path / "go", {"ranges": [[{"subnet": "2001:db8::/64"}]]},
+                                     runtimeConfig={"ipRanges": [[{"subnet": "10.5.0.0/24"}]]}))) == \
+        ["10.5.0.2/24", "10.1.2.2/24", "2001:db8::2/64"]
     overlapping = net_conf(tmp_path, runtimeConfig={"ipRanges": [[{"subnet": "10.1.2.0/25"}]]})
     code, err = run_py(overlapping, cid="c")
     assert code == 1 and err["code"] == 7 and err["msg"] == "range set 0 overlaps with 1"

@@ -211,9 +211,12 @@ def test_requested_ips_errors_carry_codes() -> None:
     with pytest.raises(CNIError) as e:
         requested_ips({"runtimeConfig": {"ips": ["10.0.0.300"]}}, {})
     assert e.value.code == 7 and "runtimeConfig.ips" in e.value.msg
-    with pytest.raises(CNIError) as e:
-        requested_ips({"args": {"cni": {"ips": "10.0.0.1"}}}, {})
-    assert e.value.code == 7
+    for conf in ({"args": {"cni": {"ips": "10.0.0.1"}}}, {"args": "IP=10.0.0.1"}, {"args": {"cni": []}},
+                 {"runtimeConfig": ["10.0.0.1"]}):
+        with pytest.raises(CNIError) as e:
+            requested_ips(conf, {})
+        assert e.value.code == 7
+    assert requested_ips({"args": {"other": 1}, "runtimeConfig": {"portMappings": []}}, {}) == []
 
 
 def test_parse_routes() -> None:

@@ -273,13 +273,20 @@ def requested_ips(conf: Mapping[str, Any], cni_args: Mapping[str, str]) -> list[
         except ValueError as e:
             raise CNIError(INVALID_ENV, f"ARGS: invalid IP in CNI_ARGS IP={raw}",
                            f"{e}; give one or more addresses separated by ','") from None
-    args = conf.get("args")
-    if isinstance(args, Mapping) and isinstance(args.get("cni"), Mapping):
-        out.extend(_ip_list(args["cni"].get("ips"), "args.cni.ips"))
-    rc = conf.get("runtimeConfig")
-    if isinstance(rc, Mapping):
-        out.extend(_ip_list(rc.get("ips"), "runtimeConfig.ips"))
+    cni = _object(_object(conf, "args"), "cni", "args.")
+    out.extend(_ip_list(cni.get("ips"), "args.cni.ips"))
+    out.extend(_ip_list(_object(conf, "runtimeConfig").get("ips"), "runtimeConfig.ips"))
     return out
+
+
+def _object(parent: Mapping[str, Any], key: str, prefix: str = "") -> Mapping[str, Any]:
+    """An optional nested object of the config ({} when absent or null)."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise CNIError(INVALID_CONFIG, f"invalid {prefix}{key}", f"{prefix}{key} must be an object, got {value!r}")
+    return value
 
 
 def parse_routes(value: Any, where: str = "routes") -> list[Route]:
