@@ -236,3 +236,20 @@ def test_gc_deletes_stale_attachments_and_status(host_ns: Namespace, netns_facto
     pycni_in(host_ns, ["gc", "clinet", "ignored-netns"], env)  # as cnitool: nothing valid, all go
     assert addresses(keep, "eth0") == []
     assert list((Path(env["CACHE"]) / "results").iterdir()) == []
+
+
+def test_install_plugins_daemon_shims_fall_back_to_in_process(tmp_path: Path) -> None:
+    from pycni.plugins import registry
+
+    if not registry.daemon_shims_available() or "loopback" not in registry.available():
+        pytest.skip("needs pycni.shim and the loopback plugin")
+    proc = run(["install-plugins", "--dir", str(tmp_path), "loopback"])
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "loopback").read_text()
+    assert "from pycni.shim import main" in text and "main('loopback', 'pycni.plugins.main.loopback')" in text
+    ver = subprocess.run([str(tmp_path / "loopback")], input='{"cniVersion":"1.0.0"}', capture_output=True,
+                         text=True, timeout=60,
+                         env={"CNI_COMMAND": "VERSION", "PYCNI_SOCKET": str(tmp_path / "no-daemon.sock")})
+    assert ver.returncode == 0 and "1.0.0" in json.loads(ver.stdout)["supportedVersions"], ver.stderr
+    direct = registry.install(str(tmp_path / "direct"), ["loopback"])  # what tests' plugin_dir uses
+    assert "pycni.shim" not in Path(direct[0]).read_text()
