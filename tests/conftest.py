@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-
 from netns_util import Namespace, have_root, new_namespace
 
 

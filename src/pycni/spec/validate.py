@@ -7,7 +7,7 @@ import re
 from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, UNKNOWN_CONTAINER, CNIError
 
 # Container IDs and network names: alphanumerics plus '_', '.', '-'; no leading punctuation.
-_ID_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+_ID_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")  # used with fullmatch: no "$"-before-newline
 IFNAMSIZ = 16
 
 
@@ -15,7 +15,7 @@ def validate_container_id(container_id: str) -> None:
     """Empty is 'unknown container' (3), bad characters an env error (4), as in Go's utils."""
     if not container_id:
         raise CNIError(UNKNOWN_CONTAINER, "missing containerID", "CNI_CONTAINERID must not be empty")
-    if not _ID_RE.match(container_id):
+    if not _ID_RE.fullmatch(container_id):
         raise CNIError(INVALID_ENV, "invalid characters in containerID",
                        f"{container_id!r}: only letters, digits, '_', '.' and '-' are allowed, "
                        "starting with a letter or digit")
@@ -25,7 +25,7 @@ def validate_network_name(name: str) -> None:
     """A network name becomes part of file names (cache, IPAM store): same rule as container IDs."""
     if not name:
         raise CNIError(INVALID_CONFIG, "missing network name", "the network configuration needs a \"name\"")
-    if not _ID_RE.match(name):
+    if not _ID_RE.fullmatch(name):
         raise CNIError(INVALID_CONFIG, "invalid characters found in network name",
                        f"{name!r}: only letters, digits, '_', '.' and '-' are allowed, "
                        "starting with a letter or digit")
