@@ -640,3 +640,36 @@ def test_network_and_broadcast_never_handed_out(tmp_path: Path) -> None:
     assert "no IP addresses available" in run_py(conf, cid="c5")[1]["msg"]
     code, err = run_py(conf, cid="c6", cni_args="IP=10.0.0.7")
     assert code == 1 and err["code"] == 7 and "broadcast" in err["msg"]
+
+
+@have_go
+def test_parallel_go_and_python_share_the_lock(tmp_path: Path, plugin_dir: str) -> None:
+    """16 Go and 16 Python ADDs at once on one network: flock on the same lock file keeps them apart."""
+    ours = os.path.join(plugin_dir, "host-local")
+    conf = json.dumps(net_conf(tmp_path, {"rangeStart": "10.1.2.100", "rangeEnd": "10.1.2.131"})).encode()
+    procs = [subprocess.Popen([GO_HOST_LOCAL if i % 2 else ours], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=make_env("ADD", cid=f"ctr{i}")) for i in range(32)]
+    outs = [p.communicate(conf, timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[0] for o in outs]
+    got = {json.loads(o[0])["ips"][0]["address"] for o in outs}
+    assert got == {f"10.1.2.{i}/24" for i in range(100, 132)}  # all 32 addresses, each once
+    assert len(ip_files(tmp_path)) == 32
+
+
+def test_many_reservations_continue_after_the_cursor(tmp_path: Path) -> None:
+    """A big, mostly full network: ADD goes straight past the cursor, wraps, and finds the holes."""
+    store = tmp_path / "testnet"
+    store.mkdir()
+    conf = net_conf(tmp_path, {"subnet": "10.20.0.0/16"})
+    for i in range(2, 3002):
+        (store / f"10.20.{i >> 8}.{i & 255}").write_bytes(f"old{i}\r\neth0".encode())
+    (store / "last_reserved_ip.0").write_bytes(b"10.20.11.185")  # the last one written (i = 3001)
+    assert addresses(run_py(conf, cid="new1")) == ["10.20.11.186/16"]
+    # At the end of the range the cursor wraps to the start, skips the gateway, walks past
+    # the 3000 reservations and takes the first hole.
+    (store / "10.20.5.5").unlink()
+    (store / "last_reserved_ip.0").write_bytes(b"10.20.255.254")
+    assert addresses(run_py(conf, cid="new2")) == ["10.20.5.5/16"]
+    assert addresses(run_py(conf, cid="new3")) == ["10.20.11.187/16"]
+    assert run_py(conf, "DEL", cid="old77") == (0, {})
+    assert not (store / "10.20.0.77").exists()
