@@ -135,6 +135,10 @@ def test_shim_add_check_del(setup, plugin_dir: str) -> None:  # type: ignore[no-
     assert run_exec(host, shim, make_env("CHECK", ctr), dict(conf, prevResult=res)) == (0, None)
     assert run_exec(host, shim, make_env("DEL", ctr), conf) == (0, None)
     assert link_state(ctr) == before
+    rc, err = run_exec(host, shim, make_env("ADD", ctr), make_conf(ctr, data_dir, mtu=1400,
+                                                                   sysctl={"kernel.hostname": "x"}))
+    assert rc == 1 and err["code"] == INVALID_CONFIG and "invalid net sysctl key" in err["msg"]
+    assert link_state(ctr) == before and not os.listdir(data_dir)
 
 
 def test_check_detects_drift(setup) -> None:  # type: ignore[no-untyped-def]
@@ -409,7 +413,7 @@ GO_COMMON = {"mac": "0a:11:22:33:44:55", "mtu": 1400, "promisc": True, "allmulti
 
 
 @needs_go
-@pytest.mark.parametrize("version", ["1.0.0", "0.4.0", "0.3.1"])
+@pytest.mark.parametrize("version", ["1.0.0", "0.4.0", "0.3.1", "0.2.0"])
 def test_same_as_go_reference(netns_factory, tmp_path, version: str) -> None:  # type: ignore[no-untyped-def]
     host = netns_factory()
     ours, theirs = netns_factory(), netns_factory()
@@ -436,7 +440,7 @@ def test_same_as_go_reference(netns_factory, tmp_path, version: str) -> None:  #
     with open(os.path.join(d_ours, "c1_eth0.json")) as f1, open(os.path.join(d_go, "c1_eth0.json")) as f2:
         assert f1.read() == f2.read()
 
-    if version != "0.3.1":
+    if version not in ("0.3.1", "0.2.0"):  # CHECK exists from 0.4.0
         a, b = both("CHECK", **GO_COMMON)
         assert a == b == (0, None)
         for c in (ours, theirs):

@@ -161,7 +161,7 @@ def sysctl_file(key: str, ifname: str) -> str:
     name = normalize_key(key).replace("IFNAME", ifname, 1)
     path = proc_path(name, key)
     if not name.startswith("net/"):
-        raise CNIError(INVALID_CONFIG, f"invalid net sysctl key: {key!r}",
+        raise CNIError(INVALID_CONFIG, f"invalid net sysctl key: {json.dumps(key)}",
                        "tuning only sets network sysctls (net.*), which belong to the container's namespace")
     if _GLOBAL_RE.match(name):
         raise CNIError(INVALID_CONFIG, f"sysctl {key!r} is not namespaced",
@@ -424,7 +424,8 @@ def cmd_del(args: CmdArgs) -> None:
 
 
 def _check_error(msg: str) -> CNIError:
-    return CNIError(PLUGIN_SPECIFIC, msg, "the container no longer has the configured tuning")
+    """A CHECK mismatch, worded exactly as the reference words it."""
+    return CNIError(PLUGIN_SPECIFIC, f"Error: {msg}", "the container no longer has the configured tuning")
 
 
 def cmd_check(args: CmdArgs) -> None:
