@@ -233,6 +233,28 @@ def move_link_to_netns(name: str | int, netns_fd: int, new_name: str | None = No
             raise CNIError(INTERNAL, f"failed to move link {name!r} to another netns", str(e)) from None
 
 
+def get_alias(name: str | int) -> str:
+    """The link's alias (IFLA_IFALIAS), '' when unset; host-device keeps the original name there."""
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+        if msg is None:
+            raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
+        return str(msg.get_attr("IFLA_IFALIAS") or "")
+
+
+def set_alias(name: str | int, alias: str) -> None:
+    with ipr() as sock:
+        msg = _lookup(sock, name)
+        if msg is None:
+            raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
+        try:
+            sock.link("set", index=int(msg["index"]), ifalias=alias)
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            raise CNIError(INTERNAL, f"failed to set alias of {name!r}", str(e)) from None
+
+
 def wait_oper_up(name: str, timeout: float = 5.0) -> bool:
     """Poll until the link reports carrier (IFF_LOWER_UP); True when it did in time."""
     import time

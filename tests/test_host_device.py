@@ -1,0 +1,114 @@
+"""host-device: a host interface moves into the container and back, with its state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netns_util import Namespace
+from plugin_util import call, err, ok
+from pycni.plugins.main import host_device
+
+
+@pytest.fixture
+def wired(netns_factory: Callable[[], Namespace]) -> tuple[Namespace, Namespace]:
+    """A host namespace owning 'dev0' (up, mtu 1450, an address) whose peer sits in another namespace."""
+    host, peer = netns_factory(), netns_factory()
+    subprocess.run(["ip", "link", "add", "dev0", "netns", host.name, "type", "veth", "peer", "name", "p0",
+                    "netns", peer.name], check=True)
+    host.run(["ip", "link", "set", "dev0", "mtu", "1450", "up"])
+    host.run(["ip", "addr", "add", "198.18.9.1/24", "dev", "dev0"])
+    peer.run(["ip", "addr", "add", "192.168.88.1/24", "dev", "p0"])
+    peer.run(["ip", "link", "set", "p0", "mtu", "1450", "up"])
+    return host, peer
+
+
+def conf(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {"cniVersion": "1.0.0", "name": "hd", "type": "host-device", "device": "dev0",
+                         "dataDir": str(tmp_path / "hd"),
+                         "ipam": {"type": "host-local", "subnet": "192.168.88.0/24", "dataDir": str(tmp_path / "ipam")}}
+    c.update(extra)
+    return c
+
+
+def link(ns: Namespace, name: str) -> dict[str, Any] | None:
+    proc = ns.run(["ip", "-j", "addr", "show", name], check=False)
+    return json.loads(proc.stdout)[0] if proc.returncode == 0 else None
+
+
+def test_move_in_configure_and_restore(wired: tuple[Namespace, Namespace], container_ns: Namespace,
+                                       plugin_dir: str, tmp_path: Path) -> None:
+    host, _ = wired
+    cfg = conf(tmp_path)
+    r = ok(call(host_device.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    assert r["interfaces"][0]["name"] == "eth0" and r["interfaces"][0]["sandbox"] == container_ns.path
+    assert link(host, "dev0") is None
+    inside = link(container_ns, "eth0")
+    assert inside is not None and "UP" in inside["flags"]
+    assert json.loads(container_ns.run(["ip", "-j", "link", "show", "eth0"]).stdout)[0]["ifalias"] == "dev0"
+    container_ns.run(["ping", "-c", "1", "-W", "2", "192.168.88.1"])
+    ok(call(host_device.PLUGIN, host, "CHECK", dict(cfg, prevResult=r), container_ns, plugin_dir))
+
+    ok(call(host_device.PLUGIN, host, "DEL", cfg, container_ns, plugin_dir))
+    back = link(host, "dev0")
+    assert back is not None and "UP" in back["flags"] and back["mtu"] == 1450
+    assert "198.18.9.1" in [a["local"] for a in back["addr_info"]]  # the reference loses this address
+    ok(call(host_device.PLUGIN, host, "DEL", cfg, container_ns, plugin_dir))  # the reference fails here
+    assert link(host, "dev0") is not None and link(container_ns, "eth0") is None
+
+
+def test_find_by_hwaddr_without_ipam(wired: tuple[Namespace, Namespace], container_ns: Namespace,
+                                     plugin_dir: str, tmp_path: Path) -> None:
+    host, _ = wired
+    mac = json.loads(host.run(["ip", "-j", "link", "show", "dev0"]).stdout)[0]["address"]
+    cfg = conf(tmp_path, hwaddr=mac.upper())
+    del cfg["device"], cfg["ipam"]
+    r = ok(call(host_device.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    assert r["interfaces"] == [{"name": "eth0", "mac": mac, "sandbox": container_ns.path}] and "ips" not in r
+    ok(call(host_device.PLUGIN, host, "DEL", cfg, container_ns, plugin_dir))
+    assert link(host, "dev0") is not None
+
+
+@pytest.mark.parametrize("extra,code,text", [
+    ({"device": ""}, 7, 'specify either "device", "hwaddr", "kernelpath" or "pciBusID"'),
+    ({"device": "nope9"}, 999, "link 'nope9' not found"),
+    ({"device": "", "kernelpath": "relative/path"}, 7, "must be absolute and begin with /sys/devices/"),
+    ({"device": "", "kernelpath": "/sys/devices/does-not-exist"}, 999, "failed to find network devices"),
+    ({"device": "", "pciBusID": "0000:ff:1f.7"}, 999, "no net directory under pci device 0000:ff:1f.7"),
+])
+def test_bad_device_selection(wired: tuple[Namespace, Namespace], container_ns: Namespace, plugin_dir: str,
+                              tmp_path: Path, extra: dict[str, Any], code: int, text: str) -> None:
+    host, _ = wired
+    e = err(call(host_device.PLUGIN, host, "ADD", conf(tmp_path, **extra), container_ns, plugin_dir))
+    assert e["code"] == code and text in e["msg"], e
+    assert link(host, "dev0") is not None
+
+
+def test_rollback_when_ipam_fails(wired: tuple[Namespace, Namespace], container_ns: Namespace, plugin_dir: str,
+                                  tmp_path: Path) -> None:
+    host, _ = wired
+    cfg = conf(tmp_path)
+    cfg["ipam"]["subnet"] = "192.168.88.0/31"  # nothing to allocate: IPAM fails after the move
+    err(call(host_device.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    back = link(host, "dev0")
+    assert back is not None and "UP" in back["flags"] and "198.18.9.1" in [a["local"] for a in back["addr_info"]]
+    assert link(container_ns, "eth0") is None
+
+
+def test_go_reference_deletes_what_we_added(wired: tuple[Namespace, Namespace], container_ns: Namespace,
+                                            plugin_dir: str, tmp_path: Path) -> None:
+    """The alias convention is shared: the Go plugin's DEL moves our ADD's device back."""
+    host, _ = wired
+    cfg = conf(tmp_path)
+    del cfg["ipam"]
+    ok(call(host_device.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "ctr", "CNI_NETNS": container_ns.path, "CNI_IFNAME": "eth0",
+           "CNI_PATH": "/usr/lib/cni"}
+    proc = host.run(["/usr/lib/cni/host-device"], input=json.dumps(cfg), env=env, check=False)
+    assert proc.returncode == 0, proc.stdout
+    assert link(host, "dev0") is not None and link(container_ns, "eth0") is None
