@@ -18,13 +18,14 @@ import os
 from pycni.spec.errors import INVALID_CONFIG, IO_FAILURE, CNIError
 
 PROC_SYS = "/proc/sys"
+_SWAP = str.maketrans("./", "/.")
 
 
 def normalize_key(key: str) -> str:
     """The slash form of ``key`` (first separator decides, as in the Go reference)."""
     for c in key:
         if c == ".":
-            return key.translate(str.maketrans({".": "/", "/": "."}))
+            return key.translate(_SWAP)
         if c == "/":
             break
     return key
