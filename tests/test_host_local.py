@@ -343,6 +343,9 @@ def test_gc_errors_and_versions(tmp_path: Path) -> None:
     assert run_py({**net_conf(tmp_path / "absent", version="1.1.0"), "cni.dev/valid-attachments": []},
                   "GC") == (0, {})
     assert not (tmp_path / "absent").exists()
+    assert run_py({**net_conf(tmp_path, version="1.1.0", name="unused"), "cni.dev/valid-attachments": []},
+                  "GC") == (0, {})
+    assert not (tmp_path / "unused").exists()
 
 
 def test_status(tmp_path: Path) -> None:

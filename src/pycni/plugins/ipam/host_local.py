@@ -31,7 +31,7 @@ from pycni.plugins.ipam.ranges import (
     range_sets_overlap,
     requested_ips,
 )
-from pycni.plugins.ipam.store import Store
+from pycni.plugins.ipam.store import DEFAULT_DATA_DIR, Store
 from pycni.skel import INTERNAL_ERROR, CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import (
     INCOMPATIBLE_VERSION,
@@ -123,7 +123,8 @@ def load_config(conf: Mapping[str, Any], cni_args: str) -> IPAMConfig:
         try:
             cfg.range_sets.append(parse_range_set(raw))
         except RangeError as e:
-            raise _bad(f"invalid range set {idx}: {e}") from None
+            raise _bad(f"invalid range set {idx}: {e}", f"range set {idx} (runtime ipRanges first, then the "
+                       f"legacy subnet, then ipam.ranges) is {raw!r}") from None
 
     families = [rs[0].version for rs in cfg.range_sets]
     version = config_version(conf)
@@ -299,8 +300,8 @@ def cmd_gc(args: CmdArgs) -> None:
     conf = args.conf()
     _ipam, cfg = load_basics(conf)
     valid = _valid_attachments(conf)
-    if cfg.data_dir and not os.path.isdir(cfg.data_dir):
-        return  # nothing was ever reserved here
+    if not os.path.isdir(os.path.join(cfg.data_dir or DEFAULT_DATA_DIR, cfg.name)):
+        return  # nothing was ever reserved here: create nothing
     with Store(cfg.name, cfg.data_dir) as store, store.locked():
         store.gc(valid)
 
