@@ -1,0 +1,311 @@
+"""sbr: source-based routing for a container interface, as the Go reference.
+
+For each address the chain gave ``CNI_IFNAME``, a rule ``from <ip> lookup <table>`` sends
+traffic sourced from it to a per-address routing table (the first table from 100 that no rule
+or route uses), which gets a default route via the address's gateway (or the static one from
+``gateways``) and copies of the interface's routes; the interface's routes then leave the main
+table (with ``addSourceHints`` its subnet routes stay there, with the address as source hint).
+With ``table`` only the rules are added, pointing at that table, and no route moves.
+
+``vrfname`` (pycni extension, not in the Go plugin): use the routing table of that VRF device
+in the container (created with the first free table, or ``table``, when missing), enslave the
+interface to it, and point the source rules and the default route at its table.
+
+DEL removes the rules whose source is one of the interface's addresses and the routes this
+interface has in their tables; CHECK verifies the rules and default routes are in place.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
+from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+from pycni.spec.types import IPAddress, IPConfig, Result
+from pycni.spec.validate import IFNAMSIZ
+
+FIRST_TABLE = 100
+RT_TABLE_MAIN = 254
+RT_SCOPE_LINK = 253
+
+
+@dataclass
+class SbrConf:
+    cni_version: str
+    prev: Result | None
+    table: int | None = None
+    gateways: dict[int, IPAddress] = field(default_factory=dict)  # family -> static gateway
+    add_source_hints: bool = False
+    vrfname: str = ""
+
+
+def parse_conf(args: CmdArgs) -> SbrConf:
+    raw = args.conf()
+    conf = SbrConf(config_version(raw), prev_result(raw))
+    table = raw.get("table")
+    if table is not None:
+        if isinstance(table, bool) or not isinstance(table, int):
+            raise CNIError(DECODE_FAILURE, "failed to parse network configuration",
+                           f"table must be an integer, got {table!r}")
+        if not 0 < table < 2**32 or table in (253, 254, 255):
+            raise CNIError(INVALID_CONFIG, f"invalid routing table {table}",
+                           "use a table id between 1 and 4294967295 other than default/main/local (253-255)")
+        conf.table = table
+    gws = raw.get("gateways") or []
+    if not isinstance(gws, list) or not all(isinstance(g, str) for g in gws):
+        raise CNIError(DECODE_FAILURE, "failed to parse network configuration", "gateways must be a list of strings")
+    if len(gws) > 2:
+        raise CNIError(INVALID_CONFIG, "gateways list cannot contain more than 2 entries (one IPv4, one IPv6)")
+    for g in gws:
+        try:
+            ip = ipaddress.ip_address(g)
+        except ValueError:
+            raise CNIError(INVALID_CONFIG, f"invalid static gateway IP address: {g}",
+                           "gateways entries must be plain IPv4 or IPv6 addresses") from None
+        if ip.version in conf.gateways:
+            raise CNIError(INVALID_CONFIG, f"gateways list contains multiple IPv{ip.version} addresses: "
+                           f"{conf.gateways[ip.version]} and {g}", "give at most one gateway per family")
+        conf.gateways[ip.version] = ip
+    hints = raw.get("addSourceHints", False)
+    if not isinstance(hints, bool):
+        raise CNIError(DECODE_FAILURE, "failed to parse network configuration", "addSourceHints must be a boolean")
+    conf.add_source_hints = hints
+    vrf = raw.get("vrfname") or ""
+    if not isinstance(vrf, str) or len(vrf) >= IFNAMSIZ or any(c in vrf for c in "/ :\t\n"):
+        raise CNIError(INVALID_CONFIG, f"invalid vrfname {vrf!r}", "vrfname must be a valid interface name")
+    conf.vrfname = vrf
+    return conf
+
+
+def ip_configs(ifname: str, prev: Result) -> list[IPConfig]:
+    """prevResult's addresses on ``ifname`` (those without an interface index count as its)."""
+    if not prev.ips:
+        raise CNIError(INVALID_CONFIG, f"No IP addresses supplied on interface: {ifname}",
+                       "sbr needs the addresses the interface plugin gave the container")
+    out = []
+    for ip in prev.ips:
+        idx = ip.interface
+        if idx is not None and 0 <= idx < len(prev.interfaces) and prev.interfaces[idx].name != ifname:
+            continue
+        out.append(ip)
+    return out
+
+
+def _host_net(ip: IPConfig) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    return ipaddress.ip_network(f"{ip.address.ip}/{ip.address.max_prefixlen}")
+
+
+def _gateway(conf: SbrConf, ip: IPConfig) -> IPAddress | None:
+    return conf.gateways.get(ip.address.version) or ip.gateway
+
+
+class _Undo:
+    """What an ADD changed, to put back if a later step fails (no half-made ADD)."""
+
+    def __init__(self) -> None:
+        from pycni.net import rule
+
+        self.rules: list[rule.Rule] = []
+        self.added: list[rule.RawRoute] = []
+        self.removed: list[rule.RawRoute] = []
+
+    def run(self) -> None:
+        from pycni.net import rule
+
+        for fn, items in ((rule.remove_route, self.added), (rule.del_rule, self.rules)):
+            for item in reversed(items):
+                try:
+                    fn(item)  # type: ignore[operator]
+                except CNIError:
+                    pass
+        for r in self.removed:
+            try:
+                rule.put_route(r)
+            except CNIError:
+                pass
+
+
+def _add_default(undo: _Undo, ip: IPConfig, gw: IPAddress, index: int, table: int) -> None:
+    from pycni.net import rule
+
+    zero = ipaddress.ip_network("0.0.0.0/0" if ip.address.version == 4 else "::/0")
+    r = rule.RawRoute(family=ip.address.version, dst=zero, oif=index, gw=str(gw), proto=3, table=table)
+    rule.put_route(r, replace=False)
+    undo.added.append(r)
+
+
+def do_routes(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: _Undo) -> None:
+    """Per-address tables with default and copied routes, then clear the main table."""
+    from pycni.net import link, rule
+
+    used = rule.tables_in_use()
+    table = rule.next_free_table(FIRST_TABLE, used)
+    lk = link.get_link(ifname)
+    if lk is None:
+        raise CNIError(PLUGIN_SPECIFIC, f"Cannot find network interface {ifname}",
+                       "the interface plugin earlier in the chain should have created it")
+    routes = rule.link_routes(lk.index)
+    for ip in ips:
+        undo.rules.append(rule.add_rule(_host_net(ip), table))
+        gw = _gateway(conf, ip)
+        if gw is not None:
+            _add_default(undo, ip, gw, lk.index, table)
+        for r in routes:
+            if r.dst.prefixlen == 0 and r.family in conf.gateways:
+                continue  # a static gateway wins (the reference lets the copied default replace it)
+            src = ipaddress.ip_address(r.prefsrc) if r.prefsrc else None
+            gwa = ipaddress.ip_address(r.gw) if r.gw else None
+            if (src is not None and src in ip.address.network) or (gwa is not None and gwa in ip.address.network) \
+                    or (src is None and gwa is None):
+                rule.put_route(r, table)  # replace: the default route above may be the same
+                undo.added.append(rule.RawRoute(**{**r.__dict__, "table": table}))
+        used.add(table)
+        table = rule.next_free_table(table + 1, used)
+    if conf.add_source_hints:
+        for ip in ips:
+            hint = rule.RawRoute(family=ip.address.version, dst=ip.address.network, oif=lk.index,
+                                 prefsrc=str(ip.address.ip), scope=RT_SCOPE_LINK, proto=3)
+            try:
+                rule.put_route(hint)
+            except CNIError:
+                pass  # as the reference: a hint that cannot be set is not fatal
+        doomed = [r for r in routes if r.scope != RT_SCOPE_LINK]
+    else:
+        doomed = routes
+    for r in doomed:
+        if rule.remove_route(r):
+            undo.removed.append(r)
+
+
+def do_vrf(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: _Undo) -> None:
+    """Enslave the interface to VRF ``vrfname`` and point the source rules at its table."""
+    from pycni.net import link, rule
+
+    table = vrf_table(conf.vrfname, conf.table)
+    lk = link.set_link(ifname, master=conf.vrfname)
+    for ip in ips:
+        undo.rules.append(rule.add_rule(_host_net(ip), table))
+        gw = _gateway(conf, ip)
+        if gw is not None:
+            _add_default(undo, ip, gw, lk.index, table)
+
+
+def vrf_table(name: str, table: int | None) -> int:
+    """The table of VRF ``name``, creating the VRF (up, with ``table`` or a free one) if missing."""
+    import errno
+
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    from pycni.net import link, rule
+
+    with link.ipr() as sock:
+        found = sock.link_lookup(ifname=name)
+        if not found:
+            t = table if table is not None else rule.next_free_table(FIRST_TABLE, rule.tables_in_use())
+            try:
+                sock.link("add", ifname=name, kind="vrf", vrf_table=t)
+            except NetlinkError as e:
+                if e.code in (errno.EOPNOTSUPP, errno.ENOTSUP) or "not supported" in str(e).lower():
+                    raise CNIError(PLUGIN_SPECIFIC, f"cannot create VRF {name!r}: the kernel lacks VRF support",
+                                   "load the vrf module, or drop vrfname from the config") from None
+                raise CNIError(PLUGIN_SPECIFIC, f"cannot create VRF {name!r}", str(e)) from None
+            found = sock.link_lookup(ifname=name)
+            sock.link("set", index=found[0], state="up")
+        msg = sock.link("get", index=found[0])[0]
+    info = msg.get_attr("IFLA_LINKINFO")
+    kind = info.get_attr("IFLA_INFO_KIND") if info is not None else ""
+    if kind != "vrf":
+        raise CNIError(INVALID_CONFIG, f"{name!r} is not a VRF device", f"it is a {kind or 'plain'} link")
+    data = info.get_attr("IFLA_INFO_DATA")
+    vt = data.get_attr("IFLA_VRF_TABLE") if data is not None else None
+    if table is not None and vt != table:
+        raise CNIError(INVALID_CONFIG, f"VRF {name!r} uses table {vt}, not {table}",
+                       "drop \"table\" or make it match the existing VRF")
+    return int(vt)
+
+
+# ---- handlers --------------------------------------------------------------------------------
+def cmd_add(args: CmdArgs) -> Result:
+    from pycni.net import netns, rule
+
+    conf = parse_conf(args)
+    if conf.prev is None:
+        raise CNIError(INVALID_CONFIG, "This plugin must be called as chained plugin",
+                       "put sbr after an interface plugin in a conflist")
+    ips = ip_configs(args.ifname, conf.prev)
+    undo = _Undo()
+    with netns.locked(args.netns), netns.enter(args.netns):
+        try:
+            if conf.vrfname:
+                do_vrf(conf, ips, args.ifname, undo)
+            elif conf.table is not None:
+                for ip in ips:
+                    undo.rules.append(rule.add_rule(_host_net(ip), conf.table))
+            else:
+                do_routes(conf, ips, args.ifname, undo)
+        except BaseException:
+            undo.run()
+            raise
+    return conf.prev
+
+
+def cmd_del(args: CmdArgs) -> None:
+    """Remove the rules sourced from the interface's addresses and its routes in their tables."""
+    from pycni.net import addr, link, netns, rule
+
+    conf = parse_conf(args)
+    if not args.netns or not netns.netns_exists(args.netns):
+        return  # the namespace is gone and everything in it
+    with netns.locked(args.netns), netns.enter(args.netns):
+        lk = link.get_link(args.ifname)
+        if lk is None:
+            return
+        mine = {a.address.ip for a in addr.list_addrs(lk.index)}
+        tables: set[int] = set()
+        for r in rule.list_rules():
+            if r.src is None or r.src.network_address not in mine:
+                continue
+            if conf.table is not None and r.table != conf.table:
+                continue
+            rule.del_rule(r)
+            tables.add(r.table)
+        for t in tables - {RT_TABLE_MAIN}:
+            for route in rule.link_routes(lk.index, t):
+                rule.remove_route(route)
+
+
+def cmd_check(args: CmdArgs) -> None:
+    """Beyond the reference (which checks nothing): the source rules and default routes exist."""
+    from pycni.net import link, netns, rule
+
+    conf = parse_conf(args)
+    if conf.prev is None:
+        raise CNIError(INVALID_CONFIG, "This plugin must be called as chained plugin")
+    ips = ip_configs(args.ifname, conf.prev)
+    with netns.enter(args.netns):
+        lk = link.get_link(args.ifname)
+        if lk is None:
+            raise CNIError(PLUGIN_SPECIFIC, f"Cannot find network interface {args.ifname}")
+        rules = rule.list_rules()
+        for ip in ips:
+            want = _host_net(ip)
+            found = [r for r in rules if r.src == want and (conf.table is None or r.table == conf.table)]
+            if not found:
+                raise CNIError(PLUGIN_SPECIFIC, f"no source rule for {ip.address.ip}",
+                               f"expected 'from {want} lookup <table>' in the container")
+            gw = _gateway(conf, ip)
+            if gw is None or conf.table is not None and not conf.vrfname:
+                continue
+            defaults = [r for r in rule.link_routes(lk.index, found[0].table)
+                        if r.dst.prefixlen == 0 and r.gw == str(gw)]
+            if not defaults:
+                raise CNIError(PLUGIN_SPECIFIC, f"no default route via {gw} in table {found[0].table}")
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+                about="pycni sbr: source-based routing tables for a container interface")
+
+
+def main() -> None:
+    run_plugin(PLUGIN)
