@@ -38,8 +38,21 @@ import (
 )
 
 // tool add|get|check|del CONFDIR CACHEDIR BINDIR NETWORK CONTAINERID IFNAME NETNS ARGSJSON CAPSJSON
+// tool conf CONFDIR NETWORK: what LoadConfList finds
 func main() {
 	a := os.Args[1:]
+	if a[0] == "conf" {
+		list, err := libcni.LoadConfList(a[1], a[2])
+		must(err)
+		plugins := []string{}
+		for _, p := range list.Plugins {
+			plugins = append(plugins, string(p.Bytes))
+		}
+		must(json.NewEncoder(os.Stdout).Encode(map[string]interface{}{"name": list.Name,
+			"cniVersion": list.CNIVersion, "disableCheck": list.DisableCheck, "bytes": string(list.Bytes),
+			"plugins": plugins}))
+		return
+	}
 	rt := &libcni.RuntimeConf{ContainerID: a[5], IfName: a[6], NetNS: a[7]}
 	must(json.Unmarshal([]byte(a[8]), &rt.Args))
 	must(json.Unmarshal([]byte(a[9]), &rt.CapabilityArgs))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_cache import go_tool as _go_tool  # noqa: F401  (registers the session fixture "go_tool")
 
 from pycni.runtime import conf as C
 from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CNIError
@@ -234,3 +235,30 @@ def test_invalid_name_never_names_a_folder(tmp_path: Path) -> None:
     with pytest.raises(CNIError) as e:
         C.load_network(str(tmp_path / "conf"), "..")
     assert e.value.code == INVALID_CONFIG and "network name" in e.value.msg
+
+
+# ---- differential: the Go libcni 1.1.2 finds the same network, with the same bytes --------------
+
+@pytest.mark.parametrize("files, name", [
+    ({"20-b.conflist": conflist(plugins=[{"type": "second"}]),
+      "10-a.conflist": conflist(plugins=[{"type": "first", "z": 1, "a": {"y": "<&>", "b": [2, 1]}}],
+                                disableCheck=True)}, "net1"),
+    ({"x.conflist": conflist(name="other"), "20-z.json": {"cniVersion": "0.3.1", "name": "old", "type": "b"},
+      "10-legacy.conf": {"cniVersion": "0.4.0", "name": "old", "type": "bridge", "ipam": {"type": "host-local",
+                                                                                         "subnet": "10.0.0.0/8"}}},
+     "old"),
+    ({"a.conf": {"name": "nov", "type": "ptp"}}, "nov"),
+])
+def test_same_result_as_go_libcni(tmp_path: Path, go_tool: str, files: dict[str, Any], name: str) -> None:
+    import subprocess
+
+    for fname, obj in files.items():
+        write(tmp_path, fname, obj)
+    proc = subprocess.run([go_tool, "conf", str(tmp_path), name], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    go = json.loads(proc.stdout)
+    nl = C.load_network(str(tmp_path), name)
+    assert nl.name == go["name"] and nl.disable_check == go["disableCheck"]
+    assert nl.cni_version == (go["cniVersion"] or "0.1.0")  # libcni keeps "", we say 0.1.0
+    assert nl.bytes.decode() == go["bytes"]
+    assert [p.bytes.decode() for p in nl.plugins] == go["plugins"]
