@@ -470,6 +470,17 @@ def test_bad_input_is_a_clean_error(br: Bridge, host_ns: Namespace, container_ns
     assert links(container_ns).keys() == {"lo"} and reserved(tmp_path) == []
 
 
+# ---- STATUS / GC ------------------------------------------------------------------------------
+def test_status_and_gc_delegate_to_ipam(br: Bridge, tmp_path: Path) -> None:
+    l2 = make_conf(tmp_path, ipam=False, version="1.1.0")
+    br.ok("STATUS", l2, None)
+    br.ok("GC", dict(l2, **{"cni.dev/valid-attachments": []}), None)
+    missing = make_conf(tmp_path, version="1.1.0")
+    missing["ipam"]["type"] = "no-such-ipam"
+    err = br.fail("STATUS", missing, None)
+    assert err["code"] == 7 and "no-such-ipam" in err["msg"]
+
+
 # ---- concurrency, shim, Go comparison ----------------------------------------------------------
 def test_concurrent_adds_in_threads(br: Bridge, host_ns: Namespace, netns_factory: Callable[[], Namespace],
                                     tmp_path: Path) -> None:
@@ -538,6 +549,8 @@ GO_CASES: dict[str, dict[str, Any]] = {
     "mtu-promisc": {"mtu": 1400, "promiscMode": True},
     "hairpin": {"hairpinMode": True, "isGateway": True},
     "mac-v031": {"runtimeConfig": {"mac": "0a:58:0a:0a:00:42"}, "version": "0.3.1"},
+    "v020": {"version": "0.2.0", "isGateway": True},
+    "v010-default-gw": {"version": "0.1.0", "isDefaultGateway": True},
     "v040-dns": {"version": "0.4.0", "dns": {"nameservers": ["10.10.0.53"], "search": ["cluster.local"]}},
 }
 
