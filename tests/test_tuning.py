@@ -373,10 +373,15 @@ def test_del_after_interface_or_netns_gone(setup, netns_factory) -> None:  # typ
 def test_repeated_add_keeps_first_originals(setup) -> None:  # type: ignore[no-untyped-def]
     host, ctr, data_dir = setup
     conf = make_conf(ctr, data_dir, mtu=1400, mac="0a:11:22:33:44:55")
+    before = link_state(ctr)
     assert run_inproc(host, make_env("ADD", ctr), conf)[0] == 0
     assert run_inproc(host, make_env("ADD", ctr), conf)[0] == 0
+    # a later ADD touching something else adds to what is saved, and keeps the rest
+    assert run_inproc(host, make_env("ADD", ctr), make_conf(ctr, data_dir, allmulti=True, mtu=1300))[0] == 0
+    with open(os.path.join(data_dir, "c1_eth0.json")) as f:
+        assert json.load(f) == {"mac": ORIG_MAC, "mtu": 1500, "allmulti": False}
     assert run_inproc(host, make_env("DEL", ctr), conf) == (0, None)
-    assert link_state(ctr)["mtu"] == 1500 and link_state(ctr)["mac"] == ORIG_MAC
+    assert link_state(ctr) == before
 
 
 def test_concurrent_handlers_stay_in_their_namespaces(netns_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]

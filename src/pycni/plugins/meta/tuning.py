@@ -298,18 +298,25 @@ def _originals(conf: TuningConf, link: netlink.Link) -> dict[str, Any]:
     return saved
 
 
+# The saved keys in the reference's restore order: (JSON key, set_link argument, type, wording).
+_RESTORE = (("mtu", "mtu", int, "MTU"), ("mac", "mac", str, "MAC address"),
+            ("promisc", "promisc", bool, "promiscuous mode"), ("allmulti", "allmulti", bool, "all-multicast mode"),
+            ("txQLen", "txqlen", int, "transmit queue length"))
+
+
 def _restore_link(ifname: str, saved: dict[str, Any]) -> list[str]:
     """Put back saved attributes one by one, in the reference's order; return the failures."""
     errors = []
-    for key, attr, what in (("mtu", "mtu", "MTU"), ("mac", "mac", "MAC address"),
-                            ("promisc", "promisc", "promiscuous mode"),
-                            ("allmulti", "allmulti", "all-multicast mode"),
-                            ("txQLen", "txqlen", "transmit queue length")):
+    for key, attr, kind, what in _RESTORE:
         value = saved.get(key)
-        if value is None or (key in ("mtu", "mac") and not value):
+        if value is None or (kind is not bool and not value and key != "txQLen"):
+            continue  # absent, or the reference's empty value (no MAC / MTU 0)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            errors.append(f"failed to restore {what}: saved value {value!r} is not a {kind.__name__}")
             continue
         try:
-            netlink.set_link(ifname, **{attr: value})
+            change: dict[str, Any] = {attr: value}
+            netlink.set_link(ifname, **change)
         except CNIError as e:
             errors.append(f"failed to restore {what}: {e}")
     return errors
@@ -353,6 +360,20 @@ def _undo_sysctls(done: list[tuple[Sysctl, str | None]]) -> None:
             pass  # best effort: the original error is the one to report
 
 
+def _rollback(ifname: str, before: dict[str, Any], path: str, previous: dict[str, Any] | None,
+              done: list[tuple[Sysctl, str | None]]) -> None:
+    """Undo a failed ADD, best effort: the error that caused it is the one to report."""
+    _restore_link(ifname, before)
+    try:
+        if previous is None:
+            _remove(path)
+        else:
+            _write_backup(path, previous)
+    except CNIError:
+        pass
+    _undo_sysctls(done)
+
+
 def cmd_add(args: CmdArgs) -> Result:
     conf = parse_conf(args)
     result = _require_prev(conf).copy()
@@ -368,21 +389,15 @@ def cmd_add(args: CmdArgs) -> Result:
             return result
         path = backup_path(conf.data_dir, args.container_id, args.ifname)
         previous = _read_backup(path)
-        saved = _originals(conf, link)
-        if previous:  # a repeated ADD: the first originals are the true ones
-            saved.update({k: v for k, v in previous.items() if k in saved})
+        # A repeated ADD keeps the first originals (the true ones) and anything saved before.
+        saved = {**_originals(conf, link), **(previous or {})}
         try:
             _write_backup(path, saved)
             netlink.set_link(args.ifname, mac=parse_mac(conf.mac) if conf.mac else None,
                              promisc=True if conf.promisc else None, mtu=conf.mtu or None,
                              allmulti=conf.allmulti, txqlen=conf.txqlen)
         except Exception:
-            _restore_link(args.ifname, _originals(conf, link))
-            if previous is None:
-                _remove(path)
-            else:
-                _write_backup(path, previous)
-            _undo_sysctls(done)
+            _rollback(args.ifname, _originals(conf, link), path, previous, done)
             raise
     if conf.mac:
         # The reference edits the MAC on the result converted to the current (1.x) type, so
