@@ -40,6 +40,8 @@ class SublinkSpec:
     link_attrs: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=lambda conf: {})
     # (config, netlink message of the container link) -> raise CNIError when CHECK must fail
     check_link: Callable[[Mapping[str, Any], Any], None] = field(default=lambda conf, msg: None)
+    # Make the link another way than netlink RTM_NEWLINK from a parent (tap): (conf, args, mac) -> Link
+    create: Callable[[Mapping[str, Any], CmdArgs, str], Link] | None = None
 
 
 def default_route_interface(in_netns: str | None = None) -> str:
@@ -128,9 +130,12 @@ class SublinkPlugin:
         mac = _mac(conf, args) if self.spec.mac_configurable else ""
         attrs = self.spec.link_attrs(conf)
         with ipam.Rollback() as undo:
-            link = sublink.create_in_container(
-                self.spec.kind, args.netns, args.ifname, parent=parent.index if parent else None,
-                link_in_container=bool(conf.get("linkInContainer", False)), mtu=_mtu(conf), mac=mac, **attrs)
+            if self.spec.create is not None:
+                link = self.spec.create(conf, args, mac)
+            else:
+                link = sublink.create_in_container(
+                    self.spec.kind, args.netns, args.ifname, parent=parent.index if parent else None,
+                    link_in_container=bool(conf.get("linkInContainer", False)), mtu=_mtu(conf), mac=mac, **attrs)
             undo.push(self._delete_link, args.netns, args.ifname)
             result = Result(cni_version=config_version(conf),
                             interfaces=[Interface(name=args.ifname, mac=link.mac, sandbox=args.netns)])

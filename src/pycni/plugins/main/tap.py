@@ -1,0 +1,103 @@
+"""tap: a persistent tap device in the container (for VMs in pods), optionally on a bridge there.
+
+Keys as the reference: ``mac`` (also CNI_ARGS MAC and runtimeConfig mac), ``mtu``,
+``multiQueue``, ``owner``, ``group``, ``selinuxContext``, ``bridge`` (a bridge inside the
+container to enslave the tap to); IPAM optional. ``selinuxContext`` labels the device's
+creation where SELinux is enabled and is ignored where it is not.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from collections.abc import Mapping
+from typing import Any
+
+from pycni.net import netns
+from pycni.net.link import Link
+from pycni.plugins.main.sublink_base import SublinkPlugin, SublinkSpec
+from pycni.skel import CmdArgs, run_plugin
+from pycni.spec import errors as E
+from pycni.spec.errors import CNIError
+
+INTERNAL = 999
+
+
+def _uint(conf: Mapping[str, Any], key: str) -> int | None:
+    value = conf.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**32:
+        raise CNIError(E.INVALID_CONFIG, f"\"{key}\" must be a uid/gid number", f"got {value!r}")
+    return value
+
+
+def validate(conf: Mapping[str, Any]) -> dict[str, Any]:
+    _uint(conf, "owner")
+    _uint(conf, "group")
+    if not isinstance(conf.get("multiQueue", False), bool):
+        raise CNIError(E.INVALID_CONFIG, "\"multiQueue\" must be true or false")
+    for key in ("bridge", "selinuxContext"):
+        if not isinstance(conf.get(key, ""), str):
+            raise CNIError(E.INVALID_CONFIG, f"\"{key}\" must be a string")
+    return {}
+
+
+def _selinux_enabled() -> bool:
+    return os.path.exists("/sys/fs/selinux/enforce")
+
+
+def create(conf: Mapping[str, Any], args: CmdArgs, mac: str) -> Link:
+    from pycni.net import link, tuntap
+
+    tmp = f"tap{secrets.token_hex(4)}"
+    with netns.enter(args.netns):
+        if link.get_link(args.ifname) is not None:
+            raise CNIError(INTERNAL, f"container interface {args.ifname!r} already exists",
+                           f"{args.netns} already has an interface named {args.ifname!r}; choose another CNI_IFNAME")
+        bridge = conf.get("bridge") or ""
+        if bridge and link.get_link(bridge) is None:
+            raise CNIError(E.INVALID_CONFIG, f"bridge {bridge!r} not found in the container namespace",
+                           "\"bridge\" names a bridge that must already exist inside the container")
+        owner, group = _uint(conf, "owner"), _uint(conf, "group")
+        context = conf.get("selinuxContext") or ""
+        if context and _selinux_enabled():
+            _create_labelled(tmp, context, bool(conf.get("multiQueue")), owner, group)
+        else:
+            tuntap.create_tap(tmp, multi_queue=bool(conf.get("multiQueue")), owner=owner, group=group)
+        try:
+            mtu = conf.get("mtu") or None
+            link.set_link(tmp, mtu=mtu, mac=mac or None, new_name=args.ifname)
+            if bridge:
+                link.set_link(args.ifname, master=bridge)
+            return link.set_link(args.ifname, up=True)
+        except Exception:
+            link.delete_link(tmp)
+            link.delete_link(args.ifname)
+            raise
+
+
+def _create_labelled(name: str, context: str, multi_queue: bool, owner: int | None, group: int | None) -> None:
+    """With SELinux, the reference labels `ip tuntap add` through the exec context; so do we."""
+    cmd = ["ip", "tuntap", "add", "mode", "tap", "name", name] + (["multi_queue"] if multi_queue else [])
+    cmd += ["user", str(owner)] if owner is not None else []
+    cmd += ["group", str(group)] if group is not None else []
+    try:
+        with open("/proc/thread-self/attr/exec", "w") as f:
+            f.write(context)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    finally:
+        with open("/proc/thread-self/attr/exec", "w") as f:
+            f.write("")
+    if proc.returncode != 0:
+        raise CNIError(INTERNAL, f"failed to create tap {name!r}", proc.stderr.strip())
+
+
+SPEC = SublinkSpec(name="tap", kind="tun", needs_master=False, mac_configurable=True, link_attrs=validate,
+                   create=create, about="pycni tap: a tap device in the container")
+PLUGIN = SublinkPlugin(SPEC).plugin()
+
+
+def main() -> None:
+    run_plugin(PLUGIN)
