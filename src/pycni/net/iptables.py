@@ -13,6 +13,7 @@ import shlex
 import subprocess
 from collections.abc import Sequence
 
+from pycni.net.nft import find_tool
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
 
 LOCK_WAIT_SECONDS = "30"
@@ -44,7 +45,8 @@ def _binary(ipv6: bool, restore: bool = False) -> str:
 
 def _exec(cmd: list[str], stdin: str | None, code: int) -> str:
     try:
-        proc = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=90)
+        proc = subprocess.run([find_tool(cmd[0]), *cmd[1:]], input=stdin, capture_output=True, text=True,
+                              timeout=90)
     except FileNotFoundError:
         raise IptablesError(IO_FAILURE, f"{cmd[0]} command not found",
                             "install the iptables package or choose the nftables backend", 127) from None

@@ -8,6 +8,8 @@ namespace (a process forked inside :func:`pycni.net.netns.enter` inherits it). S
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 from typing import Any
 
@@ -37,9 +39,25 @@ class NftError(CNIError):
         return "File exists" in self.stderr
 
 
+# Runtimes do not always pass PATH to plugins; look where distributions put these tools too.
+SYSTEM_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin", "/usr/local/sbin", "/usr/local/bin")
+
+
+def find_tool(name: str) -> str:
+    """The path of a command-line tool: on PATH, else in the usual system directories."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for d in SYSTEM_DIRS:
+        path = os.path.join(d, name)
+        if os.access(path, os.X_OK):
+            return path
+    return name  # let exec fail with the usual "not found"
+
+
 def _exec(args: list[str], stdin: str | None, what: str, code: int) -> str:
     try:
-        proc = subprocess.run([NFT, *args], input=stdin, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([find_tool(NFT), *args], input=stdin, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
         raise NftError(IO_FAILURE, "nft command not found",
                        "install the nftables package (the nft binary) or choose the iptables backend") from None

@@ -1,0 +1,484 @@
+"""portmap plugin: real TCP/UDP through mapped host ports, in throwaway namespaces.
+
+Topology (all namespaces are throwaway):
+
+    client ns  eth0 192.168.77.2 / fd77::2
+        |  veth
+    host ns    ext0 192.168.77.1, 192.168.77.10 / fd77::1      <- plugins run here
+               br0  10.88.0.1/24 / fd88::1/64
+        |  veth per container, host end on br0
+    container  eth0 10.88.0.1x / fd88::1x   (runs a server that answers with the peer address)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from netns_util import Namespace
+
+from pycni.plugins.meta import portmap
+from pycni.skel import Outcome, dispatch
+
+HOST_IP = "192.168.77.1"
+HOST_IP2 = "192.168.77.10"
+HOST_IP6 = "fd77::1"
+
+SERVER = r"""
+import socket, sys
+port, tag, proto = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
+s = socket.socket(socket.AF_INET6, kind)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+s.bind(("::", port))
+if proto == "tcp":
+    s.listen(16)
+print("ready", flush=True)
+while True:
+    if proto == "tcp":
+        c, addr = s.accept()
+        c.sendall(f"{tag} {addr[0].removeprefix('::ffff:')}".encode())
+        c.close()
+    else:
+        data, addr = s.recvfrom(2048)
+        s.sendto(f"{tag} {addr[0].removeprefix('::ffff:')}".encode(), addr)
+"""
+
+CLIENT = r"""
+import socket, sys
+host, port, proto = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+try:
+    if proto == "tcp":
+        c = socket.create_connection((host, port), timeout=3)
+    else:
+        fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+        c = socket.socket(fam, socket.SOCK_DGRAM)
+        c.settimeout(3)
+        c.sendto(b"hi", (host, port))
+    print(c.recv(2048).decode())
+except OSError as e:
+    print(f"ERR {type(e).__name__}")
+"""
+
+
+def sh(ns: Namespace, *cmds: str) -> None:
+    for cmd in cmds:
+        ns.run(cmd.split())
+
+
+@dataclass
+class Topo:
+    host: Namespace
+    client: Namespace
+    containers: list[Namespace]
+    servers: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    def cip(self, i: int, v6: bool = False) -> str:
+        return f"fd88::{10 + i}" if v6 else f"10.88.0.{10 + i}"
+
+    def prev_result(self, i: int) -> dict[str, Any]:
+        return {"cniVersion": "1.0.0",
+                "interfaces": [{"name": "br0"}, {"name": f"vc{i}"},
+                               {"name": "eth0", "sandbox": self.containers[i].path}],
+                "ips": [{"address": f"{self.cip(i)}/24", "gateway": "10.88.0.1", "interface": 2},
+                        {"address": f"{self.cip(i, True)}/64", "gateway": "fd88::1", "interface": 2}]}
+
+    def serve(self, i: int, port: int, tag: str, proto: str = "tcp") -> None:
+        """Start a server in container i that answers '<tag> <peer address>'."""
+        p = subprocess.Popen(["ip", "netns", "exec", self.containers[i].name, sys.executable, "-c", SERVER,
+                              str(port), tag, proto], stdout=subprocess.PIPE, text=True)
+        self.servers.append(p)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+
+
+def connect(ns: Namespace, host: str, port: int, proto: str = "tcp") -> str:
+    return ns.run([sys.executable, "-c", CLIENT, host, str(port), proto], timeout=20).stdout.strip()
+
+
+@pytest.fixture
+def topo_factory(netns_factory: Callable[[], Namespace]) -> Iterator[Callable[[int], Topo]]:
+    made: list[Topo] = []
+
+    def make(n_containers: int = 1) -> Topo:
+        host, client = netns_factory(), netns_factory()
+        t = Topo(host, client, [netns_factory() for _ in range(n_containers)])
+        made.append(t)
+        sh(host, "sysctl -qw net.ipv4.ip_forward=1", "sysctl -qw net.ipv6.conf.all.forwarding=1",
+           "ip link add br0 type bridge", "ip addr add 10.88.0.1/24 dev br0",
+           "ip addr add fd88::1/64 dev br0 nodad", "ip link set br0 up",
+           f"ip link add ext0 type veth peer name eth0 netns {client.name}",
+           f"ip addr add {HOST_IP}/24 dev ext0", f"ip addr add {HOST_IP2}/24 dev ext0",
+           f"ip addr add {HOST_IP6}/64 dev ext0 nodad", "ip link set ext0 up")
+        sh(client, "ip addr add 192.168.77.2/24 dev eth0", "ip addr add fd77::2/64 dev eth0 nodad",
+           "ip link set eth0 up", f"ip route add default via {HOST_IP}", f"ip -6 route add default via {HOST_IP6}")
+        for i, c in enumerate(t.containers):
+            # hairpin on: with br_netfilter loaded, a DNAT'd hairpin packet is bridged back out of
+            # the port it came in on (the bridge plugin's hairpinMode).
+            sh(host, f"ip link add vc{i} type veth peer name eth0 netns {c.name}",
+               f"ip link set vc{i} master br0", f"ip link set vc{i} type bridge_slave hairpin on",
+               f"ip link set vc{i} up")
+            sh(c, f"ip addr add {t.cip(i)}/24 dev eth0", f"ip addr add {t.cip(i, True)}/64 dev eth0 nodad",
+               "ip link set eth0 up", "ip route add default via 10.88.0.1", "ip -6 route add default via fd88::1")
+        return t
+
+    yield make
+    for t in made:
+        for p in t.servers:
+            p.kill()
+            p.wait()
+
+
+def conf(t: Topo, i: int, mappings: list[dict[str, Any]] | None, backend: str = "nftables",
+         **extra: Any) -> dict[str, Any]:
+    c: dict[str, Any] = {"cniVersion": "1.0.0", "name": "testnet", "type": "portmap", "backend": backend,
+                         "prevResult": t.prev_result(i), **extra}
+    if mappings is not None:
+        c["runtimeConfig"] = {"portMappings": mappings}
+    return c
+
+
+def call(t: Topo, command: str, i: int, netconf: dict[str, Any], container_id: str | None = None) -> Outcome:
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id or f"ctr-{i}",
+           "CNI_NETNS": t.containers[i].path, "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent"}
+    with t.host.enter():
+        return dispatch(portmap.PLUGIN, env, json.dumps(netconf).encode())
+
+
+def ok(outcome: Outcome) -> dict[str, Any]:
+    assert outcome.exit_code == 0, outcome.stdout.decode()
+    return json.loads(outcome.stdout) if outcome.stdout else {}
+
+
+def err(outcome: Outcome) -> dict[str, Any]:
+    assert outcome.exit_code != 0, outcome.stdout.decode()
+    e = json.loads(outcome.stdout)
+    assert set(e) >= {"code", "msg"}
+    return e
+
+
+def ruleset(t: Topo) -> str:
+    return t.host.run(["nft", "list", "ruleset"]).stdout
+
+
+def ipt_nat(t: Topo) -> str:
+    return t.host.run(["iptables-save", "-t", "nat"]).stdout + t.host.run(["ip6tables-save", "-t", "nat"]).stdout
+
+
+def our_nft_objects(t: Topo) -> str:
+    """Per-container chains and map elements left in our table (empty when all is clean)."""
+    text = ruleset(t)
+    return "\n".join(line for line in text.splitlines() if "dn-" in line or "mq-" in line)
+
+
+WEB = [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]
+
+BACKENDS = ["nftables", "iptables"]
+
+
+# ---- traffic ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tcp_through_host_port(topo_factory: Callable[[int], Topo], backend: str) -> None:
+    t = topo_factory(1)
+    t.serve(0, 80, "c0")
+    assert connect(t.client, HOST_IP, 8080).startswith("ERR")  # nothing mapped yet
+    nc = conf(t, 0, WEB, backend)
+    result = ok(call(t, "ADD", 0, nc))
+    assert result == {**t.prev_result(0), "dns": {}} or result["ips"] == t.prev_result(0)["ips"]
+    # The external client reaches the container; no masquerade for outside traffic.
+    assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
+    assert connect(t.client, HOST_IP6, 8080) == "c0 fd77::2"
+    ok(call(t, "CHECK", 0, nc))
+    ok(call(t, "DEL", 0, nc))
+    assert connect(t.client, HOST_IP, 8080).startswith("ERR")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hairpin_and_localhost(topo_factory: Callable[[int], Topo], backend: str) -> None:
+    t = topo_factory(2)
+    t.serve(0, 80, "c0")
+    ok(call(t, "ADD", 0, conf(t, 0, WEB, backend)))
+    # The container reaches itself through the host port: masqueraded to the bridge address,
+    # otherwise its reply would go straight back to itself and the connection would fail.
+    assert connect(t.containers[0], HOST_IP, 8080) == "c0 10.88.0.1"
+    # A neighbour on the same bridge, likewise.
+    assert connect(t.containers[1], HOST_IP, 8080) == "c0 10.88.0.1"
+    assert connect(t.containers[0], HOST_IP6, 8080) == "c0 fd88::1"
+    # From the host itself via localhost (route_localnet set on the bridge, as the reference does).
+    assert connect(t.host, "127.0.0.1", 8080) == "c0 10.88.0.1"
+    assert t.host.run(["sysctl", "-n", "net.ipv4.conf.br0.route_localnet"]).stdout.strip() == "1"
+    ok(call(t, "DEL", 0, conf(t, 0, WEB, backend)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_udp_and_host_ip(topo_factory: Callable[[int], Topo], backend: str) -> None:
+    t = topo_factory(1)
+    t.serve(0, 53, "dns", "udp")
+    t.serve(0, 81, "web")
+    maps = [{"hostPort": 5353, "containerPort": 53, "protocol": "udp"},
+            {"hostPort": 8081, "containerPort": 81, "protocol": "tcp", "hostIP": HOST_IP2}]
+    nc = conf(t, 0, maps, backend)
+    ok(call(t, "ADD", 0, nc))
+    assert connect(t.client, HOST_IP, 5353, "udp") == "dns 192.168.77.2"
+    assert connect(t.client, HOST_IP6, 5353, "udp") == "dns fd77::2"
+    assert connect(t.client, HOST_IP2, 8081) == "web 192.168.77.2"
+    # hostIP restricts the mapping to that address (and to IPv4).
+    assert connect(t.client, HOST_IP, 8081).startswith("ERR")
+    assert connect(t.client, HOST_IP6, 8081).startswith("ERR")
+    ok(call(t, "CHECK", 0, nc))
+    ok(call(t, "DEL", 0, nc))
+    assert connect(t.client, HOST_IP2, 8081).startswith("ERR")
+
+
+def test_snat_false_disables_hairpin_masquerade(topo_factory: Callable[[int], Topo]) -> None:
+    t = topo_factory(1)
+    t.serve(0, 80, "c0")
+    nc = conf(t, 0, WEB, snat=False)
+    ok(call(t, "ADD", 0, nc))
+    assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
+    assert "masquerade" not in "\n".join(line for line in ruleset(t).splitlines() if "saddr" in line)
+    ok(call(t, "DEL", 0, nc))
+
+
+# ---- DEL -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_del_without_port_mappings_removes_everything(topo_factory: Callable[[int], Topo], backend: str) -> None:
+    t = topo_factory(1)
+    t.serve(0, 80, "c0")
+    maps = [*WEB, {"hostPort": 5353, "containerPort": 53, "protocol": "udp"},
+            {"hostPort": 8081, "containerPort": 81, "protocol": "tcp", "hostIP": HOST_IP2}]
+    ok(call(t, "ADD", 0, conf(t, 0, maps, backend)))
+    before = our_nft_objects(t) if backend == "nftables" else ipt_nat(t)
+    assert "dn-" in before or "CNI-DN-" in before
+    # The runtime forgets the capability args (and the prevResult) on DEL.
+    bare = conf(t, 0, None, backend)
+    del bare["prevResult"]
+    ok(call(t, "DEL", 0, bare))
+    ok(call(t, "DEL", 0, bare))  # and again: idempotent
+    assert connect(t.client, HOST_IP, 8080).startswith("ERR")
+    if backend == "nftables":
+        assert our_nft_objects(t) == ""
+        assert "elements" not in ruleset(t)
+    else:
+        nat = ipt_nat(t)
+        assert "CNI-DN-" not in nat and "10.88.0.10" not in nat and "fd88::10" not in nat
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_del_twice_and_before_add(topo_factory: Callable[[int], Topo], backend: str) -> None:
+    t = topo_factory(1)
+    nc = conf(t, 0, WEB, backend)
+    ok(call(t, "DEL", 0, nc))  # nothing was ever added
+    ok(call(t, "ADD", 0, nc))
+    ok(call(t, "DEL", 0, nc))
+    ok(call(t, "DEL", 0, nc))
+    assert (our_nft_objects(t) == "") if backend == "nftables" else ("CNI-DN-" not in ipt_nat(t))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_containers_del_one_keeps_other(topo_factory: Callable[[int], Topo], backend: str) -> None:
+    t = topo_factory(2)
+    t.serve(0, 80, "c0")
+    t.serve(1, 80, "c1")
+    ok(call(t, "ADD", 0, conf(t, 0, WEB, backend)))
+    ok(call(t, "ADD", 1, conf(t, 1, [{"hostPort": 9090, "containerPort": 80, "protocol": "tcp"}], backend)))
+    assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
+    assert connect(t.client, HOST_IP, 9090) == "c1 192.168.77.2"
+    ok(call(t, "DEL", 0, conf(t, 0, None, backend)))
+    assert connect(t.client, HOST_IP, 8080).startswith("ERR")
+    assert connect(t.client, HOST_IP, 9090) == "c1 192.168.77.2"
+    assert connect(t.containers[1], HOST_IP, 9090) == "c1 10.88.0.1"
+    ok(call(t, "CHECK", 1, conf(t, 1, [{"hostPort": 9090, "containerPort": 80, "protocol": "tcp"}], backend)))
+    ok(call(t, "DEL", 1, conf(t, 1, None, backend)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_host_port_newest_wins_and_survives_older_del(topo_factory: Callable[[int], Topo],
+                                                           backend: str) -> None:
+    t = topo_factory(2)
+    t.serve(0, 80, "c0")
+    t.serve(1, 80, "c1")
+    ok(call(t, "ADD", 0, conf(t, 0, WEB, backend)))
+    assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
+    ok(call(t, "ADD", 1, conf(t, 1, WEB, backend)))
+    assert connect(t.client, HOST_IP, 8080) == "c1 192.168.77.2"
+    for args in (WEB, None):  # with and without the capability args
+        ok(call(t, "DEL", 0, conf(t, 0, args, backend)))
+        assert connect(t.client, HOST_IP, 8080) == "c1 192.168.77.2"
+    ok(call(t, "CHECK", 1, conf(t, 1, WEB, backend)))
+    ok(call(t, "DEL", 1, conf(t, 1, WEB, backend)))
+    assert connect(t.client, HOST_IP, 8080).startswith("ERR")
+
+
+# ---- CHECK -----------------------------------------------------------------------------------
+def test_check_detects_missing_rules_nftables(topo_factory: Callable[[int], Topo]) -> None:
+    t = topo_factory(1)
+    nc = conf(t, 0, WEB)
+    ok(call(t, "CHECK", 0, nc) if False else call(t, "ADD", 0, nc))
+    ok(call(t, "CHECK", 0, nc))
+    t.host.run(["nft", "delete", "element", "inet", portmap.NFT_TABLE, "hostports", "{ tcp . 8080 }"])
+    e = err(call(t, "CHECK", 0, nc))
+    assert "8080" in e.get("details", "")
+    ok(call(t, "DEL", 0, nc))
+    assert "not found" in err(call(t, "CHECK", 0, nc)).get("details", "")
+    # A mapping that was never added is missing too.
+    ok(call(t, "ADD", 0, nc))
+    e = err(call(t, "CHECK", 0, conf(t, 0, [*WEB, {"hostPort": 1234, "containerPort": 1, "protocol": "udp"}])))
+    assert "1234" in e["details"]
+    ok(call(t, "DEL", 0, nc))
+
+
+def test_check_detects_missing_rules_iptables(topo_factory: Callable[[int], Topo]) -> None:
+    t = topo_factory(1)
+    nc = conf(t, 0, WEB, "iptables")
+    ok(call(t, "ADD", 0, nc))
+    ok(call(t, "CHECK", 0, nc))
+    chain = portmap.dnat_chain_name(portmap.PortMapConf(
+        name="testnet", cni_version="1.0.0", backend="iptables", snat=True, masq_all=False, mark_masq_bit=13,
+        external_set_mark_chain=None, conditions_v4=[], conditions_v6=[], mappings=[], prev=None,
+        container_id="ctr-0"))
+    t.host.run(["iptables", "-t", "nat", "-F", chain])
+    err(call(t, "CHECK", 0, nc))
+    ok(call(t, "DEL", 0, nc))
+
+
+# ---- config handling -------------------------------------------------------------------------
+def test_no_mappings_passes_prev_result_through(topo_factory: Callable[[int], Topo]) -> None:
+    t = topo_factory(1)
+    for nc in (conf(t, 0, None), conf(t, 0, [])):
+        result = ok(call(t, "ADD", 0, nc))
+        assert result["ips"] == t.prev_result(0)["ips"]
+        assert result["interfaces"] == t.prev_result(0)["interfaces"]
+    assert portmap.NFT_TABLE not in ruleset(t)
+
+
+def test_result_converted_to_config_version(topo_factory: Callable[[int], Topo]) -> None:
+    t = topo_factory(1)
+    nc = conf(t, 0, WEB)
+    nc["cniVersion"] = "0.4.0"
+    nc["prevResult"]["cniVersion"] = "0.4.0"
+    for ip in nc["prevResult"]["ips"]:
+        ip["version"] = "4" if "." in ip["address"] else "6"
+    result = ok(call(t, "ADD", 0, nc))
+    assert result["cniVersion"] == "0.4.0"
+    assert [ip["version"] for ip in result["ips"]] == ["4", "6"]
+    ok(call(t, "DEL", 0, nc))
+
+
+@pytest.mark.parametrize("extra, mappings, needle", [
+    ({}, [{"hostPort": 0, "containerPort": 80, "protocol": "tcp"}], "host port"),
+    ({}, [{"hostPort": 80, "containerPort": 70000, "protocol": "tcp"}], "container port"),
+    ({}, [{"hostPort": 80, "containerPort": 80, "protocol": "icmp"}], "protocol"),
+    ({}, [{"hostPort": 80, "containerPort": 80, "protocol": "tcp", "hostIP": "nope"}], "hostIP"),
+    ({}, [{"hostPort": "80", "containerPort": 80}], "hostPort"),
+    ({"backend": "pf"}, WEB, "backend"),
+    ({"markMasqBit": 40}, WEB, "MasqMarkBit"),
+    ({"markMasqBit": 5, "externalSetMarkChain": "X"}, WEB, "externalSetMarkChain"),
+    ({"backend": "iptables", "conditionsV4": ["ip saddr 10.0.0.0/8"]}, WEB, "nftables-specific"),
+    ({"backend": "nftables", "externalSetMarkChain": "X"}, WEB, "iptables-specific"),
+    ({"snat": "yes"}, WEB, "snat"),
+])
+def test_invalid_config(topo_factory: Callable[[int], Topo], extra: dict[str, Any],
+                        mappings: list[dict[str, Any]], needle: str) -> None:
+    t = topo_factory(1)
+    nc = conf(t, 0, mappings, **extra)
+    if "backend" in extra:
+        nc["backend"] = extra["backend"]
+    else:
+        nc.pop("backend")
+    e = err(call(t, "ADD", 0, nc))
+    assert e["code"] == 7, e
+    assert needle in e["msg"] + e.get("details", ""), e
+    assert portmap.NFT_TABLE not in ruleset(t)
+
+
+def test_not_chained_and_bad_json(topo_factory: Callable[[int], Topo]) -> None:
+    t = topo_factory(1)
+    nc = conf(t, 0, WEB)
+    del nc["prevResult"]
+    e = err(call(t, "ADD", 0, nc))
+    assert e["code"] == 7 and "chained" in e["msg"]
+    assert err(call(t, "CHECK", 0, nc))["code"] == 7
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "x", "CNI_NETNS": t.containers[0].path, "CNI_IFNAME": "eth0",
+           "CNI_PATH": "/x"}
+    with t.host.enter():
+        assert err(dispatch(portmap.PLUGIN, env, b"{not json"))["code"] == 6
+
+
+def test_bad_nft_conditions_roll_back(topo_factory: Callable[[int], Topo]) -> None:
+    t = topo_factory(1)
+    nc = conf(t, 0, WEB, conditionsV4=["ip frobnicate 1"])
+    e = err(call(t, "ADD", 0, nc))
+    assert e["code"] == 7 and "frobnicate" in e["details"]
+    assert portmap.NFT_TABLE not in ruleset(t)  # one transaction: nothing half-made
+
+
+def test_nft_conditions_restrict_mapping(topo_factory: Callable[[int], Topo]) -> None:
+    t = topo_factory(1)
+    t.serve(0, 80, "c0")
+    nc = conf(t, 0, WEB, conditionsV4=["ip saddr 192.168.77.99"], conditionsV6=["ip6 saddr fd77::2"])
+    ok(call(t, "ADD", 0, nc))
+    assert connect(t.client, HOST_IP, 8080).startswith("ERR")   # v4 client not allowed
+    assert connect(t.client, HOST_IP6, 8080) == "c0 fd77::2"    # v6 client allowed
+    ok(call(t, "DEL", 0, nc))
+
+
+def test_iptables_conditions_and_mark_bit(topo_factory: Callable[[int], Topo]) -> None:
+    t = topo_factory(1)
+    t.serve(0, 80, "c0")
+    nc = conf(t, 0, WEB, "iptables", conditionsV4=["-s", "192.168.77.99"], markMasqBit=5)
+    ok(call(t, "ADD", 0, nc))
+    nat = ipt_nat(t)
+    assert "--set-xmark 0x20/0x20" in nat and "-s 192.168.77.99/32" in nat
+    assert connect(t.client, HOST_IP, 8080).startswith("ERR")
+    assert connect(t.client, HOST_IP6, 8080) == "c0 fd77::2"
+    ok(call(t, "DEL", 0, nc))
+
+
+# ---- the executable, and the Go reference ----------------------------------------------------
+def test_installed_executable(topo_factory: Callable[[int], Topo], plugin_dir: str) -> None:
+    t = topo_factory(1)
+    t.serve(0, 80, "c0")
+    nc = json.dumps(conf(t, 0, WEB))
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "exe-1", "CNI_NETNS": t.containers[0].path,
+           "CNI_IFNAME": "eth0", "CNI_PATH": plugin_dir}
+    proc = t.host.run([f"{plugin_dir}/portmap"], input=nc, env=env)
+    assert json.loads(proc.stdout)["ips"][0]["address"] == "10.88.0.10/24"
+    assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
+    t.host.run([f"{plugin_dir}/portmap"], input=nc, env={**env, "CNI_COMMAND": "DEL"})
+    assert our_nft_objects(t) == ""
+
+
+GO_PORTMAP = "/usr/lib/cni/portmap"
+
+
+def _normalize(save: str) -> list[str]:
+    return sorted(line for line in save.splitlines() if line.startswith(("-A", ":CNI")))
+
+
+@pytest.mark.skipif(not __import__("os").path.exists(GO_PORTMAP), reason="Go reference plugins not installed")
+def test_iptables_layout_matches_go_reference(topo_factory: Callable[[int], Topo]) -> None:
+    """Same input to the Go plugin (v1.1.1: iptables only) and to ours: same nat rules."""
+    ours, theirs = topo_factory(1), topo_factory(1)
+    maps = [*WEB, {"hostPort": 5353, "containerPort": 53, "protocol": "udp"},
+            {"hostPort": 8081, "containerPort": 81, "protocol": "tcp", "hostIP": HOST_IP2}]
+    nc = conf(ours, 0, maps, "iptables")
+    ok(call(ours, "ADD", 0, nc))
+    go_conf = conf(theirs, 0, maps)
+    go_conf.pop("backend")
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "ctr-0", "CNI_NETNS": theirs.containers[0].path,
+           "CNI_IFNAME": "eth0", "CNI_PATH": "/usr/lib/cni", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    out = theirs.host.run([GO_PORTMAP], input=json.dumps(go_conf), env=env)
+    assert json.loads(out.stdout)["ips"] == json.loads(json.dumps(ours.prev_result(0)["ips"]))
+    # Our prevResult names a different netns path; the rules do not depend on it.
+    assert _normalize(ipt_nat(ours)) == _normalize(ipt_nat(theirs))
+    # Our DEL removes what the Go plugin made, even without the capability args.
+    bare = conf(theirs, 0, None, "iptables")
+    ok(call(theirs, "DEL", 0, bare))
+    assert "CNI-DN-" not in ipt_nat(theirs)
+    ok(call(ours, "DEL", 0, nc))
