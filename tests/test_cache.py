@@ -94,6 +94,10 @@ func must(err error) {
 @pytest.fixture(scope="session")
 def go_tool(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The Go libcni program, built once per session (skipped where Go or libcni is missing)."""
+    return build_go_tool(tmp_path_factory)
+
+
+def build_go_tool(tmp_path_factory: pytest.TempPathFactory) -> str:
     if not shutil.which("go") or not os.path.isdir(GO_LIBCNI):
         pytest.skip("needs golang-go and golang-github-appc-cni-dev")
     d = tmp_path_factory.mktemp("golibcni")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cache import go_tool as _go_tool  # noqa: F401  (registers the session fixture "go_tool")
+from test_cache import build_go_tool
 
 from pycni.runtime import conf as C
 from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CNIError
@@ -238,6 +238,12 @@ def test_invalid_name_never_names_a_folder(tmp_path: Path) -> None:
 
 
 # ---- differential: the Go libcni 1.1.2 finds the same network, with the same bytes --------------
+
+@pytest.fixture(scope="module")
+def go_tool(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A program running the Go libcni's LoadConfList (built from test_cache's source)."""
+    return build_go_tool(tmp_path_factory)
+
 
 @pytest.mark.parametrize("files, name", [
     ({"20-b.conflist": conflist(plugins=[{"type": "second"}]),
