@@ -268,3 +268,13 @@ def test_same_result_as_go_libcni(tmp_path: Path, go_tool: str, files: dict[str,
     assert nl.cni_version == (go["cniVersion"] or "0.1.0")  # libcni keeps "", we say 0.1.0
     assert nl.bytes.decode() == go["bytes"]
     assert [p.bytes.decode() for p in nl.plugins] == go["plugins"]
+
+
+def test_non_json_constants_rejected_as_go_does(tmp_path: Path) -> None:
+    path = write(tmp_path, "a.conflist", '{"name": "n", "plugins": [{"type": "x", "mtu": NaN}]}')
+    with pytest.raises(CNIError) as e:
+        C.load_network(str(tmp_path), "n")
+    assert e.value.code == DECODE_FAILURE and str(path) in e.value.msg and "NaN" in e.value.details
+    with pytest.raises(CNIError) as e:
+        C.go_json({"x": float("inf")})
+    assert e.value.code == DECODE_FAILURE

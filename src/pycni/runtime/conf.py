@@ -34,7 +34,10 @@ CONF_EXTENSIONS = (".conf", ".json")
 
 def go_json(obj: Any) -> bytes:
     """Compact JSON with Go's escaping of <, >, & and U+2028/9 (keys in the order given)."""
-    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError) as e:  # NaN/Infinity or a non-JSON type from a caller
+        raise CNIError(DECODE_FAILURE, "cannot encode as JSON", str(e)) from None
     for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
                     ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(ch, esc)  # these characters only ever occur inside JSON strings
@@ -54,9 +57,13 @@ def _where(path: str) -> str:
     return f" in {path}" if path else ""
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def _decode(data: bytes | str, path: str, what: str) -> dict[str, Any]:
     try:
-        obj = json.loads(data)
+        obj = json.loads(data, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise CNIError(DECODE_FAILURE, f"error parsing {what}{_where(path)}", f"invalid JSON: {e}") from None
     if not isinstance(obj, dict):
