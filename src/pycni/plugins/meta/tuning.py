@@ -15,7 +15,9 @@ namespace.
 Where we are stricter or safer than the reference: every key and value is checked before
 anything is touched; a failure part-way through ADD undoes what it did; sysctls the kernel
 keeps global (visible only in the initial namespace) are refused; a repeated ADD keeps the
-first saved originals; DEL removes the saved file when the namespace or interface is gone.
+first saved originals; DEL reads only ``dataDir`` (bad CNI_ARGS cannot block it) and removes
+the saved file when the namespace or interface is gone; CHECK compares MACs case-blind and
+multi-value sysctls ("4096 87380 6291456") whitespace-blind.
 """
 
 from __future__ import annotations
