@@ -676,3 +676,45 @@ def test_many_reservations_continue_after_the_cursor(tmp_path: Path) -> None:
     assert addresses(run_py(conf, cid="new3")) == ["10.20.11.187/16"]
     assert run_py(conf, "DEL", cid="old77") == (0, {})
     assert not (store / "10.20.0.77").exists()
+
+
+def test_daemon_mode_gives_the_same_answers(tmp_path: Path, host_ns: Any) -> None:
+    """Shims forwarding to a pycni daemon (run from a throwaway namespace): same results, no double IPs."""
+    from pycni.daemon.server import Daemon
+    from pycni.plugins.registry import daemon_shims_available, install
+
+    if not daemon_shims_available():
+        pytest.skip("daemon shims not available")
+    bin_dir = tmp_path / "bin"
+    exe = install(str(bin_dir), ["host-local"], daemon=True)[0]
+    sock = str(tmp_path / "pycni.sock")
+    daemon = Daemon(sock, preload=False)
+    daemon.bind()
+    server = threading.Thread(target=daemon.serve_forever)
+    server.start()
+    try:
+        conf = json.dumps(net_conf(tmp_path / "data")).encode()
+        procs = []
+        for i in range(16):
+            env = {**make_env("ADD", cid=f"d{i}"), "PYCNI_SOCKET": sock}
+            procs.append(subprocess.Popen(["ip", "netns", "exec", host_ns.name, exe], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env))
+        outs = [p.communicate(conf, timeout=120) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        got = sorted(json.loads(o[0])["ips"][0]["address"] for o in outs)
+        assert len(set(got)) == 16
+        assert "host-local" in daemon.plugins  # served by the daemon, not in the shim process
+        # The reply and the store are what the in-process plugin would have produced.
+        env = {**make_env("ADD", cid="x"), "PYCNI_SOCKET": sock}
+        via_daemon = subprocess.run(["ip", "netns", "exec", host_ns.name, exe], input=conf, env=env,
+                                    capture_output=True, timeout=60)
+        assert via_daemon.returncode == 0
+        assert without_empty_dns(json.loads(via_daemon.stdout)) == {
+            "cniVersion": "1.0.0", "ips": [{"address": "10.1.2.18/24", "gateway": "10.1.2.1"}]}
+        assert ip_files(tmp_path / "data")["10.1.2.18"] == b"x\r\neth0"
+        env = {**make_env("DEL", cid="x"), "PYCNI_SOCKET": sock}
+        subprocess.run(["ip", "netns", "exec", host_ns.name, exe], input=conf, env=env, check=True, timeout=60)
+        assert "10.1.2.18" not in ip_files(tmp_path / "data")
+    finally:
+        daemon.stop()
+        server.join(timeout=10)
