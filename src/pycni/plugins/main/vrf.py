@@ -1,0 +1,158 @@
+"""vrf: put the container interface of the previous plugin into a VRF inside the container.
+
+Chained after an interface plugin. ADD creates the VRF ``vrfname`` in the container if it is
+not there (routing table ``table``, or the first table no other VRF uses), enslaves the
+interface, puts back the IPv6 addresses the kernel drops on enslaving, and moves the
+interface's routes from the main table into the VRF's table. DEL releases the interface and
+removes the VRF once nothing is left in it. The prevResult passes through unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pycni.net import netns
+from pycni.skel import CmdArgs, Plugin, load_conf, prev_result, run_plugin
+from pycni.spec import errors as E
+from pycni.spec.errors import CNIError
+from pycni.spec.types import Result
+
+INTERNAL = 999
+
+
+def parse(data: bytes) -> tuple[dict[str, Any], str, int | None]:
+    conf = load_conf(data)
+    name = conf.get("vrfname", "")
+    if not isinstance(name, str) or not name:
+        raise CNIError(E.INVALID_CONFIG, "configuration is expected to have a valid vrf name",
+                       "set \"vrfname\" to the VRF device to create or join in the container")
+    if len(name) > 15 or "/" in name or any(c.isspace() for c in name):
+        raise CNIError(E.INVALID_CONFIG, f"invalid vrf name {name!r}", "a VRF is an interface: at most 15 characters")
+    table = conf.get("table")
+    if table is not None and (not isinstance(table, int) or isinstance(table, bool) or not 0 < table < 2**32
+                              or table in (253, 254, 255)):
+        raise CNIError(E.INVALID_CONFIG, f"invalid vrf table {table!r}",
+                       "\"table\" must be a routing table number other than 253-255 (default, main, local)")
+    return conf, name, table
+
+
+def vrf_link_spec(name: str, table: int) -> dict[str, Any]:
+    """The RTM_NEWLINK request that creates the VRF device."""
+    return {"ifname": name, "kind": "vrf", "vrf_table": table}
+
+
+def _vrfs() -> dict[str, tuple[int, int]]:
+    """VRF devices here: name -> (index, table)."""
+    from pycni.net.link import ipr
+
+    out: dict[str, tuple[int, int]] = {}
+    with ipr() as sock:
+        for msg in sock.get_links():
+            info = msg.get_attr("IFLA_LINKINFO")
+            if info is None or info.get_attr("IFLA_INFO_KIND") != "vrf":
+                continue
+            data = info.get_attr("IFLA_INFO_DATA")
+            table = data.get_attr("IFLA_VRF_TABLE") if data is not None else 0
+            out[msg.get_attr("IFLA_IFNAME")] = (int(msg["index"]), int(table or 0))
+    return out
+
+
+def first_free_table(taken: set[int]) -> int:
+    table = 1
+    while table in taken or table in (253, 254, 255):
+        table += 1
+    return table
+
+
+def _ensure_vrf(name: str, table: int | None) -> int:
+    from pycni.net import link
+    from pycni.net.link import ipr, is_netlink_error, netlink_errno
+    from pycni.net.sublink import kernel_lacks
+
+    vrfs = _vrfs()
+    if name in vrfs:
+        index, have = vrfs[name]
+        if table is not None and table != have:
+            raise CNIError(E.INVALID_CONFIG, f"VRF {name!r} already exists with table {have}, not {table}",
+                           "use the existing table or another vrfname")
+        return index
+    if link.get_link(name) is not None:
+        raise CNIError(E.INVALID_CONFIG, f"interface {name!r} exists and is not a VRF")
+    use = table if table is not None else first_free_table({t for _, t in vrfs.values()})
+    with ipr() as sock:
+        try:
+            sock.link("add", **vrf_link_spec(name, use))
+        except Exception as e:
+            if is_netlink_error(e) and netlink_errno(e) == 95:
+                raise kernel_lacks("vrf") from None
+            raise CNIError(INTERNAL, f"failed to create VRF {name!r}", str(e)) from None
+    return link.set_link(name, up=True).index
+
+
+def cmd_add(args: CmdArgs) -> Result:
+    from pycni.net import addr, link, route
+
+    conf, name, table = parse(args.stdin_data)
+    prev = prev_result(conf)
+    if prev is None:
+        raise CNIError(E.INVALID_CONFIG, "missing prevResult from earlier plugin",
+                       "vrf is a chained plugin: put it after the plugin that creates the interface")
+    with netns.enter(args.netns):
+        iface = link.get_link(args.ifname)
+        if iface is None:
+            raise CNIError(INTERNAL, f"failed to find interface {args.ifname!r}", "the previous plugin made none")
+        before = [a.address for a in addr.list_addrs(iface.index) if a.scope == 0]
+        main_routes = [r for r in route.list_routes(dev=iface.index) if r.proto != 2]  # not proto kernel
+        vrf_index = _ensure_vrf(name, table)
+        vrf_table = _vrfs()[name][1]
+        link.set_link(iface.index, master=vrf_index)
+        after = {a.address for a in addr.list_addrs(iface.index)}
+        for a in before:
+            if a not in after:
+                addr.add_addr(iface.index, a, exist_ok=True)
+        for r in main_routes:
+            route.add_route(r.dst, gw=r.gw, dev=iface.index, table=vrf_table, priority=r.priority or None,
+                            exist_ok=True)
+    return prev
+
+
+def cmd_del(args: CmdArgs) -> None:
+    from pycni.net import link
+
+    conf, name, _ = parse(args.stdin_data)
+    if not args.netns or not netns.netns_exists(args.netns):
+        return
+    with netns.enter(args.netns):
+        vrfs = _vrfs()
+        if name not in vrfs:
+            return
+        vrf_index = vrfs[name][0]
+        iface = link.get_link(args.ifname)
+        if iface is not None and iface.master == vrf_index:
+            link.set_link(iface.index, master=None)
+        if not [li for li in link.list_links() if li.master == vrf_index]:
+            link.delete_link(vrf_index)
+
+
+def cmd_check(args: CmdArgs) -> None:
+    from pycni.net import link
+
+    conf, name, table = parse(args.stdin_data)
+    netns.check_netns(args.netns)
+    with netns.enter(args.netns):
+        vrfs = _vrfs()
+        if name not in vrfs:
+            raise CNIError(INTERNAL, f"VRF {name!r} not found in the container")
+        if table is not None and vrfs[name][1] != table:
+            raise CNIError(INTERNAL, f"VRF {name!r} uses table {vrfs[name][1]}, expected {table}")
+        iface = link.get_link(args.ifname)
+        if iface is None or iface.master != vrfs[name][0]:
+            raise CNIError(INTERNAL, f"interface {args.ifname!r} is not enslaved to VRF {name!r}")
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+                about="pycni vrf: puts the container interface into a VRF")
+
+
+def main() -> None:
+    run_plugin(PLUGIN)
