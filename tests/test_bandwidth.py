@@ -305,3 +305,41 @@ def test_same_qdiscs_as_go_reference(host_ns: Any, netns_factory: Any, tmp_path:
     assert in_ns(host_ns, lambda: tc.qdiscs(bw.ifb_name(NET, "c1"))) is None
     host_ns.run([GO_BANDWIDTH], input=json.dumps(bw_conf(ours, **limits)), env=env("DEL", "c2", c2.path))
     assert in_ns(host_ns, lambda: tc.qdiscs(bw.ifb_name(NET, "c2"))) is None
+
+
+def test_chain_of_our_plugins_via_shims(host_ns: Any, container_ns: Any, tmp_path: Any, plugin_dir: str) -> None:
+    """bridge (ours, if written) -> bandwidth -> firewall as executables; CHECK the chain; DEL in reverse."""
+    from pycni.net import tc
+
+    bridge = os.path.join(plugin_dir, "bridge")
+    if not os.path.exists(bridge):
+        bridge = GO_BRIDGE
+    bconf = bridge_conf(tmp_path)
+    limits = {"ingressRate": RATE, "ingressBurst": BURST, "egressRate": RATE, "egressBurst": BURST}
+    confs = [(bridge, bconf),
+             (os.path.join(plugin_dir, "bandwidth"), {**bw_conf(None), "runtimeConfig": {"bandwidth": limits}}),
+             (os.path.join(plugin_dir, "firewall"), {"cniVersion": "1.0.0", "name": NET, "type": "firewall"})]
+
+    def call(cmd: str, path: str, conf: dict[str, Any], prev: dict[str, Any] | None) -> Any:
+        c = dict(conf, prevResult=prev) if prev is not None else conf
+        e = env(cmd, "c1", container_ns.path)
+        e["CNI_PATH"] = f"{plugin_dir}:/usr/lib/cni"
+        return host_ns.run([path], input=json.dumps(c), env=e, check=False)
+
+    prev: dict[str, Any] | None = None
+    for path, conf in confs:
+        p = call("ADD", path, conf, prev)
+        assert p.returncode == 0, p.stdout + p.stderr
+        prev = json.loads(p.stdout)
+    assert prev is not None and prev["interfaces"][-1]["name"] == bw.ifb_name(NET, "c1")
+    for path, conf in confs:
+        p = call("CHECK", path, conf, prev)
+        assert p.returncode == 0, f"{path} CHECK: {p.stdout}{p.stderr}"
+    rules = host_ns.run(["iptables", "-S", "CNI-FORWARD"]).stdout
+    assert f"-s {container_ip(prev)}/32 -j ACCEPT" in rules
+    for path, conf in reversed(confs):
+        for _ in range(2):  # DEL twice: idempotent
+            p = call("DEL", path, conf, prev)
+            assert p.returncode == 0, f"{path} DEL: {p.stdout}{p.stderr}"
+    assert in_ns(host_ns, lambda: tc.qdiscs(bw.ifb_name(NET, "c1"))) is None
+    assert f"-s {container_ip(prev)}/32" not in host_ns.run(["iptables", "-S", "CNI-FORWARD"]).stdout

@@ -56,7 +56,9 @@ def rules(ns: Any, v6: bool = False) -> list[str]:
 
 
 def routes(ns: Any, table: str = "main", v6: bool = False) -> list[str]:
-    return ns.run(["ip", "-6" if v6 else "-4", "route", "show", "table", table]).stdout.splitlines()
+    p = ns.run(["ip", "-6" if v6 else "-4", "route", "show", "table", table], check=False)
+    assert p.returncode == 0 or "does not exist" in p.stderr, p.stderr
+    return p.stdout.splitlines()
 
 
 def ip_of(prev: dict[str, Any]) -> str:
@@ -240,3 +242,40 @@ def test_chain_with_our_bridge_then_check(host_ns: Any, container_ns: Any, tmp_p
     host_ns.run([os.path.join(plugin_dir, "sbr")], input=json.dumps(sbr_conf(res)), env=de)
     host_ns.run([os.path.join(plugin_dir, "bridge")], input=json.dumps({**bconf, "prevResult": res}), env=de)
     assert bcheck.returncode == 0, f"bridge CHECK after sbr failed: {bcheck.stdout}"
+
+
+def test_dual_stack_same_as_go_reference(host_ns: Any, netns_factory: Any, tmp_path: Any) -> None:
+    """IPv4 + IPv6: one table per address, generic routes copied to each, as the Go plugin does."""
+    ours, go = netns_factory(), netns_factory()
+    bconf = bridge_conf(tmp_path)
+    bconf["ipam"] = {"type": "host-local", "dataDir": str(tmp_path / "ipam6"),
+                     "ranges": [[{"subnet": SUBNET}], [{"subnet": "fd79::/64"}]],
+                     "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}
+    prevs = []
+    for cid, ns in (("c1", ours), ("c2", go)):
+        ns.run(["sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"])
+        p = host_ns.run([GO_BRIDGE], input=json.dumps(bconf), env=env("ADD", cid, ns.path))
+        prevs.append(json.loads(p.stdout))
+    assert run_sbr("ADD", sbr_conf(prevs[0]), ours)[0] == 0
+    host_ns.run([GO_SBR], input=json.dumps(sbr_conf(prevs[1])), env=env("ADD", "c2", go.path))
+
+    def state(ns: Any, prev: dict[str, Any]) -> list[list[str]]:
+        subs = [(a["address"].split("/")[0], "IP") for a in prev["ips"]]
+        mac = ns.run(["cat", "/sys/class/net/eth0/address"]).stdout.strip()
+        out = []
+        for v6 in (False, True):
+            lines = rules(ns, v6) + [f"{t}: {r}" for t in ("100", "101", "main") for r in routes(ns, t, v6)]
+            for a, b in subs:
+                lines = [line.replace(a, b) for line in lines]
+            # the kernel's link-local address differs per container
+            out.append(sorted(re.sub(r"fe80::[0-9a-f:]+", "LL", re.sub(r"\s+", " ", line.replace(mac, "MAC"))).strip()
+                              for line in lines if "expires" not in line))
+        return out
+
+    mine, theirs = state(ours, prevs[0]), state(go, prevs[1])
+    assert mine == theirs
+    assert any("lookup 101" in line for line in mine[1])  # the IPv6 address got its own table
+    assert run_sbr("CHECK", sbr_conf(prevs[0]), ours)[0] == 0
+    assert run_sbr("DEL", sbr_conf(prevs[0]), ours)[0] == 0
+    assert not [r for r in rules(ours, True) if "lookup 10" in r]
+    assert routes(ours, "101", True) == [] and routes(ours, "100") == []

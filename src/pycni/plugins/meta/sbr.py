@@ -109,9 +109,16 @@ class _Undo:
         self.rules: list[rule.Rule] = []
         self.added: list[rule.RawRoute] = []
         self.removed: list[rule.RawRoute] = []
+        self.enslaved = ""  # an interface this ADD put into a VRF
 
     def run(self) -> None:
-        from pycni.net import rule
+        from pycni.net import link, rule
+
+        if self.enslaved:
+            try:
+                link.set_link(self.enslaved, master=None)
+            except CNIError:
+                pass
 
         for fn, items in ((rule.remove_route, self.added), (rule.del_rule, self.rules)):
             for item in reversed(items):
@@ -184,6 +191,7 @@ def do_vrf(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: _Undo) -> None
 
     table = vrf_table(conf.vrfname, conf.table)
     lk = link.set_link(ifname, master=conf.vrfname)
+    undo.enslaved = ifname
     for ip in ips:
         undo.rules.append(rule.add_rule(_host_net(ip), table))
         gw = _gateway(conf, ip)
