@@ -89,9 +89,10 @@ class Topo:
                 "ips": [{"address": f"{self.cip(i)}/24", "gateway": "10.88.0.1", "interface": 2},
                         {"address": f"{self.cip(i, True)}/64", "gateway": "fd88::1", "interface": 2}]}
 
-    def serve(self, i: int, port: int, tag: str, proto: str = "tcp") -> None:
-        """Start a server in container i that answers '<tag> <peer address>'."""
-        p = subprocess.Popen(["ip", "netns", "exec", self.containers[i].name, sys.executable, "-c", SERVER,
+    def serve(self, i: int | Namespace, port: int, tag: str, proto: str = "tcp") -> None:
+        """Start a server in container i (or namespace i) that answers '<tag> <peer address>'."""
+        ns = i if isinstance(i, Namespace) else self.containers[i]
+        p = subprocess.Popen(["ip", "netns", "exec", ns.name, sys.executable, "-c", SERVER,
                               str(port), tag, proto], stdout=subprocess.PIPE, text=True)
         self.servers.append(p)
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"

@@ -1,0 +1,148 @@
+"""IP masquerading (net.masq): traffic from a container leaves with the host's address.
+
+Uses the portmap tests' topology: containers on br0 in a host namespace, a client namespace
+on the far side (here it runs the server and reports the source address it sees).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from netns_util import Namespace
+from test_portmap import HOST_IP, HOST_IP6, Topo, connect, topo_factory  # noqa: F401
+
+from pycni.net import masq
+from pycni.spec.errors import CNIError
+
+BACKENDS = ["iptables", "nftables"]
+FAR = "192.168.77.2"
+FAR6 = "fd77::2"
+
+
+def addrs(t: Topo, i: int) -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:
+    return [ipaddress.ip_interface(f"{t.cip(i)}/24"), ipaddress.ip_interface(f"{t.cip(i, True)}/64")]
+
+
+def routed_back(t: Topo) -> None:
+    """Let the far side route to the container subnets, so unmasqueraded traffic still works."""
+    t.client.run(["ip", "route", "add", "10.88.0.0/24", "via", HOST_IP])
+    t.client.run(["ip", "-6", "route", "add", "fd88::/64", "via", HOST_IP6])
+
+
+def sources(t: Topo, i: int) -> tuple[str, str]:
+    return connect(t.containers[i], FAR, 7000), connect(t.containers[i], FAR6, 7000)
+
+
+def test_setup_names_match_go_reference() -> None:
+    # Values computed by the Go reference's utils.FormatChainName / FormatComment and
+    # pkg/ip's nftables hash for the same inputs.
+    assert masq.chain_name("mynet", "cid1") == "CNI-a631aa8e1549a3b129110fd2"
+    assert len(masq.chain_name("x" * 300, "y")) == 28
+    assert masq.iptables_comment("mynet", "cid1") == 'name: "mynet" id: "cid1"'
+    c = masq.nft_comment("mynet", "eth0", "cid1")
+    assert c.startswith(masq.nft_instance_hash("mynet", "eth0", "cid1") + ", net: mynet, if: eth0, id: cid1")
+    assert len(masq.nft_comment("n" * 200, "eth0", "c" * 64)) == 128
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masquerade_traffic(topo_factory: Callable[[int], Topo], backend: str) -> None:  # noqa: F811
+    t = topo_factory(2)
+    routed_back(t)
+    t.serve(t.client, 7000, "far")
+    t.serve(1, 7000, "c1")
+    assert sources(t, 0) == ("far 10.88.0.10", "far fd88::10")
+    with t.host.enter():
+        masq.setup_ip_masq(backend, "testnet", "ctr-0", "eth0", addrs(t, 0))
+        masq.setup_ip_masq(backend, "testnet", "ctr-0", "eth0", addrs(t, 0))  # idempotent
+        masq.check_ip_masq(backend, "testnet", "ctr-0", "eth0", addrs(t, 0))
+    # Leaving the subnet: the far side sees the host's address.
+    assert sources(t, 0) == (f"far {HOST_IP}", f"far {HOST_IP6}")
+    # Inside the subnet: untouched (a neighbour sees the container's own address).
+    assert connect(t.containers[0], t.cip(1), 7000) == "c1 10.88.0.10"
+    # Another container without masquerading is not affected.
+    assert sources(t, 1) == ("far 10.88.0.11", "far fd88::11")
+    with t.host.enter():
+        masq.teardown_ip_masq(backend, "testnet", "ctr-0", "eth0", addrs(t, 0))
+        masq.teardown_ip_masq(backend, "testnet", "ctr-0", "eth0", addrs(t, 0))  # idempotent
+        with pytest.raises(CNIError):
+            masq.check_ip_masq(backend, "testnet", "ctr-0", "eth0", addrs(t, 0))
+    assert sources(t, 0) == ("far 10.88.0.10", "far fd88::10")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_teardown_without_addresses_keeps_others(topo_factory: Callable[[int], Topo],  # noqa: F811
+                                                 backend: str) -> None:
+    t = topo_factory(2)
+    routed_back(t)
+    t.serve(t.client, 7000, "far")
+    with t.host.enter():
+        for i in (0, 1):
+            masq.setup_ip_masq(backend, "testnet", f"ctr-{i}", "eth0", addrs(t, i))
+        masq.teardown_ip_masq(backend, "testnet", "ctr-0", "eth0", None)
+        with pytest.raises(CNIError):
+            masq.check_ip_masq(backend, "testnet", "ctr-0", "eth0", addrs(t, 0))
+        masq.check_ip_masq(backend, "testnet", "ctr-1", "eth0", addrs(t, 1))
+    assert sources(t, 0) == ("far 10.88.0.10", "far fd88::10")
+    assert sources(t, 1) == (f"far {HOST_IP}", f"far {HOST_IP6}")
+    rules = t.host.run(["iptables-save", "-t", "nat"]).stdout + t.host.run(["nft", "list", "ruleset"]).stdout
+    assert "ctr-0" not in rules and "ctr-1" in rules
+    with t.host.enter():
+        masq.teardown_ip_masq(None, "testnet", "ctr-1", "eth0", None)  # both backends
+    rules = t.host.run(["iptables-save", "-t", "nat"]).stdout + t.host.run(["nft", "list", "ruleset"]).stdout
+    assert "ctr-1" not in rules and "10.88.0.1" not in rules.replace("10.88.0.0/24", "")
+
+
+def test_nft_layout(host_ns: Namespace) -> None:
+    a = [ipaddress.ip_interface("10.1.0.5/24")]
+    with host_ns.enter():
+        masq.setup_ip_masq("nftables", "net", "cid", "eth0", a)
+    text = host_ns.run(["nft", "list", "table", "inet", masq.NFT_TABLE]).stdout
+    assert "type nat hook postrouting priority srcnat" in text
+    assert "ip daddr 224.0.0.0/4 return" in text and "ip6 daddr ff00::/8 return" in text
+    assert "goto masq_checks" in text
+    assert "ip saddr 10.1.0.5 ip daddr != 10.1.0.0/24 masquerade" in text
+
+
+def test_iptables_layout(host_ns: Namespace) -> None:
+    a = [ipaddress.ip_interface("10.1.0.5/24")]
+    with host_ns.enter():
+        masq.setup_ip_masq("iptables", "net", "cid", "eth0", a)
+    text = host_ns.run(["iptables-save", "-t", "nat"]).stdout
+    chain = masq.chain_name("net", "cid")
+    assert f'-A POSTROUTING -s 10.1.0.5/32 -m comment --comment "name: \\"net\\" id: \\"cid\\"" -j {chain}' in text
+    assert f"-A {chain} -d 10.1.0.0/24" in text and "-j ACCEPT" in text
+    assert f"-A {chain} ! -d 224.0.0.0/4" in text and "-j MASQUERADE" in text
+
+
+def test_unknown_backend() -> None:
+    with pytest.raises(CNIError) as e:
+        masq.setup_ip_masq("pf", "n", "c", "eth0", [ipaddress.ip_interface("10.0.0.1/24")])
+    assert e.value.code == 7
+
+
+GO_BRIDGE = "/usr/lib/cni/bridge"
+
+
+@pytest.mark.skipif(not os.path.exists(GO_BRIDGE), reason="Go reference plugins not installed")
+def test_interop_with_go_bridge_ipmasq(netns_factory: Callable[[], Namespace], tmp_path: Path) -> None:
+    """The Go bridge's ipMasq rules are the ones we check for, and our teardown removes them."""
+    host, ctr = netns_factory(), netns_factory()
+    netconf = {"cniVersion": "0.4.0", "name": "gonet", "type": "bridge", "bridge": "cni0", "isGateway": True,
+               "ipMasq": True, "ipam": {"type": "host-local", "subnet": "10.22.0.0/24",
+                                         "dataDir": str(tmp_path / "ipam")}}
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "go-ctr", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
+           "CNI_PATH": "/usr/lib/cni", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    out = host.run([GO_BRIDGE], input=json.dumps(netconf), env=env)
+    ip = ipaddress.ip_interface(json.loads(out.stdout)["ips"][0]["address"])
+    with host.enter():
+        masq.check_ip_masq("iptables", "gonet", "go-ctr", "eth0", [ip])
+        masq.teardown_ip_masq("iptables", "gonet", "go-ctr", "eth0", None)
+        with pytest.raises(CNIError):
+            masq.check_ip_masq("iptables", "gonet", "go-ctr", "eth0", [ip])
+    nat = host.run(["iptables-save", "-t", "nat"]).stdout
+    assert "CNI-" not in nat and str(ip.ip) not in nat
