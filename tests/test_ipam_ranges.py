@@ -190,7 +190,7 @@ def test_parse_ip_with_prefix() -> None:
     assert parse_ip_with_prefix("10.0.0.5") == (ip("10.0.0.5"), None)
     assert parse_ip_with_prefix("10.0.0.5/24") == (ip("10.0.0.5"), 24)
     assert parse_ip_with_prefix("2001:db8::5/64") == (ip("2001:db8::5"), 64)
-    for bad in ("", "10.0.0", "10.0.0.5/33", "x/24", "010.0.0.5"):
+    for bad in ("", "10.0.0", "10.0.0.5/33", "x/24", "010.0.0.5", "10.0.0.5/255.255.255.0", "10.0.0.5/"):
         with pytest.raises(ValueError):
             parse_ip_with_prefix(bad)
 

@@ -4,7 +4,8 @@ A *range* is a subnet with an inclusive ``rangeStart``..``rangeEnd`` window and 
 *range set* is a list of ranges of one family that together yield one address. Parsing,
 defaults, overlap rules and the allocation order follow the Go reference allocator, so the
 same config hands out the same addresses in the same order. Addresses are compared as ints
-(cheap on the allocation path). Static IPAM reuses the IP/route/requested-IP parsers.
+(cheap on the allocation path). The IP, route and requested-IP parsers are not host-local
+specific: other IPAM plugins (static) can use them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def parse_ip_with_prefix(text: str) -> tuple[IPAddress, int | None]:
     if not isinstance(text, str):
         raise ValueError(f"invalid IP address {text!r}: not a string")
     if "/" in text:
+        if not text.rpartition("/")[2].isdigit():  # Go takes a prefix length, not a netmask
+            raise ValueError(f"invalid IP address {text}")
         try:
             iface = ipaddress.ip_interface(text)
         except ValueError:
