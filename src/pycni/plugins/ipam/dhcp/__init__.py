@@ -1,0 +1,87 @@
+"""IPAM plugin ``dhcp``: addresses from a DHCP server, held by a long-running daemon.
+
+The plugin itself is a thin client: it forwards each request over a unix socket
+(``ipam.daemonSocketPath``, default /run/cni/dhcp.sock) to the daemon, which acquires the
+lease from inside the container's namespace, keeps renewing it while the container lives and
+releases it on DEL. ``dhcp daemon [flags]`` runs that daemon from this same executable, as the
+Go reference does (see :mod:`pycni.plugins.ipam.dhcp.daemon` and docs/dhcp.md).
+
+Differences from the reference: DEL releases the lease at the server (the reference only stops
+renewing); DEL succeeds when no daemon runs (there is no lease left to release); CHECK asks
+whether the lease is still held instead of acquiring one. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from pycni.plugins.ipam.dhcp import protocol
+from pycni.skel import CmdArgs, Plugin, run_plugin
+from pycni.spec.errors import INVALID_CONFIG, PLUGIN_NOT_AVAILABLE, CNIError
+from pycni.spec.types import Result
+
+
+def _socket_path(conf: dict[str, Any]) -> str:
+    ipam = conf.get("ipam")
+    if not isinstance(ipam, dict):
+        raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
+                       "the network configuration needs an \"ipam\" object")
+    path = ipam.get("daemonSocketPath") or protocol.DEFAULT_SOCKET_PATH
+    if not isinstance(path, str):
+        raise CNIError(INVALID_CONFIG, "invalid ipam.daemonSocketPath", f"expected a path string, got {path!r}")
+    return path
+
+
+def _call(args: CmdArgs, method: str) -> dict[str, Any]:
+    path = _socket_path(args.conf())
+    request = {"method": method, "containerID": args.container_id, "ifname": args.ifname, "args": args.args,
+               # the daemon may run in another working directory
+               "netns": os.path.abspath(args.netns) if args.netns else "",
+               "stdin": args.stdin_data.decode("utf-8", "replace")}
+    return protocol.call(path, request)
+
+
+def cmd_add(args: CmdArgs) -> Result:
+    reply = _call(args, "add")
+    return Result.from_dict(reply.get("result"), "1.1.0")
+
+
+def cmd_del(args: CmdArgs) -> None:
+    """Release the lease; with no daemon running there is nothing held, so DEL still succeeds."""
+    try:
+        _call(args, "del")
+    except protocol.DaemonUnavailable:
+        return None
+
+
+def cmd_check(args: CmdArgs) -> None:
+    _call(args, "check")
+
+
+def cmd_gc(args: CmdArgs) -> None:
+    try:
+        _call(args, "gc")
+    except protocol.DaemonUnavailable:
+        return None
+
+
+def cmd_status(args: CmdArgs) -> None:
+    try:
+        _call(args, "status")
+    except protocol.DaemonUnavailable as e:
+        raise CNIError(PLUGIN_NOT_AVAILABLE, e.msg, e.details) from None
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
+                about="CNI dhcp IPAM plugin (pycni); run `dhcp daemon` to start its lease daemon")
+
+
+def main() -> None:
+    """The plugin, or the daemon when the first argument is ``daemon`` (as the reference)."""
+    if len(sys.argv) > 1 and sys.argv[1] == "daemon":
+        from pycni.plugins.ipam.dhcp.daemon import run
+
+        sys.exit(run(sys.argv[2:]))
+    run_plugin(PLUGIN)

@@ -1,0 +1,5 @@
+"""``python -m pycni.plugins.ipam.dhcp [daemon ...]``."""
+
+from pycni.plugins.ipam.dhcp import main
+
+main()

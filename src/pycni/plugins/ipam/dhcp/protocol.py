@@ -1,0 +1,81 @@
+"""The plugin <-> daemon protocol: one JSON request and one JSON reply per unix-socket connection.
+
+The reference uses Go's net/rpc; nothing else speaks to the daemon, so ours is simpler::
+
+    request: {"method": "add"|"del"|"check"|"gc"|"status", "containerID": ..., "netns": ...,
+              "ifname": ..., "args": CNI_ARGS, "stdin": the network configuration (text)}
+    reply:   {"result": {...a 1.1.0 result...}}  |  {}  |  {"error": {"code", "msg", "details"}}
+
+The client half writes its request, shuts down its writing side, and reads to EOF. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+from pycni.spec.errors import DECODE_FAILURE, TRY_AGAIN, CNIError
+
+DEFAULT_SOCKET_PATH = "/run/cni/dhcp.sock"
+MAX_MESSAGE = 4 << 20
+START_HINT = ("start it with `dhcp daemon` (the same executable as this plugin; add "
+              "-socketpath PATH to match ipam.daemonSocketPath), or enable the cni-dhcp systemd "
+              "socket/service units (see docs/dhcp.md)")
+
+
+class DaemonUnavailable(CNIError):
+    """Nothing listens on the daemon's socket."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(TRY_AGAIN, f"the DHCP daemon is not running (cannot connect to {path})",
+                         f"{why}; {START_HINT}")
+
+
+def read_all(sock: socket.socket, limit: int = MAX_MESSAGE) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise ValueError(f"message larger than {limit} bytes")
+        chunks.append(chunk)
+
+
+def call(path: str, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    """Send one request to the daemon at ``path``; return its reply or raise its CNIError."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(timeout)
+        try:
+            s.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            raise DaemonUnavailable(path, e.strerror or str(e)) from None
+        except PermissionError as e:
+            raise CNIError(TRY_AGAIN, f"cannot connect to the DHCP daemon at {path}",
+                           f"{e.strerror}: the plugin must run as a user allowed to use the socket") from None
+        s.sendall(json.dumps(request).encode())
+        s.shutdown(socket.SHUT_WR)
+        data = read_all(s)
+    except TimeoutError:
+        raise CNIError(TRY_AGAIN, "the DHCP daemon did not answer in time",
+                       f"no reply on {path} after {timeout}s") from None
+    except (ConnectionResetError, BrokenPipeError) as e:
+        raise CNIError(TRY_AGAIN, "the DHCP daemon dropped the connection", f"{path}: {e}") from None
+    finally:
+        s.close()
+    if not data:
+        raise CNIError(TRY_AGAIN, "the DHCP daemon closed the connection without answering",
+                       f"{path}: the daemon may be shutting down; retry")
+    try:
+        reply = json.loads(data)
+    except ValueError as e:
+        raise CNIError(DECODE_FAILURE, "undecodable reply from the DHCP daemon", str(e)) from None
+    if not isinstance(reply, dict):
+        raise CNIError(DECODE_FAILURE, "undecodable reply from the DHCP daemon", repr(data[:200]))
+    if isinstance(reply.get("error"), dict):
+        raise CNIError.from_dict(reply["error"])
+    return reply
