@@ -1,0 +1,132 @@
+"""net.nft and net.iptables: the command wrappers, in a throwaway namespace."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from netns_util import Namespace
+
+from pycni.net import iptables, nft
+from pycni.spec.errors import INVALID_CONFIG, IO_FAILURE
+
+
+# ---- nft -------------------------------------------------------------------------------------
+def test_nft_run_and_list(host_ns: Namespace) -> None:
+    with host_ns.enter():
+        nft.run("add table inet t\nadd chain inet t c\nadd rule inet t c tcp dport 22 accept comment \"hi\"\n")
+        listing = nft.list_json("chain", "inet", "t", "c")
+        assert nft.chain_exists("inet", "t", "c") and nft.table_exists("inet", "t")
+        assert not nft.chain_exists("inet", "t", "nope") and not nft.table_exists("inet", "nope")
+        assert nft.list_json("table", "inet", "nope", missing_ok=True) == {"nftables": []}
+    [rule] = nft.rules(listing)
+    assert rule["comment"] == "hi" and rule["chain"] == "c"
+    assert "tcp dport 22 accept" in host_ns.run(["nft", "list", "ruleset"]).stdout
+
+
+def test_nft_transaction_is_atomic(host_ns: Namespace) -> None:
+    with host_ns.enter():
+        with pytest.raises(nft.NftError) as e:
+            nft.run("add table inet t\nadd chain inet t c\nadd rule inet t c frobnicate\n", code=INVALID_CONFIG)
+    assert e.value.code == INVALID_CONFIG
+    assert "frobnicate" in e.value.details  # nft's own message reaches the caller
+    assert "table" not in host_ns.run(["nft", "list", "ruleset"]).stdout
+
+
+def test_nft_errors_classified(host_ns: Namespace) -> None:
+    with host_ns.enter():
+        with pytest.raises(nft.NftError) as e:
+            nft.run("delete table inet nope\n")
+        assert e.value.not_found and e.value.code == IO_FAILURE
+        with pytest.raises(nft.NftError) as e:
+            nft.list_json("table", "inet", "nope")
+        assert e.value.not_found
+        nft.run("add table inet t\nadd map inet t m { type inet_service : verdict; }\nadd chain inet t a\n"
+                "add chain inet t b\nadd element inet t m { 1 : jump a }\n")
+        with pytest.raises(nft.NftError) as e:
+            nft.run("add element inet t m { 1 : jump b }\n")
+        assert e.value.exists
+
+
+def test_nft_quote() -> None:
+    assert nft.quote('a "b" c') == '"a b c"'
+    assert nft.quote("x\ny\\") == '"xy"'
+    assert len(nft.quote("é" * 100)) <= 130  # 128 bytes plus the quotes, never a split character
+    nft.quote("é" * 100).encode()
+
+
+def test_find_tool_without_path() -> None:
+    assert nft.find_tool("nft").endswith("/nft")
+    assert nft.find_tool("no-such-tool-xyz") == "no-such-tool-xyz"
+
+
+def test_nft_acts_in_the_calling_threads_namespace(host_ns: Namespace, netns_factory) -> None:  # type: ignore[no-untyped-def]
+    other = netns_factory()
+    done = threading.Event()
+
+    def in_other() -> None:
+        with other.enter():
+            nft.run("add table ip other_table\n")
+        done.set()
+
+    th = threading.Thread(target=in_other)
+    with host_ns.enter():
+        th.start()
+        nft.run("add table ip host_table\n")
+        th.join()
+    assert done.is_set()
+    assert "host_table" in host_ns.run(["nft", "list", "tables"]).stdout
+    assert "other_table" not in host_ns.run(["nft", "list", "tables"]).stdout
+    assert "other_table" in other.run(["nft", "list", "tables"]).stdout
+
+
+# ---- iptables --------------------------------------------------------------------------------
+@pytest.mark.parametrize("v6", [False, True])
+def test_iptables_rule_helpers(host_ns: Namespace, v6: bool) -> None:
+    net = "fd00::/64" if v6 else "10.0.0.0/8"
+    rule = ["-d", net, "-m", "comment", "--comment", 'name: "x" id: "y"', "-j", "RETURN"]
+    with host_ns.enter():
+        assert iptables.usable(v6)
+        iptables.ensure_chain("nat", "TESTCHAIN", v6)
+        iptables.ensure_chain("nat", "TESTCHAIN", v6)  # exists: fine
+        assert iptables.chain_exists("nat", "TESTCHAIN", v6)
+        assert "TESTCHAIN" in iptables.list_chains("nat", v6)
+        assert not iptables.rule_exists("nat", "TESTCHAIN", rule, v6)
+        iptables.append_unique("nat", "TESTCHAIN", rule, v6)
+        iptables.append_unique("nat", "TESTCHAIN", rule, v6)
+        assert iptables.rule_exists("nat", "TESTCHAIN", rule, v6)
+        [line] = iptables.list_rules("nat", "TESTCHAIN", v6)
+        assert iptables.split_rule(line)[-2:] == ["-j", "RETURN"]
+        # An -S line read back deletes the same rule (quoting survives the round trip).
+        iptables.delete_rule("nat", "TESTCHAIN", iptables.split_rule(line), v6)
+        assert iptables.list_rules("nat", "TESTCHAIN", v6) == []
+        iptables.delete_rule("nat", "TESTCHAIN", rule, v6)  # missing rule: fine
+        iptables.delete_chain("nat", "TESTCHAIN", v6)
+        iptables.delete_chain("nat", "TESTCHAIN", v6)  # missing chain: fine
+        assert not iptables.chain_exists("nat", "TESTCHAIN", v6)
+        assert iptables.list_rules("nat", "TESTCHAIN", v6) == []
+
+
+def test_iptables_restore_quoting_and_atomicity(host_ns: Namespace) -> None:
+    comment = 'a "quoted" \\ comment'
+    text = "\n".join(["*nat", ":QCHAIN - [0:0]",
+                      iptables.rule_line("-A", "QCHAIN", ["-m", "comment", "--comment", comment, "-j", "RETURN"]),
+                      "COMMIT", ""])
+    with host_ns.enter():
+        iptables.restore(text)
+        [line] = iptables.list_rules("nat", "QCHAIN")
+        assert iptables.split_rule(line)[3] == comment
+        bad = "*nat\n:QCHAIN2 - [0:0]\n-A QCHAIN2 -j NOSUCHTARGET\nCOMMIT\n"
+        with pytest.raises(iptables.IptablesError) as e:
+            iptables.restore(bad)
+        assert e.value.details
+        assert not iptables.chain_exists("nat", "QCHAIN2")  # nothing of the failed commit remains
+
+
+def test_iptables_error_has_command_and_stderr(host_ns: Namespace) -> None:
+    with host_ns.enter():
+        with pytest.raises(iptables.IptablesError) as e:
+            iptables.run(["-t", "nat", "-A", "NOSUCHCHAIN", "-j", "ACCEPT"])
+    assert e.value.code == IO_FAILURE
+    assert "iptables" in e.value.msg and "NOSUCHCHAIN" in e.value.msg
+    assert e.value.not_found or "does not exist" in e.value.details
