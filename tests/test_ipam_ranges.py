@@ -211,8 +211,9 @@ def test_requested_ips_errors_carry_codes() -> None:
     with pytest.raises(CNIError) as e:
         requested_ips({"runtimeConfig": {"ips": ["10.0.0.300"]}}, {})
     assert e.value.code == 7 and "runtimeConfig.ips" in e.value.msg
-    for conf in ({"args": {"cni": {"ips": "10.0.0.1"}}}, {"args": "IP=10.0.0.1"}, {"args": {"cni": []}},
-                 {"runtimeConfig": ["10.0.0.1"]}):
+    bad_confs: list[dict[str, object]] = [{"args": {"cni": {"ips": "10.0.0.1"}}}, {"args": "IP=10.0.0.1"},
+                                          {"args": {"cni": []}}, {"runtimeConfig": ["10.0.0.1"]}]
+    for conf in bad_confs:
         with pytest.raises(CNIError) as e:
             requested_ips(conf, {})
         assert e.value.code == 7

@@ -153,12 +153,12 @@ def parse_range(obj: Any) -> Range:
     # against the subnet and rangeStart: an inverted window fails on whichever comes first.
     if start is not None:
         if start.version != net.version or start not in net or (
-                end is not None and end.version == start.version and start > end):
+                end is not None and end.version == start.version and int(start) > int(end)):
             raise RangeError(f"RangeStart {start} not in network {net}")
     else:
         start = first
     if end is not None:
-        if end.version != net.version or end not in net or end < start:
+        if end.version != net.version or end not in net or int(end) < int(start):
             raise RangeError(f"RangeEnd {end} not in network {net}")
     else:
         end = last
