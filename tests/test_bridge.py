@@ -582,3 +582,28 @@ def test_matches_go_reference(case: str, netns_factory: Callable[[], Namespace],
     assert outcomes["py"][0] == outcomes["go"][0]
     assert outcomes["py"][1] == outcomes["go"][1]
     assert outcomes["py-del"] == outcomes["go-del"]
+
+
+@pytest.mark.skipif(not os.access(GO_BRIDGE, os.X_OK), reason="Go reference bridge not installed")
+@pytest.mark.parametrize("first", ["go", "py"])
+def test_interoperates_with_go_on_the_same_host(first: str, br: Bridge, host_ns: Namespace,
+                                                container_ns: Namespace, tmp_path: Path) -> None:
+    """ADD by one implementation, CHECK and DEL by the other: same on-host layout, nothing left."""
+    conf = make_conf(tmp_path, isGateway=True, ipMasq=True, ipMasqBackend="iptables", macspoofchk=True)
+    env = dict(br.env("ADD", container_ns), PATH=os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"))
+
+    def go(cmd: str, c: dict[str, Any]) -> str:
+        return host_ns.run([GO_BRIDGE], input=json.dumps(c), env=dict(env, CNI_COMMAND=cmd, CNI_PATH=GO_DIR)).stdout
+
+    result = json.loads(go("ADD", conf)) if first == "go" else br.add(conf, container_ns)
+    assert ping(container_ns, "10.10.0.1")
+    checked = dict(conf, prevResult=result)
+    if first == "go":
+        br.ok("CHECK", checked, container_ns)
+        br.ok("DEL", conf, container_ns)
+    else:
+        go("CHECK", checked)
+        go("DEL", conf)
+    assert host_veths(host_ns) == [] and "eth0" not in links(container_ns) and reserved(tmp_path) == []
+    assert "CNI-" not in host_ns.run(["iptables-save", "-t", "nat"]).stdout
+    assert "macspoofchk" not in host_ns.run(["nft", "list", "ruleset"]).stdout
