@@ -47,3 +47,14 @@ def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 GO_PLUGIN_DIR = "/usr/lib/cni"
+
+
+@pytest.fixture(scope="session")
+def go_libcni_tool(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """tests/interop/gocnitool built once per session against the Go reference libcni."""
+    from interop.gobuild import GoUnavailable, build
+
+    try:
+        return build("gocnitool", str(tmp_path_factory.mktemp("go-libcni-tool")))
+    except GoUnavailable as e:
+        pytest.skip(f"Go libcni runtime unavailable: {e}")
