@@ -156,7 +156,7 @@ def _start_daemon(host: Namespace, bin_dir: str, tmp: Path, *extra: str) -> Daem
         proc = subprocess.Popen(["ip", "netns", "exec", host.name, os.path.join(bin_dir, "dhcp"), "daemon",
                                  "-socketpath", sock, "-pidfile", str(tmp / "daemon.pid"),
                                  "-timeout", DAEMON_TIMEOUT, "-resendtimeout", DAEMON_RESEND_TIMEOUT, *extra],
-                                stdout=log, stderr=log)
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     d = Daemon(proc, sock, log_path)
     try:
         _wait_for(lambda: os.path.exists(sock) or proc.poll() is not None, 10, "the dhcp daemon's socket")
@@ -441,6 +441,20 @@ def test_daemon_flags_pidfile_socket_cleanup(dhcp_net: DHCPNet, cni_bin: str, tm
     bad = subprocess.run(["ip", "netns", "exec", dhcp_net.host.name, os.path.join(cni_bin, "dhcp"), "daemon",
                           "-timeout", "ten"], capture_output=True, text=True, timeout=20)
     assert bad.returncode == 2 and "invalid duration" in bad.stderr
+
+
+def test_daemon_starts_from_forwarding_shim(host_ns: Namespace, tmp_path: Path) -> None:
+    """`dhcp daemon` from the executables that forward to `pycni daemon`, stdin not a tty (systemd)."""
+    from pycni.plugins.registry import daemon_shims_available, install
+
+    if not daemon_shims_available():
+        pytest.skip("no forwarding shims in this tree")
+    bin_dir = tmp_path / "bin"
+    install(str(bin_dir), ["dhcp"], daemon=True)
+    d = _start_daemon(host_ns, str(bin_dir), tmp_path)
+    _stop(d.proc)
+    assert d.proc.returncode == 0, d.log()
+    assert "listening on" in d.log()
 
 
 # ---- pure units ------------------------------------------------------------------------------

@@ -59,10 +59,11 @@ def _run_here(module: str, stdin: bytes) -> tuple[int, bytes, bytes]:
 
 def main(plugin_type: str, module: str) -> None:
     command = os.environ.get("CNI_COMMAND", "")
-    if not command and (sys.stdin is None or sys.stdin.isatty()):
+    if len(sys.argv) > 1 or (not command and (sys.stdin is None or sys.stdin.isatty())):
         import importlib
 
-        importlib.import_module(module).main()  # run by hand: let the plugin describe itself
+        # run by hand (let the plugin describe itself), or with arguments (`dhcp daemon ...`)
+        importlib.import_module(module).main()
         return
     stdin = _read_stdin()
     sock_path = os.environ.get("PYCNI_SOCKET") or "/run/pycni/pycni.sock"
