@@ -343,3 +343,18 @@ def test_chain_of_our_plugins_via_shims(host_ns: Any, container_ns: Any, tmp_pat
             assert p.returncode == 0, f"{path} DEL: {p.stdout}{p.stderr}"
     assert in_ns(host_ns, lambda: tc.qdiscs(bw.ifb_name(NET, "c1"))) is None
     assert f"-s {container_ip(prev)}/32" not in host_ns.run(["iptables", "-S", "CNI-FORWARD"]).stdout
+
+
+def test_rates_beyond_32_bits(host_ns: Any, container_ns: Any, tmp_path: Any) -> None:
+    """40 Gbit/s needs the kernel's 64-bit rate attribute; ADD and CHECK must still agree."""
+    from pycni.net import tc
+
+    prev = bridge_add(host_ns, tmp_path, container_ns, "c1")
+    limits = {"ingressRate": 40_000_000_000, "ingressBurst": 80_000_000,
+              "egressRate": 40_000_000_000, "egressBurst": 80_000_000}
+    rc, res = run_bw(host_ns, "ADD", bw_conf(prev, **limits), "c1", container_ns)
+    assert rc == 0, res
+    root = [q for q in in_ns(host_ns, lambda: tc.qdiscs(host_veth(prev))) if q.parent == 0xFFFFFFFF][0]
+    assert root.params["rate"] == 5_000_000_000
+    assert run_bw(host_ns, "CHECK", bw_conf(res, **limits), "c1", container_ns)[0] == 0
+    assert run_bw(host_ns, "DEL", bw_conf(res, **limits), "c1", container_ns)[0] == 0

@@ -55,6 +55,13 @@ def tc_xmittime(rate_bytes: int, size_bytes: int) -> int:
     return int(size_bytes * TIME_UNITS_PER_SEC / rate_bytes * tick_in_usec())
 
 
+def tbf_buffer(rate_bytes: int, burst_bytes: int) -> int:
+    """The bucket :func:`add_tbf` installs (netlink path below 2**32 bytes/s, tc above)."""
+    if rate_bytes > MAX_U32:
+        return tc_xmittime(rate_bytes, burst_bytes)
+    return xmittime(rate_bytes, burst_bytes)
+
+
 def tbf_limit(rate_bytes: int, burst_bytes: int) -> int:
     """Queue limit in bytes: what ``rate`` sends in the latency budget, plus the burst."""
     return int(rate_bytes * LATENCY_MS * 1000 / TIME_UNITS_PER_SEC) + burst_bytes
@@ -230,14 +237,28 @@ def qdiscs(dev: str) -> list[Qdisc] | None:
             if kind == "tbf" and opts is not None:
                 p = opts.get_attr("TCA_TBF_PARMS") or {}
                 params = {"rate": p.get("rate"), "limit": p.get("limit"), "buffer": p.get("buffer")}
-                rate64 = opts.get_attr("TCA_TBF_RATE64")
-                if rate64:
-                    params["rate"] = rate64
+                if params["rate"] == MAX_U32:  # the real rate is in TCA_TBF_RATE64, which pyroute2 skips
+                    params["rate"] = _tc_json_rate(dev, int(q["handle"])) or params["rate"]
             elif kind == "htb" and opts is not None:
                 p = opts.get_attr("TCA_HTB_INIT") or {}
                 params = {"defcls": p.get("defcls")}
             out.append(Qdisc(kind, int(q["handle"]), int(q["parent"]), params))
         return out
+
+
+def _tc_json_rate(dev: str, handle: int) -> int | None:
+    """A qdisc's rate in bytes/s as ``tc -j`` reports it (it decodes 64-bit rates)."""
+    import json
+
+    proc = subprocess.run(["tc", "-j", "qdisc", "show", "dev", dev], capture_output=True, text=True, timeout=30)
+    try:
+        for q in json.loads(proc.stdout or "[]"):
+            if q.get("handle") == f"{handle >> 16:x}:":
+                rate = (q.get("options") or {}).get("rate")
+                return int(rate) if rate is not None else None
+    except (ValueError, TypeError):
+        return None
+    return None
 
 
 def htb_classes(dev: str) -> list[HtbClass]:
