@@ -17,7 +17,7 @@ import ipaddress
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pycni import invoke, skel
 from pycni.cniargs import load_cni_args
@@ -25,6 +25,9 @@ from pycni.skel import CmdArgs, Plugin, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import DNS, Interface, Result, Route
+
+if TYPE_CHECKING:
+    from pycni.net.link import Link
 
 DEFAULT_BRIDGE = "cni0"
 INTERNAL = skel.INTERNAL_ERROR
@@ -260,7 +263,7 @@ def _setup_port(host: str, bridge: str, *, hairpin: bool, isolated: bool, vlan: 
         br.add_port_vlan(host, 1, pvid=True, untagged=True)  # the trunk's native VLAN, as in Go
 
 
-def _ensure_vlan_interface(n: BridgeConf, bridge_mtu: int, undo: _Undo) -> Any:
+def _ensure_vlan_interface(n: BridgeConf, bridge_mtu: int, undo: _Undo) -> Link:
     """The ``<bridge>.<vlan>`` gateway veth in the host, made like a container port (Go's way)."""
     from pycni.net import link, netns, veth
 
@@ -275,18 +278,18 @@ def _ensure_vlan_interface(n: BridgeConf, bridge_mtu: int, undo: _Undo) -> Any:
     return link.set_link(name, up=True)
 
 
-def _wait_port_up(host: str) -> Any:
+def _wait_port_up(host: str) -> Link:
+    """The host veth once it is operationally up (the reference waits the same ~2.5 s)."""
     from pycni.net import link
 
-    for i, ms in enumerate(PORT_UP_RETRIES_MS):
+    found = link.require_link(host)
+    for ms in PORT_UP_RETRIES_MS:
         time.sleep(ms / 1000)
         found = link.require_link(host)
         if found.oper_up:
             return found
-        if i == len(PORT_UP_RETRIES_MS) - 1:
-            raise CNIError(INTERNAL, f"bridge port in error state: operstate {found.operstate}",
-                           f"{host} did not come up on {found.master}")
-    return None  # pragma: no cover
+    raise CNIError(INTERNAL, f"bridge port in error state: operstate {found.operstate}",
+                   f"{host} did not come up within {sum(PORT_UP_RETRIES_MS)} ms")
 
 
 def default_masq_backend() -> str:
@@ -422,8 +425,7 @@ def cmd_check(args: CmdArgs) -> None:
     raw = args.conf()
     if raw.get("prevResult") is None:
         raise _bad("Required prevResult missing", "CHECK needs the result of ADD as prevResult")
-    result = skel.prev_result(raw)
-    assert result is not None
+    result = skel.prev_result(raw) or Result()
     br_map = next((i for i in result.interfaces if i.name == n.bridge), None)
     cont_map = next((i for i in result.interfaces if i.name == args.ifname and i.sandbox == args.netns), None)
     # the bridge, in the host
