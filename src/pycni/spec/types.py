@@ -385,9 +385,10 @@ class Result:
         for r in self.routes:
             # 0.1 <-> 0.2 copies blocks whole; from 0.3+ Go files routes by destination family
             # and keeps only dst/gw.
-            verbatim = source == "legacy" and r.legacy_block is not None
-            family = r.legacy_block if verbatim else str(r.dst.version)
-            key = "ip4" if family == "4" else "ip6"
+            route_family = str(r.dst.version)
+            if source == "legacy" and r.legacy_block is not None:
+                route_family = r.legacy_block
+            key = "ip4" if route_family == "4" else "ip6"
             if key in blocks:
                 blocks[key].setdefault("routes", []).append(r.to_dict(attributes=source == "legacy"))
         if not blocks:
