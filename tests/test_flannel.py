@@ -137,6 +137,11 @@ def test_add_then_del_after_subnet_file_removed(netns_factory: Callable[[], Name
     ctr.run(["ping", "-c", "1", "-W", "2", "10.244.1.1"])
     saved = tmp_path / "flannel-data" / "ctr-1"
     assert json.loads(saved.read_bytes())["ipam"]["ranges"] == [[{"subnet": "10.244.1.0/24"}]]
+    check_conf = json.dumps(dict(json.loads(conf), prevResult=out)).encode()
+    run_flannel(node, plugin_dir, "CHECK", ctr, "ctr-1", check_conf)  # delegated to the bridge
+    ctr.run(["ip", "addr", "flush", "dev", "eth0"])
+    with pytest.raises(CNIError):
+        run_flannel(node, plugin_dir, "CHECK", ctr, "ctr-1", check_conf)
 
     os.unlink(subnet_file)  # flanneld went away: DEL must still clean up from the saved config
     run_flannel(node, plugin_dir, "DEL", ctr, "ctr-1", conf)
