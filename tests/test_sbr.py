@@ -279,3 +279,35 @@ def test_dual_stack_same_as_go_reference(host_ns: Any, netns_factory: Any, tmp_p
     assert run_sbr("DEL", sbr_conf(prevs[0]), ours)[0] == 0
     assert not [r for r in rules(ours, True) if "lookup 10" in r]
     assert routes(ours, "101", True) == [] and routes(ours, "100") == []
+
+
+def test_concurrent_adds_pick_distinct_tables(host_ns: Any, container_ns: Any, tmp_path: Any) -> None:
+    """Two interfaces of one container, sbr ADDs racing: the netns lock keeps their tables apart."""
+    import threading
+
+    prevs = {}
+    for i, ifname in enumerate(("eth0", "net1")):
+        bconf = {"cniVersion": "1.0.0", "name": f"n{i}", "type": "bridge", "bridge": f"cni-sbr{i}",
+                 "isGateway": True, "ipam": {"type": "host-local", "subnet": f"10.8{i}.0.0/24",
+                                             "dataDir": str(tmp_path / f"ipam{i}"), "routes": [{"dst": "0.0.0.0/0"}]}}
+        p = host_ns.run([GO_BRIDGE], input=json.dumps(bconf), env=env("ADD", "c1", container_ns.path, ifname))
+        prevs[ifname] = json.loads(p.stdout)
+    codes: list[int] = []
+
+    def one(ifname: str) -> None:
+        out = dispatch(sbr.PLUGIN, env("ADD", "c1", container_ns.path, ifname),
+                       json.dumps(sbr_conf(prevs[ifname])).encode())
+        codes.append(out.exit_code)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in prevs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert codes == [0, 0]
+    lookups = sorted(r.split("lookup ")[1] for r in rules(container_ns) if "from 10.8" in r)
+    assert lookups == ["100", "101"]
+    for ifname in prevs:
+        out = dispatch(sbr.PLUGIN, env("CHECK", "c1", container_ns.path, ifname),
+                       json.dumps(sbr_conf(prevs[ifname])).encode())
+        assert out.exit_code == 0, out.stdout

@@ -278,6 +278,8 @@ def cmd_del(args: CmdArgs) -> None:
                 continue
             rule.del_rule(r)
             tables.add(r.table)
+        if conf.table is not None and not conf.vrfname:
+            return  # with "table" the routes there are the administrator's, not ours
         for t in tables - {RT_TABLE_MAIN}:
             for route in rule.link_routes(lk.index, t):
                 rule.remove_route(route)
