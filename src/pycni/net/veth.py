@@ -83,22 +83,30 @@ def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, h
                                    f"an interface named {ifname!r} already exists in {container_netns} "
                                    f"(or {host!r} in the host); choose another CNI_IFNAME") from None
                 raise CNIError(INTERNAL, "failed to make veth pair", str(e)) from None
-            try:
-                sock.link("set", index=int(_lookup(sock, host)["index"]), state="up")
-            except Exception as e:
-                _delete_quietly(sock, host)
-                raise CNIError(INTERNAL, f"failed to set {host!r} up", str(e)) from None
         try:
-            from pycni.net.sysctl import write_sysctl
-
-            write_sysctl(f"net/ipv6/conf/{host}/accept_ra", "0")
-        except (CNIError, ImportError):
-            pass  # IPv6 may be disabled; the reference ignores this too
-        host_link = _get(host)
-        with netns.enter(container_netns):
-            cont_link = _get(ifname)
-        return VethPair(host=host_link, container=cont_link)
+            return _finish(host, ifname, container_netns)
+        except BaseException:
+            with ipr() as sock:
+                _delete_quietly(sock, host)  # never leave half a pair behind
+            raise
     raise CNIError(INTERNAL, "failed to find a unique veth name", f"{MAX_NAME_TRIES} random names were all taken")
+
+
+def _finish(host: str, ifname: str, container_netns: str) -> VethPair:
+    """Bring the host end up (accept_ra off, as the reference) and read both ends back."""
+    from pycni.net.link import set_link
+
+    set_link(host, up=True)
+    try:
+        from pycni.net.sysctl import write_sysctl
+
+        write_sysctl(f"net/ipv6/conf/{host}/accept_ra", "0")
+    except CNIError:
+        pass  # IPv6 may be disabled; the reference ignores this too
+    host_link = _get(host)
+    with netns.enter(container_netns):
+        cont_link = _get(ifname)
+    return VethPair(host=host_link, container=cont_link)
 
 
 def _get(name: str) -> Link:
