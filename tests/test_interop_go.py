@@ -165,7 +165,7 @@ def assert_cache_entry(net: Net, cid: str, result: Result) -> None:
 
 # ---- (a) our plugins under Go's libcni -----------------------------------------------------
 
-@pytest.mark.parametrize("version", ["1.0.0", "0.4.0"])
+@pytest.mark.parametrize("version", ["1.0.0", "0.4.0", "0.3.1"])
 def test_our_bridge_host_local_under_go_libcni(version: str, gocnitool: str, host_ns: Namespace,
                                                netns_factory: Callable[[], Namespace], plugin_dir: str,
                                                tmp_path: Path) -> None:
@@ -201,7 +201,11 @@ def test_our_bridge_host_local_under_go_libcni(version: str, gocnitool: str, hos
         assert "18080" in rules and "18081" in rules
 
     for cid, ns in (("ctr-a", c1), ("ctr-b", c2)):
-        go.run("check", cid, ns.path, cap=caps[cid])
+        if version == "0.3.1":
+            rc, err = go.run("check", cid, ns.path, cap=caps[cid], check=False)
+            assert rc == 1 and "does not support the CHECK command" in err["msg"], err
+        else:
+            go.run("check", cid, ns.path, cap=caps[cid])
         _, cached = go.run("cached", cid, ns.path)
         assert Result.from_dict(cached).ips == results[cid].ips
 
