@@ -82,7 +82,7 @@ def run(conf_dir: str, network: str) -> int:
         rt = CNI(conf_dir=private_conf, plugin_path=[bin_dir], cache_dir=os.path.join(state, "cache"),
                  env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "PYCNI_SOCKET": "off"})
         net = rt.load_network(network)
-        print(f"  network {net.name!r} (cniVersion {net.version}): "
+        print(f"  network {net.name!r} (cniVersion {net.cni_version}): "
               + " -> ".join(p.type for p in net.plugins))
 
         _say(f"creating throwaway namespaces: host {host}, containers {c1} and {c2}, outside client {client}")
