@@ -217,3 +217,7 @@ def test_isolated_policy_drops_intra_bridge(netns_factory: Any) -> None:
         [r for r in rules if "-j CNI-FORWARD" in r][0])
     assert run_fw(host, "ADD", conf, "c1", cont.path)[0] == 0  # repeatable: no duplicates
     assert ipt_state(host).splitlines() == rules
+    assert run_fw(host, "CHECK", conf, "c1", cont.path)[0] == 0
+    host.run(["iptables", "-w", "-D", "CNI-ISOLATION-STAGE-1", "1"])
+    rc, e = run_fw(host, "CHECK", conf, "c1", cont.path)
+    assert rc == 1 and "CNI-ISOLATION-STAGE-1" in e["msg"]

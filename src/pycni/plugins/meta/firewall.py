@@ -228,6 +228,28 @@ def _policy_comment(policy: str) -> list[str]:
 
 
 DEFAULT_POLICY_COMMENT = _policy_comment("same-bridge|isolated")
+LEGACY_POLICY_COMMENT = _policy_comment("same-bridge")
+
+
+def _isolation_rules(conf: FirewallConf, result: Result) -> list[tuple[str, list[str], bool]]:
+    """(chain, rule, prepend) in the order the reference installs them, for the bridge."""
+    if not result.interfaces or not result.interfaces[0].name:
+        raise CNIError(INVALID_CONFIG, f"interface needs to be set for ingress policy {conf.ingress_policy!r}",
+                       "make sure to chain \"firewall\" after \"bridge\"")
+    br = result.interfaces[0].name
+    pc = _policy_comment(conf.ingress_policy)
+    rules = [("FORWARD", ["-j", STAGE1, *DEFAULT_POLICY_COMMENT], True),
+             (STAGE1, ["-i", br, "!", "-o", br, "-j", STAGE2, *pc], True)]
+    if conf.ingress_policy == "isolated":
+        rules.append((STAGE1, ["-i", br, "-o", br, "-j", "DROP", *pc], True))
+    rules += [(STAGE1, ["-j", "RETURN", *DEFAULT_POLICY_COMMENT], False),
+              (STAGE2, ["-o", br, "-j", "DROP", *DEFAULT_POLICY_COMMENT], True),
+              (STAGE2, ["-j", "RETURN", *DEFAULT_POLICY_COMMENT], False)]
+    return rules
+
+
+def _families(result: Result) -> list[bool]:
+    return sorted({ip.address.version == 6 for ip in result.ips})
 
 
 def setup_ingress_policy(conf: FirewallConf, result: Result) -> None:
@@ -235,22 +257,29 @@ def setup_ingress_policy(conf: FirewallConf, result: Result) -> None:
 
     if conf.ingress_policy in ("", "open"):
         return
-    if not result.interfaces or not result.interfaces[0].name:
-        raise CNIError(INVALID_CONFIG, f"interface needs to be set for ingress policy {conf.ingress_policy!r}",
-                       "make sure to chain \"firewall\" after \"bridge\"")
-    br = result.interfaces[0].name
-    isolated = conf.ingress_policy == "isolated"
-    pc = _policy_comment(conf.ingress_policy)
-    for v6 in sorted({ip.address.version == 6 for ip in result.ips}):
+    rules = _isolation_rules(conf, result)
+    for v6 in _families(result):
         for chain in (STAGE1, STAGE2):
             ipt.ensure_chain("filter", chain, v6)
-        ipt.append_unique("filter", "FORWARD", ["-j", STAGE1, *DEFAULT_POLICY_COMMENT], v6, prepend=True)
-        ipt.append_unique("filter", STAGE1, ["-i", br, "!", "-o", br, "-j", STAGE2, *pc], v6, prepend=True)
-        if isolated:
-            ipt.append_unique("filter", STAGE1, ["-i", br, "-o", br, "-j", "DROP", *pc], v6, prepend=True)
-        ipt.append_unique("filter", STAGE1, ["-j", "RETURN", *DEFAULT_POLICY_COMMENT], v6)
-        ipt.append_unique("filter", STAGE2, ["-o", br, "-j", "DROP", *DEFAULT_POLICY_COMMENT], v6, prepend=True)
-        ipt.append_unique("filter", STAGE2, ["-j", "RETURN", *DEFAULT_POLICY_COMMENT], v6)
+        for chain, rule, prepend in rules:
+            ipt.append_unique("filter", chain, rule, v6, prepend=prepend)
+
+
+def check_ingress_policy(conf: FirewallConf, result: Result) -> None:
+    """Beyond the reference's CHECK: the bridge's isolation rules are in place."""
+    from pycni.net import iptables as ipt
+
+    if conf.ingress_policy in ("", "open"):
+        return
+    rules = _isolation_rules(conf, result)
+    n = len(DEFAULT_POLICY_COMMENT)
+    for v6 in _families(result):
+        for chain, rule, _ in rules:
+            # Older references (v1.1) commented the shared rules "(ingressPolicy: same-bridge)".
+            alt = rule[:-n] + LEGACY_POLICY_COMMENT if rule[-n:] == DEFAULT_POLICY_COMMENT else rule
+            if not (ipt.rule_exists("filter", chain, rule, v6) or ipt.rule_exists("filter", chain, alt, v6)):
+                raise CNIError(PLUGIN_SPECIFIC, f"expected {chain} rule not found",
+                               f"{'ip6tables' if v6 else 'iptables'} -t filter -C {chain} {' '.join(rule)}")
 
 
 # ---- handlers --------------------------------------------------------------------------------
@@ -293,6 +322,7 @@ def cmd_check(args: CmdArgs) -> None:
         raise CNIError(INVALID_CONFIG, "missing prevResult from earlier plugin",
                        "CHECK needs the prevResult of the chain")
     BACKENDS[conf.backend][2](conf, conf.prev)
+    check_ingress_policy(conf, conf.prev)
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
