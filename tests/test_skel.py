@@ -362,7 +362,8 @@ def _run(ns: Any, binary: str, env: dict[str, str], stdin: bytes) -> tuple[int, 
     return proc.returncode, body
 
 
-@pytest.mark.parametrize("plugin_type", ["host-local", "loopback", "bridge"])
+@pytest.mark.parametrize("plugin_type", sorted(t for t in registry.PLUGIN_MODULES
+                                                if os.path.exists(os.path.join(GO_PLUGIN_DIR, t))))
 def test_bad_input_same_codes_as_go(plugin_type: str, host_ns: Any, container_ns: Any, plugin_dir: str,
                                     tmp_path: Any) -> None:
     go = os.path.join(GO_PLUGIN_DIR, plugin_type)
