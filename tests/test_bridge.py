@@ -461,6 +461,8 @@ def test_bad_input_is_a_clean_error(br: Bridge, host_ns: Namespace, container_ns
     for conf, code, text in cases:
         err = br.fail("ADD", conf, container_ns)
         assert err["code"] == code and text in err["msg"] + err.get("details", ""), err
+    # a config only ADD refuses still DELs cleanly (runtimes DEL after a failed ADD)
+    br.ok("DEL", cases[0][0], container_ns)
     with host_ns.enter():
         bad = dispatch(PLUGIN, br.env("ADD", container_ns), b"{nope")
     assert json.loads(bad.stdout)["code"] == 6

@@ -155,11 +155,6 @@ def parse_conf(args: CmdArgs) -> BridgeConf:
         raise _bad(f"unknown ipmasq backend {n.ip_masq_backend!r}", "ipMasqBackend must be iptables or nftables")
     if n.is_default_gw:
         n.is_gw = True
-    if n.ipam_type and n.disable_container_interface:
-        raise _bad("cannot use IPAM when DisableContainerInterface flag is set",
-                   "drop ipam for an L2-only attachment, or drop disableContainerInterface")
-    if n.hairpin and n.promisc:
-        raise _bad("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
     # The container MAC: CNI_ARGS MAC, then args.cni.mac, then runtimeConfig.mac (last wins).
     env_mac = load_cni_args(args.args, ["MAC"]).get("MAC", "")
     if env_mac:
@@ -174,6 +169,15 @@ def parse_conf(args: CmdArgs) -> BridgeConf:
     if isinstance(dns, dict) and any(dns.get(k) for k in ("nameservers", "search", "options", "domain")):
         n.dns, n.dns_set = DNS.from_dict(dns), True
     return n
+
+
+def check_for_add(n: BridgeConf) -> None:
+    """Combinations only ADD refuses (DEL must still clean up after such a config, as in Go)."""
+    if n.ipam_type and n.disable_container_interface:
+        raise _bad("cannot use IPAM when DisableContainerInterface flag is set",
+                   "drop ipam for an L2-only attachment, or drop disableContainerInterface")
+    if n.hairpin and n.promisc:
+        raise _bad("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
 
 
 # ---- ADD ---------------------------------------------------------------------------------------
@@ -304,6 +308,7 @@ def cmd_add(args: CmdArgs) -> Result:
     from pycni.net import link, netns, spoofchk, veth
 
     n = parse_conf(args)
+    check_for_add(n)
     netns.check_netns(args.netns)
     bridge = br.ensure_bridge(n.bridge, mtu=n.mtu, promisc=n.promisc, vlan_filtering=n.vlan_filtering)
     undo = _Undo()
