@@ -508,7 +508,7 @@ def test_installed_shim(host_ns: Namespace, container_ns: Namespace, plugin_dir:
                         tmp_path: Path) -> None:
     exe = os.path.join(plugin_dir, "bridge")
     conf = json.dumps(make_conf(tmp_path, isGateway=True))
-    env = Bridge(host_ns, cni_path).env("ADD", container_ns)
+    env = dict(Bridge(host_ns, cni_path).env("ADD", container_ns), PYCNI_SOCKET="off")
     out = host_ns.run([exe], input=conf, env=env)
     assert json.loads(out.stdout)["ips"][0]["address"] == "10.10.0.2/24"
     assert ping(container_ns, "10.10.0.1")
@@ -609,3 +609,39 @@ def test_interoperates_with_go_on_the_same_host(first: str, br: Bridge, host_ns:
     assert host_veths(host_ns) == [] and "eth0" not in links(container_ns) and reserved(tmp_path) == []
     assert "CNI-" not in host_ns.run(["iptables-save", "-t", "nat"]).stdout
     assert "macspoofchk" not in host_ns.run(["nft", "list", "ruleset"]).stdout
+
+
+def test_through_the_daemon(host_ns: Namespace, netns_factory: Callable[[], Namespace], cni_path: str,
+                            tmp_path: Path) -> None:
+    """A forwarding shim served by a warm daemon: same result, same state, same cleanup."""
+    from pycni.daemon.server import Daemon
+    from pycni.plugins.registry import install
+
+    plugin_dir = str(tmp_path / "bin")
+    install(plugin_dir, ["bridge"], daemon=True)
+
+    daemon = Daemon(str(tmp_path / "d.sock"), preload=False)
+    daemon.bind()
+    server = threading.Thread(target=daemon.serve_forever, daemon=True)
+    server.start()
+    try:
+        exe = os.path.join(plugin_dir, "bridge")
+        conf = json.dumps(make_conf(tmp_path / "ipam", isGateway=True, macspoofchk=True))
+        results = []
+        ctrs = [netns_factory(), netns_factory()]
+        for i, ctr in enumerate(ctrs):
+            env = dict(Bridge(host_ns, cni_path).env("ADD", ctr, cid=f"d{i}"), PYCNI_SOCKET=str(tmp_path / "d.sock"))
+            out = host_ns.run([exe], input=conf, env=env)
+            results.append(json.loads(out.stdout))
+        assert "bridge" in daemon.plugins          # it really was served by the daemon
+        assert [r["ips"][0]["address"] for r in results] == ["10.10.0.2/24", "10.10.0.3/24"]
+        assert ping(ctrs[0], "10.10.0.3") and ping(ctrs[1], "10.10.0.1")
+        assert "cni-br-iface-d0-eth0" in host_ns.run(["nft", "list", "ruleset"]).stdout
+        for i, ctr in enumerate(ctrs):
+            env = dict(Bridge(host_ns, cni_path).env("DEL", ctr, cid=f"d{i}"), PYCNI_SOCKET=str(tmp_path / "d.sock"))
+            host_ns.run([exe], input=conf, env=env)
+            assert "eth0" not in links(ctr)
+        assert host_veths(host_ns) == [] and "macspoofchk" not in host_ns.run(["nft", "list", "ruleset"]).stdout
+    finally:
+        daemon.stop()
+        server.join(timeout=5)
