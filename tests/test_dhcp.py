@@ -149,13 +149,15 @@ class Daemon:
         return self.log_path.read_text()
 
 
-def _start_daemon(host: Namespace, bin_dir: str, tmp: Path, *extra: str) -> Daemon:
+def _start_daemon(host: Namespace, bin_dir: str, tmp: Path, *extra: str, go: bool = False) -> Daemon:
     sock = str(tmp / "dhcp.sock")
     log_path = tmp / "daemon.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(["ip", "netns", "exec", host.name, os.path.join(bin_dir, "dhcp"), "daemon",
                                  "-socketpath", sock, "-pidfile", str(tmp / "daemon.pid"),
-                                 "-timeout", DAEMON_TIMEOUT, "-resendtimeout", DAEMON_RESEND_TIMEOUT, *extra],
+                                 "-timeout", DAEMON_TIMEOUT,
+                                 # Go 1.1.1 has no -resendtimeout
+                                 *([] if go else ["-resendtimeout", DAEMON_RESEND_TIMEOUT]), *extra],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     d = Daemon(proc, sock, log_path)
     try:
@@ -407,6 +409,38 @@ def test_gc_releases_leases_not_listed(dhcp_net: DHCPNet, daemon: Daemon, cni_bi
     assert mac_a in dhcp_net.leases()
     rc, out, _ = _invoke(dhcp_net.host, cni_bin, "dhcp", "STATUS", conf, "", "")
     assert rc == 0, out
+
+
+@pytest.mark.skipif(not os.access("/usr/lib/cni/dhcp", os.X_OK), reason="Go reference dhcp plugin not installed")
+def test_same_lease_result_as_go_reference(dhcp_net: DHCPNet, cni_bin: str, container_ns: Namespace) -> None:
+    """The Go daemon and ours, asked for the same attachment, get and report the same lease."""
+    mac = _attach(dhcp_net, container_ns, "vcd")
+    go_dir = dhcp_net.tmp / "go"
+    go_dir.mkdir()
+    os.symlink("/usr/lib/cni/dhcp", go_dir / "dhcp")
+    go = _start_daemon(dhcp_net.host, str(go_dir), go_dir, go=True)
+    try:
+        conf = _conf(go.socket)
+        rc, go_out, err = _invoke(dhcp_net.host, str(go_dir), "dhcp", "ADD", conf, "ctrd", container_ns.path)
+        assert rc == 0, (go_out, err, go.log())
+        rc, _, err = _invoke(dhcp_net.host, str(go_dir), "dhcp", "DEL", conf, "ctrd", container_ns.path)
+        assert rc == 0, err
+    finally:
+        _stop(go.proc)
+    ours = _start_daemon(dhcp_net.host, cni_bin, dhcp_net.tmp)
+    try:
+        conf = _conf(ours.socket)
+        rc, py_out, err = _invoke(dhcp_net.host, cni_bin, "dhcp", "ADD", conf, "ctrd", container_ns.path)
+        assert rc == 0, (py_out, err, ours.log())
+        # same client id and MAC: dnsmasq hands out the same address again (held, or chosen by hash)
+        assert py_out["ips"] == go_out["ips"]
+        assert py_out["routes"] == go_out["routes"]
+        assert py_out["cniVersion"] == go_out["cniVersion"]
+        rc, _, err = _invoke(dhcp_net.host, cni_bin, "dhcp", "DEL", conf, "ctrd", container_ns.path)
+        assert rc == 0, err
+        _wait_for(lambda: mac not in dhcp_net.leases(), 5, "our DEL to release the lease")
+    finally:
+        _stop(ours.proc)
 
 
 # ---- the daemon's own life ---------------------------------------------------------------------

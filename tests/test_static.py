@@ -77,6 +77,9 @@ def test_same_result_as_go_reference(shim: str, name: str, conf: dict[str, Any],
     py_rc, py_out = _run(shim, conf, cni_args=cni_args)
     assert go_rc == 0, go_out
     assert py_rc == 0, py_out
+    # Go 1.1.1's libcni prints an empty "dns": {} in 1.x results; current libcni (and our spec layer) omit it.
+    if go_out.get("dns") == {} and go_out["cniVersion"].startswith("1."):
+        go_out.pop("dns")
     assert py_out == go_out
 
 

@@ -6,9 +6,10 @@ lease from inside the container's namespace, keeps renewing it while the contain
 releases it on DEL. ``dhcp daemon [flags]`` runs that daemon from this same executable, as the
 Go reference does (see :mod:`pycni.plugins.ipam.dhcp.daemon` and docs/dhcp.md).
 
-Differences from the reference: DEL releases the lease at the server (the reference only stops
-renewing); DEL succeeds when no daemon runs (there is no lease left to release); CHECK asks
-whether the lease is still held instead of acquiring one. Stdlib only.
+Differences from the reference: DEL releases the lease at the server even when the container's
+interface is already gone (the reference can only release through that interface, which main
+plugins delete first); DEL succeeds when no daemon runs (no lease is held); CHECK asks whether
+the lease is still held instead of acquiring one. Stdlib only.
 """
 
 from __future__ import annotations
