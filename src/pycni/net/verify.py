@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 from pycni.net import addr as _addr
 from pycni.net import route as _route
-from pycni.net.link import get_link
+from pycni.net.link import Link, get_link
 from pycni.spec.errors import CNIError
-from pycni.spec.types import IPConfig, Route
+from pycni.spec.types import IPConfig, Result, Route
 
 INTERNAL = 999
 
@@ -49,3 +49,29 @@ def container_interface(result_interfaces: Sequence[object], ifname: str, netns_
             return
     raise CNIError(INTERNAL, f"interface {ifname!r} with sandbox {netns_path} not found in prevResult",
                    "CHECK compares against the result of ADD for this container and interface")
+
+
+def container_link(prev: Result, ifname: str, netns_path: str, *, kind: str = "", label: str = "") -> Link:
+    """CHECK the container side of a prevResult: the interface named with this sandbox exists
+    (of ``kind`` when given), keeps its MAC, and holds its addresses and routes.
+
+    Runs from the host; enters ``netns_path`` itself. Returns the link as found.
+    """
+    from pycni.net import netns
+
+    container_interface(prev.interfaces, ifname, netns_path)
+    index = next(i for i, intf in enumerate(prev.interfaces) if intf.name == ifname and intf.sandbox == netns_path)
+    expected = prev.interfaces[index]
+    prefix = f"{label}: " if label else ""
+    with netns.enter(netns_path):
+        found = get_link(ifname)
+        if found is None:
+            raise CNIError(INTERNAL, f"{prefix}Container Interface name in prevResult: {ifname} not found")
+        if kind and found.kind != kind:
+            raise CNIError(INTERNAL, f"{prefix}Container interface {ifname} not of type {kind}")
+        if expected.mac and expected.mac.lower() != found.mac:
+            raise CNIError(INTERNAL, f"{prefix}Interface {ifname} Mac {expected.mac} doesn't match container "
+                                     f"Mac: {found.mac}")
+        expect_interface_ips(ifname, [i for i in prev.ips if i.interface in (None, index)])
+        expect_routes(prev.routes)
+    return found

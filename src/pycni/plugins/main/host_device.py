@@ -228,7 +228,6 @@ def cmd_del(args: CmdArgs) -> None:
 
 def cmd_check(args: CmdArgs) -> None:
     from pycni.net import verify
-    from pycni.net.link import get_link
 
     conf = _conf(args.stdin_data)
     netns.check_netns(args.netns)
@@ -236,17 +235,7 @@ def cmd_check(args: CmdArgs) -> None:
     prev = prev_result(conf)
     if prev is None:
         raise CNIError(E.INVALID_CONFIG, "Required prevResult missing", "CHECK needs the result of ADD")
-    verify.container_interface(prev.interfaces, args.ifname, args.netns)
-    expected = next(i for i in prev.interfaces if i.name == args.ifname and i.sandbox == args.netns)
-    with netns.enter(args.netns):
-        found = get_link(args.ifname)
-        if found is None:
-            raise CNIError(INTERNAL, f"Container Interface name in prevResult: {args.ifname} not found")
-        if expected.mac and expected.mac.lower() != found.mac:
-            raise CNIError(INTERNAL, f"Interface {args.ifname} Mac {expected.mac} doesn't match container "
-                                     f"Mac: {found.mac}")
-        verify.expect_interface_ips(args.ifname, prev.ips)
-        verify.expect_routes(prev.routes)
+    verify.container_link(prev, args.ifname, args.netns)
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,

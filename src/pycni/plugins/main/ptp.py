@@ -123,7 +123,6 @@ def cmd_del(args: CmdArgs) -> None:
 
 def cmd_check(args: CmdArgs) -> None:
     from pycni.net import verify
-    from pycni.net.link import get_link
 
     conf = _conf(args)
     netns.check_netns(args.netns)
@@ -131,19 +130,7 @@ def cmd_check(args: CmdArgs) -> None:
     prev = prev_result(conf)
     if prev is None:
         raise CNIError(E.INVALID_CONFIG, "ptp: Required prevResult missing", "CHECK needs the result of ADD")
-    verify.container_interface(prev.interfaces, args.ifname, args.netns)
-    expected = next(i for i in prev.interfaces if i.name == args.ifname and i.sandbox == args.netns)
-    with netns.enter(args.netns):
-        found = get_link(args.ifname)
-        if found is None:
-            raise CNIError(INTERNAL, f"ptp: Container Interface name in prevResult: {args.ifname} not found")
-        if found.kind != "veth":
-            raise CNIError(INTERNAL, f"Error: Container interface {args.ifname} not of type veth/p2p")
-        if expected.mac and expected.mac.lower() != found.mac:
-            raise CNIError(INTERNAL, f"ptp: Interface {args.ifname} Mac {expected.mac} doesn't match container "
-                                     f"Mac: {found.mac}")
-        verify.expect_interface_ips(args.ifname, prev.ips)
-        verify.expect_routes(prev.routes)
+    verify.container_link(prev, args.ifname, args.netns, kind="veth", label="ptp")
     if conf.get("ipMasq"):
         from pycni.net import masq
 

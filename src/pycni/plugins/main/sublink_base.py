@@ -196,23 +196,10 @@ class SublinkPlugin:
         prev = prev_result(conf)
         if prev is None:
             raise CNIError(E.INVALID_CONFIG, "required prevResult missing", "CHECK needs the result of ADD")
-        verify.container_interface(prev.interfaces, args.ifname, args.netns)
         self._parent(conf, args)
-        expected = next(i for i in prev.interfaces if i.name == args.ifname and i.sandbox == args.netns)
-        with netns.enter(args.netns):
-            with ipr() as sock:
-                msg = _lookup(sock, args.ifname)
-            if msg is None:
-                raise CNIError(INTERNAL, f"container Interface name in prevResult: {args.ifname} not found")
-            found = Link.from_msg(msg)
-            if found.kind != self.spec.kind:
-                raise CNIError(INTERNAL, f"error: Container interface {args.ifname} not of type {self.spec.kind}")
-            self.spec.check_link(conf, msg)
-            if expected.mac and expected.mac.lower() != found.mac:
-                raise CNIError(INTERNAL, f"interface {args.ifname} Mac {expected.mac} doesn't match container "
-                                         f"Mac: {found.mac}")
-            verify.expect_interface_ips(args.ifname, [i for i in prev.ips if i.interface in (None, 0)])
-            verify.expect_routes(prev.routes)
+        verify.container_link(prev, args.ifname, args.netns, kind=self.spec.kind)
+        with netns.enter(args.netns), ipr() as sock:
+            self.spec.check_link(conf, _lookup(sock, args.ifname))
 
 
 def link_info_data(msg: Any) -> Any:
