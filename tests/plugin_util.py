@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from netns_util import Namespace
+
 from pycni.skel import Outcome, Plugin, dispatch
 
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from netns_util import Namespace
+
 from pycni import invoke
 from pycni.plugins.meta import flannel
 from pycni.skel import dispatch
@@ -68,7 +68,8 @@ def test_dual_stack_subnet_file(tmp_path: Path) -> None:
 
 
 def test_ipv6_only_subnet_file(tmp_path: Path) -> None:
-    text = "FLANNEL_IPV6_NETWORK=fd00:10::/56\nFLANNEL_IPV6_SUBNET=fd00:10:0:1::1/64\nFLANNEL_MTU=1400\nFLANNEL_IPMASQ=false\n"
+    text = ("FLANNEL_IPV6_NETWORK=fd00:10::/56\nFLANNEL_IPV6_SUBNET=fd00:10:0:1::1/64\n"
+            "FLANNEL_MTU=1400\nFLANNEL_IPMASQ=false\n")
     env = flannel.load_subnet_env(write_env(tmp_path, text))
     assert [str(s) for s in env.subnets] == ["fd00:10:0:1::/64"]
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from netns_util import Namespace
 from runtimes import GoRuntime, PycniRuntime, Runtime, write_conflist
 
@@ -37,9 +36,11 @@ def addr(result: dict[str, Any]) -> str:
 def test_ptp_under_runtime(kind: str, request: pytest.FixtureRequest, netns_factory: Callable[[], Namespace],
                            plugin_dir: str, tmp_path: Path) -> None:
     host, c1, c2 = netns_factory(), netns_factory(), netns_factory()
-    write_conflist(tmp_path / "net.d", "ptpnet", [{"type": "ptp", "ipMasq": True, "ipam": ipam(tmp_path, "10.81.0.0/24")}])
+    write_conflist(tmp_path / "net.d", "ptpnet",
+                   [{"type": "ptp", "ipMasq": True, "ipam": ipam(tmp_path, "10.81.0.0/24")}])
     rt = make_runtime(kind, request, host, tmp_path / "net.d", "ptpnet", plugin_dir, tmp_path)
-    r1, r2 = rt.add("p1", c1), rt.add("p2", c2)
+    rt.add("p1", c1)
+    r2 = rt.add("p2", c2)
     c1.run(["ping", "-c", "2", "-W", "2", addr(r2)])
     rt.check("p1", c1)
     rt.delete("p1", c1)
@@ -60,7 +61,8 @@ def test_macvlan_under_runtime(kind: str, request: pytest.FixtureRequest, netns_
     write_conflist(tmp_path / "net.d", "mvnet", [{"type": "macvlan", "master": "uplink", "mode": "bridge",
                                                   "ipam": ipam(tmp_path, "10.82.0.0/24")}])
     rt = make_runtime(kind, request, host, tmp_path / "net.d", "mvnet", plugin_dir, tmp_path)
-    r1, r2 = rt.add("m1", c1), rt.add("m2", c2)
+    r1 = rt.add("m1", c1)
+    rt.add("m2", c2)
     c2.run(["ping", "-c", "2", "-W", "2", addr(r1)])
     rt.check("m2", c2)
     rt.delete("m1", c1)

@@ -10,6 +10,7 @@ from typing import Any
 
 from netns_util import Namespace
 from plugin_util import call, err, ok
+
 from pycni.plugins.main import ptp
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from netns_util import Namespace
 from plugin_util import call, err, ok
+
 from pycni.net import sublink
 from pycni.plugins.main import dummy, ipvlan, macvlan, vlan
 from pycni.skel import Plugin
@@ -49,7 +49,8 @@ def conf(plugin_type: str, tmp_path: Path, **extra: Any) -> dict[str, Any]:
     return c
 
 
-def test_macvlan_two_containers_talk_and_clean_up(lan: tuple[Namespace, Namespace], netns_factory: Callable[[], Namespace],
+def test_macvlan_two_containers_talk_and_clean_up(lan: tuple[Namespace, Namespace],
+                                                  netns_factory: Callable[[], Namespace],
                                                   plugin_dir: str, tmp_path: Path) -> None:
     host, _ = lan
     c1, c2 = netns_factory(), netns_factory()
@@ -202,3 +203,42 @@ def test_kernel_lifecycle(lan: tuple[Namespace, Namespace], netns_factory: Calla
     ok(call(plugin, host, "DEL", cfg, ctr, plugin_dir))
     ok(call(plugin, host, "DEL", cfg, ctr, plugin_dir))
     assert ctr.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
+
+
+class RecordingSocket:
+    """Stands in for pyroute2's IPRoute to capture link requests (a unit test of the request only)."""
+
+    def __init__(self, calls: list[tuple[str, dict[str, Any]]]) -> None:
+        self.calls = calls
+
+    def link(self, op: str, **kw: Any) -> list[Any]:
+        self.calls.append((op, kw))
+        return []
+
+
+@pytest.mark.parametrize("kind,attrs", [("ipvlan", ipvlan.link_attrs({"mode": "l3"})),
+                                        ("vlan", vlan.link_attrs({"vlanId": 42})),
+                                        ("dummy", {}),
+                                        ("macvlan", macvlan.link_attrs({"mode": "private"}))])
+def test_the_netlink_request_each_plugin_sends(kind: str, attrs: dict[str, Any], container_ns: Namespace,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """What RTM_NEWLINK asks the kernel for, whether or not this kernel has the link type."""
+    from contextlib import contextmanager
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    @contextmanager
+    def fake_ipr():  # type: ignore[no-untyped-def]
+        yield RecordingSocket(calls)
+
+    monkeypatch.setattr(sublink, "ipr", fake_ipr)
+    with pytest.raises(Exception):  # noqa: B017 - the fake creates nothing, so the rename step fails
+        sublink.create_in_container(kind, container_ns.path, "eth0", parent=None if kind == "dummy" else 7,
+                                    mtu=1400, mac="0a:58:00:00:00:01", **attrs)
+    op, req = calls[0]
+    assert op == "add" and req["kind"] == kind and req["mtu"] == 1400 and req["address"] == "0a:58:00:00:00:01"
+    assert req["ifname"].startswith(kind[:5]) and req["ifname"] != "eth0"  # temporary name, renamed inside
+    assert isinstance(req["net_ns_fd"], int)  # born directly in the container namespace
+    assert req.get("link") == (None if kind == "dummy" else 7)
+    for key, value in attrs.items():
+        assert req[key] == value

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from netns_util import Namespace
 from plugin_util import call, err, ok
+
 from pycni.plugins.main import tap
 
 
