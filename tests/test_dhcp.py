@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
 import re
 import signal
@@ -293,6 +294,59 @@ def test_lease_is_renewed_in_background(dhcp_net: DHCPNet, daemon: Daemon, cni_b
     assert mac not in dhcp_net.leases()
     rc, out, _ = _invoke(dhcp_net.host, cni_bin, "dhcp", "CHECK", conf, "ctr1", container_ns.path)
     assert rc == 1 and "no DHCP lease held" in out["msg"]
+
+
+def test_lease_rebinds_and_reacquires_after_expiry(dhcp_net: DHCPNet, container_ns: Namespace,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The maintenance state machine, run in-process with its clock moved forward."""
+    caplog.set_level(logging.INFO, logger="pycni.dhcp")
+    mac = _attach(dhcp_net, container_ns, "vcl")
+    key = "ctrl/dhcpnet/eth0"
+    lease = Lease(key, "ctrl", "dhcpnet", container_ns.path, "eth0", client_options({}, "", key, False),
+                  Timing(timeout=3, resend_max=4, resend_timeout=5))
+    lease.acquire()
+    assert lease.binding is not None
+    addr = str(lease.binding.address)
+    discovers = re.compile(rf"DHCPDISCOVER\(eth0\) (?:{re.escape(addr)} )?{mac}")
+    assert len(discovers.findall(dhcp_net.log())) == 1
+    try:
+        now = time.monotonic()
+        lease.renew_at = lease.rebind_at = now - 1  # past T2: rebind by broadcast
+        lease.start()
+        _wait_for(lambda: lease.renewals == 1, 10, "the rebinding REQUEST to be ACKed")
+        assert f"{key}: no renewal by T2, rebinding" in caplog.text
+        now = time.monotonic()
+        lease.renew_at = lease.rebind_at = lease.expire_at = now - 1  # expired: INIT again, same address
+        _wait_for(lambda: lease.renewals == 2, T1 + 10, "a new lease after expiry")
+        assert "expired, acquiring again" in caplog.text
+        assert len(discovers.findall(dhcp_net.log())) == 2
+        assert str(lease.binding.address) == addr and lease.held() and lease.alive
+    finally:
+        lease.stop(release=True)
+    _wait_for(lambda: mac not in dhcp_net.leases(), 5, "the release")
+
+
+def test_renewal_survives_a_server_pause(dhcp_net: DHCPNet, container_ns: Namespace,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    """The server stops answering across T1 and T2; the lease is kept once it is back."""
+    caplog.set_level(logging.INFO, logger="pycni.dhcp")
+    _attach(dhcp_net, container_ns, "vcp")
+    key = "ctrp/dhcpnet/eth0"
+    lease = Lease(key, "ctrp", "dhcpnet", container_ns.path, "eth0", client_options({}, "", key, False),
+                  Timing(timeout=1, resend_max=4, resend_timeout=5))
+    lease.acquire()
+    lease.start()
+    dhcp_net.dnsmasq.send_signal(signal.SIGSTOP)
+    try:
+        _wait_for(lambda: "no renewal by T2, rebinding" in caplog.text, T2 + 6, "failed renewals to reach T2")
+        assert lease.renewals == 0 and lease.alive
+    finally:
+        dhcp_net.dnsmasq.send_signal(signal.SIGCONT)
+    try:
+        _wait_for(lambda: lease.renewals >= 1, 10, "the lease to be renewed once the server is back")
+        assert lease.held()
+    finally:
+        lease.stop(release=True)
 
 
 def test_many_concurrent_adds(dhcp_net: DHCPNet, daemon: Daemon, cni_bin: str,

@@ -193,6 +193,8 @@ class Lease:
                 if now < self.renew_at:
                     self._sleep(self.renew_at - now)
                     continue
+                # when the current state (RENEWING until T2, REBINDING until expiry) ends
+                state_end = self.rebind_at if now < self.rebind_at else self.expire_at
                 new = self._in_netns(self._exchange_for(binding, now))
                 assert new is not None
                 if new.address != binding.address:
@@ -203,18 +205,18 @@ class Lease:
                 failures = 0
                 log.info("%s: lease renewed (%s), expires in %.0fs", self.key, new.address,
                          self.expire_at - time.monotonic())
-            except (C.DHCPTimeout, C.DHCPNak) as e:
+            except (C.DHCPTimeout, C.DHCPNak, OSError) as e:  # OSError: e.g. the link is down for now
                 failures += 1
                 log.info("%s: %s", self.key, e)
                 now = time.monotonic()
                 if isinstance(e, C.DHCPNak):  # the address is no longer ours: start over
                     self.renew_at = self.rebind_at = self.expire_at = now
-                if now < self.expire_at:
-                    # RFC 2131 4.4.5: retry after half the time left before the next state.
-                    nxt = self.rebind_at if now < self.rebind_at else self.expire_at
-                    self._sleep(min(max((nxt - now) / 2, 1.0), nxt - now))
-                else:
+                if now >= self.expire_at:  # INIT after expiry or a NAK: back off as on ADD
                     self._sleep(_backoff(failures, self.timing.resend_max))
+                elif now < state_end:
+                    # RFC 2131 4.4.5: retry after half the time left in this state (at most -resendmax)
+                    self._sleep(min(max((state_end - now) / 2, 1.0), state_end - now, self.timing.resend_max))
+                # else the state ran out during the attempt: go straight on to the next one
 
     def _exchange_for(self, binding: C.Binding, now: float) -> Callable[[C.Transport], C.Binding]:
         """What to send now: RENEWING before T2, REBINDING before expiry, then INIT again."""
