@@ -379,6 +379,9 @@ def test_every_pair_matches_go(go_types: GoConverter) -> None:
         inputs += [(v11_sample(), to) for to in ALL_VERSIONS]
         inputs += [({**sample(v), "routes": [{"dst": "10.0.0.0/8", "mtu": 1400, "table": 3}]}, to)
                    for v in V04 for to in ALL_VERSIONS]
+        legacy_attrs = {"cniVersion": "0.2.0", "ip4": {"ip": "10.0.0.2/24", "routes": [
+            {"dst": "fd00::/64", "mtu": 1400}, {"dst": "10.1.0.0/16", "advmss": 1300, "scope": 0}]}}
+        inputs += [(legacy_attrs, to) for to in ALL_VERSIONS]
     answers = go_types.convert(inputs)
     assert len(answers) == len(inputs)
     mismatches = []

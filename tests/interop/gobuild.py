@@ -3,7 +3,9 @@
 The reference source comes from Debian's golang-github-appc-cni-dev (GOPATH
 /usr/share/gocode, libcni 1.1.x, results up to 1.0.0), so the build works offline
 (GO111MODULE=off). Set PYCNI_GO_CNI_GOPATH to a GOPATH holding a newer
-github.com/containernetworking/cni to build against that instead.
+github.com/containernetworking/cni to build against that instead; gotypes needs only
+pkg/types (stdlib-only), e.g. ``git archive v1.3.0 pkg/types | tar -x -C
+$GOPATH/src/github.com/containernetworking/cni``, which makes the type comparison cover 1.1.0.
 """
 
 from __future__ import annotations
