@@ -191,8 +191,9 @@ def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes) -> Outcome:
     The order of checks follows Go's skel, so the same bad input gets the same code:
     invalid CNI_CONTAINERID/CNI_IFNAME, missing variables (4), VERSION, undecodable config
     (6), missing/invalid name (7), unknown command (4), minimum version for CHECK/GC/STATUS
-    (1), unsupported cniVersion (1), the handler, and for ADD/DEL a CNI_NETNS that is the
-    plugin's own namespace (8, unless CNI_NETNS_OVERRIDE).
+    (1), unsupported cniVersion (1), for ADD/DEL a CNI_NETNS that is the plugin's own
+    namespace (8, unless CNI_NETNS_OVERRIDE) — checked before the handler, unlike Go — then
+    the handler.
     """
     cni_version = ""
     try:
@@ -215,6 +216,13 @@ def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes) -> Outcome:
         if command in MIN_VERSION:
             _check_min_version(plugin, command, cni_version)
         check_supported(cni_version, plugin.versions)
+        # Refuse before the handler runs (Go's skel checks after, so a misdirected ADD has
+        # already configured the plugin's own namespace when it reports the error).
+        if command in ("ADD", "DEL") and not args.netns_override and args.netns \
+                and _same_netns_as_plugin(args.netns):
+            raise CNIError(E.INVALID_NETNS, "plugin's netns and netns from CNI_NETNS should not be the same",
+                           f"CNI_NETNS={args.netns} is the namespace the plugin runs in; pass the container's "
+                           "namespace, or set CNI_NETNS_OVERRIDE=1 if this is really meant")
         handler = _handler_for(plugin, command)
         if handler is None and command == "ADD":
             raise CNIError(E.INTERNAL, "plugin does not implement ADD", plugin.about)
@@ -224,11 +232,6 @@ def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes) -> Outcome:
             if result is None:
                 raise CNIError(E.INTERNAL, "plugin returned no result for ADD", plugin.about)
             out = (json.dumps(result.to_dict(cni_version), indent=4) + "\n").encode()
-        if command in ("ADD", "DEL") and not args.netns_override and args.netns \
-                and _same_netns_as_plugin(args.netns):
-            raise CNIError(E.INVALID_NETNS, "plugin's netns and netns from CNI_NETNS should not be the same",
-                           f"CNI_NETNS={args.netns} is the namespace the plugin runs in; pass the container's "
-                           "namespace, or set CNI_NETNS_OVERRIDE=1 if this is really meant")
         return Outcome(0, out)
     except CNIError as e:
         return Outcome(1, (e.to_json(cni_version or None) + "\n").encode())
