@@ -514,11 +514,24 @@ def test_daemon_not_running_is_a_clear_error(host_ns: Namespace, cni_bin: str, c
     assert rc == 1 and out["code"] == 7
 
 
-def test_daemon_flags_pidfile_socket_cleanup(dhcp_net: DHCPNet, cni_bin: str, tmp_path: Path) -> None:
-    d = _start_daemon(dhcp_net.host, cni_bin, tmp_path, "-broadcast=true", "-resendmax", "1m2s")
+def test_daemon_flags_pidfile_socket_cleanup(dhcp_net: DHCPNet, cni_bin: str, tmp_path: Path,
+                                            container_ns: Namespace) -> None:
+    import socket
+
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # left behind by a daemon that died
+    stale.bind(str(tmp_path / "dhcp.sock"))
+    stale.close()
+    # -hostprefix "/" makes "//tmp/..." and "//var/run/netns/...": the same files, through the prefix
+    d = _start_daemon(dhcp_net.host, cni_bin, tmp_path, "-broadcast=true", "-resendmax", "1m2s",
+                      "-hostprefix", "/")
     try:
         pidfile = tmp_path / "daemon.pid"
         _wait_for(pidfile.exists, 5, "pidfile")
+        mac = _attach(dhcp_net, container_ns, "vcf")
+        rc, out, err = _invoke(dhcp_net.host, cni_bin, "dhcp", "ADD", _conf(d.socket), "ctrf", container_ns.path)
+        assert rc == 0, (out, err, d.log())
+        assert dhcp_net.leases()[mac] == out["ips"][0]["address"].split("/")[0]
+        assert re.search(rf"DHCPDISCOVER\(eth0\) {mac}", dhcp_net.log())
         second = subprocess.run(["ip", "netns", "exec", dhcp_net.host.name, os.path.join(cni_bin, "dhcp"),
                                  "daemon", "-socketpath", d.socket], capture_output=True, text=True, timeout=20)
         assert second.returncode != 0 and "already listens" in second.stderr
