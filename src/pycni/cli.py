@@ -5,6 +5,7 @@
     pycni list | validate NETWORK | version
     pycni install-plugins --dir DIR [TYPE...]
     pycni plugin TYPE                       run one of our plugins in this process
+    pycni daemon [--socket PATH]            serve installed plugin shims with warm imports
 
 Environment as cnitool: NETCONFPATH (default /etc/cni/net.d), CNI_PATH, CNI_IFNAME (default
 eth0), CNI_ARGS (``K=V;K=V``), CAP_ARGS (JSON object of capability args). Without
@@ -216,6 +217,12 @@ def cmd_plugin(opts: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_daemon(opts: argparse.Namespace) -> int:
+    from pycni.daemon import server
+
+    return server.run(opts)
+
+
 # ---- argument parsing and the entry point ----------------------------------------------------
 
 def _parser() -> argparse.ArgumentParser:
@@ -280,6 +287,14 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("plugin", help="run plugin TYPE in this process (CNI_COMMAND etc. from the env)")
     sp.add_argument("type", metavar="TYPE")
     sp.set_defaults(fn=cmd_plugin)
+
+    sp = sub.add_parser("daemon", help="serve plugin shims in-process (foreground; stops on SIGTERM)",
+                        description="Run plugin handlers for the installed shims with imports and netlink "
+                        "warm, each request in its caller's network namespace. See docs/daemon.md.")
+    from pycni.daemon.options import add_arguments
+
+    add_arguments(sp)
+    sp.set_defaults(fn=cmd_daemon)
     return p
 
 

@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pycni.spec import errors as E
@@ -111,9 +111,10 @@ def plugin_env(base: Mapping[str, str], command: str, *, container_id: str = "",
 
 
 def exec_with_result(plugin_path: str, netconf: bytes, env: Mapping[str, str],
-                     timeout: float | None = None) -> Result:
+                     timeout: float | None = None,
+                     runner: Callable[[str, bytes, Mapping[str, str]], bytes] | None = None) -> Result:
     """Run an ADD and parse its result; a result without cniVersion is read as the config's version."""
-    out = exec_plugin(plugin_path, netconf, env, timeout)
+    out = exec_plugin(plugin_path, netconf, env, timeout) if runner is None else runner(plugin_path, netconf, env)
     name = os.path.basename(plugin_path)
     try:
         conf: Any = json.loads(netconf)
@@ -144,30 +145,68 @@ def _delegate_env(args: CmdArgs, command: str) -> dict[str, str]:
     return env
 
 
+# In-process delegation: inside the daemon (PYCNI_IN_DAEMON=1) or a one-shot shim process
+# (PYCNI_INPROC_DELEGATE=1), a delegate that is one of our generated executables runs through
+# skel.dispatch here instead of in a new interpreter; the result is the same, the start-up is not.
+_SHIM_HEADER = "# pycni plugin "
+
+
+def _our_plugin_module(path: str) -> str | None:
+    """The module behind ``path`` when it is an executable written by ``pycni install-plugins``."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    if len(head) < 2 or not head[0].startswith("#!") or not head[1].startswith(_SHIM_HEADER):
+        return None
+    name = head[1][len(_SHIM_HEADER):].split(":", 1)[0].strip().strip("'\"")
+    from pycni.plugins.registry import PLUGIN_MODULES
+
+    return PLUGIN_MODULES.get(name)
+
+
+def _run_delegate(path: str, netconf: bytes, env: Mapping[str, str]) -> bytes:
+    """exec_plugin, or the same in this process when allowed and the delegate is ours."""
+    module = None
+    if env.get("PYCNI_IN_DAEMON") == "1" or env.get("PYCNI_INPROC_DELEGATE") == "1":
+        module = _our_plugin_module(path)
+    if module is None:
+        return exec_plugin(path, netconf, env)
+    import importlib
+
+    from pycni.skel import dispatch
+
+    outcome = dispatch(importlib.import_module(module).PLUGIN, env, netconf)
+    if outcome.exit_code != 0:
+        raise _error_from_output(path, outcome.exit_code, outcome.stdout, outcome.stderr)
+    return outcome.stdout
+
+
 def delegate_add(plugin: str, netconf: bytes, args: CmdArgs) -> Result:
     """ADD through ``plugin`` with the caller's environment; the caller undoes with delegate_del."""
     path = find_in_path(plugin, args.cni_path)
-    return exec_with_result(path, netconf, _delegate_env(args, "ADD"))
+    return exec_with_result(path, netconf, _delegate_env(args, "ADD"), runner=_run_delegate)
 
 
 def delegate_check(plugin: str, netconf: bytes, args: CmdArgs) -> None:
     path = find_in_path(plugin, args.cni_path)
-    exec_plugin(path, netconf, _delegate_env(args, "CHECK"))
+    _run_delegate(path, netconf, _delegate_env(args, "CHECK"))
 
 
 def delegate_del(plugin: str, netconf: bytes, args: CmdArgs) -> None:
     path = find_in_path(plugin, args.cni_path)
-    exec_plugin(path, netconf, _delegate_env(args, "DEL"))
+    _run_delegate(path, netconf, _delegate_env(args, "DEL"))
 
 
 def delegate_gc(plugin: str, netconf: bytes, args: CmdArgs) -> None:
     path = find_in_path(plugin, args.cni_path)
-    exec_plugin(path, netconf, _delegate_env(args, "GC"))
+    _run_delegate(path, netconf, _delegate_env(args, "GC"))
 
 
 def delegate_status(plugin: str, netconf: bytes, args: CmdArgs) -> None:
     path = find_in_path(plugin, args.cni_path)
-    exec_plugin(path, netconf, _delegate_env(args, "STATUS"))
+    _run_delegate(path, netconf, _delegate_env(args, "STATUS"))
 
 
 def get_version_info(plugin_path: str, env: Mapping[str, str], cni_version: str = CURRENT_VERSION) -> dict[str, Any]:

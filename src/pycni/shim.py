@@ -5,13 +5,23 @@ With a daemon on ``PYCNI_SOCKET`` (default /run/pycni/pycni.sock) the request �
 stdin, and implicitly this process's network namespace, which the daemon learns from the
 socket's peer credentials — is served there with warm imports, and stdout, stderr and the exit
 code are relayed byte for byte. With no daemon listening the plugin runs in this process.
-``PYCNI_SOCKET=off`` disables forwarding. Stdlib only; imports stay minimal on purpose.
+``PYCNI_SOCKET=off`` disables forwarding.
+
+This module is on the start-up path of every plugin call, so the forwarding path imports
+only ``_socket`` and :mod:`pycni.daemon.protocol` (which imports nothing): ``socket``, json,
+base64 and typing would cost more than the rest of the shim together. The in-process path
+loads pyroute2 lean (see :func:`lean_pyroute2`) and lets our own IPAM delegates run in this
+process instead of starting another interpreter (see :mod:`pycni.invoke`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+# Set in the environment of an in-process (one-shot) run: pycni.invoke then runs a delegate
+# that is one of our shims through skel.dispatch in this process rather than exec'ing it.
+INPROC_DELEGATE_ENV = "PYCNI_INPROC_DELEGATE"
 
 
 def _read_stdin() -> bytes:
@@ -22,29 +32,76 @@ def _read_stdin() -> bytes:
 
 def _forward(sock_path: str, plugin_type: str, stdin: bytes) -> tuple[int, bytes, bytes] | None:
     """Serve through the daemon; None when no daemon is listening (nothing was sent)."""
-    import socket
+    import _socket
 
     from pycni.daemon import protocol
 
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         try:
             s.connect(sock_path)
-        except (FileNotFoundError, ConnectionRefusedError, PermissionError):
+        except OSError:
+            # missing socket, nobody listening, not ours to use: run the plugin here instead
             return None
         try:
-            protocol.send_frame(s, {"plugin": plugin_type, "env": dict(os.environ), "stdin": protocol.b64(stdin)})
-            reply = protocol.recv_frame(s)
-            return int(reply["exit"]), protocol.unb64(reply["stdout"]), protocol.unb64(reply["stderr"])
-        except (OSError, ValueError, KeyError) as e:
+            s.sendall(protocol.encode_request(plugin_type, stdin, dict(os.environb)))
+            return protocol.decode_reply(protocol.recv_frame(s))
+        except (OSError, ValueError) as e:
             # The request may have been partly served: retrying here could double an ADD.
-            import json
-
-            err = {"code": 11, "msg": "pycni daemon failed while serving the request",
-                   "details": f"{type(e).__name__}: {e}; retry, or set PYCNI_SOCKET=off to run without the daemon"}
-            return 1, (json.dumps(err) + "\n").encode(), b""
+            msg = (f"{type(e).__name__}: {e}; retry, or set PYCNI_SOCKET=off to run without the daemon"
+                   .replace("\\", "\\\\").replace('"', '\\"'))
+            err = f'{{"code": 11, "msg": "pycni daemon failed while serving the request", "details": "{msg}"}}\n'
+            return 1, err.encode(), b""
     finally:
         s.close()
+
+
+def lean_pyroute2() -> None:
+    """Make ``import pyroute2`` cheap: load only the submodules actually used.
+
+    ``pyroute2/__init__`` imports every subsystem (NDB, IPDB, conntrack, nl80211, ipset,
+    plan9, multiprocessing, ...) — about 80 ms of CPU of the ~180 ms its import costs,
+    measured with ``python -X importtime``. Here ``pyroute2`` becomes its own package module
+    without the body run; ``pyroute2.IPRoute`` resolves straight to
+    ``pyroute2.iproute.linux.IPRoute`` (what the body binds on Linux), submodules import as
+    usual, and any other top-level name runs the real body once, so nothing breaks. Used only
+    in one-shot plugin processes (never in the daemon or a library user's process).
+    """
+    if "pyroute2" in sys.modules:
+        return
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyroute2")
+    if spec is None or spec.loader is None:
+        return
+    mod = importlib.util.module_from_spec(spec)
+    fast = {"IPRoute": "pyroute2.iproute.linux", "AsyncIPRoute": "pyroute2.iproute.linux",
+            "NetlinkError": "pyroute2.netlink.exceptions"}
+
+    def __getattr__(name: str) -> object:  # PEP 562: only called for names not yet bound
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in fast:
+            value = getattr(importlib.import_module(fast[name]), name)
+            setattr(mod, name, value)
+            return value
+        try:
+            sub = importlib.util.find_spec(f"pyroute2.{name}")
+        except (ImportError, ValueError):
+            sub = None
+        if sub is not None:
+            return importlib.import_module(f"pyroute2.{name}")
+        # Something else from the package's namespace: run the real body once.
+        mod.__dict__.pop("__getattr__", None)
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        try:
+            return mod.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"module 'pyroute2' has no attribute {name!r}") from None
+
+    mod.__getattr__ = __getattr__  # type: ignore[method-assign]
+    sys.modules["pyroute2"] = mod
 
 
 def _run_here(module: str, stdin: bytes) -> tuple[int, bytes, bytes]:
@@ -52,8 +109,12 @@ def _run_here(module: str, stdin: bytes) -> tuple[int, bytes, bytes]:
 
     from pycni.skel import dispatch
 
+    if os.environ.get("PYCNI_LEAN_IMPORTS", "1") != "0":
+        lean_pyroute2()
     plugin = importlib.import_module(module).PLUGIN
-    outcome = dispatch(plugin, os.environ, stdin)
+    env = dict(os.environ)
+    env.setdefault(INPROC_DELEGATE_ENV, "1")
+    outcome = dispatch(plugin, env, stdin)
     return outcome.exit_code, outcome.stdout, outcome.stderr
 
 

@@ -19,9 +19,9 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any
 
 from pycni.daemon import protocol
 from pycni.net import netns
@@ -67,6 +67,8 @@ class Daemon:
         self._plugins_guard = threading.Lock()
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
+        self._active: set[threading.Thread] = set()
+        self._active_guard = threading.Lock()
         if preload:
             self._preload()
 
@@ -119,8 +121,19 @@ class Daemon:
                     break
                 raise
             conn.settimeout(None)
-            threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
+            t = threading.Thread(target=self._serve_conn, args=(conn,), daemon=True)
+            with self._active_guard:
+                self._active.add(t)
+            t.start()
         self._close()
+
+    def drain(self, timeout: float = 30.0) -> int:
+        """Wait for requests in flight (after stop); return how many are still running."""
+        with self._active_guard:
+            threads = list(self._active)
+        for t in threads:
+            t.join(timeout)
+        return sum(t.is_alive() for t in threads)
 
     def stop(self) -> None:
         self._stop.set()
@@ -143,25 +156,28 @@ class Daemon:
                 outcome = _error_outcome(CNIError(4, "permission denied",
                                                   "only root or the daemon's user may use the pycni daemon"))
             else:
-                request = protocol.recv_frame(conn)
-                outcome = self.handle(request, pid)
-            protocol.send_frame(conn, {"exit": outcome.exit_code, "stdout": protocol.b64(outcome.stdout),
-                                       "stderr": protocol.b64(outcome.stderr)})
+                try:
+                    name, stdin, env = protocol.decode_request(protocol.recv_frame(conn))
+                except (ValueError, UnicodeDecodeError) as e:
+                    log.warning("malformed request from pid %d: %s", pid, e)
+                    outcome = _error_outcome(CNIError(4, "malformed daemon request", str(e)))
+                else:
+                    outcome = self.handle(name, env, stdin, pid)
+            conn.sendall(protocol.encode_reply(outcome.exit_code, outcome.stdout, outcome.stderr))
         except Exception as e:  # noqa: BLE001 - one broken client must not take the daemon down
             log.warning("request failed: %s: %s", type(e).__name__, e)
         finally:
             conn.close()
+            with self._active_guard:
+                self._active.discard(threading.current_thread())
 
-    def handle(self, request: dict[str, Any], peer_pid: int) -> Outcome:
+    def handle(self, name: str, env: dict[str, str], stdin: bytes, peer_pid: int) -> Outcome:
         """Run one invocation in the network namespace of process ``peer_pid``."""
-        name = request.get("plugin")
-        env = request.get("env")
-        if not isinstance(name, str) or name not in PLUGIN_MODULES or not isinstance(env, dict):
+        if name not in PLUGIN_MODULES:
             return _error_outcome(CNIError(4, "malformed daemon request", f"unknown plugin {name!r}"))
-        stdin = protocol.unb64(str(request.get("stdin", "")))
-        env = {str(k): str(v) for k, v in env.items()}
-        # A request from a plugin this daemon is already serving (a delegated IPAM run as a
-        # binary) must not wait for its parent's container lock.
+        env = dict(env)
+        # A request from a plugin this daemon is already serving (a delegate it had to exec,
+        # e.g. one of ours called by a Go plugin) must not wait for its parent's container lock.
         nested = env.get("PYCNI_IN_DAEMON") == "1"
         env["PYCNI_IN_DAEMON"] = "1"
         try:
@@ -177,8 +193,12 @@ class Daemon:
             key = env.get("CNI_CONTAINERID") or ""
             lock = self.locks.hold(key) if key and not nested else nullcontext()
             with lock, netns.enter(f"/proc/self/fd/{ns_fd}"):
-                log.debug("%s %s %s", name, env.get("CNI_COMMAND"), env.get("CNI_CONTAINERID"))
-                return dispatch(plugin, env, stdin)
+                started = time.perf_counter()
+                outcome = dispatch(plugin, env, stdin)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s %s %s (pid %d): exit %d in %.1f ms", name, env.get("CNI_COMMAND"), key, peer_pid,
+                          outcome.exit_code, (time.perf_counter() - started) * 1000)
+            return outcome
         except CNIError as e:
             return _error_outcome(e)
         except Exception as e:  # noqa: BLE001
@@ -191,22 +211,30 @@ def _error_outcome(err: CNIError) -> Outcome:
     return Outcome(1, (err.to_json() + "\n").encode())
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pycni daemon", description="Serve pycni plugins in-process.")
-    parser.add_argument("--socket", default=os.environ.get("PYCNI_SOCKET") or protocol.DEFAULT_SOCKET,
-                        help="unix socket to listen on (default %(default)s)")
-    parser.add_argument("--log-file", help="log here instead of stderr")
-    parser.add_argument("--debug", action="store_true", help="log every request")
-    args = parser.parse_args(argv)
-    logging.basicConfig(filename=args.log_file, level=logging.DEBUG if args.debug else logging.INFO,
+def run(opts: argparse.Namespace) -> int:
+    """Serve in the foreground until SIGTERM/SIGINT; 0 after a clean shutdown, 1 when it cannot listen."""
+    logging.basicConfig(filename=opts.log_file, level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    daemon = Daemon(args.socket)
+    if opts.debug:
+        log.setLevel(logging.DEBUG)
+    daemon = Daemon(opts.socket, preload=not opts.no_preload)
     try:
         daemon.bind()
     except OSError as e:
-        sys.stderr.write(f"pycni daemon: cannot listen on {args.socket}: {e}\n")
+        sys.stderr.write(f"pycni daemon: cannot listen on {opts.socket}: {e}\n")
         return 1
     signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
     signal.signal(signal.SIGINT, lambda *_: daemon.stop())
     daemon.serve_forever()
+    left = daemon.drain()
+    if left:
+        log.warning("%d request(s) still running at exit", left)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pycni.daemon.options import add_arguments
+
+    parser = argparse.ArgumentParser(prog="pycni daemon", description="Serve pycni plugins in-process.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

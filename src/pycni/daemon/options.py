@@ -1,0 +1,19 @@
+"""The daemon's command-line options, apart from the server so ``pycni``'s parser stays cheap to build."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from pycni.daemon.protocol import DEFAULT_SOCKET
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The daemon's options (shared by ``pycni daemon`` and ``python -m pycni.daemon``)."""
+    env_socket = os.environ.get("PYCNI_SOCKET", "")
+    parser.add_argument("--socket", default=env_socket if env_socket not in ("", "off") else DEFAULT_SOCKET,
+                        help="unix socket to listen on (default: $PYCNI_SOCKET or %(default)s)")
+    parser.add_argument("--log-file", help="log here instead of stderr")
+    parser.add_argument("--debug", action="store_true", help="log every request with its duration")
+    parser.add_argument("--no-preload", action="store_true",
+                        help="import plugins on first use instead of at start-up")
