@@ -88,14 +88,16 @@ def test_bad_delegate_is_config_error(tmp_path: Path, delegate: dict, msg: str) 
     (SUBNET_ENV.replace("1450", "lots"), "invalid FLANNEL_MTU"),
     (SUBNET_ENV.replace("10.244.1.1/24", "10.244.1.300/24"), "invalid FLANNEL_SUBNET"),
 ])
-def test_subnet_file_errors_change_nothing(tmp_path: Path, text: str | None, what: str) -> None:
+def test_subnet_file_errors_change_nothing(tmp_path: Path, container_ns: Namespace, text: str | None,
+                                          what: str) -> None:
     path = str(tmp_path / "subnet.env") if text is None else write_env(tmp_path, text)
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/proc/self/ns/net",
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": container_ns.path,
            "CNI_IFNAME": "eth0", "CNI_PATH": str(tmp_path / "nothing-here")}
     out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, path))
     err = json.loads(out.stdout)
     assert out.exit_code == 1 and err["code"] == 7 and what in err["msg"], err
     assert not (tmp_path / "flannel-data").exists() or not os.listdir(tmp_path / "flannel-data")
+    assert container_ns.run(["ip", "-o", "link"]).stdout.count("\n") == 1  # only lo
 
 
 def test_del_without_saved_config_succeeds(tmp_path: Path) -> None:
