@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pycni.net import netns
@@ -126,7 +127,8 @@ class Lease:
         tries = 0
         while True:
             try:
-                binding = self._in_netns(lambda t: C.acquire(t, self.opts, self.timing.timeout), link_up=True)
+                budget = min(self.timing.timeout, max(deadline - time.monotonic(), 0.5))
+                binding = self._in_netns(partial(C.acquire, opts=self.opts, timeout=budget), link_up=True)
                 assert binding is not None
                 self._commit(binding)
                 self._check_binding(binding)
