@@ -544,6 +544,38 @@ def test_daemon_flags_pidfile_socket_cleanup(dhcp_net: DHCPNet, cni_bin: str, tm
     assert bad.returncode == 2 and "invalid duration" in bad.stderr
 
 
+def test_systemd_socket_activation(dhcp_net: DHCPNet, cni_bin: str, tmp_path: Path,
+                                   container_ns: Namespace) -> None:
+    """Started as cni-dhcp.socket would start it: the listening socket is fd 3, LISTEN_FDS=1."""
+    import socket
+
+    path = str(tmp_path / "activated.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    fd = listener.fileno()
+
+    def as_fd3() -> None:
+        os.dup2(fd, 3)
+
+    cmd = f"export LISTEN_PID=$$ LISTEN_FDS=1; exec {os.path.join(cni_bin, 'dhcp')} daemon -socketpath /nonexistent/x"
+    log_path = tmp_path / "activated.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(["ip", "netns", "exec", dhcp_net.host.name, "sh", "-c", cmd], preexec_fn=as_fd3,
+                                pass_fds=(3,), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    listener.close()
+    try:
+        _attach(dhcp_net, container_ns, "vcs")
+        rc, out, err = _invoke(dhcp_net.host, cni_bin, "dhcp", "ADD", _conf(path), "ctrs", container_ns.path)
+        assert rc == 0, (out, err, log_path.read_text())
+        assert _in_range(out["ips"][0]["address"])
+        assert not os.path.exists("/nonexistent/x")
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0, log_path.read_text()
+    assert os.path.exists(path)  # systemd's socket: not ours to remove
+
+
 def test_daemon_starts_from_forwarding_shim(host_ns: Namespace, tmp_path: Path) -> None:
     """`dhcp daemon` from the executables that forward to `pycni daemon`, stdin not a tty (systemd)."""
     from pycni.plugins.registry import daemon_shims_available, install
