@@ -94,6 +94,7 @@ def lean_pyroute2() -> None:
             return importlib.import_module(f"pyroute2.{name}")
         # Something else from the package's namespace: run the real body once.
         mod.__dict__.pop("__getattr__", None)
+        mod.__dict__.pop("__pycni_lean__", None)
         spec.loader.exec_module(mod)  # type: ignore[union-attr]
         try:
             return mod.__dict__[name]
@@ -101,6 +102,7 @@ def lean_pyroute2() -> None:
             raise AttributeError(f"module 'pyroute2' has no attribute {name!r}") from None
 
     mod.__getattr__ = __getattr__  # type: ignore[method-assign]
+    mod.__pycni_lean__ = True  # type: ignore[attr-defined]  # marks the body as not run (tests look)
     sys.modules["pyroute2"] = mod
 
 
@@ -109,7 +111,7 @@ def _run_here(module: str, stdin: bytes) -> tuple[int, bytes, bytes]:
 
     from pycni.skel import dispatch
 
-    if os.environ.get("PYCNI_LEAN_IMPORTS", "1") != "0":
+    if os.environ.get("CNI_COMMAND") != "VERSION" and os.environ.get("PYCNI_LEAN_IMPORTS", "1") != "0":
         lean_pyroute2()
     plugin = importlib.import_module(module).PLUGIN
     env = dict(os.environ)

@@ -1,0 +1,138 @@
+"""Guards on what the installed plugin executables import (modules, not time).
+
+Start-up is most of a one-shot plugin's cost (see DESIGN.md, "Performance shape"): VERSION and
+the IPAM plugins that touch no netlink must stay on the standard library, and the daemon
+forwarding path must import next to nothing. Each case runs a generated executable exactly as
+its shebang would (``python -IS``), records ``sys.modules`` at exit, and subtracts what the
+bare interpreter and the recording wrapper load anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from netns_util import Namespace
+
+from pycni.plugins.registry import available, install
+
+# Run a shim file as its shebang does and dump sys.modules (exit included: the shim calls sys.exit).
+_WRAPPER = """
+import sys
+_out = sys.argv[1]
+def _dump():
+    with open(_out, "w") as f:
+        # a lean pyroute2 stub whose body never ran (pycni.shim.lean_pyroute2) is not an import
+        f.write("\\n".join(sorted(n for n, m in sys.modules.items() if not getattr(m, "__pycni_lean__", False))))
+import atexit
+atexit.register(_dump)
+_path = sys.argv[2]
+sys.argv = [_path]
+exec(compile(open(_path).read(), _path, "exec"), {"__name__": "__main__"})
+"""
+
+# What `python -IS` does not load by itself but a forwarding shim needs: os.environ and _socket.
+FORWARDING_STDLIB = {"os", "os.path", "posixpath", "genericpath", "stat", "_stat", "_collections_abc", "__future__",
+                     "_socket"}
+
+# Never acceptable on the stdlib-only paths.
+HEAVY = ("pyroute2", "asyncio", "multiprocessing", "ctypes", "pycni.net", "pycni.runtime", "pycni.daemon.server",
+         "subprocess", "pycni.invoke")
+
+
+def _modules(shim: str, env: dict[str, str], stdin: bytes, tmp: Path, ns: Namespace | None = None) -> set[str]:
+    out = tmp / f"mods-{os.path.basename(shim)}-{len(list(tmp.iterdir()))}.txt"
+    cmd = [sys.executable, "-IS", "-c", _WRAPPER, str(out), shim]
+    if ns is not None:
+        cmd = ["ip", "netns", "exec", ns.name, *cmd]
+    proc = subprocess.run(cmd, input=stdin, env=env, capture_output=True, timeout=60)
+    assert out.exists(), proc.stderr.decode()
+    assert proc.returncode == 0, (proc.stdout + proc.stderr).decode()
+    return set(out.read_text().split())
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """What the interpreter and the wrapper import with an empty script."""
+    tmp = tmp_path_factory.mktemp("base")
+    empty = tmp / "empty.py"
+    empty.write_text("pass\n")
+    return _modules(str(empty), {}, b"", tmp)
+
+
+@pytest.fixture(scope="module")
+def shims(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("bin")
+    install(str(d), daemon=True)
+    return str(d)
+
+
+def _heavy(mods: set[str]) -> list[str]:
+    return sorted(m for m in mods if any(m == h or m.startswith(h + ".") for h in HEAVY))
+
+
+@pytest.mark.parametrize("plugin", sorted(available()))
+def test_version_imports_no_netlink(plugin: str, shims: str, baseline: set[str], tmp_path: Path) -> None:
+    """VERSION of every plugin answers without pyroute2 (netlink is imported where it is used)."""
+    mods = _modules(os.path.join(shims, plugin), {"CNI_COMMAND": "VERSION"}, b'{"cniVersion": "1.0.0"}', tmp_path)
+    assert "pycni.skel" in mods
+    assert not [m for m in mods - baseline if m.startswith(("pyroute2", "asyncio", "multiprocessing"))]
+
+
+@pytest.mark.parametrize("plugin", ["host-local", "static"])
+def test_version_of_stdlib_ipam_is_stdlib_only(plugin: str, shims: str, baseline: set[str], tmp_path: Path) -> None:
+    mods = _modules(os.path.join(shims, plugin), {"CNI_COMMAND": "VERSION"}, b'{"cniVersion": "1.0.0"}', tmp_path)
+    assert _heavy(mods - baseline) == []
+
+
+def test_host_local_add_del_is_stdlib_only(shims: str, baseline: set[str], tmp_path: Path,
+                                           netns_factory: Callable[[], Namespace]) -> None:
+    """A real host-local ADD and DEL in one-shot mode import no netlink, no subprocess, no runtime."""
+    host, ctr = netns_factory(), netns_factory()
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "imp", "type": "bridge",
+                       "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.77.0.0/24"}]],
+                                "dataDir": str(tmp_path / "ipam")}}).encode()
+    env = {"CNI_CONTAINERID": "imp1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0", "CNI_PATH": shims,
+           "PYCNI_SOCKET": "off"}
+    for command in ("ADD", "DEL"):
+        mods = _modules(os.path.join(shims, "host-local"), dict(env, CNI_COMMAND=command), conf, tmp_path, host)
+        assert "pycni.plugins.ipam.host_local" in mods
+        assert _heavy(mods - baseline) == [], command
+    assert not any(p.name.startswith("10.") for p in (tmp_path / "ipam" / "imp").iterdir())
+
+
+@pytest.fixture
+def daemon_socket(tmp_path: Path) -> Iterator[str]:
+    from pycni.daemon.server import Daemon
+
+    sock = str(tmp_path / "d.sock")
+    daemon = Daemon(sock, preload=False)
+    daemon.bind()
+    t = threading.Thread(target=daemon.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield sock
+    finally:
+        daemon.stop()
+        t.join(timeout=10)
+
+
+def test_forwarding_path_imports_almost_nothing(shims: str, baseline: set[str], tmp_path: Path,
+                                                daemon_socket: str, netns_factory: Callable[[], Namespace]) -> None:
+    """With a daemon listening the shim loads only itself and the wire format (no json, no skel)."""
+    host, ctr = netns_factory(), netns_factory()
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "imp", "type": "bridge",
+                       "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.78.0.0/24"}]],
+                                "dataDir": str(tmp_path / "ipam")}}).encode()
+    env = {"CNI_CONTAINERID": "fwd1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0", "CNI_PATH": shims,
+           "PYCNI_SOCKET": daemon_socket}
+    for command in ("ADD", "DEL"):
+        mods = _modules(os.path.join(shims, "host-local"), dict(env, CNI_COMMAND=command), conf, tmp_path, host)
+        ours = {"pycni", "pycni.shim", "pycni.daemon", "pycni.daemon.protocol"}
+        assert mods - baseline - FORWARDING_STDLIB <= ours, sorted(mods - baseline)
