@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pycni.net.link import INTERNAL, ipr, is_netlink_error, netlink_errno
+from pycni.net.link import INTERNAL, ipr, is_netlink_error, netlink_errno, require_index
 from pycni.spec.errors import CNIError
 
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -48,15 +48,6 @@ class Addr:
                    label=msg.get_attr("IFA_LABEL") or "")
 
 
-def _index(sock: Any, name: str | int) -> int:
-    if isinstance(name, int):
-        return name
-    found = sock.link_lookup(ifname=name)
-    if not found:
-        raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
-    return int(found[0])
-
-
 def _family(version: int | None) -> int:
     return {4: socket.AF_INET, 6: socket.AF_INET6}.get(version or 0, socket.AF_UNSPEC)
 
@@ -66,7 +57,7 @@ def list_addrs(name: str | int | None = None, family: int | None = None) -> list
     with ipr() as sock:
         kw: dict[str, Any] = {}
         if name is not None:
-            kw["index"] = _index(sock, name)
+            kw["index"] = require_index(sock, name)
         msgs = sock.get_addr(family=_family(family), **kw)
         return [Addr.from_msg(m) for m in msgs]
 
@@ -75,7 +66,7 @@ def add_addr(name: str | int, address: IPInterface | str, *, exist_ok: bool = Fa
     """Add ``address`` (with its prefix) to the link; IPv4 gets the broadcast ``ip`` would give."""
     addr = ipaddress.ip_interface(address) if isinstance(address, str) else address
     with ipr() as sock:
-        index = _index(sock, name)
+        index = require_index(sock, name)
         kw: dict[str, Any] = {"index": index, "address": str(addr.ip), "prefixlen": addr.network.prefixlen}
         if addr.version == 4 and addr.network.prefixlen < 31:
             kw["broadcast"] = str(addr.network.broadcast_address)
@@ -94,7 +85,7 @@ def del_addr(name: str | int, address: IPInterface | str) -> bool:
     addr = ipaddress.ip_interface(address) if isinstance(address, str) else address
     with ipr() as sock:
         try:
-            index = _index(sock, name)
+            index = require_index(sock, name)
         except CNIError:
             return False
         try:

@@ -6,7 +6,7 @@ import errno
 from dataclasses import dataclass, field
 from typing import Any
 
-from pycni.net.link import INTERNAL, Link, _lookup, ipr, is_netlink_error, netlink_errno
+from pycni.net.link import INTERNAL, Link, ipr, is_netlink_error, lookup_msg, netlink_errno, require_msg
 from pycni.spec.errors import CNIError
 
 AF_BRIDGE = 7
@@ -34,7 +34,7 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
                 raise
             if netlink_errno(e) != errno.EEXIST:
                 raise CNIError(INTERNAL, f"could not add {name!r}", str(e)) from None
-        msg = _lookup(sock, name)
+        msg = lookup_msg(sock, name)
         if msg is None:
             raise CNIError(INTERNAL, f"could not lookup {name!r}", "the bridge vanished right after creation")
         link = Link.from_msg(msg)
@@ -57,13 +57,13 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
             sock.link("set", index=link.index, state="up")
         except Exception as e:
             raise CNIError(INTERNAL, f"could not set {name!r} up", str(e)) from None
-        return Link.from_msg(_lookup(sock, link.index))
+        return Link.from_msg(lookup_msg(sock, link.index))
 
 
 def bridge_vlan_filtering(name: str) -> bool | None:
     """Whether bridge ``name`` filters VLANs (None when it is not there)."""
     with ipr() as sock:
-        msg = _lookup(sock, name)
+        msg = lookup_msg(sock, name)
         if msg is None:
             return None
         data = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_DATA")
@@ -94,9 +94,7 @@ def set_port(name: str | int, *, hairpin: bool | None = None, isolated: bool | N
     if not kw:
         return
     with ipr() as sock:
-        msg = _lookup(sock, name)
-        if msg is None:
-            raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
+        msg = require_msg(sock, name)
         try:
             sock.brport("set", index=int(msg["index"]), **kw)
         except Exception as e:
@@ -108,7 +106,7 @@ def set_port(name: str | int, *, hairpin: bool | None = None, isolated: bool | N
 def get_port(name: str | int) -> PortInfo | None:
     """Hairpin, isolation and VLANs of bridge port ``name`` (None when not a bridge port)."""
     with ipr() as sock:
-        msg = _lookup(sock, name)
+        msg = lookup_msg(sock, name)
         if msg is None:
             return None
         index = int(msg["index"])
@@ -140,15 +138,14 @@ def add_port_vlan(name: str | int, vid: int, *, pvid: bool = False, untagged: bo
 
 
 def del_port_vlan(name: str | int, vid: int) -> None:
+    """Disallow VLAN ``vid`` on bridge port ``name``."""
     _port_vlan("del", name, vid, False, False)
 
 
 def _port_vlan(cmd: str, name: str | int, vid: int, pvid: bool, untagged: bool) -> None:
     flags = (BRIDGE_VLAN_INFO_PVID if pvid else 0) | (BRIDGE_VLAN_INFO_UNTAGGED if untagged else 0)
     with ipr() as sock:
-        msg = _lookup(sock, name)
-        if msg is None:
-            raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
+        msg = require_msg(sock, name)
         try:
             sock.vlan_filter(cmd, index=int(msg["index"]), vlan_info={"vid": vid, "flags": flags})
         except Exception as e:
@@ -158,8 +155,9 @@ def _port_vlan(cmd: str, name: str | int, vid: int, pvid: bool, untagged: bool) 
 
 
 def port_vlans(name: str | int) -> dict[int, int]:
+    """VLAN id -> BRIDGE_VLAN_INFO flags of bridge port ``name`` ({} when there is no such link)."""
     with ipr() as sock:
-        msg = _lookup(sock, name)
+        msg = lookup_msg(sock, name)
         if msg is None:
             return {}
         return _port_vlans(sock, int(msg["index"]))

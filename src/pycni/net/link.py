@@ -61,6 +61,7 @@ def netlink_errno(exc: BaseException) -> int | None:
 
 
 def is_netlink_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a kernel refusal (to report as a CNIError) rather than a bug."""
     from pyroute2.netlink.exceptions import NetlinkError
 
     return isinstance(exc, NetlinkError | OSError)
@@ -116,7 +117,11 @@ def _operstate(value: Any) -> int:
     return int(value or 0)
 
 
-def _lookup(sock: Any, name: str | int) -> Any | None:
+def lookup_msg(sock: Any, name: str | int) -> Any | None:
+    """The raw RTM_NEWLINK message of link ``name`` (or index) on ``sock``, None when missing.
+
+    The one lookup the net layer shares, for callers that need attributes :class:`Link` drops.
+    """
     from pyroute2.netlink.exceptions import NetlinkError
 
     try:
@@ -132,22 +137,63 @@ def _lookup(sock: Any, name: str | int) -> Any | None:
     return msgs[0] if msgs else None
 
 
+def not_found(name: str | int) -> CNIError:
+    """The error for a link that should be there and is not (the reference's lookup failure)."""
+    return CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
+
+
+def require_msg(sock: Any, name: str | int) -> Any:
+    """Like :func:`lookup_msg` but a missing link is :func:`not_found`."""
+    msg = lookup_msg(sock, name)
+    if msg is None:
+        raise not_found(name)
+    return msg
+
+
+def link_index(sock: Any, name: str | int) -> int | None:
+    """The index of link ``name`` (an index passes through unchecked), None when there is none."""
+    if isinstance(name, int):
+        return name
+    found = sock.link_lookup(ifname=name)
+    return int(found[0]) if found else None
+
+
+def require_index(sock: Any, name: str | int) -> int:
+    """Like :func:`link_index` but a missing link is :func:`not_found`."""
+    index = link_index(sock, name)
+    if index is None:
+        raise not_found(name)
+    return index
+
+
+def delete_link_quietly(name: str) -> None:
+    """Delete link ``name`` if it is there, ignoring every failure: rollback of a half-made link."""
+    with ipr() as sock:
+        msg = lookup_msg(sock, name)
+        if msg is not None:
+            try:
+                sock.link("del", index=int(msg["index"]))
+            except Exception:  # noqa: BLE001 - best-effort rollback
+                pass
+
+
 def get_link(name: str | int) -> Link | None:
     """The link called ``name`` (or with index ``name``), or None when there is none."""
     with ipr() as sock:
-        msg = _lookup(sock, name)
+        msg = lookup_msg(sock, name)
         return Link.from_msg(msg) if msg is not None else None
 
 
 def require_link(name: str | int) -> Link:
-    """Like :func:`get_link` but a CNIError (code 100) naming the link when it is missing."""
+    """Like :func:`get_link` but a missing link is :func:`not_found` (CNIError 999 naming it)."""
     link = get_link(name)
     if link is None:
-        raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
+        raise not_found(name)
     return link
 
 
 def list_links() -> list[Link]:
+    """Every link in the calling thread's namespace."""
     with ipr() as sock:
         return [Link.from_msg(m) for m in sock.get_links()]
 
@@ -158,12 +204,10 @@ def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None,
     """Change the named attributes of a link (None / unset: leave alone); return it after.
 
     ``master``: a link name or index to enslave to, ``None`` (or 0) to release from any master.
-    Raises CNIError 100 when the link does not exist; netlink errors propagate with context.
+    Raises :func:`not_found` when the link does not exist; netlink errors become CNIError 999.
     """
     with ipr() as sock:
-        msg = _lookup(sock, name)
-        if msg is None:
-            raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
+        msg = require_msg(sock, name)
         index = int(msg["index"])
         try:
             # Order matters: rename needs the link down; state goes last so "up" sees the rest.
@@ -182,7 +226,7 @@ def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None,
                 if master is None or master == 0:
                     sock.link("set", index=index, master=0)
                 else:
-                    m = _lookup(sock, master)
+                    m = lookup_msg(sock, master)
                     if m is None:
                         raise CNIError(INTERNAL, f"failed to lookup master {master!r}",
                                        f"link {master!r} not found")
@@ -195,7 +239,7 @@ def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None,
             if not is_netlink_error(e):
                 raise
             raise CNIError(INTERNAL, f"failed to set attributes of link {name!r}", str(e)) from None
-        after = _lookup(sock, index)
+        after = lookup_msg(sock, index)
         return Link.from_msg(after)
 
 
@@ -204,7 +248,7 @@ def delete_link(name: str | int) -> bool:
     from pyroute2.netlink.exceptions import NetlinkError
 
     with ipr() as sock:
-        msg = _lookup(sock, name)
+        msg = lookup_msg(sock, name)
         if msg is None:
             return False
         try:
@@ -219,9 +263,7 @@ def delete_link(name: str | int) -> bool:
 def move_link_to_netns(name: str | int, netns_fd: int, new_name: str | None = None) -> None:
     """Move a link into the namespace open at ``netns_fd`` (optionally renaming it on the way)."""
     with ipr() as sock:
-        msg = _lookup(sock, name)
-        if msg is None:
-            raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
+        msg = require_msg(sock, name)
         kw: dict[str, Any] = {"index": int(msg["index"]), "net_ns_fd": netns_fd}
         if new_name:
             kw["ifname"] = new_name
@@ -236,17 +278,14 @@ def move_link_to_netns(name: str | int, netns_fd: int, new_name: str | None = No
 def get_alias(name: str | int) -> str:
     """The link's alias (IFLA_IFALIAS), '' when unset; host-device keeps the original name there."""
     with ipr() as sock:
-        msg = _lookup(sock, name)
-        if msg is None:
-            raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
+        msg = require_msg(sock, name)
         return str(msg.get_attr("IFLA_IFALIAS") or "")
 
 
 def set_alias(name: str | int, alias: str) -> None:
+    """Set the link's alias (IFLA_IFALIAS); see :func:`get_alias`."""
     with ipr() as sock:
-        msg = _lookup(sock, name)
-        if msg is None:
-            raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
+        msg = require_msg(sock, name)
         try:
             sock.link("set", index=int(msg["index"]), ifalias=alias)
         except Exception as e:

@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from pycni.net.link import INTERNAL, ipr, is_netlink_error, netlink_errno
+from pycni.net.link import INTERNAL, ipr, is_netlink_error, netlink_errno, require_index
 from pycni.spec.errors import CNIError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -65,13 +65,9 @@ class RouteEntry:
         return self.gw == gw or gw in self.multipath_gws
 
 
-def _index(sock: Any, name: str | int | None) -> int | None:
-    if name is None or isinstance(name, int):
-        return name
-    found = sock.link_lookup(ifname=name)
-    if not found:
-        raise CNIError(INTERNAL, f"failed to lookup {name!r}", f"link {name!r} not found")
-    return int(found[0])
+def _oif(sock: Any, dev: str | int | None) -> int | None:
+    """The output interface index for ``dev`` (None: any); a missing link is an error."""
+    return None if dev is None else require_index(sock, dev)
 
 
 def _spec(dst: IPNetwork | str, gw: IPAddress | str | None, oif: int | None, table: int | None,
@@ -116,7 +112,7 @@ def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
               replace: bool = False, src: IPAddress | str | None = None) -> None:
     """Add (or with ``replace``, replace) a route; ``dev`` is a link name or index; ``src`` the prefsrc."""
     with ipr() as sock:
-        oif = _index(sock, dev)
+        oif = _oif(sock, dev)
         kw = _spec(dst, gw, oif, table, priority, scope, mtu, advmss, proto=RTPROT_BOOT)
         if src is not None:
             kw["prefsrc"] = str(src)
@@ -139,7 +135,7 @@ def del_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
     """Delete a matching route; True when one was removed. Idempotent."""
     with ipr() as sock:
         try:
-            oif = _index(sock, dev)
+            oif = _oif(sock, dev)
         except CNIError:
             return False
         kw = _spec(dst, gw, oif, table, priority, scope)
@@ -158,7 +154,7 @@ def list_routes(family: int | None = None, *, table: int | None = RT_TABLE_MAIN,
                 dev: str | int | None = None) -> list[RouteEntry]:
     """Routes of ``family`` (4, 6, None for both) in ``table`` (None: every table), optionally by link."""
     with ipr() as sock:
-        oif = _index(sock, dev)
+        oif = _oif(sock, dev)
         fams = [socket.AF_INET, socket.AF_INET6] if family is None else [
             socket.AF_INET if family == 4 else socket.AF_INET6]
         out: list[RouteEntry] = []

@@ -15,12 +15,22 @@ import secrets
 from typing import Any
 
 from pycni.net import netns
-from pycni.net.link import INTERNAL, Link, _lookup, get_link, ipr, is_netlink_error, netlink_errno
+from pycni.net.link import (
+    INTERNAL,
+    Link,
+    delete_link_quietly,
+    get_link,
+    ipr,
+    is_netlink_error,
+    lookup_msg,
+    netlink_errno,
+)
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 
 
 def kernel_lacks(kind: str) -> CNIError:
+    """The error for a link kind this kernel cannot make (EOPNOTSUPP), saying which module to load."""
     return CNIError(INTERNAL, f"the kernel does not support {kind} links",
                     f"creating a {kind} link failed with EOPNOTSUPP: load the {kind} module "
                     f"(modprobe {'8021q' if kind == 'vlan' else kind}) or use another plugin")
@@ -70,13 +80,13 @@ def create_in_container(kind: str, container_netns: str, ifname: str, *, parent:
     with netns.enter(container_netns):
         try:
             with ipr() as sock:
-                msg = _lookup(sock, tmp)
+                msg = lookup_msg(sock, tmp)
                 if msg is None:
                     raise CNIError(INTERNAL, f"failed to lookup new {kind} link", f"{tmp!r} vanished after creation")
                 sock.link("set", index=int(msg["index"]), ifname=ifname)
-                return Link.from_msg(_lookup(sock, int(msg["index"])))
+                return Link.from_msg(lookup_msg(sock, int(msg["index"])))
         except Exception as e:
-            _delete_by_name(tmp)
+            delete_link_quietly(tmp)
             if isinstance(e, CNIError):
                 raise
             if is_netlink_error(e):
@@ -85,6 +95,7 @@ def create_in_container(kind: str, container_netns: str, ifname: str, *, parent:
 
 
 def _add(sock: Any, spec: dict[str, Any], kind: str) -> None:
+    """RTM_NEWLINK with ``spec``; a kernel refusal becomes a CNIError naming ``kind``."""
     try:
         sock.link("add", **spec)
     except Exception as e:
@@ -94,16 +105,6 @@ def _add(sock: Any, spec: dict[str, Any], kind: str) -> None:
         if code == errno.EOPNOTSUPP:
             raise kernel_lacks(kind) from None
         raise CNIError(INTERNAL, f"failed to create {kind} link", str(e)) from None
-
-
-def _delete_by_name(name: str) -> None:
-    with ipr() as sock:
-        msg = _lookup(sock, name)
-        if msg is not None:
-            try:
-                sock.link("del", index=int(msg["index"]))
-            except Exception:  # noqa: BLE001 - best-effort rollback
-                pass
 
 
 def kernel_supports(kind: str, **attrs: Any) -> bool:
@@ -116,5 +117,5 @@ def kernel_supports(kind: str, **attrs: Any) -> bool:
             if is_netlink_error(e) and netlink_errno(e) == errno.EOPNOTSUPP:
                 return False
             raise
-        _delete_by_name(name)
+        delete_link_quietly(name)
         return True

@@ -14,12 +14,14 @@ plus the burst.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pycni.net.link import ipr, link_index
 from pycni.spec.errors import CNIError
 
 TIME_UNITS_PER_SEC = 1_000_000
@@ -80,26 +82,15 @@ def run_tc(lines: Sequence[str], what: str) -> None:
         raise CNIError(TC_ERROR, f"failed to {what}", (proc.stderr or proc.stdout).strip()[-1000:])
 
 
-def _ipr() -> Any:
-    from pycni.net.link import ipr
-
-    return ipr()
-
-
-def _index(sock: Any, dev: str) -> int | None:
-    found = sock.link_lookup(ifname=dev)
-    return int(found[0]) if found else None
-
-
 # ---- devices ---------------------------------------------------------------------------------
 def create_ifb(name: str, mtu: int) -> str:
     """Create an ifb device, up, with ``mtu``; return its MAC. Fails if ``name`` exists."""
     from pyroute2.netlink.exceptions import NetlinkError
 
-    with _ipr() as sock:
+    with ipr() as sock:
         try:
             sock.link("add", ifname=name, kind="ifb", mtu=mtu)
-            idx = _index(sock, name)
+            idx = link_index(sock, name)
             if idx is None:
                 raise CNIError(TC_ERROR, f"ifb device {name!r} vanished after creation")
             sock.link("set", index=idx, state="up")
@@ -123,8 +114,8 @@ def add_tbf(dev: str, rate_bytes: int, burst_bytes: int) -> None:
         run_tc([f"qdisc add dev {dev} root handle 1: tbf rate {rate_bytes}bps burst {burst_bytes} "
                 f"limit {limit}"], f"create tbf qdisc on {dev}")
         return
-    with _ipr() as sock:
-        idx = _index(sock, dev)
+    with ipr() as sock:
+        idx = link_index(sock, dev)
         if idx is None:
             raise CNIError(TC_ERROR, f"get host device: {dev} not found")
         try:
@@ -177,8 +168,8 @@ def delete_qdisc(dev: str, ingress: bool = False) -> bool:
     """Remove the root (or ingress) qdisc of ``dev``; False when there was none or no ``dev``."""
     from pyroute2.netlink.exceptions import NetlinkError
 
-    with _ipr() as sock:
-        idx = _index(sock, dev)
+    with ipr() as sock:
+        idx = link_index(sock, dev)
         if idx is None:
             return False
         for q in sock.get_qdiscs(index=idx):
@@ -191,7 +182,7 @@ def delete_qdisc(dev: str, ingress: bool = False) -> bool:
                     else:
                         sock.tc("del", index=idx, handle=int(q["handle"]), parent=0xFFFFFFFF)
                 except NetlinkError as e:
-                    if e.code in (2, 19, 22):  # already gone
+                    if e.code in (errno.ENOENT, errno.ENODEV, errno.EINVAL):  # already gone
                         return False
                     raise CNIError(TC_ERROR, f"failed to delete qdisc on {dev}", str(e)) from None
                 return True
@@ -201,6 +192,8 @@ def delete_qdisc(dev: str, ingress: bool = False) -> bool:
 # ---- reading back ----------------------------------------------------------------------------
 @dataclass
 class Qdisc:
+    """A qdisc as read back; ``params`` holds what CHECK compares (tbf rate/limit/buffer, htb defcls)."""
+
     kind: str
     handle: int
     parent: int
@@ -209,6 +202,8 @@ class Qdisc:
 
 @dataclass
 class HtbClass:
+    """An htb class as read back: rates in bytes/s, buckets in scheduler ticks."""
+
     handle: int
     rate: int
     ceil: int
@@ -217,14 +212,15 @@ class HtbClass:
 
 
 def _opts(msg: Any) -> Any:
+    """TCA_OPTIONS of a tc message when pyroute2 decoded it into attributes, else None."""
     opts = msg.get_attr("TCA_OPTIONS")
     return opts if opts is not None and hasattr(opts, "get_attr") else None
 
 
 def qdiscs(dev: str) -> list[Qdisc] | None:
     """The qdiscs of ``dev`` (without pfifo_fast/noqueue defaults); None when there is no ``dev``."""
-    with _ipr() as sock:
-        idx = _index(sock, dev)
+    with ipr() as sock:
+        idx = link_index(sock, dev)
         if idx is None:
             return None
         out = []
@@ -262,8 +258,9 @@ def _tc_json_rate(dev: str, handle: int) -> int | None:
 
 
 def htb_classes(dev: str) -> list[HtbClass]:
-    with _ipr() as sock:
-        idx = _index(sock, dev)
+    """The htb classes of ``dev`` ([] when there is no ``dev``), 64-bit rates decoded."""
+    with ipr() as sock:
+        idx = link_index(sock, dev)
         if idx is None:
             return []
         out = []

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycni.net import netns
-from pycni.net.link import INTERNAL, Link, _lookup, ipr, is_netlink_error, netlink_errno
+from pycni.net.link import INTERNAL, Link, delete_link_quietly, ipr, is_netlink_error, lookup_msg, netlink_errno
 from pycni.spec.errors import CNIError
 
 MAX_NAME_TRIES = 10
@@ -60,7 +60,7 @@ def _create(sock: Any, host: str, ifname: str, target: int, mtu: int, mac: str) 
 
 def _container_has(container_netns: str, ifname: str) -> bool:
     with netns.enter(container_netns), ipr() as sock:
-        return _lookup(sock, ifname) is not None
+        return lookup_msg(sock, ifname) is not None
 
 
 def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, host_name: str) -> VethPair:
@@ -75,7 +75,7 @@ def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, h
                 if not is_netlink_error(e):
                     raise
                 if netlink_errno(e) == errno.EEXIST:
-                    if not host_name and _lookup(sock, host) is not None and not _container_has(
+                    if not host_name and lookup_msg(sock, host) is not None and not _container_has(
                             container_netns, ifname):
                         continue  # our random host name was taken: pick another
                     raise CNIError(INTERNAL,
@@ -86,8 +86,7 @@ def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, h
         try:
             return _finish(host, ifname, container_netns)
         except BaseException:
-            with ipr() as sock:
-                _delete_quietly(sock, host)  # never leave half a pair behind
+            delete_link_quietly(host)  # never leave half a pair behind
             raise
     raise CNIError(INTERNAL, "failed to find a unique veth name", f"{MAX_NAME_TRIES} random names were all taken")
 
@@ -111,19 +110,10 @@ def _finish(host: str, ifname: str, container_netns: str) -> VethPair:
 
 def _get(name: str) -> Link:
     with ipr() as sock:
-        msg = _lookup(sock, name)
+        msg = lookup_msg(sock, name)
     if msg is None:
         raise CNIError(INTERNAL, f"failed to lookup {name!r}", "the veth vanished right after creation")
     return Link.from_msg(msg)
-
-
-def _delete_quietly(sock: Any, name: str) -> None:
-    msg = _lookup(sock, name)
-    if msg is not None:
-        try:
-            sock.link("del", index=int(msg["index"]))
-        except Exception:  # noqa: BLE001 - best-effort rollback
-            pass
 
 
 def _check_mac(mac: str) -> None:

@@ -188,7 +188,7 @@ class SublinkPlugin:
 
     def check(self, args: CmdArgs) -> None:
         from pycni.net import verify
-        from pycni.net.link import _lookup, ipr
+        from pycni.net.link import ipr, lookup_msg
 
         conf = self._conf(args)
         netns.check_netns(args.netns)
@@ -199,7 +199,7 @@ class SublinkPlugin:
         self._parent(conf, args)
         verify.container_link(prev, args.ifname, args.netns, kind=self.spec.kind)
         with netns.enter(args.netns), ipr() as sock:
-            self.spec.check_link(conf, _lookup(sock, args.ifname))
+            self.spec.check_link(conf, lookup_msg(sock, args.ifname))
 
 
 def link_info_data(msg: Any) -> Any:
