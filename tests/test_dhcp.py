@@ -349,6 +349,26 @@ def test_renewal_survives_a_server_pause(dhcp_net: DHCPNet, container_ns: Namesp
         lease.stop(release=True)
 
 
+def test_packet_socket_sees_only_dhcp_client_traffic(dhcp_net: DHCPNet, container_ns: Namespace) -> None:
+    """The kernel filter keeps everything but UDP to port 68 away from the client's socket."""
+    from pycni.plugins.ipam.dhcp.client import Transport, set_link_up
+
+    _attach(dhcp_net, container_ns, "vcb")
+    send = ("import socket,sys; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1); "
+            "s.sendto(b'x'*64, ('10.77.0.255', int(sys.argv[1])))")
+    with container_ns.enter():
+        set_link_up("eth0")
+        with Transport("eth0") as t:
+            t.sock.settimeout(1.0)
+            dhcp_net.server.run([sys.executable, "-c", send, "9999"])
+            with pytest.raises(TimeoutError):
+                t.sock.recv(2048)
+            dhcp_net.server.run([sys.executable, "-c", send, "68"])
+            frame = t.sock.recv(2048)
+    assert frame[9] == 17 and int.from_bytes(frame[22:24], "big") == 68
+
+
 def test_many_concurrent_adds(dhcp_net: DHCPNet, daemon: Daemon, cni_bin: str,
                               netns_factory: Callable[[], Namespace]) -> None:
     n = 8

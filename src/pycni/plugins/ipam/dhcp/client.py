@@ -101,6 +101,35 @@ def _ip_udp(payload: bytes, src: ipaddress.IPv4Address, dst: ipaddress.IPv4Addre
     return ip + udp
 
 
+# Classic BPF run by the kernel on each frame (offsets from the IP header, as for a SOCK_DGRAM
+# packet socket): keep unfragmented UDP to port 68, so a busy interface does not wake us for
+# every packet. Python checks again anyway; without the filter we are only slower.
+_BPF_UDP_TO_68 = [
+    (0x30, 0, 0, 9),           # ldb [9]            IP protocol
+    (0x15, 0, 6, 17),          # jeq #17 (UDP)      else drop
+    (0x28, 0, 0, 6),           # ldh [6]            flags + fragment offset
+    (0x45, 4, 0, 0x1FFF),      # jset #0x1fff       fragment: drop
+    (0xB1, 0, 0, 0),           # ldxb 4*([0]&0xf)   IP header length
+    (0x48, 0, 0, 2),           # ldh [x+2]          UDP destination port
+    (0x15, 0, 1, CLIENT_PORT),  # jeq #68            else drop
+    (0x06, 0, 0, 0xFFFF),      # ret #65535         accept
+    (0x06, 0, 0, 0),           # ret #0             drop
+]
+SO_ATTACH_FILTER = 26
+
+
+def _attach_client_port_filter(sock: socket.socket) -> None:
+    import ctypes
+
+    prog = b"".join(struct.pack("HBBI", *ins) for ins in _BPF_UDP_TO_68)
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = struct.pack("HL", len(_BPF_UDP_TO_68), ctypes.addressof(buf))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+    except OSError:
+        pass
+
+
 class Transport:
     """A packet socket on one interface of the calling thread's namespace."""
 
@@ -112,6 +141,7 @@ class Transport:
             raise OSError(errno.ENODEV, f"no interface {ifname!r}") from None
         self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_IP))
         try:
+            _attach_client_port_filter(self.sock)
             self.sock.bind((ifname, ETH_P_IP))
             self.mac: bytes = self.sock.getsockname()[4][:6]
         except OSError:
