@@ -153,6 +153,11 @@ class Daemon:
             pid, uid, _gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
             if uid not in (0, os.getuid()):
                 log.warning("refused connection from uid %d (pid %d)", uid, pid)
+                try:  # read (and ignore) the request: closing on unread data would reset the reply
+                    conn.settimeout(5)
+                    protocol.recv_frame(conn)
+                except (OSError, ValueError):
+                    pass
                 outcome = _error_outcome(CNIError(4, "permission denied",
                                                   "only root or the daemon's user may use the pycni daemon"))
             else:
