@@ -58,6 +58,8 @@ DIFF_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("full-0.2.0", _conf("0.2.0", **FULL_IPAM), ""),
     ("v6-only", _conf("1.0.0", addresses=[{"address": "fd00:1::10/64", "gateway": "fd00:1::1"}]), ""),
     ("host-bits-kept", _conf("1.0.0", addresses=[{"address": "10.1.2.3/8"}]), ""),
+    ("host-address-onlink-gw", _conf("1.0.0", addresses=[{"address": "10.1.2.3/32", "gateway": "169.254.1.1"},
+                                                         {"address": "fd00::3/128", "gateway": "fe80::1"}]), ""),
     ("no-addresses", _conf("1.0.0", routes=[{"dst": "10.0.0.0/8"}]), ""),
     ("cni-args-ip-gw", _conf("1.0.0", addresses=[{"address": "10.10.0.5/24"}]),
      "IP=10.20.0.3/16,fd00::3/64;GATEWAY=10.20.0.1,fd00::1"),
@@ -107,7 +109,7 @@ def _add(conf: dict[str, Any], cni_args: str = "") -> tuple[int, dict[str, Any]]
 
 @pytest.mark.parametrize(("conf", "cni_args", "code", "fragment"), [
     (_conf(addresses=[{"address": "10.0.0.5/24", "gateway": "10.0.1.1"}]), "", 7, "outside"),
-    (_conf(addresses=[{"address": "10.0.0.5/24", "gateway": "fd00::1"}]), "", 7, "outside"),
+    (_conf(addresses=[{"address": "10.0.0.5/24", "gateway": "fd00::1"}]), "", 7, "family"),
     (_conf(addresses=[{"address": "10.0.0.5/24"}]), "GATEWAY=192.168.9.1", 7, "not inside any address"),
     (_conf(addresses=[{"address": "10.0.0.5/24"}]), "IP=10.0.0.9", 7, "CIDR"),
     (_conf(addresses=[{"address": "10.0.0.5/24"}]), "IP=10.0.0.9/24;FOO=1", 4, "unknown args"),

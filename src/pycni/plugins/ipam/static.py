@@ -6,8 +6,10 @@ Same config keys as the Go reference: ``ipam.addresses`` (``address`` in CIDR fo
 from the ``ips`` runtimeConfig capability (each of those two replaces the list). Nothing is
 allocated, so DEL and GC have nothing to do.
 
-Stricter than the reference where it only fails later or never: a gateway that lies outside
-its address's subnet, or a CNI_ARGS ``GATEWAY`` that matches no address, is refused (code 7).
+Stricter than the reference where it only fails later or never: a gateway of the other IP
+family, a gateway outside its address's subnet (host addresses, /32 or /128, excepted: their
+gateway is on-link by design), or a CNI_ARGS ``GATEWAY`` that matches no address, is refused
+(code 7).
 Stdlib only.
 """
 
@@ -126,7 +128,12 @@ def load_config(conf: Mapping[str, Any], cni_args: str) -> StaticConfig:
     for i, a in enumerate(cfg.addresses):
         if a.gateway is None:
             continue
-        if a.gateway.version != a.address.version or a.gateway not in a.address.network:
+        if a.gateway.version != a.address.version:
+            raise _bad(f"invalid address {i}: gateway {a.gateway} is not of the family of {a.address}",
+                       "give an IPv4 gateway to an IPv4 address and an IPv6 one to an IPv6 address")
+        # A host address (/32, /128) with an on-link gateway elsewhere (e.g. 169.254.1.1) is a
+        # common pattern the reference accepts; only proper subnets are checked.
+        if a.address.network.num_addresses > 1 and a.gateway not in a.address.network:
             raise _bad(f"invalid address {i}: gateway {a.gateway} is outside {a.address.network}",
                        "a gateway must lie inside the subnet of its address")
     v4 = sum(1 for a in cfg.addresses if a.address.version == 4)
