@@ -206,3 +206,30 @@ def link_info_data(msg: Any) -> Any:
     """The IFLA_INFO_DATA of a link message (kind-specific attributes), or None."""
     info = msg.get_attr("IFLA_LINKINFO")
     return info.get_attr("IFLA_INFO_DATA") if info is not None else None
+
+
+@dataclass(frozen=True)
+class LinkMode:
+    """The ``mode`` key of macvlan and ipvlan: validated from the config, compared on CHECK."""
+
+    kind: str                 # netlink kind; the mode lives in IFLA_<KIND>_MODE
+    modes: Mapping[str, int]  # config name -> IFLA_<KIND>_MODE value
+    default: str
+
+    def of(self, conf: Mapping[str, Any]) -> str:
+        """The configured mode's name (the default when unset); CNIError 7 for an unknown one."""
+        mode = conf.get("mode") or self.default
+        if mode not in self.modes:
+            raise CNIError(E.INVALID_CONFIG, f"unknown {self.kind} mode: {mode!r}",
+                           f"use one of {', '.join(self.modes)}")
+        return str(mode)
+
+    def check(self, conf: Mapping[str, Any], msg: Any) -> None:
+        """CHECK: the container link's mode must still be the configured one."""
+        data = link_info_data(msg)
+        have = data.get_attr(f"IFLA_{self.kind.upper()}_MODE") if data is not None else None
+        names = {v: k for k, v in self.modes.items()}
+        have_name = names.get(have, have) if isinstance(have, int) else have  # pyroute2 may decode the name
+        if have_name != self.of(conf):
+            raise CNIError(INTERNAL, f"container {self.kind} mode {have_name} does not match expected value: "
+                                     f"{self.of(conf)}")
