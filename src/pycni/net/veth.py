@@ -16,7 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycni.net import netns
-from pycni.net.link import INTERNAL, Link, delete_link_quietly, ipr, is_netlink_error, lookup_msg, netlink_errno
+from pycni.net.link import (
+    INTERNAL,
+    Link,
+    delete_link_quietly,
+    ipr,
+    is_colon_mac,
+    is_netlink_error,
+    lookup_msg,
+    netlink_errno,
+)
 from pycni.spec.errors import CNIError
 
 MAX_NAME_TRIES = 10
@@ -117,7 +126,6 @@ def _get(name: str) -> Link:
 
 
 def _check_mac(mac: str) -> None:
-    parts = mac.split(":")
-    if len(parts) != 6 or not all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts):
+    if not is_colon_mac(mac):
         raise CNIError(7, f"invalid MAC address {mac!r}",
                        "give a 6-byte MAC address in the form 0a:58:0a:f4:00:05")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pycni import invoke, skel
 from pycni.cniargs import load_cni_args
+from pycni.net.link import is_colon_mac
 from pycni.skel import CmdArgs, Plugin, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
@@ -111,8 +112,7 @@ def _vlan_trunk(items: Any) -> list[int]:
 
 
 def _check_mac(mac: str, where: str) -> str:
-    parts = mac.split(":")
-    if len(parts) != 6 or not all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts):
+    if not is_colon_mac(mac):
         raise _bad(f"invalid MAC address {mac!r} in {where}", "give a MAC address like 0a:58:0a:f4:00:05")
     return mac.lower()
 

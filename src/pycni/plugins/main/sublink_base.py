@@ -17,7 +17,7 @@ from typing import Any
 from pycni import ipam
 from pycni.cniargs import load_cni_args
 from pycni.net import netns, sublink
-from pycni.net.link import Link, get_link
+from pycni.net.link import Link, get_link, is_colon_mac
 from pycni.skel import CmdArgs, Plugin, config_version, load_conf, prev_result
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
@@ -79,10 +79,8 @@ def _mac(conf: Mapping[str, Any], args: CmdArgs) -> str:
     rc = conf.get("runtimeConfig") or {}
     if isinstance(rc, dict) and rc.get("mac"):
         mac = str(rc["mac"])
-    if mac:
-        parts = mac.split(":")
-        if len(parts) != 6 or not all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts):
-            raise CNIError(E.INVALID_CONFIG, f"invalid args {mac} for MAC addr", "use the form 0a:58:0a:f4:00:05")
+    if mac and not is_colon_mac(mac):
+        raise CNIError(E.INVALID_CONFIG, f"invalid args {mac} for MAC addr", "use the form 0a:58:0a:f4:00:05")
     return mac.lower()
 
 
