@@ -18,7 +18,9 @@ interface has in their tables; CHECK verifies the rules and default routes are i
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
@@ -112,23 +114,18 @@ class _Undo:
         self.enslaved = ""  # an interface this ADD put into a VRF
 
     def run(self) -> None:
+        """Put everything back, each step best effort (the error that got us here is what counts)."""
         from pycni.net import link, rule
 
+        steps: list[Callable[[], object]] = []
         if self.enslaved:
+            steps.append(partial(link.set_link, self.enslaved, master=None))
+        steps += [partial(rule.remove_route, r) for r in reversed(self.added)]
+        steps += [partial(rule.del_rule, r) for r in reversed(self.rules)]
+        steps += [partial(rule.put_route, r) for r in self.removed]
+        for step in steps:
             try:
-                link.set_link(self.enslaved, master=None)
-            except CNIError:
-                pass
-
-        for fn, items in ((rule.remove_route, self.added), (rule.del_rule, self.rules)):
-            for item in reversed(items):
-                try:
-                    fn(item)  # type: ignore[operator]
-                except CNIError:
-                    pass
-        for r in self.removed:
-            try:
-                rule.put_route(r)
+                step()
             except CNIError:
                 pass
 
@@ -140,6 +137,16 @@ def _add_default(undo: _Undo, ip: IPConfig, gw: IPAddress, index: int, table: in
     r = rule.RawRoute(family=ip.address.version, dst=zero, oif=index, gw=str(gw), proto=3, table=table)
     rule.put_route(r, replace=False)
     undo.added.append(r)
+
+
+def _source_table(conf: SbrConf, undo: _Undo, ip: IPConfig, index: int, table: int) -> None:
+    """Send traffic sourced from ``ip`` to ``table``, with a default route via its gateway there."""
+    from pycni.net import rule
+
+    undo.rules.append(rule.add_rule(_host_net(ip), table))
+    gw = _gateway(conf, ip)
+    if gw is not None:
+        _add_default(undo, ip, gw, index, table)
 
 
 def do_routes(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: _Undo) -> None:
@@ -154,10 +161,7 @@ def do_routes(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: _Undo) -> N
                        "the interface plugin earlier in the chain should have created it")
     routes = rule.link_routes(lk.index)
     for ip in ips:
-        undo.rules.append(rule.add_rule(_host_net(ip), table))
-        gw = _gateway(conf, ip)
-        if gw is not None:
-            _add_default(undo, ip, gw, lk.index, table)
+        _source_table(conf, undo, ip, lk.index, table)
         for r in routes:
             if r.dst.prefixlen == 0 and r.family in conf.gateways:
                 continue  # a static gateway wins (the reference lets the copied default replace it)
@@ -187,16 +191,13 @@ def do_routes(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: _Undo) -> N
 
 def do_vrf(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: _Undo) -> None:
     """Enslave the interface to VRF ``vrfname`` and point the source rules at its table."""
-    from pycni.net import link, rule
+    from pycni.net import link
 
     table = vrf_table(conf.vrfname, conf.table)
     lk = link.set_link(ifname, master=conf.vrfname)
     undo.enslaved = ifname
     for ip in ips:
-        undo.rules.append(rule.add_rule(_host_net(ip), table))
-        gw = _gateway(conf, ip)
-        if gw is not None:
-            _add_default(undo, ip, gw, lk.index, table)
+        _source_table(conf, undo, ip, lk.index, table)
 
 
 def vrf_table(name: str, table: int | None) -> int:
@@ -208,8 +209,8 @@ def vrf_table(name: str, table: int | None) -> int:
     from pycni.net import link, rule
 
     with link.ipr() as sock:
-        found = sock.link_lookup(ifname=name)
-        if not found:
+        index = link.link_index(sock, name)
+        if index is None:
             t = table if table is not None else rule.next_free_table(FIRST_TABLE, rule.tables_in_use())
             try:
                 sock.link("add", ifname=name, kind="vrf", vrf_table=t)
@@ -218,9 +219,9 @@ def vrf_table(name: str, table: int | None) -> int:
                     raise CNIError(PLUGIN_SPECIFIC, f"cannot create VRF {name!r}: the kernel lacks VRF support",
                                    "load the vrf module, or drop vrfname from the config") from None
                 raise CNIError(PLUGIN_SPECIFIC, f"cannot create VRF {name!r}", str(e)) from None
-            found = sock.link_lookup(ifname=name)
-            sock.link("set", index=found[0], state="up")
-        msg = sock.link("get", index=found[0])[0]
+            index = link.require_index(sock, name)
+            sock.link("set", index=index, state="up")
+        msg = link.require_msg(sock, index)
     info = msg.get_attr("IFLA_LINKINFO")
     kind = info.get_attr("IFLA_INFO_KIND") if info is not None else ""
     if kind != "vrf":
@@ -230,6 +231,8 @@ def vrf_table(name: str, table: int | None) -> int:
     if table is not None and vt != table:
         raise CNIError(INVALID_CONFIG, f"VRF {name!r} uses table {vt}, not {table}",
                        "drop \"table\" or make it match the existing VRF")
+    if vt is None:
+        raise CNIError(PLUGIN_SPECIFIC, f"cannot read the routing table of VRF {name!r}")
     return int(vt)
 
 
