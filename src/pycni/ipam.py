@@ -15,10 +15,8 @@ from typing import Any
 from pycni import invoke
 from pycni.skel import CmdArgs
 from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import Result
-
-INTERNAL = 999
 
 
 def ipam_type(conf: Mapping[str, Any]) -> str:

@@ -25,15 +25,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 
 IFF_UP = 0x1
 IFF_PROMISC = 0x100
 IFF_ALLMULTI = 0x200
 IFF_LOWER_UP = 0x10000
-
-# Netlink failures are reported as the Go plugins report a plain error: the internal code 999.
-INTERNAL = 999
 
 _UNSET: Any = ...  # sentinel: "leave this attribute alone" (None means "detach" for master)
 

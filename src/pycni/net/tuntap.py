@@ -10,7 +10,7 @@ import fcntl
 import os
 import struct
 
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 
 TUNSETIFF = 0x400454CA
 TUNSETPERSIST = 0x400454CB
@@ -20,7 +20,6 @@ IFF_TAP = 0x0002
 IFF_MULTI_QUEUE = 0x0100
 IFF_NO_PI = 0x1000
 IFF_VNET_HDR = 0x4000
-INTERNAL = 999
 
 
 def create_tap(name: str, *, multi_queue: bool = False, owner: int | None = None, group: int | None = None) -> None:

@@ -12,10 +12,8 @@ from collections.abc import Sequence
 from pycni.net import addr as _addr
 from pycni.net import route as _route
 from pycni.net.link import Link, get_link
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import IPConfig, Result, Route
-
-INTERNAL = 999
 
 
 def expect_interface_ips(ifname: str, ips: Sequence[IPConfig]) -> None:

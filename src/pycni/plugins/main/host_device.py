@@ -18,11 +18,10 @@ from pycni import ipam
 from pycni.net import netns
 from pycni.skel import CmdArgs, Plugin, config_version, load_conf, prev_result, run_plugin
 from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import DNS, Interface, Result
 from pycni.spec.validate import validate_container_id
 
-INTERNAL = 999
 DEFAULT_DATA_DIR = "/var/lib/cni/host-device"
 SYS_BUS_PCI = "/sys/bus/pci/devices"
 

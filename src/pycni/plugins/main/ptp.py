@@ -18,8 +18,6 @@ from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import DNS, Interface, IPConfig, Result
 
-INTERNAL = 999
-
 
 def _conf(args: CmdArgs) -> dict[str, Any]:
     conf = load_conf(args.stdin_data)

@@ -20,10 +20,8 @@ from pycni.net import netns, sublink
 from pycni.net.link import Link, get_link, is_colon_mac
 from pycni.skel import CmdArgs, Plugin, config_version, load_conf, prev_result
 from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import DNS, Interface, Result
-
-INTERNAL = 999
 
 
 @dataclass

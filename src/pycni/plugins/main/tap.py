@@ -19,9 +19,7 @@ from pycni.net.link import Link
 from pycni.plugins.main.sublink_base import SublinkPlugin, SublinkSpec
 from pycni.skel import CmdArgs, run_plugin
 from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
-
-INTERNAL = 999
+from pycni.spec.errors import INTERNAL, CNIError
 
 
 def _uint(conf: Mapping[str, Any], key: str) -> int | None:

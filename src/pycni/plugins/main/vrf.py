@@ -14,10 +14,8 @@ from typing import Any
 from pycni.net import netns
 from pycni.skel import CmdArgs, Plugin, load_conf, prev_result, run_plugin
 from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import Result
-
-INTERNAL = 999
 
 
 def parse(data: bytes) -> tuple[dict[str, Any], str, int | None]:
