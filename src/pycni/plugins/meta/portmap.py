@@ -8,19 +8,19 @@ protocol, hostIP), ``snat`` (default true), ``masqAll``, ``markMasqBit`` / ``ext
 nftables layout (table ``inet pycni_hostport``), built so ADD and DEL cost does not grow with
 the number of containers already mapped:
 
-* verdict maps ``hostports`` (proto . port), ``hostip4_hostports`` / ``hostip6_hostports``
-  (hostIP . proto . port) and ``masq4`` / ``masq6`` (container IP), consulted from the nat
-  ``prerouting`` / ``output`` (local destinations only) and ``postrouting`` (DNAT'd
-  connections only) base chains;
-* per container two chains named from hash(network name + container ID): ``dn-<hash>`` with
-  the DNAT rules and ``mq-<hash>`` with the hairpin / localhost masquerade rules. Map elements
-  jump to them.
+* data maps ``hostports4`` / ``hostports6`` (proto . port -> container IP . port) and
+  ``hostip4_hostports`` / ``hostip6_hostports`` (host IP . proto . port -> ...), looked up by
+  ``dnat ... map`` in a ``hostports`` chain that the nat ``prerouting`` / ``output`` chains enter
+  for local destinations only;
+* sets ``targets4`` / ``targets6`` (container IP . proto . port): DNAT'd connections to them
+  coming from a container subnet (hairpin, neighbours; subnets kept in ``container_nets4/6``)
+  or from 127/8 (localhost) are masqueraded in ``postrouting``; ``masqall4/6`` for masqAll.
 
-ADD is one transaction. DEL finds everything from the chain names alone (it reads its own
-``dn-`` chain when the runtime omits portMappings), so rules never leak. A host port claimed by
-two containers goes to the later one, as in the reference; the earlier one's DEL leaves the
-later one's mapping alone (a probe ``add element`` in the delete transaction fails when the
-element now points elsewhere).
+Each element carries the comment ``id: <containerID> net: <network>``. ADD is one
+transaction. DEL is one transaction when the runtime passes portMappings and prevResult, and
+otherwise finds the elements by their comment, so rules never leak. A host port claimed by two
+containers goes to the later one, as in the reference; the earlier one's DEL leaves it alone
+(the delete transaction re-adds each element first, which fails when it maps elsewhere now).
 
 The iptables backend keeps the reference's CNI-HOSTPORT-DNAT / CNI-DN-<hash> /
 CNI-HOSTPORT-SETMARK / CNI-HOSTPORT-MASQ chains, so it interoperates with Go-made rules.
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pycni.net import iptables, nft
-from pycni.net.masq import chain_name, go_quote, hash_with_prefix
+from pycni.net.masq import chain_name, go_quote
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Result
@@ -229,247 +229,239 @@ def _pick_addresses(conf: PortMapConf, ifname: str) -> None:
 
 
 # ---- nftables backend ------------------------------------------------------------------------
-def container_hash(conf: PortMapConf) -> str:
-    return hash_with_prefix(24, "", conf.name + conf.container_id)
+# Data maps rather than jumps: the kernel re-validates every jump target reachable from the
+# base chains when a transaction adds a jump, so verdict maps pointing at per-container chains
+# make each ADD cost grow with the number of containers. Plain data-map and set elements
+# do not, and need no userspace cache of the other containers' objects either.
+MAP_ANY = {4: "hostports4", 6: "hostports6"}
+MAP_HOSTIP = {4: "hostip4_hostports", 6: "hostip6_hostports"}
+TARGETS = {4: "targets4", 6: "targets6"}        # container IP . proto . port, masquerade when hairpin
+MASQ_ALL = {4: "masqall4", 6: "masqall6"}       # ... masquerade whatever the source (masqAll)
+NETS = {4: "container_nets4", 6: "container_nets6"}  # container subnets (shared, never removed)
 
 
 def _ipx(family: int) -> str:
     return "ip" if family == 4 else "ip6"
 
 
-def _key_map(m: PortMapping) -> tuple[str, str]:
-    """(map, element key) of a mapping's verdict-map entry."""
-    host = m.specific_host()
-    if host is None:
-        return "hostports", f"{m.protocol} . {m.host_port}"
-    return f"hostip{host.version}_hostports", f"{host} . {m.protocol} . {m.host_port}"
+def _addr_type(family: int) -> str:
+    return "ipv4_addr" if family == 4 else "ipv6_addr"
 
 
-def _nft_skeleton() -> list[str]:
-    """Shared objects: created if missing, base chains rewritten (identical every time)."""
-    return [
-        f"add table {T} {{ comment \"pycni portmap plugin\"; }}",
-        f"add map {T} hostports {{ type inet_proto . inet_service : verdict; }}",
-        f"add map {T} hostip4_hostports {{ type ipv4_addr . inet_proto . inet_service : verdict; }}",
-        f"add map {T} hostip6_hostports {{ type ipv6_addr . inet_proto . inet_service : verdict; }}",
-        f"add map {T} masq4 {{ type ipv4_addr : verdict; }}",
-        f"add map {T} masq6 {{ type ipv6_addr : verdict; }}",
-        f"add chain {T} hostport_lookup",
-        f"flush chain {T} hostport_lookup",
-        f"add rule {T} hostport_lookup ip daddr . meta l4proto . th dport vmap @hostip4_hostports",
-        f"add rule {T} hostport_lookup ip6 daddr . meta l4proto . th dport vmap @hostip6_hostports",
-        f"add rule {T} hostport_lookup meta l4proto . th dport vmap @hostports",
-        f"add chain {T} prerouting {{ type nat hook prerouting priority dstnat; }}",
-        f"flush chain {T} prerouting",
-        f"add rule {T} prerouting fib daddr type local jump hostport_lookup",
-        f"add chain {T} output {{ type nat hook output priority -100; }}",
-        f"flush chain {T} output",
-        f"add rule {T} output fib daddr type local jump hostport_lookup",
-        f"add chain {T} postrouting {{ type nat hook postrouting priority srcnat; }}",
-        f"flush chain {T} postrouting",
-        f"add rule {T} postrouting ct status dnat ip daddr vmap @masq4",
-        f"add rule {T} postrouting ct status dnat ip6 daddr vmap @masq6",
-    ]
+def _nft_skeleton(conf: PortMapConf) -> list[str]:
+    """Shared objects, created when missing; the base chains are rewritten identically each time.
+
+    As in the reference, conditionsV4/V6 guard the entry to the port lookup for every
+    container, so the configuration of the latest ADD applies to all.
+    """
+    cmds = [f"add table {T} {{ comment \"pycni portmap plugin\"; }}"]
+    for fam in (4, 6):
+        a = _addr_type(fam)
+        cmds += [
+            f"add map {T} {MAP_ANY[fam]} {{ type inet_proto . inet_service : {a} . inet_service; }}",
+            f"add map {T} {MAP_HOSTIP[fam]} {{ type {a} . inet_proto . inet_service : {a} . inet_service; }}",
+            f"add set {T} {TARGETS[fam]} {{ type {a} . inet_proto . inet_service; }}",
+            f"add set {T} {MASQ_ALL[fam]} {{ type {a} . inet_proto . inet_service; }}",
+            f"add set {T} {NETS[fam]} {{ type {a}; flags interval; auto-merge; }}",
+        ]
+    cmds += [f"add chain {T} hostports", f"flush chain {T} hostports"]
+    for fam in (4, 6):
+        ipx = _ipx(fam)
+        # A failed map lookup ends the rule, so a host-IP mapping wins over a wildcard one.
+        cmds += [f"add rule {T} hostports dnat {ipx} to {ipx} daddr . meta l4proto . th dport map @{MAP_HOSTIP[fam]}",
+                 f"add rule {T} hostports dnat {ipx} to meta l4proto . th dport map @{MAP_ANY[fam]}"]
+    for chain, hook, prio in (("prerouting", "prerouting", "dstnat"), ("output", "output", "-100")):
+        cmds += [f"add chain {T} {chain} {{ type nat hook {hook} priority {prio}; }}", f"flush chain {T} {chain}"]
+        for fam, conds in ((4, conf.conditions_v4), (6, conf.conditions_v6)):
+            match = " ".join(filter(None, [f"meta nfproto ipv{fam}", "fib daddr type local", *conds]))
+            cmds.append(f"add rule {T} {chain} {match} jump hostports")
+    cmds += [f"add chain {T} postrouting {{ type nat hook postrouting priority srcnat; }}",
+             f"flush chain {T} postrouting"]
+    for fam in (4, 6):
+        ipx = _ipx(fam)
+        # Connections we DNAT'd from a container subnet (hairpin, neighbours) or from localhost
+        # would see replies bypass the NAT: masquerade them. Exact-match sets, so deleting an
+        # element needs no look at the others.
+        dnat_to_us = f"ct status dnat {ipx} daddr . meta l4proto . th dport"
+        cmds.append(f"add rule {T} postrouting {dnat_to_us} @{TARGETS[fam]} {ipx} saddr @{NETS[fam]} masquerade")
+        if fam == 4:
+            cmds.append(f"add rule {T} postrouting {dnat_to_us} @{TARGETS[fam]} ip saddr 127.0.0.0/8 masquerade")
+        cmds.append(f"add rule {T} postrouting {dnat_to_us} @{MASQ_ALL[fam]} masquerade")
+    return cmds
 
 
-def _rule_comment(m: PortMapping, net: ContainerNet, container_id: str) -> str:
-    # The key comes first so DEL can read it back even when the comment is cut at 128 bytes.
-    return f"{m.protocol}/{m.host_port}/{m.host_ip or '*'}/{net.version} id: {container_id}"
+@dataclass(frozen=True)
+class Element:
+    """One element this container owns: ``data`` is set for map elements."""
+
+    name: str  # map or set
+    key: str
+    data: str = ""
+
+    def add(self, comment: str) -> str:
+        tail = f" : {self.data}" if self.data else ""
+        return f"add element {T} {self.name} {{ {self.key} comment {comment}{tail} }}"
+
+    def probe(self) -> str:
+        """Re-adding the element: a no-op if it is ours, 'File exists' if it maps elsewhere now."""
+        tail = f" : {self.data}" if self.data else ""
+        return f"add element {T} {self.name} {{ {self.key}{tail} }}"
+
+    def delete(self) -> str:
+        return f"delete element {T} {self.name} {{ {self.key} }}"
 
 
-_COMMENT_RE = re.compile(r"^(tcp|udp|sctp)/(\d+)/([^/]+)/([46]) ")
+def element_comment(conf: PortMapConf) -> str:
+    """Marks every element of this attachment, so a DEL without portMappings finds them."""
+    return f"id: {conf.container_id} net: {conf.name}"[:nft.COMMENT_MAX]
 
 
-def _nft_container_rules(conf: PortMapConf, dn: str, mq: str) -> tuple[list[str], list[tuple[str, str]]]:
-    """Commands filling this container's chains, and the (map, key) elements pointing at them."""
-    cmds: list[str] = []
-    elements: list[tuple[str, str]] = []
+def nft_elements(conf: PortMapConf) -> list[Element]:
+    out: list[Element] = []
     for net in conf.nets:
         fam = net.version
-        ipx = _ipx(fam)
-        conds = " ".join(conf.conditions_v4 if fam == 4 else conf.conditions_v6)
-        used = False
         for m in conf.mappings:
             if not m.applies_to(fam):
                 continue
-            used = True
             host = m.specific_host()
-            match = " ".join(filter(None, [conds, f"{ipx} daddr {host}" if host else "",
-                                           f"meta l4proto {m.protocol} th dport {m.host_port}"]))
-            target = f"[{net.ip}]:{m.container_port}" if fam == 6 else f"{net.ip}:{m.container_port}"
-            cmds.append(f"add rule {T} {dn} {match} dnat {ipx} to {target} "
-                        f"comment {nft.quote(_rule_comment(m, net, conf.container_id))}")
-            elements.append(_key_map(m))
-        if used and conf.snat:
-            # Hairpin (the container, or its neighbours, reaching it through the host port) and,
-            # for IPv4, localhost: without masquerading the replies would bypass the host's NAT.
-            if conf.masq_all:
-                sources = "0.0.0.0/0" if fam == 4 else "::/0"
-            elif fam == 4:
-                sources = f"{{ {net.network}, 127.0.0.0/8 }}"
+            data = f"{net.ip} . {m.container_port}"
+            if host is None:
+                out.append(Element(MAP_ANY[fam], f"{m.protocol} . {m.host_port}", data))
             else:
-                sources = str(net.network)
-            cmds.append(f"add rule {T} {mq} {ipx} saddr {sources} masquerade "
-                        f"comment {nft.quote('hairpin id: ' + conf.container_id)}")
-            elements.append((f"masq{fam}", str(net.ip)))
-    return cmds, list(dict.fromkeys(elements))
+                out.append(Element(MAP_HOSTIP[fam], f"{host} . {m.protocol} . {m.host_port}", data))
+            if conf.snat:
+                target = f"{net.ip} . {m.protocol} . {m.container_port}"
+                out.append(Element(MASQ_ALL[fam] if conf.masq_all else TARGETS[fam], target))
+    return list(dict.fromkeys(out))
 
 
-def _chains(conf: PortMapConf) -> tuple[str, str]:
-    h = container_hash(conf)
-    return f"dn-{h}", f"mq-{h}"
+def nft_nets(conf: PortMapConf) -> list[str]:
+    """Add this container's subnet to the shared set (auto-merge: re-adding is a no-op)."""
+    if not conf.snat or conf.masq_all:
+        return []
+    return [f"add element {T} {NETS[n.version]} {{ {n.network} }}" for n in conf.nets]
 
 
 def nft_forward(conf: PortMapConf) -> None:
-    """ADD: one transaction; falls back to taking over host ports another container holds."""
-    dn, mq = _chains(conf)
-    label = nft.quote(f"net: {conf.name} id: {conf.container_id}")
-    fill, elements = _nft_container_rules(conf, dn, mq)
-    base = _nft_skeleton() + [
-        f"add chain {T} {dn} {{ comment {label}; }}", f"flush chain {T} {dn}",
-        f"add chain {T} {mq} {{ comment {label}; }}", f"flush chain {T} {mq}",
-        *fill,
-    ]
-    adds = [f"add element {T} {mp} {{ {key} : jump {_target(mp, dn, mq)} }}" for mp, key in elements]
+    """ADD: one transaction; a host port held by another container is taken over (newest wins)."""
+    comment = nft.quote(element_comment(conf))
+    skeleton = _nft_skeleton(conf)
+    elements = nft_elements(conf)
+    code = INVALID_CONFIG if conf.conditions_v4 or conf.conditions_v6 else PLUGIN_SPECIFIC
     try:
-        nft.run("\n".join(base + adds) + "\n", code=INVALID_CONFIG if _has_conditions(conf) else PLUGIN_SPECIFIC,
+        nft.run("\n".join(skeleton + nft_nets(conf) + [e.add(comment) for e in elements]) + "\n", code=code,
                 what="port mapping setup")
         return
     except nft.NftError as e:
         if not e.exists:
             raise CNIError(e.code, "unable to set up nftables rules for port mappings", e.details) from None
-    # Some host port is mapped to another container already: the newest ADD wins, as in the
-    # reference. Rare, so a few transactions are fine; undo everything if one fails.
+    # Rare: a host port is mapped to another container. Take it over element by element, and
+    # undo everything if that fails.
     try:
-        nft.run("\n".join(base) + "\n", what="port mapping setup")
-        for mp, key in elements:
-            add = f"add element {T} {mp} {{ {key} : jump {_target(mp, dn, mq)} }}\n"
+        nft.run("\n".join(skeleton + nft_nets(conf)) + "\n", what="port mapping setup")
+        for e in elements:
             try:
-                nft.run(add, what="port mapping setup")
-            except nft.NftError as e:
-                if not e.exists:
+                nft.run(e.add(comment) + "\n", what="port mapping setup")
+            except nft.NftError as err:
+                if not err.exists:
                     raise
-                nft.run(f"delete element {T} {mp} {{ {key} }}\n" + add, what="port mapping takeover")
-    except CNIError as e:
+                nft.run(f"{e.delete()}\n{e.add(comment)}\n", what="port mapping takeover")
+    except CNIError as err:
         try:
             nft_unforward(conf)
         except CNIError:
             pass
-        raise CNIError(e.code, "unable to set up nftables rules for port mappings", e.details) from None
-
-
-def _has_conditions(conf: PortMapConf) -> bool:
-    return bool(conf.conditions_v4 or conf.conditions_v6)
-
-
-def _target(mp: str, dn: str, mq: str) -> str:
-    return mq if mp.startswith("masq") else dn
-
-
-def _delete_script(elements: list[tuple[str, str]], dn: str, mq: str, probe: bool = True) -> str:
-    """Delete our elements (each probed: re-adding it fails if it now points elsewhere) and chains."""
-    lines = [f"add chain {T} {dn}", f"add chain {T} {mq}"]
-    for mp, key in elements:
-        if probe:
-            lines.append(f"add element {T} {mp} {{ {key} : jump {_target(mp, dn, mq)} }}")
-        lines.append(f"delete element {T} {mp} {{ {key} }}")
-    lines += [f"flush chain {T} {dn}", f"delete chain {T} {dn}", f"flush chain {T} {mq}", f"delete chain {T} {mq}"]
-    return "\n".join(lines) + "\n"
-
-
-def _elements_from_chain(dn: str) -> list[tuple[str, str]] | None:
-    """Read back the elements of a container from its own dn- chain (None: no such chain)."""
-    listing = nft.list_json("chain", "inet", NFT_TABLE, dn, missing_ok=True)
-    if not nft.objects(listing, "chain"):
-        return None
-    elements: list[tuple[str, str]] = []
-    for rule in nft.rules(listing):
-        m = _COMMENT_RE.match(str(rule.get("comment", "")))
-        if not m:
-            continue
-        proto, port, host_ip, fam = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
-        pm = PortMapping(port, 1, proto, "" if host_ip == "*" else host_ip)
-        elements.append(_key_map(pm))
-        ip = _dnat_target(rule)
-        if ip:
-            elements.append((f"masq{fam}", ip))
-    return list(dict.fromkeys(elements))
-
-
-def _dnat_target(rule: dict[str, Any]) -> str:
-    for e in rule.get("expr", []):
-        if isinstance(e, dict) and "dnat" in e and isinstance(e["dnat"], dict):
-            return str(e["dnat"].get("addr", ""))
-    return ""
+        raise CNIError(err.code, "unable to set up nftables rules for port mappings", err.details) from None
 
 
 def nft_unforward(conf: PortMapConf) -> None:
-    """DEL: remove this container's chains and map elements; idempotent."""
-    dn, mq = _chains(conf)
+    """DEL: remove this attachment's elements; idempotent, and complete without portMappings."""
     if conf.mappings and conf.nets:
-        _fill, elements = _nft_container_rules(conf, dn, mq)
+        elements = nft_elements(conf)
+        script = "".join(f"{e.probe()}\n{e.delete()}\n" for e in elements)
         try:
-            nft.run(_delete_script(elements, dn, mq), what="port mapping teardown")
+            nft.run(script, what="port mapping teardown")
             return
         except nft.NftError:
-            pass  # the runtime's view differs from what is installed: read our own chain instead
-    found = _elements_from_chain(dn)
-    if found is None:
-        return
-    try:
-        nft.run(_delete_script(found, dn, mq), what="port mapping teardown")
-        return
-    except nft.NftError as e:
-        if not (e.exists or "Device or resource busy" in e.stderr):
-            raise
-    # Some element was taken over by a newer container (leave it), or an element we cannot
-    # name still points at our chains: fall back to looking at each map.
-    _delete_slow(dn, mq)
+            pass  # gone already, taken over by a newer container, or not what the runtime says
+    _unforward_by_comment(conf)
 
 
-def _delete_slow(dn: str, mq: str) -> None:
+def _unforward_by_comment(conf: PortMapConf) -> None:
+    """Find our elements by their comment (one listing of the table) and delete them."""
+    listing = nft.list_json("table", "inet", NFT_TABLE, missing_ok=True)
+    mine = element_comment(conf)
     cmds = []
-    for mp in ("hostports", "hostip4_hostports", "hostip6_hostports", "masq4", "masq6"):
-        listing = nft.list_json("map", "inet", NFT_TABLE, mp, missing_ok=True)
-        for m in nft.objects(listing, "map"):
-            for elem in m.get("elem", []) or []:
-                if not (isinstance(elem, list) and len(elem) == 2):
-                    continue
-                verdict = elem[1].get("jump", {}) if isinstance(elem[1], dict) else {}
-                if verdict.get("target") in (dn, mq):
-                    cmds.append(f"delete element {T} {mp} {{ {_key_text(elem[0])} }}")
-    cmds += [f"add chain {T} {dn}", f"add chain {T} {mq}", f"flush chain {T} {dn}", f"delete chain {T} {dn}",
-             f"flush chain {T} {mq}", f"delete chain {T} {mq}"]
-    nft.run("\n".join(cmds) + "\n", what="port mapping teardown")
+    for kind in ("map", "set"):
+        for obj in nft.objects(listing, kind):
+            for elem in obj.get("elem", []) or []:
+                key = elem[0] if kind == "map" and isinstance(elem, list) else elem
+                if isinstance(key, dict) and isinstance(key.get("elem"), dict):
+                    if key["elem"].get("comment") == mine:
+                        cmds.append(f"delete element {T} {obj['name']} {{ {_render(key['elem']['val'])} }}")
+    if cmds:
+        nft.run("\n".join(cmds) + "\n", what="port mapping teardown")
 
 
-def _key_text(key: Any) -> str:
-    if isinstance(key, dict) and "concat" in key:
-        return " . ".join(str(k) for k in key["concat"])
-    return str(key)
+def _render(v: Any) -> str:
+    """An element key from nft's JSON back to nft syntax."""
+    if isinstance(v, dict):
+        if "concat" in v:
+            return " . ".join(_render(x) for x in v["concat"])
+        if "prefix" in v:
+            return f"{v['prefix']['addr']}/{v['prefix']['len']}"
+        if "range" in v:
+            lo, hi = v["range"]
+            return f"{_render(lo)}-{_render(hi)}"
+        if "elem" in v:
+            return _render(v["elem"]["val"])
+    return str(v)
+
+
+def _get_elements(name: str, elems: list[Element]) -> tuple[bool, str]:
+    keys = ", ".join(e.key for e in elems)
+    try:
+        out = subprocess.run([nft.find_tool("nft"), "get", "element", "inet", NFT_TABLE, name, f"{{ {keys} }}"],
+                             capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise CNIError(PLUGIN_SPECIFIC, "nft command not found", "install nftables") from None
+    return out.returncode == 0, " ".join(out.stdout.split())
 
 
 def nft_check(conf: PortMapConf) -> None:
-    dn, mq = _chains(conf)
-    listing = nft.list_json("chain", "inet", NFT_TABLE, dn, missing_ok=True)
-    if not nft.objects(listing, "chain"):
-        raise CNIError(PLUGIN_SPECIFIC, "port mapping chain missing", f"chain {T} {dn} not found")
-    have = {str(r.get("comment", "")) for r in nft.rules(listing)}
-    _fill, elements = _nft_container_rules(conf, dn, mq)
-    for net in conf.nets:
-        for m in conf.mappings:
-            if m.applies_to(net.version) and _rule_comment(m, net, conf.container_id)[:nft.COMMENT_MAX] not in have:
+    by_name: dict[str, list[Element]] = {}
+    for e in nft_elements(conf):
+        by_name.setdefault(e.name, []).append(e)
+    for name, elems in by_name.items():
+        found, text = _get_elements(name, elems)  # one query per map when all is well
+        for e in elems:
+            ok, seen = found, text
+            if not found:  # some key is missing: ask one by one to name it
+                ok, seen = _get_elements(name, [e])
+            want = re.escape(e.key) + r'(?: comment "[^"]*")?' + (r" : " + re.escape(e.data) if e.data else "")
+            if not ok or not re.search(want + r"(?:[ ,}]|$)", seen):
                 raise CNIError(PLUGIN_SPECIFIC, "missing hostport rule",
-                               f"no DNAT rule for {m.protocol} port {m.host_port} to {net.ip} in {T} {dn}")
-    for mp, key in elements:
-        try:
-            out = subprocess.run([nft.find_tool("nft"), "get", "element", "inet", NFT_TABLE, mp,
-                                  f"{{ {key} }}"], capture_output=True, text=True, timeout=60)
-        except FileNotFoundError:
-            raise CNIError(PLUGIN_SPECIFIC, "nft command not found", "install nftables") from None
-        if out.returncode != 0 or f"jump {_target(mp, dn, mq)}" not in out.stdout:
-            raise CNIError(PLUGIN_SPECIFIC, "missing hostport map element",
-                           f"{mp} element {key} does not lead to {_target(mp, dn, mq)}")
+                               f"{T} {name} has no element {e.key}{' : ' + e.data if e.data else ''} "
+                               f"for container {conf.container_id}")
+
+
+def nft_gc(conf: PortMapConf, valid: set[str]) -> None:
+    """GC: drop elements of this network whose container is not among the valid attachments."""
+    listing = nft.list_json("table", "inet", NFT_TABLE, missing_ok=True)
+    suffix = f" net: {conf.name}"
+    cmds = []
+    for kind in ("map", "set"):
+        for obj in nft.objects(listing, kind):
+            for elem in obj.get("elem", []) or []:
+                key = elem[0] if kind == "map" and isinstance(elem, list) else elem
+                if not (isinstance(key, dict) and isinstance(key.get("elem"), dict)):
+                    continue
+                comment = str(key["elem"].get("comment", ""))
+                m = re.match(r"^id: (\S+) net: (.*)$", comment)
+                if m and " net: " + m.group(2) == suffix and m.group(1) not in valid:
+                    cmds.append(f"delete element {T} {obj['name']} {{ {_render(key['elem']['val'])} }}")
+    if cmds:
+        nft.run("\n".join(cmds) + "\n", what="port mapping garbage collection")
 
 
 # ---- iptables backend (the reference's layout) -----------------------------------------------
@@ -653,7 +645,19 @@ def cmd_check(args: CmdArgs) -> None:
     return None
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, about="pycni portmap plugin")
+def cmd_gc(args: CmdArgs) -> None:
+    """Spec 1.1 GC: forget mappings of containers the runtime no longer knows (nftables)."""
+    conf = parse_config(args)
+    raw = args.conf().get("cni.dev/valid-attachments") or []
+    if not isinstance(raw, list):
+        raise _bad("invalid cni.dev/valid-attachments", "expected a list of {containerID, ifname}")
+    valid = {str(a.get("containerID", "")) for a in raw if isinstance(a, dict)}
+    if conf.backend == "nftables":
+        nft_gc(conf, valid)
+    return None
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, about="pycni portmap plugin")
 
 
 def main() -> None:
