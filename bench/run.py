@@ -1,0 +1,505 @@
+"""pycni against the Go reference plugins, on this machine, in one run: ``bash scripts/bench``.
+
+Every case drives the plugins through the same runtime, the Go libcni (tests/interop/gocnitool,
+built offline), so only the plugins differ:
+
+* ``go``       — Go reference plugins (Debian's containernetworking-plugins, /usr/lib/cni);
+* ``oneshot``  — our shims with ``PYCNI_SOCKET=off`` (each call a fresh interpreter);
+* ``daemon``   — our shims forwarding to a ``pycni daemon`` on a temporary socket.
+
+Variants alternate within every round (A B C A B C ...), the first round is a discarded
+warm-up, and the table reports medians and the ratio ours/Go of the medians. Everything runs
+in throwaway namespaces this script makes (one "host" namespace per variant, where plugins run
+and bridges/rules live; fresh container namespaces), with state in a temporary directory; all
+of it is removed at the end, on Ctrl-C and on SIGTERM. Needs root.
+
+Cases: (a) bridge+host-local+portmap ADD+DEL cycle, (b) the same with ptp and macvlan,
+(c) 32 containers ADDed in parallel, (d) host-local allocation with many addresses already
+reserved in a /16, (e) ADD latency of the Nth container on one bridge (N port mappings
+present) against the 1st.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")]
+
+from pycni.net import netns  # noqa: E402
+from pycni.plugins.registry import install  # noqa: E402
+
+GO_PLUGINS = "/usr/lib/cni"
+PATH_ENV = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+# ---- environment -------------------------------------------------------------------------------
+
+@dataclass
+class Variant:
+    name: str
+    cni_path: str
+    socket: str  # "off" for one-shot
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"PATH": PATH_ENV, "PYCNI_SOCKET": self.socket, **extra}
+
+
+@dataclass
+class Env:
+    """Namespaces, directories and processes of one bench run; :meth:`close` removes them all."""
+
+    tmp: str
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    namespaces: list[str] = field(default_factory=list)
+    daemon: subprocess.Popen[bytes] | None = None
+    tool: str = ""
+    shims: str = ""
+    socket: str = ""
+    _count: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def new_ns(self, role: str) -> str:
+        with self._lock:
+            self._count += 1
+            name = f"pycni-b{self.run_id}-{role}{self._count}"
+            self.namespaces.append(name)
+        subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, capture_output=True)
+        return name
+
+    def del_ns(self, name: str) -> None:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        with self._lock:
+            if name in self.namespaces:
+                self.namespaces.remove(name)
+
+    def close(self) -> None:
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.daemon.send_signal(signal.SIGTERM)
+            try:
+                self.daemon.wait(20)
+            except subprocess.TimeoutExpired:
+                self.daemon.kill()
+                self.daemon.wait()
+        for name in list(reversed(self.namespaces)):
+            self.del_ns(name)
+        # anything of this run left by an interrupted step
+        listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        for line in listing.splitlines():
+            name = line.split()[0] if line.split() else ""
+            if name.startswith(f"pycni-b{self.run_id}-"):
+                subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def start_daemon(self) -> None:
+        dns = self.new_ns("daemon")  # its own namespace: it must act in each caller's, never its own
+        self.socket = os.path.join(self.tmp, "pycni.sock")
+        self.daemon = subprocess.Popen(["ip", "netns", "exec", dns, sys.executable, "-m", "pycni.daemon",
+                                        "--socket", self.socket, "--log-file", os.path.join(self.tmp, "daemon.log")],
+                                       env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src")))
+        for _ in range(600):
+            if os.path.exists(self.socket):
+                return
+            if self.daemon.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError("pycni daemon did not start")
+
+    def variants(self) -> list[Variant]:
+        return [Variant("go", GO_PLUGINS, "off"), Variant("oneshot", self.shims, "off"),
+                Variant("daemon", self.shims, self.socket)]
+
+
+@contextlib.contextmanager
+def bench_env() -> Iterator[Env]:
+    if os.geteuid() != 0:
+        sys.exit("bench: needs root (it creates network namespaces)")
+    env = Env(tempfile.mkdtemp(prefix="pycni-bench-"))
+    old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        from interop.gobuild import build
+
+        env.tool = build("gocnitool", env.tmp)
+        env.shims = os.path.join(env.tmp, "bin")
+        install(env.shims, daemon=True)
+        env.start_daemon()
+        yield env
+    finally:
+        env.close()
+        signal.signal(signal.SIGTERM, old)
+
+
+# ---- driving the Go libcni ---------------------------------------------------------------------
+
+def conflist(conf_dir: str, name: str, plugins: list[dict[str, Any]]) -> str:
+    os.makedirs(conf_dir, exist_ok=True)
+    with open(os.path.join(conf_dir, f"10-{name}.conflist"), "w") as f:
+        json.dump({"cniVersion": "1.0.0", "name": name, "plugins": plugins}, f)
+    return conf_dir
+
+
+def chain(kind: str, data_dir: str, subnet: str) -> list[dict[str, Any]]:
+    ipam = {"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": data_dir,
+            "routes": [{"dst": "0.0.0.0/0"}]}
+    main: dict[str, Any]
+    if kind == "bridge":
+        main = {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": True, "ipam": ipam}
+    elif kind == "ptp":
+        main = {"type": "ptp", "ipMasq": True, "ipam": ipam}
+    elif kind == "macvlan":
+        main = {"type": "macvlan", "master": "bmaster0", "mode": "bridge", "ipam": ipam}
+    else:
+        raise ValueError(kind)
+    return [main, {"type": "portmap", "capabilities": {"portMappings": True}}]
+
+
+@dataclass
+class Net:
+    """One network as one variant sees it: its host namespace, configs, cache."""
+
+    env: Env
+    variant: Variant
+    host: str
+    conf_dir: str
+    cache: str
+    name: str
+
+    def cmd(self, verb: str, cid: str, ctr: str, ifname: str = "eth0", port: int | None = None) -> list[str]:
+        c = [self.env.tool, "-confdir", self.conf_dir, "-net", self.name, "-path", self.variant.cni_path,
+             "-cachedir", self.cache, "-cid", cid, "-netns", f"/var/run/netns/{ctr}", "-ifname", ifname]
+        if port is not None:
+            c += ["-cap", json.dumps({"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]})]
+        return [*c, verb]
+
+    def run(self, verb: str, cid: str, ctr: str, ifname: str = "eth0", port: int | None = None) -> float:
+        """One libcni call from inside the host namespace (no `ip netns exec` in the timing)."""
+        with netns.enter(f"/var/run/netns/{self.host}"):
+            t = time.perf_counter()
+            proc = subprocess.run(self.cmd(verb, cid, ctr, ifname, port), env=self.variant.env(),
+                                  capture_output=True)
+            elapsed = time.perf_counter() - t
+        if proc.returncode != 0:
+            raise RuntimeError(f"{self.variant.name} {verb} {cid} failed: {proc.stdout!r} {proc.stderr!r}")
+        return elapsed
+
+    def run_parallel(self, verb: str, jobs: Sequence[tuple[str, str]], port_base: int | None = None) -> float:
+        """Start one libcni call per (cid, ctr) at once; wall time until the last finishes."""
+        with netns.enter(f"/var/run/netns/{self.host}"):
+            t = time.perf_counter()
+            procs = [subprocess.Popen(self.cmd(verb, cid, ctr, "eth0",
+                                               None if port_base is None else port_base + i),
+                                      env=self.variant.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                     for i, (cid, ctr) in enumerate(jobs)]
+            outs = [p.communicate() for p in procs]
+            elapsed = time.perf_counter() - t
+        bad = [(p.returncode, o) for p, o in zip(procs, outs, strict=True) if p.returncode != 0]
+        if bad:
+            raise RuntimeError(f"{self.variant.name} parallel {verb}: {len(bad)} failed, first: {bad[0]!r}")
+        return elapsed
+
+
+def make_net(env: Env, variant: Variant, kind: str, tag: str, subnet: str, host: str | None = None) -> Net:
+    host = host or env.new_ns(f"{tag}h")
+    if kind == "macvlan":
+        subprocess.run(["ip", "-n", host, "link", "add", "bmaster0", "type", "dummy"], check=False,
+                       capture_output=True)
+        subprocess.run(["ip", "-n", host, "link", "set", "bmaster0", "up"], check=True)
+    base = os.path.join(env.tmp, tag, variant.name)
+    name = f"b{kind}"
+    conflist(os.path.join(base, "net.d"), name, chain(kind, os.path.join(base, "ipam"), subnet))
+    return Net(env, variant, host, os.path.join(base, "net.d"), os.path.join(base, "cache"), name)
+
+
+# ---- statistics and the table ------------------------------------------------------------------
+
+@dataclass
+class Row:
+    case: str
+    unit: str
+    values: dict[str, list[float]]
+    target: str = ""
+    note: str = ""
+
+    def median(self, v: str) -> float | None:
+        xs = self.values.get(v)
+        return statistics.median(xs) if xs else None
+
+    def ratio(self, v: str, base: str = "go") -> float | None:
+        a, b = self.median(v), self.median(base)
+        return a / b if a is not None and b else None
+
+
+def paired(rounds: int, variants: list[str], step: Callable[[str, int], float],
+           warmup: int = 1) -> dict[str, list[float]]:
+    """Run ``step`` for each variant, alternating (A B C, then B C A, ...); drop warm-up rounds."""
+    out: dict[str, list[float]] = {v: [] for v in variants}
+    for r in range(rounds + warmup):
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        for v in order:
+            x = step(v, r)
+            if r >= warmup:
+                out[v].append(x)
+    return out
+
+
+def fmt(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1000:.0f} ms" if unit == "s" else f"{x:.2f}"
+
+
+def table(rows: list[Row]) -> str:
+    head = ["case", "Go", "ours one-shot", "ratio", "ours daemon", "ratio", "target"]
+    lines = [head]
+    for r in rows:
+        lines.append([r.case, fmt(r.median("go"), r.unit), fmt(r.median("oneshot"), r.unit),
+                      fmt(r.ratio("oneshot"), "x"), fmt(r.median("daemon"), r.unit), fmt(r.ratio("daemon"), "x"),
+                      r.target])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) + " |" for line in lines]
+    out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    notes = [f"  {r.case}: {r.note}" for r in rows if r.note]
+    return "\n".join(out + ([""] + notes if notes else []))
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- the cases ---------------------------------------------------------------------------------
+
+def case_cycle(env: Env, kind: str, rounds: int, subnet: str) -> Row:
+    """(a)/(b): one ADD+DEL through the Go libcni, one port mapping, a fresh container namespace each time."""
+    nets = {v.name: make_net(env, v, kind, f"c{kind[:2]}{v.name[:2]}", subnet) for v in env.variants()}
+
+    def step(v: str, r: int) -> float:
+        ctr = env.new_ns("ctr")
+        try:
+            return nets[v].run("add", f"cyc{r}", ctr, port=8080) + nets[v].run("del", f"cyc{r}", ctr, port=8080)
+        finally:
+            env.del_ns(ctr)
+
+    values = paired(rounds, list(nets), step)
+    for n in nets.values():
+        env.del_ns(n.host)
+    return Row(f"({'a' if kind == 'bridge' else 'b'}) {kind}+host-local+portmap ADD+DEL", "s", values,
+               "daemon <= 0.8, one-shot <= 2.0" if kind == "bridge" else "")
+
+
+def case_runtime_cycle(env: Env, rounds: int) -> Row:
+    """Our own runtime (pycni.runtime, in this process) with the daemon: no runtime start-up at all."""
+    from pycni.runtime import CNI
+
+    v = Variant("daemon", env.shims, env.socket)
+    net = make_net(env, v, "bridge", "rt", "10.61.0.0/16")
+    rt = CNI(conf_dir=net.conf_dir, plugin_path=[env.shims], cache_dir=net.cache, env=v.env())
+    conf = rt.load_network(net.name)
+    cap = {"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]}
+    times: list[float] = []
+    for r in range(rounds + 1):
+        ctr = env.new_ns("ctr")
+        try:
+            with netns.enter(f"/var/run/netns/{net.host}"):
+                t = time.perf_counter()
+                rt.add(conf, f"rt{r}", f"/var/run/netns/{ctr}", "eth0", capability_args=cap)
+                rt.delete(conf, f"rt{r}", f"/var/run/netns/{ctr}", "eth0", capability_args=cap)
+                if r:
+                    times.append(time.perf_counter() - t)
+        finally:
+            env.del_ns(ctr)
+    env.del_ns(net.host)
+    return Row("(a') bridge cycle, pycni.runtime + daemon", "s", {"daemon": times},
+               note="ours only: our runtime in-process driving the daemon (no runtime process start)")
+
+
+def case_parallel(env: Env, rounds: int, n: int) -> Row:
+    """(c): n containers ADDed at once (wall time); DELs afterwards are not timed."""
+    nets = {v.name: make_net(env, v, "bridge", f"par{v.name[:2]}", "10.62.0.0/16") for v in env.variants()}
+
+    def step(v: str, r: int) -> float:
+        ctrs = [env.new_ns("p") for _ in range(n)]
+        jobs = [(f"par{r}-{i}", c) for i, c in enumerate(ctrs)]
+        try:
+            took = nets[v].run_parallel("add", jobs, port_base=30000)
+            nets[v].run_parallel("del", jobs, port_base=30000)
+            return took
+        finally:
+            for c in ctrs:
+                env.del_ns(c)
+
+    values = paired(rounds, list(nets), step)
+    for net in nets.values():
+        env.del_ns(net.host)
+    return Row(f"(c) {n} parallel ADDs, wall", "s", values, "daemon <= 0.8")
+
+
+def case_host_local(env: Env, rounds: int, reserved: int) -> Row:
+    """(d): host-local ADD with ``reserved`` addresses taken in a /16, scanning from the range start.
+
+    Every variant works on the same data directory (the on-disk format is shared); the
+    last-reserved marker is removed before each ADD so each allocation walks the taken block.
+    """
+    host, ctr = env.new_ns("hlh"), env.new_ns("hlc")
+    data = os.path.join(env.tmp, "hl-data")
+    netdir = os.path.join(data, "bhl")
+    os.makedirs(netdir)
+    for i in range(reserved):
+        ip = 0x0A400002 + i  # 10.64.0.2 upwards
+        name = f"{ip >> 24}.{(ip >> 16) & 255}.{(ip >> 8) & 255}.{ip & 255}"
+        with open(os.path.join(netdir, name), "wb") as f:
+            f.write(f"fill{i}\r\neth0".encode())
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "bhl", "type": "bridge",
+                       "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.64.0.0/16"}]],
+                                "dataDir": data}}).encode()
+    plugin = {"go": os.path.join(GO_PLUGINS, "host-local"), "oneshot": os.path.join(env.shims, "host-local"),
+              "daemon": os.path.join(env.shims, "host-local")}
+    variants = {v.name: v for v in env.variants()}
+
+    def call(v: str, command: str, cid: str) -> tuple[float, bytes]:
+        e = variants[v].env(CNI_COMMAND=command, CNI_CONTAINERID=cid, CNI_NETNS=f"/var/run/netns/{ctr}",
+                            CNI_IFNAME="eth0", CNI_PATH=variants[v].cni_path)
+        with netns.enter(f"/var/run/netns/{host}"):
+            t = time.perf_counter()
+            proc = subprocess.run([plugin[v]], input=conf, env=e, capture_output=True)
+            took = time.perf_counter() - t
+        if proc.returncode != 0:
+            raise RuntimeError(f"{v} host-local {command}: {proc.stdout!r} {proc.stderr!r}")
+        return took, proc.stdout
+
+    def step(v: str, r: int) -> float:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(netdir, "last_reserved_ip.0"))
+        took, out = call(v, "ADD", f"hl{r}")
+        got = json.loads(out)["ips"][0]["address"]
+        want = 0x0A400002 + reserved
+        assert got.split("/")[0] == f"{want >> 24}.{(want >> 16) & 255}.{(want >> 8) & 255}.{want & 255}", got
+        call(v, "DEL", f"hl{r}")
+        return took
+
+    values = paired(rounds, list(variants), step)
+    env.del_ns(ctr)
+    env.del_ns(host)
+    shutil.rmtree(data, ignore_errors=True)
+    return Row(f"(d) host-local ADD, {reserved} taken in a /16", "s", values)
+
+
+def case_scale(env: Env, n: int, rounds: int, workers: int) -> list[Row]:
+    """(e): ADD latency with n-1 containers (and as many port mappings) on the bridge vs with none."""
+    vs = {v.name: v for v in env.variants()}
+    go_net = make_net(env, vs["go"], "bridge", "scgo", "10.65.0.0/16")
+    ours_host = env.new_ns("scoursh")
+    ours = {name: make_net(env, vs[name], "bridge", "scours", "10.65.0.0/16", host=ours_host)
+            for name in ("oneshot", "daemon")}
+    # one-shot and daemon share the host namespace and the state (our plugins either way)
+    ours["daemon"].conf_dir = ours["oneshot"].conf_dir
+    ours["daemon"].cache = ours["oneshot"].cache
+    nets = {"go": go_net, **ours}
+    probe_ctr = env.new_ns("scprobe")
+    for name in ("go", "oneshot"):  # bridge creation and first-use costs out of the way
+        nets[name].run("add", "warm", probe_ctr, port=9999)
+        nets[name].run("del", "warm", probe_ctr, port=9999)
+
+    def probe(v: str, r: int) -> float:
+        took = nets[v].run("add", f"probe{r}", probe_ctr, "eth0", port=9998)
+        nets[v].run("del", f"probe{r}", probe_ctr, "eth0", port=9998)
+        return took
+
+    first = paired(rounds, list(nets), probe)
+    log(f"(e) filling {n - 1} containers per implementation ({workers} at a time)")
+    bulk = [env.new_ns("bulk") for _ in range(max(1, (n - 1 + 499) // 500))]
+
+    def fill(net: Net) -> None:
+        def one(i: int) -> None:
+            net.run("add", f"fill{i}", bulk[i % len(bulk)], f"e{i}", port=20000 + i)
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(one, range(n - 1)))
+
+    t = time.perf_counter()
+    fill(nets["go"])
+    log(f"(e) Go fill took {time.perf_counter() - t:.0f} s")
+    t = time.perf_counter()
+    fill(nets["daemon"])
+    log(f"(e) ours (daemon) fill took {time.perf_counter() - t:.0f} s")
+    nth = paired(rounds, list(nets), probe)
+    rows = [Row("(e) ADD latency, 1st container", "s", first),
+            Row(f"(e) ADD latency, {n}th container ({n - 1} port mappings)", "s", nth)]
+    growth = {v: [statistics.median(nth[v]) / statistics.median(first[v])] for v in nets}
+    rows.append(Row(f"(e) {n}th / 1st (growth, not ours/Go)", "x", growth, "ours <= 1.2",
+                    note="the growth row's 'ratio' columns divide by Go's growth"))
+    for b in bulk:
+        env.del_ns(b)
+    env.del_ns(probe_ctr)
+    env.del_ns(go_net.host)
+    env.del_ns(ours_host)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer rounds and smaller sizes (a couple of minutes)")
+    p.add_argument("--rounds", type=int, help="measured rounds per case (default 9, quick 3)")
+    p.add_argument("--only", default="a,b,c,d,e", help="comma-separated cases to run (default: all)")
+    p.add_argument("--parallel", type=int, default=32, help="containers in case (c) (default 32)")
+    p.add_argument("--reserved", type=int, help="addresses taken in case (d) (default 20000; full: 60000)")
+    p.add_argument("--containers", type=int, help="containers on the bridge in case (e) (default 200; full: 1000)")
+    p.add_argument("--full", action="store_true", help="full sizes: --reserved 60000 --containers 1000")
+    p.add_argument("--fill-workers", type=int, default=4, help="concurrent ADDs while filling case (e)")
+    p.add_argument("--json", help="also write the raw numbers here")
+    opts = p.parse_args(argv)
+    rounds = opts.rounds or (3 if opts.quick else 9)
+    reserved = opts.reserved or (60000 if opts.full else 2000 if opts.quick else 20000)
+    containers = opts.containers or (1000 if opts.full else 50 if opts.quick else 200)
+    only = set(opts.only.split(","))
+    rows: list[Row] = []
+    started = time.perf_counter()
+    with bench_env() as env:
+        log(f"Go libcni driver {env.tool}; our shims in {env.shims}; daemon on {env.socket}")
+        if "a" in only:
+            log("(a) bridge cycle")
+            rows.append(case_cycle(env, "bridge", rounds, "10.60.0.0/16"))
+            rows.append(case_runtime_cycle(env, rounds))
+        if "b" in only:
+            for kind, net in (("ptp", "10.66.0.0/16"), ("macvlan", "10.67.0.0/16")):
+                log(f"(b) {kind} cycle")
+                rows.append(case_cycle(env, kind, rounds, net))
+        if "c" in only:
+            log(f"(c) {opts.parallel} parallel ADDs")
+            rows.append(case_parallel(env, max(2, rounds // 3), opts.parallel))
+        if "d" in only:
+            log(f"(d) host-local with {reserved} taken")
+            rows.append(case_host_local(env, rounds, reserved))
+        if "e" in only:
+            log(f"(e) {containers} containers on one bridge")
+            rows.extend(case_scale(env, containers, max(3, rounds // 2), opts.fill_workers))
+    print()
+    print(f"pycni vs Go reference plugins (both under the Go libcni), medians; ratio = ours / Go; "
+          f"{rounds} rounds; run took {time.perf_counter() - started:.0f} s")
+    print(table(rows))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump([{"case": r.case, "unit": r.unit, "values": r.values} for r in rows], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
