@@ -139,11 +139,19 @@ class Store:
 
     @staticmethod
     def _unlink(path: str) -> bool:
+        """Remove ``path``; False when it was already gone."""
         try:
             os.unlink(path)
             return True
         except FileNotFoundError:
             return False
+
+    def _release(self, name: str) -> bool:
+        """Remove reservation file ``name``; False when it was already gone, CNIError on I/O failure."""
+        try:
+            return self._unlink(self._path(name))
+        except OSError as e:
+            raise _io_error(f"cannot release {name}", e) from None
 
     def last_reserved_ip(self, range_id: str) -> IPAddress | None:
         """Where the allocator's round robin continues for range set ``range_id`` (None if unknown)."""
@@ -161,6 +169,7 @@ class Store:
         return addr
 
     def owner_of(self, ip: IPAddress) -> tuple[str, str | None] | None:
+        """(containerID, ifname or None for old-format files) holding ``ip``; None when free."""
         try:
             with open(self._path(str(ip)), "rb") as f:
                 return parse_owner(f.read(4096))
@@ -234,11 +243,8 @@ class Store:
                 old_matches.append(name)
         released = []
         for name in new_matches or old_matches:
-            try:
-                if self._unlink(self._path(name)):
-                    released.append(name)
-            except OSError as e:
-                raise _io_error(f"cannot release {name}", e) from None
+            if self._release(name):
+                released.append(name)
         return released
 
     def gc(self, valid: Collection[tuple[str, str]]) -> list[str]:
@@ -256,9 +262,6 @@ class Store:
             cid, ifname = parse_owner(data)
             if (ifname is None and cid in valid_ids) or (cid, ifname) in valid_set:
                 continue
-            try:
-                if self._unlink(self._path(name)):
-                    released.append(name)
-            except OSError as e:
-                raise _io_error(f"cannot release {name}", e) from None
+            if self._release(name):
+                released.append(name)
         return released
