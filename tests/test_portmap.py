@@ -493,3 +493,38 @@ def test_iptables_layout_matches_go_reference(topo_factory: Callable[[int], Topo
     ok(call(theirs, "DEL", 0, bare))
     assert "CNI-DN-" not in ipt_nat(theirs)
     ok(call(ours, "DEL", 0, nc))
+
+
+# ---- concurrency -----------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_concurrent_add_and_del(topo_factory: Callable[[int], Topo], backend: str) -> None:
+    """Parallel invocations (threads, as in the daemon) neither lose nor duplicate rules."""
+    import concurrent.futures
+
+    n = 6
+    t = topo_factory(n)
+    for i in range(n):
+        t.serve(i, 80, f"c{i}")
+
+    def mapping(i: int) -> list[dict[str, Any]]:
+        return [{"hostPort": 8000 + i, "containerPort": 80, "protocol": "tcp"}]
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        outcomes = list(pool.map(lambda i: call(t, "ADD", i, conf(t, i, mapping(i), backend)), range(n)))
+    for o in outcomes:
+        ok(o)
+    for i in range(n):
+        assert connect(t.client, HOST_IP, 8000 + i) == f"c{i} 192.168.77.2"
+        ok(call(t, "CHECK", i, conf(t, i, mapping(i), backend)))
+    if backend == "iptables":
+        nat = t.host.run(["iptables-save", "-t", "nat"]).stdout
+        assert nat.count("-j CNI-HOSTPORT-DNAT") == 2  # PREROUTING and OUTPUT, once each
+        assert nat.count("-j CNI-HOSTPORT-MASQ") == 1
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        outcomes = list(pool.map(lambda i: call(t, "DEL", i, conf(t, i, None, backend)), range(n)))
+    for o in outcomes:
+        ok(o)
+    if backend == "nftables":
+        assert our_nft_objects(t) == ""
+    else:
+        assert "CNI-DN-" not in ipt_nat(t)

@@ -65,6 +65,16 @@ def nft_comment(network: str, ifname: str, container_id: str) -> str:
     return text[:nft.COMMENT_MAX]
 
 
+def default_backend() -> str:
+    """iptables unless only nftables works here, as the reference chooses."""
+    return "iptables" if iptables.usable() else "nftables"
+
+
+def check_backend(backend: str) -> None:
+    """Refuse an unknown ``ipMasqBackend`` (code 7): validate before anything is made."""
+    _check_backend(backend)
+
+
 def _check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise CNIError(INVALID_CONFIG, f"unknown ipMasq backend {backend!r}",
@@ -82,7 +92,8 @@ def setup_ip_masq(backend: str, network: str, container_id: str, ifname: str,
         for family in (4, 6):
             addrs = [a for a in addresses if a.version == family]
             if addrs:
-                _ipt_setup(network, container_id, addrs, family == 6)
+                with iptables.locked():
+                    _ipt_setup(network, container_id, addrs, family == 6)
     else:
         _nft_setup(network, ifname, container_id, addresses)
 
@@ -103,7 +114,8 @@ def teardown_ip_masq(backend: str | None, network: str, container_id: str, ifnam
             if addrs == []:
                 continue
             try:
-                _ipt_teardown(network, container_id, addrs, v6)
+                with iptables.locked():
+                    _ipt_teardown(network, container_id, addrs, v6)
             except CNIError as e:
                 if backend == "iptables" or iptables.usable(v6):
                     errors.append(str(e))

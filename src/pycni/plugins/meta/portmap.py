@@ -601,22 +601,30 @@ def cmd_add(args: CmdArgs) -> Result:
         raise _bad("must be called as chained plugin", "portmap needs a prevResult (put it after an interface plugin)")
     if not conf.mappings or not conf.nets:
         return conf.prev
-    if conf.backend == "nftables":
-        nft_forward(conf)
-    else:
-        ipt_forward(conf)
-    if conf.snat and conf.cont_v4 is not None:
-        try:
-            enable_localnet_routing(conf.cont_v4.ip)
-        except CNIError as e:
-            cmd_rollback(conf)
-            raise CNIError(e.code, "unable to enable route_localnet", e.details) from None
+    try:
+        if conf.backend == "nftables":
+            nft_forward(conf)
+        else:
+            with iptables.locked():
+                ipt_forward(conf)
+        if conf.snat and conf.cont_v4 is not None:
+            try:
+                enable_localnet_routing(conf.cont_v4.ip)
+            except CNIError as e:
+                raise CNIError(e.code, "unable to enable route_localnet", e.details) from None
+    except CNIError:
+        cmd_rollback(conf)  # leave nothing half-made
+        raise
     return conf.prev
 
 
 def cmd_rollback(conf: PortMapConf) -> None:
     try:
-        nft_unforward(conf) if conf.backend == "nftables" else ipt_unforward(conf)
+        if conf.backend == "nftables":
+            nft_unforward(conf)
+        else:
+            with iptables.locked():
+                ipt_unforward(conf)
     except CNIError:
         pass
 
@@ -628,7 +636,8 @@ def cmd_del(args: CmdArgs) -> None:
     if conf.backend == "nftables":
         nft_unforward(conf)
     else:
-        ipt_unforward(conf)
+        with iptables.locked():
+            ipt_unforward(conf)
     return None
 
 
