@@ -191,3 +191,14 @@ def test_two_nodes_over_vxlan(netns_factory: Callable[[], Namespace], plugin_dir
     assert addrs[0].startswith("10.244.1.") and addrs[1].startswith("10.244.2.")
     c1.run(["ping", "-c", "2", "-W", "2", addrs[1]])
     c2.run(["ping", "-c", "2", "-W", "2", addrs[0]])
+
+
+def test_check_with_corrupt_saved_config_is_a_clear_error(tmp_path: Path, container_ns: Namespace) -> None:
+    data = tmp_path / "flannel-data"
+    data.mkdir()
+    (data / "ctr-x").write_text("{not json")
+    env = {"CNI_COMMAND": "CHECK", "CNI_CONTAINERID": "ctr-x", "CNI_NETNS": container_ns.path,
+           "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent"}
+    out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, write_env(tmp_path)))
+    e = json.loads(out.stdout)
+    assert out.exit_code == 1 and e["code"] == 5 and "unreadable" in e["msg"]

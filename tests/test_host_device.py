@@ -112,3 +112,14 @@ def test_go_reference_deletes_what_we_added(wired: tuple[Namespace, Namespace], 
     proc = host.run(["/usr/lib/cni/host-device"], input=json.dumps(cfg), env=env, check=False)
     assert proc.returncode == 0, proc.stdout
     assert link(host, "dev0") is not None and link(container_ns, "eth0") is None
+
+
+def test_del_without_netns_still_releases_ipam(wired: tuple[Namespace, Namespace], container_ns: Namespace,
+                                               plugin_dir: str, tmp_path: Path) -> None:
+    host, _ = wired
+    cfg = conf(tmp_path)
+    ok(call(host_device.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    assert [f for f in (tmp_path / "ipam" / "hd").iterdir() if f.name[0].isdigit()]
+    ok(call(host_device.PLUGIN, host, "DEL", cfg, None, plugin_dir))
+    assert not [f for f in (tmp_path / "ipam" / "hd").iterdir() if f.name[0].isdigit()]
+    ok(call(host_device.PLUGIN, host, "DEL", cfg, container_ns, plugin_dir))

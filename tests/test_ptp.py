@@ -116,3 +116,13 @@ def test_missing_ipam_is_config_error_and_rollback_on_clash(netns_factory: Calla
     assert "already exists" in e["msg"]
     assert reservations(tmp_path) == []
     assert [ln for ln in host.run(["ip", "-o", "link"]).stdout.splitlines() if "veth" in ln] == []
+
+
+def test_unknown_masq_backend_refused_before_anything(netns_factory: Callable[[], Namespace], plugin_dir: str,
+                                                     tmp_path: Path) -> None:
+    host, ctr = netns_factory(), netns_factory()
+    cfg = conf(tmp_path, ipMasq=True, ipMasqBackend="pf")
+    e = err(call(ptp.PLUGIN, host, "ADD", cfg, ctr, plugin_dir))
+    assert e["code"] == 7 and "unknown ipMasq backend" in e["msg"]
+    assert reservations(tmp_path) == [] and ctr.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
+    ok(call(ptp.PLUGIN, host, "DEL", cfg, ctr, plugin_dir))  # and DEL of such a config still succeeds

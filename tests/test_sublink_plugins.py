@@ -242,3 +242,23 @@ def test_the_netlink_request_each_plugin_sends(kind: str, attrs: dict[str, Any],
     assert req.get("link") == (None if kind == "dummy" else 7)
     for key, value in attrs.items():
         assert req[key] == value
+
+
+def test_link_in_container_must_be_boolean(lan: tuple[Namespace, Namespace], container_ns: Namespace,
+                                           plugin_dir: str, tmp_path: Path) -> None:
+    host, _ = lan
+    e = err(call(macvlan.PLUGIN, host, "ADD", conf("macvlan", tmp_path, linkInContainer="false"), container_ns,
+                 plugin_dir))
+    assert e["code"] == 7 and "linkInContainer" in e["msg"]
+
+
+def test_macvlan_without_ipam_ignores_prev_result_ips(lan: tuple[Namespace, Namespace], container_ns: Namespace,
+                                                      plugin_dir: str, tmp_path: Path) -> None:
+    """As the reference: only ipvlan takes a prevResult's addresses when it has no ipam."""
+    host, _ = lan
+    cfg = conf("macvlan", tmp_path, prevResult={"cniVersion": "1.0.0",
+                                                "ips": [{"address": "192.168.77.50/24"}]})
+    del cfg["ipam"]
+    r = ok(call(macvlan.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    assert "ips" not in r
+    assert "192.168.77.50" not in container_ns.run(["ip", "addr", "show", "eth0"]).stdout

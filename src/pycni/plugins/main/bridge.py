@@ -298,9 +298,9 @@ def _wait_port_up(host: str) -> Link:
 
 def default_masq_backend() -> str:
     """Prefer iptables unless only nftables works here, as the reference does."""
-    from pycni.net import iptables
+    from pycni.net import masq
 
-    return "iptables" if iptables.usable() else "nftables"
+    return masq.default_backend()
 
 
 def cmd_add(args: CmdArgs) -> Result:

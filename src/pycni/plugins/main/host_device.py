@@ -213,9 +213,9 @@ def _undo_move(args: CmdArgs, state: dict[str, Any]) -> None:
 
 def cmd_del(args: CmdArgs) -> None:
     conf = _conf(args.stdin_data)
+    ipam.delete(conf, args)  # first, and even without CNI_NETNS: never leak the reservation
     if not args.netns:
         return
-    ipam.delete(conf, args)
     path = _state_path(conf, args)
     state = _load_state(path)
     if netns.netns_exists(args.netns):

@@ -23,7 +23,7 @@ def link_attrs(conf: Mapping[str, Any]) -> dict[str, Any]:
 
 
 SPEC = SublinkSpec(name="ipvlan", kind="ipvlan", link_attrs=link_attrs, check_link=MODE.check,
-                   about="pycni ipvlan: an ipvlan interface on a host link")
+                   uses_prev_result_ips=True, about="pycni ipvlan: an ipvlan interface on a host link")
 PLUGIN = SublinkPlugin(SPEC).plugin()
 
 

@@ -27,11 +27,19 @@ def _conf(args: CmdArgs) -> dict[str, Any]:
         raise CNIError(E.INVALID_CONFIG, "\"mtu\" must be a non-negative integer", f"got {mtu!r}")
     if not isinstance(conf.get("ipMasq", False), bool):
         raise CNIError(E.INVALID_CONFIG, "\"ipMasq\" must be true or false", f"got {conf.get('ipMasq')!r}")
+    if conf.get("ipMasqBackend") is not None:
+        from pycni.net import masq
+
+        if not isinstance(conf["ipMasqBackend"], str):
+            raise CNIError(E.INVALID_CONFIG, "\"ipMasqBackend\" must be a string", f"got {conf['ipMasqBackend']!r}")
+        masq.check_backend(conf["ipMasqBackend"])
     return conf
 
 
 def _masq_backend(conf: dict[str, Any]) -> str:
-    return str(conf.get("ipMasqBackend") or "iptables")
+    from pycni.net import masq
+
+    return str(conf.get("ipMasqBackend") or masq.default_backend())
 
 
 def enable_forwarding(ips: list[IPConfig]) -> None:
@@ -115,8 +123,8 @@ def cmd_del(args: CmdArgs) -> None:
                 link.delete_link(found.index)  # the host end goes with it
     if conf.get("ipMasq"):
         # Even with the netns gone (addresses unknown) our masquerade chain is found by container ID.
-        masq.teardown_ip_masq(conf.get("ipMasqBackend") or None, conf.get("name", ""), args.container_id,
-                              args.ifname, addresses or None)
+        # Clean whichever backend holds it: a config changed since ADD must not block DEL.
+        masq.teardown_ip_masq(None, conf.get("name", ""), args.container_id, args.ifname, addresses or None)
 
 
 def cmd_check(args: CmdArgs) -> None:

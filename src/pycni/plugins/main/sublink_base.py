@@ -38,6 +38,8 @@ class SublinkSpec:
     link_attrs: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=lambda conf: {})
     # (config, netlink message of the container link) -> raise CNIError when CHECK must fail
     check_link: Callable[[Mapping[str, Any], Any], None] = field(default=lambda conf, msg: None)
+    # Apply a prevResult's addresses when there is no ipam (ipvlan chained after an IPAM-only plugin)
+    uses_prev_result_ips: bool = False
     # Make the link another way than netlink RTM_NEWLINK from a parent (tap): (conf, args, mac) -> Link
     create: Callable[[Mapping[str, Any], CmdArgs, str], Link] | None = None
 
@@ -99,6 +101,12 @@ class SublinkPlugin:
         else:
             ipam.ipam_type(conf)
         self.spec.link_attrs(conf)  # validate early: nothing is made for a bad config
+        if not isinstance(conf.get("linkInContainer", False), bool):
+            raise CNIError(E.INVALID_CONFIG, "\"linkInContainer\" must be true or false",
+                           f"got {conf.get('linkInContainer')!r}")
+        mtu = conf.get("mtu", 0)
+        if mtu is not None and (not isinstance(mtu, int) or isinstance(mtu, bool) or mtu < 0):
+            raise CNIError(E.INVALID_CONFIG, "\"mtu\" must be a non-negative integer", f"got {mtu!r}")
         return conf
 
     def _parent(self, conf: dict[str, Any], args: CmdArgs) -> Link | None:
@@ -140,7 +148,7 @@ class SublinkPlugin:
                 ipam_result = ipam.add(conf, args)
                 undo.push(ipam.delete, conf, args)
                 result.ips, result.routes = ipam_result.ips, ipam_result.routes
-            elif prev is not None and prev.ips:
+            elif self.spec.uses_prev_result_ips and prev is not None and prev.ips:
                 result.ips, result.routes = prev.ips, prev.routes  # chained after an IPAM-only plugin
             for ipc in result.ips:
                 ipc.interface = 0

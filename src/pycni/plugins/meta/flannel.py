@@ -226,7 +226,12 @@ def cmd_check(args: CmdArgs) -> None:
     if saved is None:
         raise CNIError(E.UNKNOWN_CONTAINER, f"no flannel delegate config for container {args.container_id}",
                        f"nothing saved in {conf.data_dir}; was ADD run for this container?")
-    delegate = json.loads(saved)
+    try:
+        delegate = json.loads(saved)
+        delegate["type"]
+    except (ValueError, KeyError, TypeError):
+        raise CNIError(E.IO_FAILURE, f"saved flannel delegate config for {args.container_id} is unreadable",
+                       f"{_scratch_path(conf.data_dir, args.container_id)} is not a delegate config") from None
     if "prevResult" in conf.raw:
         prev = Result.from_dict(conf.raw["prevResult"], conf.cni_version)
         delegate["prevResult"] = prev.to_dict(delegate.get("cniVersion") or conf.cni_version)
