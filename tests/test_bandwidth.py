@@ -14,6 +14,9 @@ import pytest
 from pycni.plugins.meta import bandwidth as bw
 from pycni.skel import dispatch
 
+# For tests that stop at the config: a CNI_NETNS that is not the test's own namespace (skel
+# refuses that before any config check) and that no plugin could act in by mistake.
+NO_NETNS = "/var/run/netns/pycni-test-no-such-netns"
 GO_BRIDGE = "/usr/lib/cni/bridge"
 GO_BANDWIDTH = "/usr/lib/cni/bandwidth"
 NET = "bwnet"
@@ -119,7 +122,7 @@ def throughput(sender_ns: Any, receiver_ns: Any, dst_ip: str, seconds: float = 2
 
 # ---- configuration (no namespaces needed) ----------------------------------------------------
 def _err(conf: dict[str, Any], cmd: str = "ADD") -> dict[str, Any]:
-    out = dispatch(bw.PLUGIN, env(cmd, "c1", "/proc/self/ns/net"), json.dumps(conf).encode())
+    out = dispatch(bw.PLUGIN, env(cmd, "c1", NO_NETNS), json.dumps(conf).encode())
     assert out.exit_code == 1 and not out.stderr
     return json.loads(out.stdout)
 

@@ -16,9 +16,12 @@ GO_BRIDGE = "/usr/lib/cni/bridge"
 GO_FIREWALL = "/usr/lib/cni/firewall"
 NET = "fwnet"
 OUTSIDE_IP = "10.99.0.2"
+# For tests that stop at the config: a CNI_NETNS that is not the test's own namespace (skel
+# refuses that before any config check) and that no plugin could act in by mistake.
+NO_NETNS = "/var/run/netns/pycni-test-no-such-netns"
 
 
-def env(cmd: str, cid: str, netns: str = "/proc/self/ns/net", ifname: str = "eth0") -> dict[str, str]:
+def env(cmd: str, cid: str, netns: str = NO_NETNS, ifname: str = "eth0") -> dict[str, str]:
     e = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": cid, "CNI_IFNAME": ifname, "CNI_PATH": "/usr/lib/cni",
          "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
     if netns:
