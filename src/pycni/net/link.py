@@ -30,7 +30,6 @@ from pycni.spec.errors import INTERNAL, CNIError
 IFF_UP = 0x1
 IFF_PROMISC = 0x100
 IFF_ALLMULTI = 0x200
-IFF_LOWER_UP = 0x10000
 
 _UNSET: Any = ...  # sentinel: "leave this attribute alone" (None means "detach" for master)
 
@@ -296,16 +295,3 @@ def set_alias(name: str | int, alias: str) -> None:
                 raise
             raise CNIError(INTERNAL, f"failed to set alias of {name!r}", str(e)) from None
 
-
-def wait_oper_up(name: str, timeout: float = 5.0) -> bool:
-    """Poll until the link reports carrier (IFF_LOWER_UP); True when it did in time."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        link = get_link(name)
-        if link is not None and link.flags & IFF_LOWER_UP:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)

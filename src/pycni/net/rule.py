@@ -206,12 +206,3 @@ def remove_route(route: RawRoute) -> bool:
                            str(e)) from None
     return True
 
-
-def table_routes(table: int) -> list[RawRoute]:
-    """Every route in ``table`` whatever its link (for checks and cleanup)."""
-    out: list[RawRoute] = []
-    with ipr() as sock:
-        idxs = [int(m["index"]) for m in sock.get_links()]
-    for idx in idxs:
-        out.extend(link_routes(idx, table))
-    return out
