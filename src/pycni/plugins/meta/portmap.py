@@ -22,7 +22,7 @@ otherwise finds the elements by their comment, so rules never leak. A host port 
 containers goes to the later one, as in the reference; the earlier one's DEL leaves it alone
 (the delete transaction re-adds each element first, which fails when it maps elsewhere now).
 
-The iptables backend keeps the reference's CNI-HOSTPORT-DNAT / CNI-DN-<hash> /
+The iptables backend (imported only when a config asks for it) keeps the reference's CNI-HOSTPORT-DNAT / CNI-DN-<hash> /
 CNI-HOSTPORT-SETMARK / CNI-HOSTPORT-MASQ chains, so it interoperates with Go-made rules.
 """
 
@@ -31,11 +31,11 @@ from __future__ import annotations
 import ipaddress
 import re
 import subprocess
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from pycni.net import iptables, nft
-from pycni.net.masq import chain_name, go_quote
+from pycni.net import nft
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Result
@@ -471,11 +471,15 @@ def _mark_def(bit: int) -> str:
 
 
 def dnat_chain_name(conf: PortMapConf) -> str:
+    from pycni.net.masq import chain_name
+
     return chain_name(conf.name, conf.container_id, "DN-")
 
 
 def _ipt_dnat(conf: PortMapConf, net: ContainerNet) -> tuple[list[list[str]], list[list[str]]]:
     """(entry rules in CNI-HOSTPORT-DNAT, rules of the container's CNI-DN- chain) for one address."""
+    from pycni.net.masq import go_quote
+
     v6 = net.version == 6
     comment = f'dnat name: {go_quote(conf.name)} id: {go_quote(conf.container_id)}'
     if len(comment) > 255:
@@ -516,6 +520,8 @@ def _split_conditions(conds: list[str]) -> list[str]:
 
 
 def ipt_forward(conf: PortMapConf) -> None:
+    from pycni.net import iptables
+
     for net in conf.nets:
         v6 = net.version == 6
         if conf.snat and conf.external_set_mark_chain is None:
@@ -548,7 +554,11 @@ def ipt_forward(conf: PortMapConf) -> None:
 
 
 def ipt_unforward(conf: PortMapConf) -> None:
+    from pycni.net import iptables
+
     chain = dnat_chain_name(conf)
+    from pycni.net.masq import chain_name
+
     old_snat = chain_name(conf.name, conf.container_id, "SN-")
     usable = [v6 for v6 in (False, True) if iptables.usable(v6)]
     if not usable:
@@ -564,6 +574,8 @@ def ipt_unforward(conf: PortMapConf) -> None:
 
 
 def ipt_check(conf: PortMapConf) -> None:
+    from pycni.net import iptables
+
     chain = dnat_chain_name(conf)
     for net in conf.nets:
         v6 = net.version == 6
@@ -576,6 +588,12 @@ def ipt_check(conf: PortMapConf) -> None:
         for e in entries:
             if not iptables.rule_exists("nat", TOP_DNAT_CHAIN, [*e, "-j", chain], v6):
                 raise CNIError(PLUGIN_SPECIFIC, "missing hostport rule", f"no {TOP_DNAT_CHAIN} rule jumps to {chain}")
+
+
+def _ipt_locked() -> AbstractContextManager[None]:
+    from pycni.net import iptables
+
+    return iptables.locked()
 
 
 # ---- host side helpers -----------------------------------------------------------------------
@@ -605,7 +623,7 @@ def cmd_add(args: CmdArgs) -> Result:
         if conf.backend == "nftables":
             nft_forward(conf)
         else:
-            with iptables.locked():
+            with _ipt_locked():
                 ipt_forward(conf)
         if conf.snat and conf.cont_v4 is not None:
             try:
@@ -623,7 +641,7 @@ def cmd_rollback(conf: PortMapConf) -> None:
         if conf.backend == "nftables":
             nft_unforward(conf)
         else:
-            with iptables.locked():
+            with _ipt_locked():
                 ipt_unforward(conf)
     except CNIError:
         pass
@@ -636,7 +654,7 @@ def cmd_del(args: CmdArgs) -> None:
     if conf.backend == "nftables":
         nft_unforward(conf)
     else:
-        with iptables.locked():
+        with _ipt_locked():
             ipt_unforward(conf)
     return None
 
