@@ -528,3 +528,47 @@ def test_concurrent_add_and_del(topo_factory: Callable[[int], Topo], backend: st
         assert our_nft_objects(t) == ""
     else:
         assert "CNI-DN-" not in ipt_nat(t)
+
+
+# ---- end to end: our bridge + host-local + portmap -------------------------------------------
+def test_end_to_end_bridge_host_local_portmap(netns_factory: Callable[[], Namespace], plugin_dir: str,
+                                              tmp_path: Any) -> None:
+    import os
+
+    for name in ("bridge", "host-local", "portmap"):
+        if not os.path.exists(f"{plugin_dir}/{name}"):
+            pytest.skip(f"our {name} plugin is not available")
+    host, client, ctr = netns_factory(), netns_factory(), netns_factory()
+    t = Topo(host, client, [ctr])
+    sh(host, "sysctl -qw net.ipv4.ip_forward=1", f"ip link add ext0 type veth peer name eth0 netns {client.name}",
+       f"ip addr add {HOST_IP}/24 dev ext0", "ip link set ext0 up")
+    sh(client, "ip addr add 192.168.77.2/24 dev eth0", "ip link set eth0 up", f"ip route add default via {HOST_IP}")
+    try:
+        t.serve(t.client, 7000, "far")
+        bridge = {"cniVersion": "1.0.0", "name": "e2enet", "type": "bridge", "bridge": "cni0", "isGateway": True,
+                  "ipMasq": True, "ipMasqBackend": "nftables", "hairpinMode": True,
+                  "ipam": {"type": "host-local", "subnet": "10.99.0.0/24", "routes": [{"dst": "0.0.0.0/0"}],
+                           "dataDir": str(tmp_path / "ipam")}}
+        env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "e2e-1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
+               "CNI_PATH": plugin_dir, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        result = json.loads(host.run([f"{plugin_dir}/bridge"], input=json.dumps(bridge), env=env).stdout)
+        cip = result["ips"][0]["address"].split("/")[0]
+        pm = {"cniVersion": "1.0.0", "name": "e2enet", "type": "portmap", "prevResult": result,
+              "runtimeConfig": {"portMappings": WEB}}
+        out = json.loads(host.run([f"{plugin_dir}/portmap"], input=json.dumps(pm), env=env).stdout)
+        assert out["ips"] == result["ips"]
+        t.serve(0, 80, "c0")
+        assert connect(client, HOST_IP, 8080) == "c0 192.168.77.2"       # port mapping
+        assert connect(ctr, HOST_IP, 8080) == "c0 10.99.0.1"             # hairpin
+        assert connect(host, "127.0.0.1", 8080) == "c0 10.99.0.1"        # localhost
+        assert connect(ctr, "192.168.77.2", 7000) == f"far {HOST_IP}"    # ipMasq
+        host.run([f"{plugin_dir}/portmap"], input=json.dumps(pm), env={**env, "CNI_COMMAND": "CHECK"})
+        for plugin, conf_ in (("portmap", pm), ("bridge", bridge)):
+            host.run([f"{plugin_dir}/{plugin}"], input=json.dumps(conf_), env={**env, "CNI_COMMAND": "DEL"})
+        assert connect(client, HOST_IP, 8080).startswith("ERR")
+        text = host.run(["nft", "list", "ruleset"]).stdout
+        assert cip not in text and "e2e-1" not in text
+    finally:
+        for p in t.servers:
+            p.kill()
+            p.wait()
