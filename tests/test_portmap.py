@@ -572,3 +572,42 @@ def test_end_to_end_bridge_host_local_portmap(netns_factory: Callable[[], Namesp
         for p in t.servers:
             p.kill()
             p.wait()
+
+
+def test_gc_removes_only_stale_containers(topo_factory: Callable[[int], Topo]) -> None:
+    t = topo_factory(2)
+    t.serve(0, 80, "c0")
+    t.serve(1, 80, "c1")
+    ports = {0: 8080, 1: 9090}
+    for i in (0, 1):
+        ok(call(t, "ADD", i, conf(t, i, [{"hostPort": ports[i], "containerPort": 80, "protocol": "tcp"}])))
+    gc = {"cniVersion": "1.1.0", "name": "testnet", "type": "portmap",
+          "cni.dev/valid-attachments": [{"containerID": "ctr-1", "ifname": "eth0"}]}
+    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/x"}
+    with t.host.enter():
+        ok(dispatch(portmap.PLUGIN, env, json.dumps(gc).encode()))
+    assert connect(t.client, HOST_IP, 8080).startswith("ERR")
+    assert connect(t.client, HOST_IP, 9090) == "c1 192.168.77.2"
+    assert "ctr-0" not in ruleset(t) and "ctr-1" in ruleset(t)
+    # Another network's GC leaves this network's mappings alone.
+    with t.host.enter():
+        ok(dispatch(portmap.PLUGIN, env, json.dumps({**gc, "name": "othernet",
+                                                      "cni.dev/valid-attachments": []}).encode()))
+    assert connect(t.client, HOST_IP, 9090) == "c1 192.168.77.2"
+    ok(call(t, "DEL", 1, conf(t, 1, None)))
+
+
+def test_iptables_external_set_mark_chain(topo_factory: Callable[[int], Topo]) -> None:
+    t = topo_factory(1)
+    t.serve(0, 80, "c0")
+    t.host.run(["iptables", "-t", "nat", "-N", "MY-MARK"])
+    t.host.run(["iptables", "-t", "nat", "-A", "MY-MARK", "-j", "MARK", "--set-xmark", "0x4000/0x4000"])
+    t.host.run(["ip6tables", "-t", "nat", "-N", "MY-MARK"])
+    nc = conf(t, 0, WEB, externalSetMarkChain="MY-MARK")
+    nc.pop("backend")  # externalSetMarkChain alone selects the iptables backend
+    ok(call(t, "ADD", 0, nc))
+    nat = ipt_nat(t)
+    assert "-j MY-MARK" in nat and "CNI-HOSTPORT-SETMARK" not in nat and "CNI-HOSTPORT-MASQ" not in nat
+    assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
+    ok(call(t, "DEL", 0, nc))
+    assert "CNI-DN-" not in ipt_nat(t)
