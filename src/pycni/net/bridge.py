@@ -46,12 +46,9 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
                 sock.link("set", index=link.index, flags=0x100, change=0x100)
         except Exception as e:
             raise CNIError(INTERNAL, f"could not set promiscuous mode on {name!r}", str(e)) from None
-    try:
-        from pycni.net.sysctl import write_sysctl
+    from pycni.net.sysctl import try_write_sysctl
 
-        write_sysctl(f"net/ipv6/conf/{name}/accept_ra", "0")
-    except CNIError:
-        pass  # IPv6 disabled: nothing to own
+    try_write_sysctl(f"net/ipv6/conf/{name}/accept_ra", "0")  # IPv6 disabled: nothing to own
     with ipr() as sock:
         try:
             sock.link("set", index=link.index, state="up")

@@ -88,3 +88,12 @@ def write_sysctl(key: str, value: str) -> None:
                        f"{path}: {e.strerror or e}") from None
     finally:
         os.close(fd)
+
+
+def try_write_sysctl(key: str, value: str) -> bool:
+    """:func:`write_sysctl`, best effort as in the reference (IPv6 disabled, say); True when it took."""
+    try:
+        write_sysctl(key, value)
+    except CNIError:
+        return False
+    return True

@@ -25,7 +25,9 @@ from pycni.net.link import (
     is_netlink_error,
     lookup_msg,
     netlink_errno,
+    set_link,
 )
+from pycni.net.sysctl import try_write_sysctl
 from pycni.spec.errors import CNIError
 
 MAX_NAME_TRIES = 10
@@ -102,15 +104,8 @@ def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, h
 
 def _finish(host: str, ifname: str, container_netns: str) -> VethPair:
     """Bring the host end up (accept_ra off, as the reference) and read both ends back."""
-    from pycni.net.link import set_link
-
     set_link(host, up=True)
-    try:
-        from pycni.net.sysctl import write_sysctl
-
-        write_sysctl(f"net/ipv6/conf/{host}/accept_ra", "0")
-    except CNIError:
-        pass  # IPv6 may be disabled; the reference ignores this too
+    try_write_sysctl(f"net/ipv6/conf/{host}/accept_ra", "0")  # IPv6 may be disabled
     host_link = _get(host)
     with netns.enter(container_netns):
         cont_link = _get(ifname)

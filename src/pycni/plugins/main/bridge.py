@@ -346,7 +346,7 @@ def cmd_add(args: CmdArgs) -> Result:
 
 def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, undo: _Undo) -> None:
     from pycni.net import iface, masq, netns
-    from pycni.net.sysctl import write_sysctl
+    from pycni.net.sysctl import try_write_sysctl
 
     ipam_result = invoke.delegate_add(n.ipam_type, args.stdin_data, args)
     undo.push(lambda: invoke.delegate_del(n.ipam_type, args.stdin_data, args))
@@ -360,10 +360,7 @@ def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, undo:
                            (f"net/ipv6/conf/{args.ifname}/accept_dad", "1" if n.enable_dad else "0"),
                            (f"net/ipv4/conf/{args.ifname}/arp_notify", "1")):
             if value is not None:
-                try:
-                    write_sysctl(key, value)
-                except CNIError:
-                    pass  # best effort, as in the reference (e.g. IPv6 disabled)
+                try_write_sysctl(key, value)
         iface.configure_iface(args.ifname, result)
     if n.is_gw:
         vlan_if: Interface | None = None

@@ -162,15 +162,12 @@ class SublinkPlugin:
 
     def _configure(self, args: CmdArgs, result: Result) -> None:
         from pycni.net import iface, link
-        from pycni.net.sysctl import write_sysctl
+        from pycni.net.sysctl import try_write_sysctl
 
         with netns.enter(args.netns):
             if result.ips:
                 for key in (f"net/ipv4/conf/{args.ifname}/arp_notify", f"net/ipv6/conf/{args.ifname}/ndisc_notify"):
-                    try:
-                        write_sysctl(key, "1")
-                    except CNIError:
-                        pass  # best effort, as in the reference
+                    try_write_sysctl(key, "1")
                 iface.configure_iface(args.ifname, result)
             else:
                 link.set_link(args.ifname, up=True)

@@ -31,7 +31,7 @@ from typing import Any
 from pycni.cniargs import load_cni_args
 from pycni.net import link as netlink
 from pycni.net import netns
-from pycni.net.sysctl import normalize_key, proc_path, read_sysctl, write_sysctl
+from pycni.net.sysctl import normalize_key, proc_path, read_sysctl, try_write_sysctl, write_sysctl
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, IO_FAILURE, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Result
@@ -353,13 +353,10 @@ def _slash_key(path: str) -> str:
 
 
 def _undo_sysctls(done: list[tuple[Sysctl, str | None]]) -> None:
+    """Put back the sysctls ADD changed (``done`` as :func:`_write_sysctls` returns it)."""
     for s, old in reversed(done):
-        if old is None:
-            continue
-        try:
-            write_sysctl(_slash_key(s.path), old)
-        except CNIError:
-            pass  # best effort: the original error is the one to report
+        if old is not None:
+            try_write_sysctl(_slash_key(s.path), old)  # best effort: the original error is the one to report
 
 
 def _rollback(ifname: str, before: dict[str, Any], path: str, previous: dict[str, Any] | None,
