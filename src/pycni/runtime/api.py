@@ -119,6 +119,7 @@ def build_config(name: str, cni_version: str, plugin: NetworkConfig, prev_result
 
 
 def _wrap(plugin: NetworkConfig, op: str, e: CNIError) -> CNIError:
+    """A plugin's error with the plugin and operation named in front, as libcni reports it."""
     return CNIError(e.code, f"plugin {plugin.describe()} failed ({op}): {e.msg}", e.details, e.cni_version)
 
 
@@ -175,6 +176,7 @@ class CNI:
     def runtime_conf(container_id: str, netns: str = "", ifname: str = "eth0",
                      args: str | Iterable[tuple[str, str]] | Mapping[str, str] | None = None,
                      capability_args: Mapping[str, Any] | None = None) -> RuntimeConf:
+        """A :class:`RuntimeConf`; ``args`` as CNI_ARGS text, pairs or a mapping."""
         if isinstance(args, str):  # CNI_ARGS text, "K=V;K=V"
             parsed = []
             for kv in filter(None, args.split(";")):
@@ -189,6 +191,7 @@ class CNI:
                            capability_args=dict(capability_args or {}))
 
     def add_rt(self, net: Network, rt: RuntimeConf) -> Result:
+        """:meth:`add` with a prepared :class:`RuntimeConf` (libcni's AddNetworkList)."""
         chain = _chain(net)
         self._validate_attachment(chain, rt)
         paths = [self._find(p) for p in chain.plugins]
@@ -208,6 +211,7 @@ class CNI:
         return result
 
     def delete_rt(self, net: Network, rt: RuntimeConf) -> None:
+        """:meth:`delete` with a prepared :class:`RuntimeConf` (libcni's DelNetworkList)."""
         chain = _chain(net)
         self._validate_attachment(chain, rt)
         cached: Result | None = None
@@ -217,16 +221,11 @@ class CNI:
             except CNIError:  # an unreadable entry must not block DEL (as newer libcni)
                 _cache.delete_entry(self.cache_dir, chain.name, rt.container_id, rt.ifname)
                 cached = None
-        for plugin in reversed(chain.plugins):
-            try:
-                path = self._find(plugin)
-                stdin = build_config(chain.name, chain.version, plugin, cached, rt)
-                invoke.exec_plugin(path, stdin, self._env("DEL", rt), self.timeout)
-            except CNIError as e:
-                raise _wrap(plugin, "delete", e) from None
+        self._run_each(chain, reversed(chain.plugins), "DEL", "delete", rt, cached)
         _cache.delete_entry(self.cache_dir, chain.name, rt.container_id, rt.ifname)
 
     def check_rt(self, net: Network, rt: RuntimeConf) -> None:
+        """:meth:`check` with a prepared :class:`RuntimeConf` (libcni's CheckNetworkList)."""
         chain = _chain(net)
         if not greater_than_or_equal(chain.version, "0.4.0"):
             raise CNIError(INCOMPATIBLE_VERSION, f'configuration version "{chain.version}" does not support '
@@ -240,13 +239,19 @@ class CNI:
                            f"{rt.container_id!r}, interface {rt.ifname!r}",
                            f"CHECK needs the result of an earlier ADD, cached under {self.cache_dir}; "
                            "was the attachment added (with the same cache dir)?")
-        for plugin in chain.plugins:
+        self._run_each(chain, chain.plugins, "CHECK", "check", rt, cached)
+
+    def _run_each(self, chain: _Chain, plugins: Iterable[NetworkConfig], command: str, op: str,
+                  rt: RuntimeConf, prev: Result | None) -> None:
+        """Exec ``command`` for each plugin in turn with ``prev`` as prevResult; the first failure
+        stops the walk, reported as libcni does (see :func:`_wrap`)."""
+        for plugin in plugins:
             try:
                 path = self._find(plugin)
-                stdin = build_config(chain.name, chain.version, plugin, cached, rt)
-                invoke.exec_plugin(path, stdin, self._env("CHECK", rt), self.timeout)
+                stdin = build_config(chain.name, chain.version, plugin, prev, rt)
+                invoke.exec_plugin(path, stdin, self._env(command, rt), self.timeout)
             except CNIError as e:
-                raise _wrap(plugin, "check", e) from None
+                raise _wrap(plugin, op, e) from None
 
     # ---- network-wide operations ------------------------------------------------------------
     def gc(self, net: NetworkConfigList,
