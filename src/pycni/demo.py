@@ -35,7 +35,13 @@ def _say(text: str) -> None:
     print(f"\n\033[1m== {text}\033[0m" if sys.stdout.isatty() else f"\n== {text}", flush=True)
 
 
+def _ns_path(ns: str) -> str:
+    """Where ``ip netns`` keeps the namespace called ``ns`` (what CNI_NETNS names)."""
+    return f"/var/run/netns/{ns}"
+
+
 def _ns_run(ns: str, cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` inside namespace ``ns``; RuntimeError with its output when it fails and ``check``."""
     proc = subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True, timeout=60)
     if check and proc.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` in {ns} failed: {proc.stderr.strip() or proc.stdout.strip()}")
@@ -60,7 +66,35 @@ def _with_private_state(conf_dir: str, network: str, state_dir: str) -> str:
     return out_dir
 
 
+def _make_namespaces(host: str, containers: Sequence[str], client: str, made: list[str]) -> None:
+    """Create the namespaces (recording each in ``made`` for cleanup) and the client's uplink to the host."""
+    for ns in (host, *containers, client):
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        made.append(ns)
+        _ns_run(ns, ["ip", "link", "set", "lo", "up"])
+    # The client reaches the host over a veth, as the outside world reaches a node.
+    subprocess.run(["ip", "link", "add", "uplink", "netns", host, "type", "veth", "peer", "name", "eth0",
+                    "netns", client], check=True)
+    _ns_run(host, ["ip", "addr", "add", f"{HOST_ADDR}/24", "dev", "uplink"])
+    _ns_run(host, ["ip", "link", "set", "uplink", "up"])
+    _ns_run(client, ["ip", "addr", "add", f"{CLIENT_ADDR}/24", "dev", "eth0"])
+    _ns_run(client, ["ip", "link", "set", "eth0", "up"])
+
+
+def _fetch(client: str, url: str) -> str:
+    """The body at ``url`` fetched from namespace ``client``, retried for ~5 s while the server starts."""
+    fetch = ("import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode(),"
+             " end='')")
+    for _ in range(50):
+        proc = _ns_run(client, [sys.executable, "-c", fetch, url], check=False)
+        if proc.returncode == 0:
+            return proc.stdout
+        time.sleep(0.1)
+    return ""
+
+
 def run(conf_dir: str, network: str) -> int:
+    """The whole demo; 0 when it worked. Everything it made is removed whatever happens."""
     from pycni.net import netns
     from pycni.plugins.registry import install
     from pycni.runtime import CNI
@@ -86,26 +120,15 @@ def run(conf_dir: str, network: str) -> int:
               + " -> ".join(p.type for p in net.plugins))
 
         _say(f"creating throwaway namespaces: host {host}, containers {c1} and {c2}, outside client {client}")
-        for ns in (host, c1, c2, client):
-            subprocess.run(["ip", "netns", "add", ns], check=True)
-            made.append(ns)
-            _ns_run(ns, ["ip", "link", "set", "lo", "up"])
-        # The client reaches the host over a veth, as the outside world reaches a node.
-        subprocess.run(["ip", "link", "add", "uplink", "netns", host, "type", "veth", "peer", "name", "eth0",
-                        "netns", client], check=True)
-        _ns_run(host, ["ip", "addr", "add", f"{HOST_ADDR}/24", "dev", "uplink"])
-        _ns_run(host, ["ip", "link", "set", "uplink", "up"])
-        _ns_run(client, ["ip", "addr", "add", f"{CLIENT_ADDR}/24", "dev", "eth0"])
-        _ns_run(client, ["ip", "link", "set", "eth0", "up"])
+        _make_namespaces(host, (c1, c2), client, made)
 
         results: dict[str, Any] = {}
         for ns in (c1, c2):
-            caps = {"portMappings": [{"hostPort": HOST_PORT, "containerPort": CONTAINER_PORT, "protocol": "tcp"}]}
-            if ns == c2:
-                caps = {"portMappings": []}
+            mapping = {"hostPort": HOST_PORT, "containerPort": CONTAINER_PORT, "protocol": "tcp"}
+            caps = {"portMappings": [mapping] if ns == c1 else []}  # c1 serves the mapped port
             _say(f"ADD {ns} to {net.name} (plugins run inside {host})")
-            with netns.enter(f"/var/run/netns/{host}"):
-                result = rt.add(net, ns, f"/var/run/netns/{ns}", "eth0", capability_args=caps)
+            with netns.enter(_ns_path(host)):
+                result = rt.add(net, ns, _ns_path(ns), "eth0", capability_args=caps)
             attached.append(ns)
             results[ns] = result
             print(json.dumps(result.to_dict(), indent=2))
@@ -125,24 +148,15 @@ def run(conf_dir: str, network: str) -> int:
         server = subprocess.Popen(["ip", "netns", "exec", c1, sys.executable, "-m", "http.server",
                                    str(CONTAINER_PORT), "--bind", ip1, "--directory", www],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        body = ""
-        fetch = ("import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode(),"
-                 " end='')")
-        for _ in range(50):
-            proc = _ns_run(client, [sys.executable, "-c", fetch, f"http://{HOST_ADDR}:{HOST_PORT}/index.html"],
-                           check=False)
-            if proc.returncode == 0:
-                body = proc.stdout
-                break
-            time.sleep(0.1)
+        body = _fetch(client, f"http://{HOST_ADDR}:{HOST_PORT}/index.html")
         if not body:
             raise RuntimeError(f"could not fetch http://{HOST_ADDR}:{HOST_PORT}/ through the port mapping")
         print(f"  got: {body.strip()!r}")
 
         _say("CHECK both attachments")
-        with netns.enter(f"/var/run/netns/{host}"):
+        with netns.enter(_ns_path(host)):
             for ns in (c1, c2):
-                rt.check(net, ns, f"/var/run/netns/{ns}", "eth0")
+                rt.check(net, ns, _ns_path(ns), "eth0")
                 print(f"  {ns}: ok")
         _say("the main job worked")
         return 0
@@ -155,10 +169,10 @@ def run(conf_dir: str, network: str) -> int:
             server.wait(timeout=5)
         if rt is not None and net is not None and attached:
             _say("DEL both attachments")
-            with netns.enter(f"/var/run/netns/{host}"):
+            with netns.enter(_ns_path(host)):
                 for ns in reversed(attached):
                     try:
-                        rt.delete(net, ns, f"/var/run/netns/{ns}", "eth0")
+                        rt.delete(net, ns, _ns_path(ns), "eth0")
                         print(f"  {ns}: deleted")
                     except Exception as e:  # noqa: BLE001
                         print(f"  {ns}: DEL failed: {e}", file=sys.stderr)
