@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pycni import invoke, skel
 from pycni.cniargs import load_cni_args
+from pycni.ipam import Rollback
 from pycni.net.link import is_colon_mac
 from pycni.skel import CmdArgs, Plugin, run_plugin
 from pycni.spec import errors as E
@@ -87,10 +87,10 @@ def _vlan_trunk(items: Any) -> list[int]:
         raise _bad("invalid 'vlanTrunk' in network config", "vlanTrunk must be a list of {id} or {minID, maxID}")
     vids: set[int] = set()
 
-    def vid(item: dict[str, Any], key: str, what: str) -> int:
+    def vid(item: dict[str, Any], key: str) -> int:
         v = item[key]
         if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 4094:
-            raise _bad(f"incorrect trunk {what} parameter", f"{key} must be an integer in 1..4094, got {v!r}")
+            raise _bad(f"incorrect trunk {key} parameter", f"{key} must be an integer in 1..4094, got {v!r}")
         return v
 
     for item in items:
@@ -98,7 +98,7 @@ def _vlan_trunk(items: Any) -> list[int]:
             raise _bad("invalid 'vlanTrunk' entry", f"expected an object, got {item!r}")
         has_min, has_max = item.get("minID") is not None, item.get("maxID") is not None
         if has_min and has_max:
-            lo, hi = vid(item, "minID", "minID"), vid(item, "maxID", "maxID")
+            lo, hi = vid(item, "minID"), vid(item, "maxID")
             if hi < lo:
                 raise _bad("minID is greater than maxID in trunk parameter", f"{item!r}")
             vids.update(range(lo, hi + 1))
@@ -107,7 +107,7 @@ def _vlan_trunk(items: Any) -> list[int]:
         elif has_min:
             raise _bad("minID and maxID should be configured simultaneously, maxID is missing", f"{item!r}")
         if item.get("id") is not None:
-            vids.add(vid(item, "id", "id"))
+            vids.add(vid(item, "id"))
     return sorted(vids)
 
 
@@ -181,23 +181,6 @@ def check_for_add(n: BridgeConf) -> None:
 
 
 # ---- ADD ---------------------------------------------------------------------------------------
-class _Undo:
-    """Steps to take back if ADD fails, run newest first; their own failures are ignored."""
-
-    def __init__(self) -> None:
-        self.steps: list[Callable[[], object]] = []
-
-    def push(self, step: Callable[[], object]) -> None:
-        self.steps.append(step)
-
-    def run(self) -> None:
-        for step in reversed(self.steps):
-            try:
-                step()
-            except Exception:  # noqa: BLE001 - keep unwinding; the original error is what matters
-                pass
-
-
 def _gateway_for(address: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> Any:
     return address.network.network_address + 1
 
@@ -267,7 +250,7 @@ def _setup_port(host: str, bridge: str, *, hairpin: bool, isolated: bool, vlan: 
         br.add_port_vlan(host, 1, pvid=True, untagged=True)  # the trunk's native VLAN, as in Go
 
 
-def _ensure_vlan_interface(n: BridgeConf, bridge_mtu: int, undo: _Undo) -> Link:
+def _ensure_vlan_interface(n: BridgeConf, bridge_mtu: int, undo: Rollback) -> Link:
     """The ``<bridge>.<vlan>`` gateway veth in the host, made like a container port (Go's way)."""
     from pycni.net import link, netns, veth
 
@@ -311,8 +294,7 @@ def cmd_add(args: CmdArgs) -> Result:
     check_for_add(n)
     netns.check_netns(args.netns)
     bridge = br.ensure_bridge(n.bridge, mtu=n.mtu, promisc=n.promisc, vlan_filtering=n.vlan_filtering)
-    undo = _Undo()
-    try:
+    with Rollback() as undo:  # an ADD that fails part-way takes back what it made
         pair = veth.setup_veth(args.netns, args.ifname, mtu=n.mtu, mac=n.mac)
         undo.push(lambda: link.delete_link(pair.host.name))
         _setup_port(pair.host.name, n.bridge, hairpin=n.hairpin, isolated=n.port_isolation, vlan=n.vlan,
@@ -339,12 +321,9 @@ def cmd_add(args: CmdArgs) -> Result:
         if n.dns_set:
             result.dns = n.dns
         return result
-    except BaseException:
-        undo.run()
-        raise
 
 
-def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, undo: _Undo) -> None:
+def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, undo: Rollback) -> None:
     from pycni.net import iface, masq, netns
     from pycni.net.sysctl import try_write_sysctl
 
