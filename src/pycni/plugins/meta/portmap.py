@@ -22,8 +22,9 @@ otherwise finds the elements by their comment, so rules never leak. A host port 
 containers goes to the later one, as in the reference; the earlier one's DEL leaves it alone
 (the delete transaction re-adds each element first, which fails when it maps elsewhere now).
 
-The iptables backend (imported only when a config asks for it) keeps the reference's CNI-HOSTPORT-DNAT / CNI-DN-<hash> /
-CNI-HOSTPORT-SETMARK / CNI-HOSTPORT-MASQ chains, so it interoperates with Go-made rules.
+The iptables backend (imported only when a config asks for it) keeps the reference's
+CNI-HOSTPORT-DNAT / CNI-DN-<hash> / CNI-HOSTPORT-SETMARK / CNI-HOSTPORT-MASQ chains, so it
+interoperates with rules the Go plugin made.
 """
 
 from __future__ import annotations
@@ -555,10 +556,9 @@ def ipt_forward(conf: PortMapConf) -> None:
 
 def ipt_unforward(conf: PortMapConf) -> None:
     from pycni.net import iptables
-
-    chain = dnat_chain_name(conf)
     from pycni.net.masq import chain_name
 
+    chain = dnat_chain_name(conf)
     old_snat = chain_name(conf.name, conf.container_id, "SN-")
     usable = [v6 for v6 in (False, True) if iptables.usable(v6)]
     if not usable:
