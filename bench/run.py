@@ -155,9 +155,10 @@ def conflist(conf_dir: str, name: str, plugins: list[dict[str, Any]]) -> str:
     return conf_dir
 
 
-def chain(kind: str, data_dir: str, subnet: str) -> list[dict[str, Any]]:
-    ipam = {"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": data_dir,
-            "routes": [{"dst": "0.0.0.0/0"}]}
+def chain(kind: str, data_dir: str, subnet: str, routes: bool = True) -> list[dict[str, Any]]:
+    ipam: dict[str, Any] = {"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": data_dir}
+    if routes:
+        ipam["routes"] = [{"dst": "0.0.0.0/0"}]
     main: dict[str, Any]
     if kind == "bridge":
         main = {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": True, "ipam": ipam}
@@ -215,15 +216,18 @@ class Net:
         return elapsed
 
 
-def make_net(env: Env, variant: Variant, kind: str, tag: str, subnet: str, host: str | None = None) -> Net:
+def make_net(env: Env, variant: Variant, kind: str, tag: str, subnet: str, host: str | None = None,
+             routes: bool = True) -> Net:
     host = host or env.new_ns(f"{tag}h")
     if kind == "macvlan":
-        subprocess.run(["ip", "-n", host, "link", "add", "bmaster0", "type", "dummy"], check=False,
-                       capture_output=True)
-        subprocess.run(["ip", "-n", host, "link", "set", "bmaster0", "up"], check=True)
+        # a veth pair stands in for the uplink (no dummy module on every kernel)
+        subprocess.run(["ip", "-n", host, "link", "add", "bmaster0", "type", "veth", "peer", "name", "bmaster0p"],
+                       check=True)
+        for dev in ("bmaster0", "bmaster0p"):
+            subprocess.run(["ip", "-n", host, "link", "set", dev, "up"], check=True)
     base = os.path.join(env.tmp, tag, variant.name)
     name = f"b{kind}"
-    conflist(os.path.join(base, "net.d"), name, chain(kind, os.path.join(base, "ipam"), subnet))
+    conflist(os.path.join(base, "net.d"), name, chain(kind, os.path.join(base, "ipam"), subnet, routes))
     return Net(env, variant, host, os.path.join(base, "net.d"), os.path.join(base, "cache"), name)
 
 
@@ -332,6 +336,13 @@ def case_runtime_cycle(env: Env, rounds: int) -> Row:
 def case_parallel(env: Env, rounds: int, n: int) -> Row:
     """(c): n containers ADDed at once (wall time); DELs afterwards are not timed."""
     nets = {v.name: make_net(env, v, "bridge", f"par{v.name[:2]}", "10.62.0.0/16") for v in env.variants()}
+    # One container first: the bridge and the top-level chains exist before the stampede (Go's
+    # portmap 1.1.1 races creating CNI-HOSTPORT-DNAT under iptables-nft otherwise).
+    warm = env.new_ns("pw")
+    for net in nets.values():
+        net.run("add", "warm", warm, port=29999)
+        net.run("del", "warm", warm, port=29999)
+    env.del_ns(warm)
 
     def step(v: str, r: int) -> float:
         ctrs = [env.new_ns("p") for _ in range(n)]
@@ -403,9 +414,10 @@ def case_host_local(env: Env, rounds: int, reserved: int) -> Row:
 def case_scale(env: Env, n: int, rounds: int, workers: int) -> list[Row]:
     """(e): ADD latency with n-1 containers (and as many port mappings) on the bridge vs with none."""
     vs = {v.name: v for v in env.variants()}
-    go_net = make_net(env, vs["go"], "bridge", "scgo", "10.65.0.0/16")
+    # many interfaces share a few container namespaces here, so no default route per interface
+    go_net = make_net(env, vs["go"], "bridge", "scgo", "10.65.0.0/16", routes=False)
     ours_host = env.new_ns("scoursh")
-    ours = {name: make_net(env, vs[name], "bridge", "scours", "10.65.0.0/16", host=ours_host)
+    ours = {name: make_net(env, vs[name], "bridge", "scours", "10.65.0.0/16", host=ours_host, routes=False)
             for name in ("oneshot", "daemon")}
     # one-shot and daemon share the host namespace and the state (our plugins either way)
     ours["daemon"].conf_dir = ours["oneshot"].conf_dir
@@ -423,11 +435,14 @@ def case_scale(env: Env, n: int, rounds: int, workers: int) -> list[Row]:
 
     first = paired(rounds, list(nets), probe)
     log(f"(e) filling {n - 1} containers per implementation ({workers} at a time)")
-    bulk = [env.new_ns("bulk") for _ in range(max(1, (n - 1 + 499) // 500))]
+    bulk: list[str] = []
 
     def fill(net: Net) -> None:
+        mine = [env.new_ns("bulk") for _ in range(max(1, (n - 1 + 499) // 500))]
+        bulk.extend(mine)
+
         def one(i: int) -> None:
-            net.run("add", f"fill{i}", bulk[i % len(bulk)], f"e{i}", port=20000 + i)
+            net.run("add", f"fill{i}", mine[i % len(mine)], f"e{i}", port=20000 + i)
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(one, range(n - 1)))
 

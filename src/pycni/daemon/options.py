@@ -17,3 +17,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="log every request with its duration")
     parser.add_argument("--no-preload", action="store_true",
                         help="import plugins on first use instead of at start-up")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker processes sharing the socket (default: one per CPU; 1 serves in-process)")

@@ -57,6 +57,32 @@ class ContainerLocks:
                     self._locks[key] = (lock, users - 1)
 
 
+class StripedFileLocks:
+    """Per-container exclusion across worker processes: flock on one of ``stripes`` files.
+
+    A container ID hashes to a stripe, so two containers rarely share one (and if they do, they
+    are merely serialised). flock locks belong to an open file description, so threads of one
+    process exclude each other too. The file count is bounded, nothing is ever unlinked while
+    in use (unlinking lock files races with flock).
+    """
+
+    def __init__(self, directory: str, stripes: int = 256) -> None:
+        self.directory, self.stripes = directory, stripes
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        import fcntl
+        import zlib
+
+        path = os.path.join(self.directory, f"{zlib.crc32(key.encode()) % self.stripes:03d}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
 class Daemon:
     """Serves forwarded plugin invocations on a unix socket."""
 
@@ -69,6 +95,7 @@ class Daemon:
         self._sock: socket.socket | None = None
         self._active: set[threading.Thread] = set()
         self._active_guard = threading.Lock()
+        self.process_locks: StripedFileLocks | None = None  # set when serving with worker processes
         if preload:
             self._preload()
 
@@ -106,15 +133,20 @@ class Daemon:
         self._sock = sock
 
     def serve_forever(self) -> None:
+        """Accept and serve in this process until :meth:`stop`; then remove the socket."""
+        self._accept_loop()
+        self._close()
+
+    def _accept_loop(self) -> None:
         if self._sock is None:
             self.bind()
         assert self._sock is not None
         self._sock.settimeout(0.5)
-        log.info("pycni daemon listening on %s", self.socket_path)
+        log.info("pycni daemon listening on %s (pid %d)", self.socket_path, os.getpid())
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):
                 continue
             except OSError:
                 if self._stop.is_set():
@@ -125,7 +157,72 @@ class Daemon:
             with self._active_guard:
                 self._active.add(t)
             t.start()
-        self._close()
+
+    def serve_workers(self, workers: int) -> None:
+        """Serve from ``workers`` forked processes sharing the listening socket (one GIL each).
+
+        Plugin work in the daemon is mostly waiting on the kernel and on nft/iptables, but the
+        Python part of many concurrent requests would queue on one GIL; forked workers (warm:
+        they inherit the preloaded imports) spread it over the CPUs. Per-container exclusion
+        then needs a cross-process lock (:class:`StripedFileLocks`). The parent only
+        supervises: it restarts a worker that dies, and on stop terminates them, waits for
+        their requests to finish, and removes the socket.
+        """
+        import shutil
+        import tempfile
+
+        if workers <= 1:
+            self.serve_forever()
+            return
+        if self._sock is None:
+            self.bind()
+        lock_dir = tempfile.mkdtemp(prefix="pycni-daemon-locks-")
+        self.process_locks = StripedFileLocks(lock_dir)
+        children: set[int] = set()
+
+        def spawn() -> None:
+            pid = os.fork()
+            if pid == 0:  # worker
+                code = 0
+                try:
+                    self._accept_loop()
+                    left = self.drain()
+                    if left:
+                        log.warning("%d request(s) still running at exit", left)
+                except BaseException:  # noqa: BLE001 - a worker never returns into the parent's code
+                    log.exception("worker failed")
+                    code = 1
+                finally:
+                    os._exit(code)
+            children.add(pid)
+
+        try:
+            for _ in range(workers):
+                spawn()
+            log.info("pycni daemon: %d workers on %s", workers, self.socket_path)
+            while not self._stop.is_set():
+                self._stop.wait(0.2)
+                while children:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                    if pid == 0:
+                        break
+                    children.discard(pid)
+                    if not self._stop.is_set():
+                        log.warning("worker %d exited (status %#x); starting another", pid, status)
+                        spawn()
+        finally:
+            for pid in children:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            for pid in list(children):
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+            self._close()
+            shutil.rmtree(lock_dir, ignore_errors=True)
 
     def drain(self, timeout: float = 30.0) -> int:
         """Wait for requests in flight (after stop); return how many are still running."""
@@ -196,8 +293,10 @@ class Daemon:
             return _error_outcome(CNIError(5, "cannot find the caller's network namespace", str(e)))
         try:
             key = env.get("CNI_CONTAINERID") or ""
-            lock = self.locks.hold(key) if key and not nested else nullcontext()
-            with lock, netns.enter(f"/proc/self/fd/{ns_fd}"):
+            locked = key and not nested
+            lock = self.locks.hold(key) if locked else nullcontext()
+            plock = self.process_locks.hold(key) if locked and self.process_locks else nullcontext()
+            with lock, plock, netns.enter(f"/proc/self/fd/{ns_fd}"):
                 started = time.perf_counter()
                 outcome = dispatch(plugin, env, stdin)
             if log.isEnabledFor(logging.DEBUG):
@@ -223,6 +322,7 @@ def run(opts: argparse.Namespace) -> int:
     if opts.debug:
         log.setLevel(logging.DEBUG)
     daemon = Daemon(opts.socket, preload=not opts.no_preload)
+    workers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
     try:
         daemon.bind()
     except OSError as e:
@@ -230,7 +330,7 @@ def run(opts: argparse.Namespace) -> int:
         return 1
     signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
     signal.signal(signal.SIGINT, lambda *_: daemon.stop())
-    daemon.serve_forever()
+    daemon.serve_workers(workers)
     left = daemon.drain()
     if left:
         log.warning("%d request(s) still running at exit", left)
