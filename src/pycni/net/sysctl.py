@@ -97,3 +97,15 @@ def try_write_sysctl(key: str, value: str) -> bool:
     except CNIError:
         return False
     return True
+
+
+def enable_forwarding(version: int) -> None:
+    """Turn on IPv4 (``version`` 4) or IPv6 forwarding here, as Go's ip.EnableIP4Forward/EnableIP6Forward:
+    no write when it is already on; an unreadable value is simply written."""
+    key = "net/ipv4/ip_forward" if version == 4 else "net/ipv6/conf/all/forwarding"
+    try:
+        if read_sysctl(key).strip() == "1":
+            return
+    except CNIError:
+        pass
+    write_sysctl(key, "1")

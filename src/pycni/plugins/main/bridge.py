@@ -224,14 +224,6 @@ def _ensure_addr(link_name: str, gw: Any, force: bool) -> None:
     link.set_link(link_name, mac=current.mac)
 
 
-def _enable_forwarding(family: int) -> None:
-    from pycni.net.sysctl import read_sysctl, write_sysctl
-
-    key = "net/ipv4/ip_forward" if family == 4 else "net/ipv6/conf/all/forwarding"
-    if read_sysctl(key) != "1":
-        write_sysctl(key, "1")
-
-
 def _setup_port(host: str, bridge: str, *, hairpin: bool, isolated: bool, vlan: int, vlans: list[int],
                 preserve_default_vlan: bool) -> None:
     """Enslave a host veth to the bridge and set its port flags and VLANs, as Go's setupVeth."""
@@ -325,7 +317,7 @@ def cmd_add(args: CmdArgs) -> Result:
 
 def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, undo: Rollback) -> None:
     from pycni.net import iface, masq, netns
-    from pycni.net.sysctl import try_write_sysctl
+    from pycni.net.sysctl import enable_forwarding, try_write_sysctl
 
     ipam_result = invoke.delegate_add(n.ipam_type, args.stdin_data, args)
     undo.push(lambda: invoke.delegate_del(n.ipam_type, args.stdin_data, args))
@@ -354,7 +346,7 @@ def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, undo:
                 else:
                     _ensure_addr(n.bridge, gw, n.force_address)
             if gws[fam]:
-                _enable_forwarding(fam)
+                enable_forwarding(fam)
     if n.ip_masq:
         backend = n.ip_masq_backend or default_masq_backend()
         addrs = [ipc.address for ipc in result.ips]

@@ -44,12 +44,10 @@ def _masq_backend(conf: dict[str, Any]) -> str:
 
 def enable_forwarding(ips: list[IPConfig]) -> None:
     """Turn on forwarding in the host namespace for the families in use (as ip.EnableForward)."""
-    from pycni.net.sysctl import write_sysctl
+    from pycni.net import sysctl
 
-    if any(i.address.version == 4 for i in ips):
-        write_sysctl("net.ipv4.ip_forward", "1")
-    if any(i.address.version == 6 for i in ips):
-        write_sysctl("net.ipv6.conf.all.forwarding", "1")
+    for version in sorted({i.address.version for i in ips}):
+        sysctl.enable_forwarding(version)
 
 
 def _setup_container(args: CmdArgs, result: Result) -> None:
