@@ -194,6 +194,13 @@ def require_link(name: str | int) -> Link:
     return link
 
 
+def require_free_ifname(ifname: str, netns_path: str) -> None:
+    """Refuse CNI_IFNAME when this namespace (the container's, ``netns_path``) already has it."""
+    if get_link(ifname) is not None:
+        raise CNIError(INTERNAL, f"container interface {ifname!r} already exists",
+                       f"{netns_path} already has an interface named {ifname!r}; choose another CNI_IFNAME")
+
+
 def list_links() -> list[Link]:
     """Every link in the calling thread's namespace."""
     with ipr() as sock:

@@ -24,6 +24,7 @@ from pycni.net.link import (
     is_netlink_error,
     lookup_msg,
     netlink_errno,
+    require_free_ifname,
 )
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
@@ -55,9 +56,7 @@ def create_in_container(kind: str, container_netns: str, ifname: str, *, parent:
                         **attrs: Any) -> Link:
     """Create a ``kind`` link named ``ifname`` in ``container_netns``; return it (down)."""
     with netns.enter(container_netns):
-        if get_link(ifname) is not None:
-            raise CNIError(INTERNAL, f"container interface {ifname!r} already exists",
-                           f"{container_netns} already has an interface named {ifname!r}; choose another CNI_IFNAME")
+        require_free_ifname(ifname, container_netns)
     tmp = f"{kind[:5]}{secrets.token_hex(4)}"
     spec: dict[str, Any] = {"ifname": tmp, "kind": kind, **attrs}
     if parent is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from pycni import ipam
 from pycni.net import netns
+from pycni.net.link import Link
 from pycni.skel import CmdArgs, Plugin, config_version, load_conf, prev_result, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
@@ -92,6 +93,7 @@ def _state_path(conf: dict[str, Any], args: CmdArgs) -> str:
 
 
 def _save_state(path: str, state: dict[str, Any]) -> None:
+    """Write what DEL restores, atomically (a crash leaves the old file or the new, never half)."""
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
@@ -100,6 +102,7 @@ def _save_state(path: str, state: dict[str, Any]) -> None:
 
 
 def _load_state(path: str) -> dict[str, Any] | None:
+    """What :func:`_save_state` wrote; None when missing or unreadable (DEL then restores nothing)."""
     try:
         with open(path) as f:
             state = json.load(f)
@@ -108,14 +111,12 @@ def _load_state(path: str) -> dict[str, Any] | None:
         return None
 
 
-def _move_in(name: str, args: CmdArgs) -> Any:
+def _move_in(name: str, args: CmdArgs) -> Link:
     """Move host link ``name`` into the container as CNI_IFNAME (alias = original name), up."""
     from pycni.net import link
 
     with netns.enter(args.netns):
-        if link.get_link(args.ifname) is not None:
-            raise CNIError(INTERNAL, f"container interface {args.ifname!r} already exists",
-                           f"{args.netns} already has an interface named {args.ifname!r}; choose another CNI_IFNAME")
+        link.require_free_ifname(args.ifname, args.netns)
     fd = netns.open_netns(args.netns)
     try:
         link.set_link(name, up=False)
@@ -156,6 +157,7 @@ def _move_out(args: CmdArgs, current_name: str) -> str | None:
 
 
 def _restore(name: str, state: dict[str, Any] | None) -> None:
+    """Give the host link back its saved MTU, addresses and up state (the netns move dropped them)."""
     from pycni.net import addr, link
 
     if not state:

@@ -51,9 +51,7 @@ def create(conf: Mapping[str, Any], args: CmdArgs, mac: str) -> Link:
 
     tmp = f"tap{secrets.token_hex(4)}"
     with netns.enter(args.netns):
-        if link.get_link(args.ifname) is not None:
-            raise CNIError(INTERNAL, f"container interface {args.ifname!r} already exists",
-                           f"{args.netns} already has an interface named {args.ifname!r}; choose another CNI_IFNAME")
+        link.require_free_ifname(args.ifname, args.netns)
         bridge = conf.get("bridge") or ""
         if bridge and link.get_link(bridge) is None:
             raise CNIError(E.INVALID_CONFIG, f"bridge {bridge!r} not found in the container namespace",
