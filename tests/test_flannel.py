@@ -59,6 +59,14 @@ def test_explicit_delegate_keys_win_and_routes_append(tmp_path: Path) -> None:
     assert d["ipam"]["routes"] == [{"dst": "192.0.2.0/24"}, {"dst": "10.244.0.0/16"}]
 
 
+def test_ipam_routes_must_be_a_list(tmp_path: Path) -> None:
+    env = flannel.load_subnet_env(write_env(tmp_path))
+    conf = flannel.parse_conf(conf_bytes(tmp_path, "x", ipam={"routes": "10.0.0.0/8"}))
+    with pytest.raises(CNIError) as e:
+        flannel.delegate_conf(conf, env)
+    assert e.value.code == 7 and "failed to read IPAM routes" in e.value.msg
+
+
 def test_dual_stack_subnet_file(tmp_path: Path) -> None:
     text = SUBNET_ENV + "FLANNEL_IPV6_NETWORK=fd00:10::/56\nFLANNEL_IPV6_SUBNET=fd00:10:0:1::1/64\n"
     d = flannel.delegate_conf(flannel.parse_conf(conf_bytes(tmp_path, "x")),

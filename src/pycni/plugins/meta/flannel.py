@@ -136,11 +136,10 @@ def delegate_conf(conf: FlannelConf, env: SubnetEnv) -> dict[str, Any]:
     ipam = dict(conf.ipam or {})
     ipam.setdefault("type", "host-local")
     ipam["ranges"] = [[{"subnet": str(sn)}] for sn in env.subnets]
-    routes = list(ipam.get("routes") or [])
-    if not isinstance(routes, list):
+    routes = ipam.get("routes") or []
+    if not isinstance(routes, list):  # checked before copying: list() would split a string into routes
         raise CNIError(E.INVALID_CONFIG, "failed to read IPAM routes", "ipam.routes must be a list")
-    routes += [{"dst": str(nw)} for nw in env.networks]
-    ipam["routes"] = routes
+    ipam["routes"] = [*routes, *({"dst": str(nw)} for nw in env.networks)]
     d["ipam"] = ipam
     if conf.runtime_config is not None:
         d["runtimeConfig"] = conf.runtime_config
