@@ -611,3 +611,50 @@ def test_iptables_external_set_mark_chain(topo_factory: Callable[[int], Topo]) -
     assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
     ok(call(t, "DEL", 0, nc))
     assert "CNI-DN-" not in ipt_nat(t)
+
+
+UDP_FIXED_SOURCE = r"""
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 40404))  # the same flow (5-tuple) every time
+s.settimeout(2)
+s.sendto(b"hi", (host, port))
+try:
+    print(s.recv(2048).decode())
+except OSError as e:
+    print(f"ERR {type(e).__name__}")
+"""
+
+
+def test_add_forgets_stale_udp_flows(topo_factory: Callable[[int], Topo]) -> None:
+    """A UDP flow that hit the host port before the mapping existed is DNAT'd after ADD."""
+    t = topo_factory(2)
+    t.serve(0, 53, "dns", "udp")
+    # Another mapping first, so the nat hooks (and conntrack) are active in the host.
+    ok(call(t, "ADD", 1, conf(t, 1, [{"hostPort": 9999, "containerPort": 9, "protocol": "udp"}])))
+    before = t.client.run([sys.executable, "-c", UDP_FIXED_SOURCE, HOST_IP, "5353"]).stdout.strip()
+    assert before.startswith("ERR")
+    ok(call(t, "ADD", 0, conf(t, 0, [{"hostPort": 5353, "containerPort": 53, "protocol": "udp"}])))
+    after = t.client.run([sys.executable, "-c", UDP_FIXED_SOURCE, HOST_IP, "5353"]).stdout.strip()
+    assert after == "dns 192.168.77.2"
+    for i in (0, 1):
+        ok(call(t, "DEL", i, conf(t, i, None)))
+
+
+def test_conntrack_delete_by_dst_port(host_ns: Namespace) -> None:
+    import socket as s
+
+    from pycni.net import conntrack
+
+    host_ns.run(["nft", "add table ip cttest; add chain ip cttest out { type filter hook output priority 0; }; "
+                 "add rule ip cttest out ct state new counter"])
+    for port in (5353, 5354):
+        host_ns.run([sys.executable, "-c", f"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                     f".sendto(b'x', ('127.0.0.1', {port}))"])
+    with host_ns.enter():
+        assert conntrack.delete_by_dst_port(s.IPPROTO_UDP, 5353, s.AF_INET) == 1
+        assert conntrack.delete_by_dst_port(s.IPPROTO_UDP, 5353, s.AF_INET) == 0
+        assert conntrack.delete_by_dst_port(s.IPPROTO_TCP, 5354, s.AF_INET) == 0
+        assert conntrack.delete_by_dst_port(s.IPPROTO_UDP, 5354, s.AF_INET) == 1

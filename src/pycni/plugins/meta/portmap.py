@@ -612,6 +612,25 @@ def enable_localnet_routing(ip: ipaddress.IPv4Address) -> None:
     write_sysctl(f"net/ipv4/conf/{m.group(1)}/route_localnet", "1")
 
 
+def forget_stale_udp_flows(conf: PortMapConf) -> None:
+    """Delete conntrack entries of UDP flows to the mapped host ports that began before the
+    mapping: they would bypass the DNAT until they time out. Best effort, as in the reference."""
+    udp_ports = sorted({m.host_port for m in conf.mappings if m.protocol == "udp"})
+    if not udp_ports:
+        return
+    import socket
+
+    from pycni.net.conntrack import delete_by_dst_port
+
+    for net in conf.nets:
+        family = socket.AF_INET if net.version == 4 else socket.AF_INET6
+        for port in udp_ports:
+            try:
+                delete_by_dst_port(socket.IPPROTO_UDP, port, family)
+            except OSError:
+                pass
+
+
 # ---- handlers --------------------------------------------------------------------------------
 def cmd_add(args: CmdArgs) -> Result:
     conf = parse_config(args)
@@ -633,6 +652,7 @@ def cmd_add(args: CmdArgs) -> Result:
     except CNIError:
         cmd_rollback(conf)  # leave nothing half-made
         raise
+    forget_stale_udp_flows(conf)
     return conf.prev
 
 
