@@ -20,8 +20,9 @@ iptables chains for the bridge (first interface of prevResult), whatever the bac
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
@@ -40,6 +41,8 @@ _CHAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,27}$")
 
 @dataclass
 class FirewallConf:
+    """The checked network config."""
+
     cni_version: str
     backend: str
     admin_chain: str
@@ -88,6 +91,7 @@ def _ipt_ip_rules(ip: str) -> list[list[str]]:
 
 
 def _ipt_rules_by_family(result: Result) -> dict[bool, list[list[str]]]:
+    """This container's PRIV_CHAIN rules, keyed by "is IPv6" (ip6tables vs iptables)."""
     out: dict[bool, list[list[str]]] = {}
     for ip in result.ips:
         out.setdefault(ip.address.version == 6, []).extend(_ipt_ip_rules(host_ip(ip)))
@@ -140,6 +144,7 @@ def iptables_check(conf: FirewallConf, result: Result) -> None:
 
 # ---- nftables backend ------------------------------------------------------------------------
 def _nft_elements(result: Result) -> dict[str, list[str]]:
+    """This container's addresses by the nftables set that allows them (allowed4 / allowed6)."""
     out: dict[str, list[str]] = {"allowed4": [], "allowed6": []}
     for ip in result.ips:
         out["allowed4" if ip.address.version == 4 else "allowed6"].append(str(ip.address.ip))
@@ -283,7 +288,16 @@ def check_ingress_policy(conf: FirewallConf, result: Result) -> None:
 
 
 # ---- handlers --------------------------------------------------------------------------------
-BACKENDS = {"iptables": (iptables_add, iptables_del, iptables_check), "nftables": (nft_add, nft_del, nft_check)}
+class Backend(NamedTuple):
+    """How one ``backend`` value adds, deletes and checks a container's forwarding rules."""
+
+    add: Callable[[FirewallConf, Result], None]
+    delete: Callable[[FirewallConf, Result], None]
+    check: Callable[[FirewallConf, Result], None]
+
+
+BACKENDS = {"iptables": Backend(iptables_add, iptables_del, iptables_check),
+            "nftables": Backend(nft_add, nft_del, nft_check)}
 
 
 def cmd_add(args: CmdArgs) -> Result:
@@ -293,13 +307,13 @@ def cmd_add(args: CmdArgs) -> Result:
     if conf.prev is None:
         raise CNIError(INVALID_CONFIG, "missing prevResult from earlier plugin",
                        "firewall is a chained plugin: put it after an interface plugin in a conflist")
-    add, delete, _ = BACKENDS[conf.backend]
+    backend = BACKENDS[conf.backend]
     with netns.locked():
-        add(conf, conf.prev)
+        backend.add(conf, conf.prev)
         try:
             setup_ingress_policy(conf, conf.prev)
         except BaseException:
-            delete(conf, conf.prev)  # no half-made ADD: take this container's rules back out
+            backend.delete(conf, conf.prev)  # no half-made ADD: take this container's rules back out
             raise
     return conf.prev
 
@@ -312,7 +326,7 @@ def cmd_del(args: CmdArgs) -> None:
     if conf.prev is None:
         return
     with netns.locked():
-        BACKENDS[conf.backend][1](conf, conf.prev)
+        BACKENDS[conf.backend].delete(conf, conf.prev)
     # Per-bridge isolation chains stay: other containers on the bridge may still need them.
 
 
@@ -321,7 +335,7 @@ def cmd_check(args: CmdArgs) -> None:
     if conf.prev is None:
         raise CNIError(INVALID_CONFIG, "missing prevResult from earlier plugin",
                        "CHECK needs the prevResult of the chain")
-    BACKENDS[conf.backend][2](conf, conf.prev)
+    BACKENDS[conf.backend].check(conf, conf.prev)
     check_ingress_policy(conf, conf.prev)
 
 
