@@ -9,6 +9,7 @@ removes the VRF once nothing is left in it. The prevResult passes through unchan
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 from pycni.net import netns
@@ -17,8 +18,11 @@ from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import Result
 
+RESERVED_TABLES = frozenset({253, 254, 255})  # the kernel's default, main and local tables
+
 
 def parse(data: bytes) -> tuple[dict[str, Any], str, int | None]:
+    """The config, ``vrfname`` and ``table`` (None: pick a free one), each checked."""
     conf = load_conf(data)
     name = conf.get("vrfname", "")
     if not isinstance(name, str) or not name:
@@ -28,7 +32,7 @@ def parse(data: bytes) -> tuple[dict[str, Any], str, int | None]:
         raise CNIError(E.INVALID_CONFIG, f"invalid vrf name {name!r}", "a VRF is an interface: at most 15 characters")
     table = conf.get("table")
     if table is not None and (not isinstance(table, int) or isinstance(table, bool) or not 0 < table < 2**32
-                              or table in (253, 254, 255)):
+                              or table in RESERVED_TABLES):
         raise CNIError(E.INVALID_CONFIG, f"invalid vrf table {table!r}",
                        "\"table\" must be a routing table number other than 253-255 (default, main, local)")
     return conf, name, table
@@ -56,13 +60,14 @@ def _vrfs() -> dict[str, tuple[int, int]]:
 
 
 def first_free_table(taken: set[int]) -> int:
-    table = 1
-    while table in taken or table in (253, 254, 255):
-        table += 1
-    return table
+    """The lowest table id no other VRF uses, skipping the kernel's default, main and local (253-255)."""
+    from pycni.net.rule import next_free_table
+
+    return next_free_table(1, taken | RESERVED_TABLES)
 
 
 def _ensure_vrf(name: str, table: int | None) -> int:
+    """The index of VRF ``name`` here, created (up) with ``table`` or a free one when missing."""
     from pycni.net import link
     from pycni.net.link import ipr, is_netlink_error, netlink_errno
     from pycni.net.sublink import kernel_lacks
@@ -81,7 +86,7 @@ def _ensure_vrf(name: str, table: int | None) -> int:
         try:
             sock.link("add", **vrf_link_spec(name, use))
         except Exception as e:
-            if is_netlink_error(e) and netlink_errno(e) == 95:
+            if is_netlink_error(e) and netlink_errno(e) == errno.EOPNOTSUPP:
                 raise kernel_lacks("vrf") from None
             raise CNIError(INTERNAL, f"failed to create VRF {name!r}", str(e)) from None
     return link.set_link(name, up=True).index
