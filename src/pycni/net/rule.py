@@ -21,6 +21,7 @@ from pycni.spec.errors import CNIError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 RT_TABLE_MAIN = 254
+RESERVED_TABLES = frozenset({253, 254, 255})  # the kernel's default, main and local tables
 RULE_ERROR = 100  # plugin-specific: the kernel refused a rule or route change
 
 

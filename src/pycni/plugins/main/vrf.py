@@ -13,12 +13,11 @@ import errno
 from typing import Any
 
 from pycni.net import netns
+from pycni.net.rule import RESERVED_TABLES, next_free_table
 from pycni.skel import CmdArgs, Plugin, load_conf, prev_result, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import Result
-
-RESERVED_TABLES = frozenset({253, 254, 255})  # the kernel's default, main and local tables
 
 
 def parse(data: bytes) -> tuple[dict[str, Any], str, int | None]:
@@ -61,8 +60,6 @@ def _vrfs() -> dict[str, tuple[int, int]]:
 
 def first_free_table(taken: set[int]) -> int:
     """The lowest table id no other VRF uses, skipping the kernel's default, main and local (253-255)."""
-    from pycni.net.rule import next_free_table
-
     return next_free_table(1, taken | RESERVED_TABLES)
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+from pycni.net.rule import RESERVED_TABLES
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import IPAddress, IPConfig, Result
@@ -50,7 +51,7 @@ def parse_conf(args: CmdArgs) -> SbrConf:
         if isinstance(table, bool) or not isinstance(table, int):
             raise CNIError(DECODE_FAILURE, "failed to parse network configuration",
                            f"table must be an integer, got {table!r}")
-        if not 0 < table < 2**32 or table in (253, 254, 255):
+        if not 0 < table < 2**32 or table in RESERVED_TABLES:
             raise CNIError(INVALID_CONFIG, f"invalid routing table {table}",
                            "use a table id between 1 and 4294967295 other than default/main/local (253-255)")
         conf.table = table
