@@ -658,3 +658,33 @@ def test_conntrack_delete_by_dst_port(host_ns: Namespace) -> None:
         assert conntrack.delete_by_dst_port(s.IPPROTO_UDP, 5353, s.AF_INET) == 0
         assert conntrack.delete_by_dst_port(s.IPPROTO_TCP, 5354, s.AF_INET) == 0
         assert conntrack.delete_by_dst_port(s.IPPROTO_UDP, 5354, s.AF_INET) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sctp_mapping_rules(topo_factory: Callable[[int], Topo], backend: str) -> None:
+    t = topo_factory(1)
+    nc = conf(t, 0, [{"hostPort": 3868, "containerPort": 3868, "protocol": "SCTP"}], backend)
+    ok(call(t, "ADD", 0, nc))
+    text = ruleset(t) if backend == "nftables" else ipt_nat(t)
+    assert "sctp" in text and "3868" in text
+    ok(call(t, "CHECK", 0, nc))
+    ok(call(t, "DEL", 0, nc))
+    assert "3868" not in (our_nft_objects(t) if backend == "nftables" else ipt_nat(t))
+
+
+def test_container_addresses_picked_as_the_reference_does() -> None:
+    from pycni.skel import CmdArgs
+
+    prev = {"cniVersion": "1.0.0",
+            "interfaces": [{"name": "br0"}, {"name": "eth0", "sandbox": "/var/run/netns/x"},
+                           {"name": "eth1", "sandbox": "/var/run/netns/x"}],
+            "ips": [{"address": "10.0.0.1/24", "interface": 0},        # the host's bridge: skipped
+                    {"address": "10.0.1.5/24", "interface": 2},        # another container interface
+                    {"address": "10.0.2.5/24", "interface": 1},
+                    {"address": "10.0.3.5/24", "interface": 1},        # only the first of a family
+                    {"address": "fd00::5/64"}]}                        # no interface: taken
+    raw = {"cniVersion": "1.0.0", "name": "n", "type": "portmap", "prevResult": prev}
+    args = CmdArgs(command="ADD", container_id="c", ifname="eth0", stdin_data=json.dumps(raw).encode())
+    c = portmap.parse_config(args)
+    assert str(c.cont_v4) == "10.0.2.5/24" and str(c.cont_v6) == "fd00::5/64"
+    assert c.backend == "nftables" and c.snat and c.mark_masq_bit == 13
