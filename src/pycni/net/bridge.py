@@ -6,7 +6,7 @@ import errno
 from dataclasses import dataclass, field
 from typing import Any
 
-from pycni.net.link import INTERNAL, Link, ipr, is_netlink_error, lookup_msg, netlink_errno, require_msg
+from pycni.net.link import IFF_PROMISC, INTERNAL, Link, ipr, is_netlink_error, lookup_msg, netlink_errno, require_msg
 from pycni.spec.errors import CNIError
 
 AF_BRIDGE = 7
@@ -43,7 +43,7 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
                            f"link {name!r} is of kind {link.kind or 'unknown'!r}; pick another bridge name")
         try:
             if promisc:
-                sock.link("set", index=link.index, flags=0x100, change=0x100)
+                sock.link("set", index=link.index, flags=IFF_PROMISC, change=IFF_PROMISC)
         except Exception as e:
             raise CNIError(INTERNAL, f"could not set promiscuous mode on {name!r}", str(e)) from None
     from pycni.net.sysctl import try_write_sysctl
@@ -69,12 +69,15 @@ def bridge_vlan_filtering(name: str) -> bool | None:
 
 @dataclass
 class PortInfo:
+    """A bridge port's hairpin and isolation flags and its VLANs."""
+
     hairpin: bool = False
     isolated: bool = False
     vlans: dict[int, int] = field(default_factory=dict)  # vid -> BRIDGE_VLAN_INFO_* flags
 
     @property
     def pvid(self) -> int | None:
+        """The port's PVID (untagged ingress VLAN), None when it has none."""
         for vid, flags in self.vlans.items():
             if flags & BRIDGE_VLAN_INFO_PVID:
                 return vid
@@ -117,6 +120,7 @@ def get_port(name: str | int) -> PortInfo | None:
 
 
 def _port_vlans(sock: Any, index: int) -> dict[int, int]:
+    """VLAN id -> BRIDGE_VLAN_INFO flags of port ``index``, read from the AF_BRIDGE link dump."""
     out: dict[int, int] = {}
     for m in sock.get_links(family=AF_BRIDGE, ext_mask=2):  # RTEXT_FILTER_BRVLAN
         if int(m["index"]) != index:
