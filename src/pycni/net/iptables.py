@@ -20,7 +20,7 @@ from pycni.net.nft import find_tool
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
 
 LOCK_WAIT_SECONDS = "30"
-_NOT_FOUND = ("No chain/target/match by that name", "does a matching rule exist", "doesn't exist",
+_NOT_FOUND = ("No chain/target/match by that name", "does a matching rule exist", "doesn't exist", "does not exist",
               "No such file or directory", "Bad rule (does a matching rule exist")
 
 
