@@ -22,6 +22,7 @@ DAD_SETTLE_TIMEOUT = 5.0
 
 
 def _enable_ipv6(ifname: str) -> None:
+    """Turn IPv6 on for lo and ``ifname`` and keep addresses across link down, as the reference before adding IPv6."""
     from pycni.net.sysctl import read_sysctl, write_sysctl
 
     for name in ("lo", ifname):

@@ -62,6 +62,7 @@ class RouteEntry:
                    proto=int(msg["proto"]), type=int(msg["type"]), multipath_gws=tuple(mp_gws))
 
     def via(self, gw: IPAddress) -> bool:
+        """Whether this route goes through ``gw``, as its gateway or one of its multipath hops."""
         return self.gw == gw or gw in self.multipath_gws
 
 
@@ -73,6 +74,7 @@ def _oif(sock: Any, dev: str | int | None) -> int | None:
 def _spec(dst: IPNetwork | str, gw: IPAddress | str | None, oif: int | None, table: int | None,
           priority: int | None, scope: int | None, mtu: int | None = None, advmss: int | None = None,
           proto: int | None = None) -> dict[str, Any]:
+    """The pyroute2 route() keywords; unset values are left out so the kernel defaults apply."""
     net = ipaddress.ip_network(dst, strict=False) if isinstance(dst, str) else dst
     kw: dict[str, Any] = {"family": socket.AF_INET if net.version == 4 else socket.AF_INET6,
                           "dst_len": net.prefixlen}
@@ -101,6 +103,7 @@ def _spec(dst: IPNetwork | str, gw: IPAddress | str | None, oif: int | None, tab
 
 
 def _describe(kw: dict[str, Any], dev: str | int | None) -> str:
+    """A route in the words the Go plugins use in their error messages."""
     dst = f"{kw.get('dst', 'default' if kw['dst_len'] == 0 else '')}/{kw['dst_len']}"
     return (f"{dst} via {kw.get('gateway', '<nil>')} dev {dev} metric {kw.get('priority', 0)} "
             f"(scope {kw.get('scope', 0)}, table {kw.get('table', RT_TABLE_MAIN)})")
@@ -127,6 +130,7 @@ def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
 
 
 def replace_route(dst: IPNetwork | str, **kw: Any) -> None:
+    """:func:`add_route` that replaces a route already there instead of failing."""
     add_route(dst, replace=True, **kw)
 
 

@@ -26,6 +26,7 @@ RULE_ERROR = 100  # plugin-specific: the kernel refused a rule or route change
 
 
 def _af(version: int) -> int:
+    """The socket address family of IP ``version`` 4 or 6."""
     return socket.AF_INET if version == 4 else socket.AF_INET6
 
 
@@ -142,6 +143,7 @@ class RawRoute:
     metrics: dict[str, int] = field(default_factory=dict)
 
     def spec(self, table: int | None = None) -> dict[str, Any]:
+        """The pyroute2 route() keywords for this route, optionally in another ``table``."""
         kw: dict[str, Any] = {"family": _af(self.family), "dst_len": self.dst.prefixlen, "oif": self.oif,
                               "scope": self.scope, "proto": self.proto, "type": self.type,
                               "table": self.table if table is None else table}
@@ -195,6 +197,7 @@ def put_route(route: RawRoute, table: int | None = None, replace: bool = True) -
 
 
 def remove_route(route: RawRoute) -> bool:
+    """Delete exactly ``route``; False when it was not there."""
     from pyroute2.netlink.exceptions import NetlinkError
 
     with ipr() as sock:

@@ -88,6 +88,7 @@ def is_set_up(host_iface: str, mac: str, refid: str) -> bool:
 
 
 def _iifname(rule: dict) -> str | None:  # type: ignore[type-arg]
+    """The interface name a rule matches with ``iifname``, from nft JSON; None when it matches none."""
     for expr in rule.get("expr", []):
         match = expr.get("match") if isinstance(expr, dict) else None
         if match and match.get("left", {}).get("meta", {}).get("key") == "iifname":

@@ -55,6 +55,7 @@ def proc_path(name: str, key: str | None = None) -> str:
 
 
 def _io_error(action: str, key: str, path: str, e: OSError) -> CNIError:
+    """An OSError on a sysctl file as a CNIError; a missing file says the key does not exist here."""
     if e.errno == errno.ENOENT:
         return CNIError(IO_FAILURE, f"sysctl {key!r} does not exist",
                         f"{path} not found in this network namespace (is the interface or module there?)")

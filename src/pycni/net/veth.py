@@ -59,6 +59,7 @@ def setup_veth(container_netns: str, ifname: str, *, mtu: int = 0, mac: str = ""
 
 
 def _create(sock: Any, host: str, ifname: str, target: int, mtu: int, mac: str) -> None:
+    """RTM_NEWLINK for the pair: ``host`` here, ``ifname`` born in the namespace open at ``target``."""
     peer: dict[str, Any] = {"ifname": ifname, "net_ns_fd": target}
     kw: dict[str, Any] = {"ifname": host, "kind": "veth", "peer": peer}
     if mtu:
@@ -70,11 +71,13 @@ def _create(sock: Any, host: str, ifname: str, target: int, mtu: int, mac: str) 
 
 
 def _container_has(container_netns: str, ifname: str) -> bool:
+    """Whether ``container_netns`` already has a link ``ifname`` (tells the two EEXIST causes apart)."""
     with netns.enter(container_netns), ipr() as sock:
         return lookup_msg(sock, ifname) is not None
 
 
 def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, host_name: str) -> VethPair:
+    """:func:`setup_veth` with the container namespace open; retries random host names that clash."""
     if mac:
         _check_mac(mac)
     for _ in range(MAX_NAME_TRIES):
@@ -113,6 +116,7 @@ def _finish(host: str, ifname: str, container_netns: str) -> VethPair:
 
 
 def _get(name: str) -> Link:
+    """The link just made; an error if it vanished in between."""
     with ipr() as sock:
         msg = lookup_msg(sock, name)
     if msg is None:
@@ -121,6 +125,7 @@ def _get(name: str) -> Link:
 
 
 def _check_mac(mac: str) -> None:
+    """Refuse a container MAC that is not six hex pairs before anything is made."""
     if not is_colon_mac(mac):
         raise CNIError(7, f"invalid MAC address {mac!r}",
                        "give a 6-byte MAC address in the form 0a:58:0a:f4:00:05")

@@ -23,6 +23,7 @@ from pycni.spec.errors import INTERNAL, CNIError
 
 
 def _uint(conf: Mapping[str, Any], key: str) -> int | None:
+    """A uid/gid key of the config, None when absent; CNIError 7 unless it fits 32 bits."""
     value = conf.get(key)
     if value is None:
         return None
@@ -32,6 +33,7 @@ def _uint(conf: Mapping[str, Any], key: str) -> int | None:
 
 
 def validate(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """Check the tap keys before anything is made (the link_attrs hook: a tap takes no netlink attributes)."""
     _uint(conf, "owner")
     _uint(conf, "group")
     if not isinstance(conf.get("multiQueue", False), bool):
@@ -43,10 +45,12 @@ def validate(conf: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _selinux_enabled() -> bool:
+    """Whether SELinux is active here, so ``selinuxContext`` must be applied."""
     return os.path.exists("/sys/fs/selinux/enforce")
 
 
 def create(conf: Mapping[str, Any], args: CmdArgs, mac: str) -> Link:
+    """Make the tap in the container under a temporary name, then configure and rename it (the create hook)."""
     from pycni.net import link, tuntap
 
     tmp = f"tap{secrets.token_hex(4)}"
