@@ -40,7 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")]
+# --snapshot runs the committed tree (git HEAD), exported here, instead of the working tree.
+SRC_ROOT = os.environ.get("PYCNI_BENCH_TREE") or ROOT
+sys.path[:0] = [os.path.join(SRC_ROOT, "src"), os.path.join(SRC_ROOT, "tests")]
 
 from pycni.net import netns  # noqa: E402
 from pycni.plugins.registry import install  # noqa: E402
@@ -113,7 +115,7 @@ class Env:
         self.socket = os.path.join(self.tmp, "pycni.sock")
         self.daemon = subprocess.Popen(["ip", "netns", "exec", dns, sys.executable, "-m", "pycni.daemon",
                                         "--socket", self.socket, "--log-file", os.path.join(self.tmp, "daemon.log")],
-                                       env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src")))
+                                       env=dict(os.environ, PYTHONPATH=os.path.join(SRC_ROOT, "src")))
         for _ in range(600):
             if os.path.exists(self.socket):
                 return
@@ -477,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full", action="store_true", help="full sizes: --reserved 60000 --containers 1000")
     p.add_argument("--fill-workers", type=int, default=4, help="concurrent ADDs while filling case (e)")
     p.add_argument("--json", help="also write the raw numbers here")
+    p.add_argument("--snapshot", action="store_true",
+                   help="benchmark the committed tree (git HEAD) rather than the working tree")
     opts = p.parse_args(argv)
     rounds = opts.rounds or (3 if opts.quick else 9)
     reserved = opts.reserved or (60000 if opts.full else 2000 if opts.quick else 20000)
@@ -513,8 +517,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_snapshot(argv: list[str]) -> int:
+    """Export git HEAD's src/ and tests/ to a temporary tree and run the bench from it."""
+    tree = tempfile.mkdtemp(prefix="pycni-bench-tree-")
+    try:
+        archive = subprocess.run(["git", "-C", ROOT, "archive", "HEAD", "src", "tests"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        args = [a for a in argv if a != "--snapshot"]
+        return subprocess.run([sys.executable, os.path.abspath(__file__), *args],
+                              env=dict(os.environ, PYCNI_BENCH_TREE=tree)).returncode
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+
+
 if __name__ == "__main__":
     try:
+        if "--snapshot" in sys.argv[1:] and not os.environ.get("PYCNI_BENCH_TREE"):
+            sys.exit(run_snapshot(sys.argv[1:]))
         sys.exit(main())
     except KeyboardInterrupt:
         sys.exit(130)
