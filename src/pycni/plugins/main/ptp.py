@@ -20,6 +20,7 @@ from pycni.spec.types import DNS, Interface, IPConfig, Result
 
 
 def _conf(args: CmdArgs) -> dict[str, Any]:
+    """The config with IPAM, ``mtu`` and the masquerade keys checked before anything is made."""
     conf = load_conf(args.stdin_data)
     ipam.require_ipam(conf, "ptp")
     mtu = conf.get("mtu", 0) or 0
@@ -37,6 +38,7 @@ def _conf(args: CmdArgs) -> dict[str, Any]:
 
 
 def _masq_backend(conf: dict[str, Any]) -> str:
+    """The masquerade backend: ``ipMasqBackend`` or the one that works here."""
     from pycni.net import masq
 
     return str(conf.get("ipMasqBackend") or masq.default_backend())
@@ -51,6 +53,7 @@ def enable_forwarding(ips: list[IPConfig]) -> None:
 
 
 def _setup_container(args: CmdArgs, result: Result) -> None:
+    """Configure the container end; its subnet goes via the gateway, reached by an on-link host route (as Go)."""
     from pycni.net import iface, route
     from pycni.net.link import require_link
 
@@ -67,6 +70,7 @@ def _setup_container(args: CmdArgs, result: Result) -> None:
 
 
 def _setup_host(host_veth: str, result: Result) -> None:
+    """The gateway address on the host end and a host route back to each container address."""
     from pycni.net import addr, route
 
     for ipc in result.ips:

@@ -50,6 +50,7 @@ def default_route_interface(in_netns: str | None = None) -> str:
     from pycni.net.link import get_link
 
     def find() -> str:
+        """The first default route's link in the current namespace."""
         for r in route.list_routes(table=route.RT_TABLE_MAIN):
             if r.dst.prefixlen == 0 and r.oif:
                 link = get_link(r.oif)
@@ -65,6 +66,7 @@ def default_route_interface(in_netns: str | None = None) -> str:
 
 
 def _mtu(conf: Mapping[str, Any]) -> int:
+    """The configured ``mtu`` (0: the parent's); CNIError 7 unless an integer."""
     mtu = conf.get("mtu", 0) or 0
     if not isinstance(mtu, int) or isinstance(mtu, bool):
         raise CNIError(E.INVALID_CONFIG, "\"mtu\" must be an integer", f"got {mtu!r}")
@@ -72,6 +74,7 @@ def _mtu(conf: Mapping[str, Any]) -> int:
 
 
 def _mac(conf: Mapping[str, Any], args: CmdArgs) -> str:
+    """The container MAC: config, then CNI_ARGS MAC, then runtimeConfig.mac (last wins); lower case."""
     mac = str(conf.get("mac", "") or "")
     env_mac = load_cni_args(args.args, ["MAC"]).get("MAC", "")
     if env_mac:
@@ -91,10 +94,12 @@ class SublinkPlugin:
         self.spec = spec
 
     def plugin(self) -> Plugin:
+        """The :class:`Plugin` to hand to ``run_plugin``."""
         return Plugin(add=self.add, delete=self.delete, check=self.check, about=self.spec.about)
 
     # ---- config -----------------------------------------------------------------------------
     def _conf(self, args: CmdArgs) -> dict[str, Any]:
+        """The config, with IPAM and the kind's own keys checked before anything is made."""
         conf = load_conf(args.stdin_data)
         if self.spec.ipam_required:
             ipam.require_ipam(conf, self.spec.name)
@@ -110,6 +115,7 @@ class SublinkPlugin:
         return conf
 
     def _parent(self, conf: dict[str, Any], args: CmdArgs) -> Link | None:
+        """The ``master`` link (defaulted to the default-route link), with ``mtu`` checked against it."""
         if not self.spec.needs_master:
             return None
         in_container = bool(conf.get("linkInContainer", False))
@@ -128,6 +134,7 @@ class SublinkPlugin:
 
     # ---- handlers ---------------------------------------------------------------------------
     def add(self, args: CmdArgs) -> Result:
+        """ADD: the link in the container, then IPAM (or the prevResult's IPs); all undone on failure."""
         conf = self._conf(args)
         netns.check_netns(args.netns)
         parent = self._parent(conf, args)
@@ -161,6 +168,7 @@ class SublinkPlugin:
         return result
 
     def _configure(self, args: CmdArgs, result: Result) -> None:
+        """Put the result's addresses and routes on the container link, or just bring it up (layer 2)."""
         from pycni.net import iface, link
         from pycni.net.sysctl import try_write_sysctl
 
@@ -174,6 +182,7 @@ class SublinkPlugin:
 
     @staticmethod
     def _delete_link(netns_path: str, ifname: str) -> None:
+        """Delete the container link; a missing netns or link is success."""
         from pycni.net import link
 
         if not netns.netns_exists(netns_path):
@@ -182,12 +191,14 @@ class SublinkPlugin:
             link.delete_link(ifname)
 
     def delete(self, args: CmdArgs) -> None:
+        """DEL: release IPAM first (the reference's order), then the link."""
         conf = load_conf(args.stdin_data)
         ipam.delete(conf, args)
         if args.netns:
             self._delete_link(args.netns, args.ifname)
 
     def check(self, args: CmdArgs) -> None:
+        """CHECK: IPAM, the parent, the container link against prevResult, then the kind's own attributes."""
         from pycni.net import verify
         from pycni.net.link import ipr, lookup_msg
 
