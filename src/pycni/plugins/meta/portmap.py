@@ -350,7 +350,7 @@ def nft_forward(conf: PortMapConf) -> None:
     elements = nft_elements(conf)
     code = INVALID_CONFIG if conf.conditions_v4 or conf.conditions_v6 else PLUGIN_SPECIFIC
     try:
-        nft.run("\n".join(skeleton + nft_nets(conf) + [e.add(comment) for e in elements]) + "\n", code=code,
+        nft.run("\n".join(skeleton + nft_nets(conf) + [el.add(comment) for el in elements]) + "\n", code=code,
                 what="port mapping setup")
         return
     except nft.NftError as e:
@@ -360,13 +360,13 @@ def nft_forward(conf: PortMapConf) -> None:
     # undo everything if that fails.
     try:
         nft.run("\n".join(skeleton + nft_nets(conf)) + "\n", what="port mapping setup")
-        for e in elements:
+        for element in elements:
             try:
-                nft.run(e.add(comment) + "\n", what="port mapping setup")
+                nft.run(element.add(comment) + "\n", what="port mapping setup")
             except nft.NftError as err:
                 if not err.exists:
                     raise
-                nft.run(f"{e.delete()}\n{e.add(comment)}\n", what="port mapping takeover")
+                nft.run(f"{element.delete()}\n{element.add(comment)}\n", what="port mapping takeover")
     except CNIError as err:
         try:
             nft_unforward(conf)
