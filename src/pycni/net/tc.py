@@ -27,6 +27,7 @@ from pycni.spec.errors import CNIError
 TIME_UNITS_PER_SEC = 1_000_000
 LATENCY_MS = 25
 MAX_U32 = 0xFFFFFFFF
+TC_H_ROOT = 0xFFFFFFFF  # the parent of a root qdisc
 ROOT_HANDLE = 0x10000  # 1:
 INGRESS_HANDLE = 0xFFFF0000  # ffff:
 SHAPED_MINOR = 0x30  # class 1:30 carries shaped traffic (as the reference's htb mode)
@@ -174,13 +175,13 @@ def delete_qdisc(dev: str, ingress: bool = False) -> bool:
             return False
         for q in sock.get_qdiscs(index=idx):
             kind = q.get_attr("TCA_KIND")
-            if ingress and kind == "ingress" or (not ingress and int(q["parent"]) == 0xFFFFFFFF
+            if ingress and kind == "ingress" or (not ingress and int(q["parent"]) == TC_H_ROOT
                                                  and kind in ("tbf", "htb")):
                 try:
                     if ingress:
                         sock.tc("del", "ingress", idx, INGRESS_HANDLE)
                     else:
-                        sock.tc("del", index=idx, handle=int(q["handle"]), parent=0xFFFFFFFF)
+                        sock.tc("del", index=idx, handle=int(q["handle"]), parent=TC_H_ROOT)
                 except NetlinkError as e:
                     if e.code in (errno.ENOENT, errno.ENODEV, errno.EINVAL):  # already gone
                         return False

@@ -40,6 +40,8 @@ class Limits:
 
 @dataclass
 class BandwidthConf:
+    """The checked config: per-direction limits (None: unshaped) and the subnet selection."""
+
     name: str
     cni_version: str
     ingress: Limits | None = None
@@ -61,6 +63,7 @@ def ifb_name(network: str, container_id: str) -> str:
 
 # ---- configuration ---------------------------------------------------------------------------
 def _uint(entry: dict[str, Any], key: str) -> int:
+    """A rate or burst (0 when absent); CNIError 6 unless it fits an unsigned 64-bit integer, as Go decodes."""
     v = entry.get(key, 0)
     if v is None:
         return 0
@@ -74,6 +77,7 @@ def _uint(entry: dict[str, Any], key: str) -> int:
 
 
 def _subnets(entry: dict[str, Any], key: str) -> list[str]:
+    """``shapedSubnets``/``unshapedSubnets``: a list of CIDRs, each checked."""
     v = entry.get(key) or []
     if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
         raise CNIError(DECODE_FAILURE, "failed to parse network configuration",
@@ -171,6 +175,7 @@ def host_interface(prev: Result, args: CmdArgs) -> Interface:
 
 
 def _shape(conf: BandwidthConf, dev: str, lim: Limits) -> None:
+    """Shape what ``dev`` transmits: htb when subnets pick what is shaped, else a plain tbf."""
     from pycni.net import tc
 
     if conf.shaped_subnets or conf.unshaped_subnets:
@@ -181,12 +186,13 @@ def _shape(conf: BandwidthConf, dev: str, lim: Limits) -> None:
 
 
 def _check_shaper(conf: BandwidthConf, dev: str, lim: Limits) -> None:
+    """CHECK: the root qdisc of ``dev`` is what :func:`_shape` would install for ``lim``."""
     from pycni.net import tc
 
     qs = tc.qdiscs(dev)
     if qs is None:
         raise CNIError(PLUGIN_SPECIFIC, f"device {dev} not found")
-    root = [q for q in qs if q.parent == 0xFFFFFFFF]
+    root = [q for q in qs if q.parent == tc.TC_H_ROOT]
     if not root:
         raise CNIError(PLUGIN_SPECIFIC, f"failed to find qdisc on {dev}", "no root shaping qdisc")
     q = root[0]
