@@ -62,6 +62,7 @@ def _no_constant(name: str) -> Any:
 
 
 def _decode(data: bytes | str, path: str, what: str) -> dict[str, Any]:
+    """A config file's JSON object; NaN/Infinity refused as Go refuses them."""
     try:
         obj = json.loads(data, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
@@ -103,6 +104,7 @@ class NetworkConfig:
 
 
 def _string_field(raw: dict[str, Any], key: str, path: str, what: str) -> str:
+    """An optional string key of a config ("" when absent)."""
     value = raw.get(key)
     if value is None:
         return ""
@@ -143,6 +145,7 @@ def conf_from_file(path: str) -> NetworkConfig:
 
 
 def _read(path: str) -> bytes:
+    """A config file's bytes; CNIError 7 naming the file when it cannot be read."""
     try:
         with open(path, "rb") as f:
             return f.read()

@@ -66,10 +66,12 @@ class IPAMConfig:
 
 
 def _bad(msg: str, details: str = "") -> CNIError:
+    """A config error (CNIError 7)."""
     return CNIError(INVALID_CONFIG, msg, details)
 
 
 def _str_field(ipam: Mapping[str, Any], key: str) -> str:
+    """An optional string key of the ipam section ("" when absent)."""
     value = ipam.get(key)
     if value is None:
         return ""
@@ -204,6 +206,7 @@ def _allocate(store: Store, rs: RangeSet, idx: int, cid: str, ifname: str,
 
 
 def _take_requested(pending: list[IPAddress], rs: RangeSet) -> IPAddress | None:
+    """Remove and return the first requested address this range set holds."""
     for i, ip in enumerate(pending):
         if range_for(rs, ip) is not None:
             return pending.pop(i)
@@ -214,6 +217,7 @@ def _take_requested(pending: list[IPAddress], rs: RangeSet) -> IPAddress | None:
 
 
 def cmd_add(args: CmdArgs) -> Result:
+    """One address from each range set (a requested one where given), under the store lock; all or none."""
     conf = args.conf()
     cfg = load_config(conf, args.args)
     result = Result(dns=parse_resolv_conf(cfg.resolv_conf) if cfg.resolv_conf else DNS())
@@ -280,6 +284,7 @@ def cmd_check(args: CmdArgs) -> None:
 
 
 def _valid_attachments(conf: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """GC's ``cni.dev/valid-attachments`` as (containerID, ifname) pairs, each checked."""
     raw = conf.get(VALID_ATTACHMENTS, [])
     if raw is None:
         raw = []

@@ -185,10 +185,12 @@ def parse_range_set(obj: Any) -> RangeSet:
 
 
 def range_set_str(rs: Sequence[Range]) -> str:
+    """A range set as the reference prints it in errors."""
     return ",".join(str(r) for r in rs)
 
 
 def range_for(rs: Sequence[Range], addr: IPAddress) -> Range | None:
+    """The range of ``rs`` that holds ``addr``, None when none does."""
     for r in rs:
         if r.contains(addr):
             return r
@@ -238,6 +240,7 @@ def candidates(rs: Sequence[Range], last_reserved: IPAddress | None) -> Iterator
 
 
 def address(version: int, value: int) -> IPAddress:
+    """The IPv4 or IPv6 address with integer ``value``."""
     return ipaddress.IPv4Address(value) if version == 4 else ipaddress.IPv6Address(value)
 
 
@@ -245,6 +248,7 @@ def address(version: int, value: int) -> IPAddress:
 
 
 def _ip_list(value: Any, where: str) -> list[tuple[IPAddress, int | None]]:
+    """A list of requested addresses (each with an optional prefix); CNIError 7 for anything else."""
     if value is None:
         return []
     if not isinstance(value, list):

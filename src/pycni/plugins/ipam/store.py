@@ -49,6 +49,7 @@ def parse_owner(data: bytes) -> tuple[str, str | None]:
 
 
 def _as_ip(name: str) -> IPAddress | None:
+    """The address a reservation file is named after; None for other files."""
     if not name or not (name[0].isdigit() or name[0] in "abcdefABCDEF:"):
         return None
     try:
@@ -108,6 +109,7 @@ class Store:
 
     # ---- reservations ---------------------------------------------------------------------
     def _path(self, name: str) -> str:
+        """The file ``name`` in this network's store directory."""
         return os.path.join(self.dir, name)
 
     def reserve(self, container_id: str, ifname: str, ip: IPAddress, range_id: str) -> bool:
@@ -131,6 +133,7 @@ class Store:
         return True
 
     def _write_file(self, name: str, data: bytes) -> None:
+        """Overwrite file ``name`` in the store directory (0600)."""
         fd = os.open(self._path(name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, data)

@@ -39,6 +39,7 @@ class SubnetEnv:
 
 @dataclass
 class FlannelConf:
+    """The checked config; ``raw`` keeps the rest for CHECK and GC."""
     name: str
     cni_version: str
     subnet_file: str
@@ -50,9 +51,11 @@ class FlannelConf:
 
 
 def parse_conf(data: bytes) -> FlannelConf:
+    """Decode the config and refuse delegate keys flannel sets itself, as the reference."""
     raw = load_conf(data)
 
     def opt_dict(key: str) -> dict[str, Any] | None:
+        """``raw[key]`` when it is a JSON object, None when absent; CNIError 7 otherwise."""
         value = raw.get(key)
         if value is not None and not isinstance(value, dict):
             raise CNIError(E.INVALID_CONFIG, f"'{key}' must be a JSON object", f"got {value!r}")
@@ -147,11 +150,13 @@ def delegate_conf(conf: FlannelConf, env: SubnetEnv) -> dict[str, Any]:
 
 
 def _scratch_path(data_dir: str, container_id: str) -> str:
+    """Where ADD keeps the delegate config for DEL and CHECK to replay."""
     validate_container_id(container_id)  # the ID names a file: it must not escape dataDir
     return os.path.join(data_dir, container_id)
 
 
 def _save(path: str, data: bytes) -> None:
+    """Write ``data`` atomically and durably (0600): DEL depends on finding it."""
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -164,6 +169,7 @@ def _save(path: str, data: bytes) -> None:
 
 
 def _read_saved(path: str) -> bytes | None:
+    """The saved delegate config, None when there is none."""
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -174,6 +180,7 @@ def _read_saved(path: str) -> bytes | None:
 
 
 def cmd_add(args: CmdArgs) -> Result:
+    """Save the merged delegate config, then delegate ADD; a failed ADD is undone and forgotten."""
     conf = parse_conf(args.stdin_data)
     env = load_subnet_env(conf.subnet_file)
     delegate = delegate_conf(conf, env)
@@ -196,6 +203,7 @@ def cmd_add(args: CmdArgs) -> Result:
 
 
 def _remove(path: str) -> None:
+    """Delete ``path`` if it is there."""
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -203,6 +211,7 @@ def _remove(path: str) -> None:
 
 
 def cmd_del(args: CmdArgs) -> None:
+    """Replay DEL with the config ADD saved (not the current subnet file), then forget it."""
     conf = parse_conf(args.stdin_data)
     path = _scratch_path(conf.data_dir, args.container_id)
     saved = _read_saved(path)
@@ -260,6 +269,7 @@ def cmd_gc(args: CmdArgs) -> None:
 
 
 def cmd_status(args: CmdArgs) -> None:
+    """Ready when flanneld's subnet file is readable and complete."""
     conf = parse_conf(args.stdin_data)
     try:
         load_subnet_env(conf.subnet_file)

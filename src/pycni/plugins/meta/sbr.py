@@ -35,6 +35,7 @@ RT_SCOPE_LINK = 253
 
 @dataclass
 class SbrConf:
+    """The checked config and the prevResult it acts on."""
     cni_version: str
     prev: Result | None
     table: int | None = None
@@ -44,6 +45,7 @@ class SbrConf:
 
 
 def parse_conf(args: CmdArgs) -> SbrConf:
+    """Decode and check the whole config before anything is touched."""
     raw = args.conf()
     conf = SbrConf(config_version(raw), prev_result(raw))
     table = raw.get("table")
@@ -96,10 +98,12 @@ def ip_configs(ifname: str, prev: Result) -> list[IPConfig]:
 
 
 def _host_net(ip: IPConfig) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """The address as a single-host network: what a source rule matches."""
     return ipaddress.ip_network(f"{ip.address.ip}/{ip.address.max_prefixlen}")
 
 
 def _gateway(conf: SbrConf, ip: IPConfig) -> IPAddress | None:
+    """The gateway for ``ip``: a static one from ``gateways`` wins over the prevResult's."""
     return conf.gateways.get(ip.address.version) or ip.gateway
 
 
@@ -132,6 +136,7 @@ class _Undo:
 
 
 def _add_default(undo: _Undo, ip: IPConfig, gw: IPAddress, index: int, table: int) -> None:
+    """A default route via ``gw`` in ``table`` (recorded for undo)."""
     from pycni.net import rule
 
     zero = ipaddress.ip_network("0.0.0.0/0" if ip.address.version == 4 else "::/0")
@@ -239,6 +244,7 @@ def vrf_table(name: str, table: int | None) -> int:
 
 # ---- handlers --------------------------------------------------------------------------------
 def cmd_add(args: CmdArgs) -> Result:
+    """Rules and tables for each address, under the netns lock so concurrent ADDs pick distinct tables."""
     from pycni.net import netns, rule
 
     conf = parse_conf(args)

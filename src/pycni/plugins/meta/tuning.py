@@ -61,6 +61,7 @@ _GLOBAL_RE = re.compile("|".join(re.escape(g).replace(r"\*", "[^/]*") for g in G
 
 @dataclass
 class Sysctl:
+    """One sysctl to set: the key as configured, its /proc/sys file and the value."""
     key: str  # as configured, for messages
     path: str  # /proc/sys/net/..., IFNAME substituted
     value: str
@@ -68,6 +69,7 @@ class Sysctl:
 
 @dataclass
 class TuningConf:
+    """The checked config: sysctls and the link attributes to change (None/0/"": leave alone)."""
     cni_version: str
     data_dir: str = DEFAULT_DATA_DIR
     sysctls: list[Sysctl] = field(default_factory=list)
@@ -80,6 +82,7 @@ class TuningConf:
 
     @property
     def changes_link(self) -> bool:
+        """Whether ADD touches the link itself (and so saves originals for DEL)."""
         return bool(self.mac or self.mtu or self.promisc or self.allmulti is not None or self.txqlen is not None)
 
 
@@ -92,6 +95,7 @@ class _DupDict(dict):  # type: ignore[type-arg]
 
 
 def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json object_pairs_hook that records duplicated keys, so duplicated sysctls can be refused."""
     d = _DupDict()
     d.dups = []
     for k, v in pairs:
@@ -102,6 +106,7 @@ def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _load(stdin: bytes) -> dict[str, Any]:
+    """The config as a JSON object (with duplicate keys recorded); CNIError 6 otherwise."""
     try:
         conf = json.loads(stdin, object_pairs_hook=_pairs_hook)
     except (ValueError, UnicodeDecodeError) as e:
@@ -112,6 +117,7 @@ def _load(stdin: bytes) -> dict[str, Any]:
 
 
 def _bad(key: str, want: str, got: Any) -> CNIError:
+    """A config value of the wrong type or range, as CNIError 7."""
     return CNIError(INVALID_CONFIG, f"invalid tuning config: {key!r} must be {want}", f"got {json.dumps(got)}")
 
 
@@ -145,6 +151,7 @@ def parse_mac(value: str) -> str:
 
 
 def _sysctl_map(raw: Any, where: str) -> dict[str, str]:
+    """A ``sysctl`` object: string values, no duplicated keys."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -244,6 +251,7 @@ def parse_conf(args: CmdArgs, allowlist_file: str = ALLOWLIST_FILE) -> TuningCon
 
 
 def _require_prev(conf: TuningConf) -> Result:
+    """The prevResult; tuning only runs chained."""
     if conf.prev_result is None:
         raise CNIError(INVALID_CONFIG, "Required prevResult missing",
                        "tuning is a chained plugin: list it after an interface-creating plugin")
@@ -253,10 +261,12 @@ def _require_prev(conf: TuningConf) -> Result:
 # ---- saved originals ---------------------------------------------------------------------------
 
 def backup_path(data_dir: str, container_id: str, ifname: str) -> str:
+    """The reference's file for the saved originals, so either implementation restores the other's."""
     return os.path.join(data_dir, f"{container_id}_{ifname}.json")
 
 
 def _read_backup(path: str) -> dict[str, Any] | None:
+    """The saved originals; None when there is no file, {} when it is unreadable."""
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read())
@@ -374,6 +384,7 @@ def _rollback(ifname: str, before: dict[str, Any], path: str, previous: dict[str
 
 
 def cmd_add(args: CmdArgs) -> Result:
+    """Set sysctls, save the originals, change the link; undo all of it if any step fails."""
     conf = parse_conf(args)
     result = _require_prev(conf).copy()
     with netns.enter(args.netns):
@@ -409,6 +420,7 @@ def cmd_add(args: CmdArgs) -> Result:
 
 
 def _remove(path: str) -> None:
+    """Delete the saved originals if there are any."""
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -443,6 +455,7 @@ def _check_error(msg: str) -> CNIError:
 
 
 def cmd_check(args: CmdArgs) -> None:
+    """Every configured sysctl and link attribute still holds, worded as the reference."""
     conf = parse_conf(args)
     _require_prev(conf)
     with netns.enter(args.netns):
