@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pycni.net.link import ipr
+from pycni.net.route import RT_TABLE_MAIN
 from pycni.spec.errors import CNIError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-RT_TABLE_MAIN = 254
 RESERVED_TABLES = frozenset({253, 254, 255})  # the kernel's default, main and local tables
 RULE_ERROR = 100  # plugin-specific: the kernel refused a rule or route change
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+from pycni.net.route import RT_SCOPE_LINK, RT_TABLE_MAIN
 from pycni.net.rule import RESERVED_TABLES
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
@@ -29,8 +30,6 @@ from pycni.spec.types import IPAddress, IPConfig, Result
 from pycni.spec.validate import IFNAMSIZ
 
 FIRST_TABLE = 100
-RT_TABLE_MAIN = 254
-RT_SCOPE_LINK = 253
 
 
 @dataclass
