@@ -33,6 +33,7 @@ def ipam_type(conf: Mapping[str, Any]) -> str:
 
 
 def require_ipam(conf: Mapping[str, Any], plugin: str) -> str:
+    """The IPAM type of a plugin that cannot work without one; CNIError 7 when there is none."""
     t = ipam_type(conf)
     if not t:
         raise CNIError(E.INVALID_CONFIG, f"{plugin}: IPAM type is required",
@@ -50,11 +51,13 @@ def add(conf: Mapping[str, Any], args: CmdArgs) -> Result:
 
 
 def delete(conf: Mapping[str, Any], args: CmdArgs) -> None:
+    """Run IPAM DEL when the config has an IPAM section."""
     if ipam_type(conf):
         invoke.delegate_del(ipam_type(conf), args.stdin_data, args)
 
 
 def check(conf: Mapping[str, Any], args: CmdArgs) -> None:
+    """Run IPAM CHECK when the config has an IPAM section."""
     if ipam_type(conf):
         invoke.delegate_check(ipam_type(conf), args.stdin_data, args)
 
@@ -71,6 +74,7 @@ class Rollback:
         self._steps: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
 
     def push(self, fn: Callable[..., Any], *fn_args: Any) -> None:
+        """Undo with ``fn(*fn_args)`` if the block fails."""
         self._steps.append((fn, fn_args))
 
     def __enter__(self) -> Rollback:

@@ -85,6 +85,7 @@ class _Chain:
 
 
 def _chain(net: Network) -> _Chain:
+    """A single config or a list, seen the same way: a chain of plugins (a bare .conf defaults to 0.1.0)."""
     if isinstance(net, NetworkConfigList):
         return _Chain(net.name, net.cni_version, net.plugins, net.bytes, net.disable_check, net.disable_gc)
     if isinstance(net, NetworkConfig):
@@ -363,6 +364,7 @@ class CNI:
 
     # ---- internals ----------------------------------------------------------------------------
     def _cached_result(self, chain: _Chain, container_id: str, ifname: str) -> Result | None:
+        """The cached ADD result at the chain's version, None when nothing is cached."""
         entry = _cache.read_entry(self.cache_dir, chain.name, container_id, ifname)
         if entry is None or not entry.result:
             return None
@@ -393,6 +395,7 @@ class CNI:
         validate_interface_name(rt.ifname)
 
     def _env(self, command: str, rt: RuntimeConf | None) -> dict[str, str]:
+        """The CNI_* environment for a plugin exec (no attachment variables for GC/STATUS)."""
         base = os.environ if self.env is None else self.env
         if rt is None:
             return invoke.plugin_env(base, command, path=os.pathsep.join(self.plugin_path))

@@ -28,6 +28,7 @@ SYS_BUS_PCI = "/sys/bus/pci/devices"
 
 
 def _conf(data: bytes) -> dict[str, Any]:
+    """The config, with runtimeConfig.deviceID as pciBusID and one way of finding the device required."""
     conf = load_conf(data)
     rc = conf.get("runtimeConfig") or {}
     if isinstance(rc, dict) and rc.get("deviceID"):
@@ -88,6 +89,7 @@ def find_host_device(conf: dict[str, Any]) -> str:
 
 
 def _state_path(conf: dict[str, Any], args: CmdArgs) -> str:
+    """Where the device's original state is saved (the container ID is checked: it names a file)."""
     validate_container_id(args.container_id)
     return os.path.join(conf.get("dataDir") or DEFAULT_DATA_DIR, f"{args.container_id}-{args.ifname}.json")
 
@@ -201,6 +203,7 @@ def cmd_add(args: CmdArgs) -> Result:
 
 
 def _forget(path: str) -> None:
+    """Delete the saved state if it is there."""
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -208,6 +211,7 @@ def _forget(path: str) -> None:
 
 
 def _undo_move(args: CmdArgs, state: dict[str, Any]) -> None:
+    """Roll back a move into the container: move the device out and restore its state."""
     name = _move_out(args, args.ifname)
     if name:
         _restore(name, state)

@@ -12,6 +12,7 @@ from pycni.spec.errors import CNIError
 
 
 def _vlan_id(conf: Mapping[str, Any]) -> int:
+    """``vlanId``, 0 to 4094; CNIError 7 otherwise."""
     vid = conf.get("vlanId", 0)
     if not isinstance(vid, int) or isinstance(vid, bool) or not 0 <= vid <= 4094:
         raise CNIError(E.INVALID_CONFIG, f"invalid VLAN ID {vid} (must be between 0 and 4095 exclusive)",
@@ -20,10 +21,12 @@ def _vlan_id(conf: Mapping[str, Any]) -> int:
 
 
 def link_attrs(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The netlink attributes of the 802.1Q link."""
     return {"vlan_id": _vlan_id(conf)}
 
 
 def check_link(conf: Mapping[str, Any], msg: Any) -> None:
+    """CHECK: the container link still carries the configured VLAN id."""
     data = link_info_data(msg)
     have = data.get_attr("IFLA_VLAN_ID") if data is not None else None
     if have != _vlan_id(conf):
