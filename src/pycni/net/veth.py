@@ -109,13 +109,13 @@ def _finish(host: str, ifname: str, container_netns: str) -> VethPair:
     """Bring the host end up (accept_ra off, as the reference) and read both ends back."""
     set_link(host, up=True)
     try_write_sysctl(f"net/ipv6/conf/{host}/accept_ra", "0")  # IPv6 may be disabled
-    host_link = _get(host)
+    host_link = _read_back(host)
     with netns.enter(container_netns):
-        cont_link = _get(ifname)
+        cont_link = _read_back(ifname)
     return VethPair(host=host_link, container=cont_link)
 
 
-def _get(name: str) -> Link:
+def _read_back(name: str) -> Link:
     """The link just made; an error if it vanished in between."""
     with ipr() as sock:
         msg = lookup_msg(sock, name)

@@ -71,7 +71,8 @@ def _bad(msg: str, details: str = "") -> CNIError:
     return CNIError(E.INVALID_CONFIG, msg, details)
 
 
-def _get(conf: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+def _typed(conf: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    """``conf[key]`` checked against ``kind``; ``default`` when absent or null."""
     value = conf.get(key, default)
     if value is None:
         return default
@@ -128,16 +129,18 @@ def parse_conf(args: CmdArgs) -> BridgeConf:
     if not isinstance(ipam_type, str):
         raise _bad("invalid ipam type", f"ipam.type must be a string, got {ipam_type!r}")
     n = BridgeConf(name=str(raw.get("name") or ""), cni_version=version, ipam_type=ipam_type,
-                   bridge=_get(raw, "bridge", str, DEFAULT_BRIDGE) or DEFAULT_BRIDGE,
-                   is_gw=_get(raw, "isGateway", bool, False), is_default_gw=_get(raw, "isDefaultGateway", bool, False),
-                   force_address=_get(raw, "forceAddress", bool, False), ip_masq=_get(raw, "ipMasq", bool, False),
-                   ip_masq_backend=_get(raw, "ipMasqBackend", str, None), mtu=_get(raw, "mtu", int, 0),
-                   hairpin=_get(raw, "hairpinMode", bool, False), promisc=_get(raw, "promiscMode", bool, False),
-                   vlan=_get(raw, "vlan", int, 0),
-                   preserve_default_vlan=_get(raw, "preserveDefaultVlan", bool, False),
-                   macspoofchk=_get(raw, "macspoofchk", bool, False), enable_dad=_get(raw, "enabledad", bool, False),
-                   disable_container_interface=_get(raw, "disableContainerInterface", bool, False),
-                   port_isolation=_get(raw, "portIsolation", bool, False))
+                   bridge=_typed(raw, "bridge", str, DEFAULT_BRIDGE) or DEFAULT_BRIDGE,
+                   is_gw=_typed(raw, "isGateway", bool, False),
+                   is_default_gw=_typed(raw, "isDefaultGateway", bool, False),
+                   force_address=_typed(raw, "forceAddress", bool, False), ip_masq=_typed(raw, "ipMasq", bool, False),
+                   ip_masq_backend=_typed(raw, "ipMasqBackend", str, None), mtu=_typed(raw, "mtu", int, 0),
+                   hairpin=_typed(raw, "hairpinMode", bool, False), promisc=_typed(raw, "promiscMode", bool, False),
+                   vlan=_typed(raw, "vlan", int, 0),
+                   preserve_default_vlan=_typed(raw, "preserveDefaultVlan", bool, False),
+                   macspoofchk=_typed(raw, "macspoofchk", bool, False),
+                   enable_dad=_typed(raw, "enabledad", bool, False),
+                   disable_container_interface=_typed(raw, "disableContainerInterface", bool, False),
+                   port_isolation=_typed(raw, "portIsolation", bool, False))
     from pycni.spec.validate import validate_interface_name
 
     try:
