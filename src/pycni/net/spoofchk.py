@@ -21,6 +21,7 @@ BASE_CHAIN = "PREROUTING"
 
 
 def ref_id(container_id: str, ifname: str) -> str:
+    """The id naming one port's chains and comments, as the reference builds it."""
     return f"{container_id}-{ifname}"
 
 
@@ -37,15 +38,21 @@ def comment(refid: str) -> str:
 
 
 def _prerouting_rules(refid: str) -> list[dict]:  # type: ignore[type-arg]
+    """This port's jump rules in the shared base chain (found by their comment)."""
     listing = nft.list_json("chain", FAMILY, TABLE, BASE_CHAIN, missing_ok=True)
     return [r for r in nft.rules(listing) if r.get("comment") == comment(refid)]
+
+
+def _delete_prerouting_rules(refid: str) -> str:
+    """nft commands deleting this port's rules in the base chain (by handle)."""
+    return "".join(f"delete rule {FAMILY} {TABLE} {BASE_CHAIN} handle {r['handle']}\n"
+                   for r in _prerouting_rules(refid))
 
 
 def setup(host_iface: str, mac: str, refid: str) -> None:
     """Only frames from ``mac`` may enter the bridge through ``host_iface`` (idempotent)."""
     ic, mc, cm = iface_chain(refid), mac_chain(refid), nft.quote(comment(refid))
-    stale = "".join(f"delete rule {FAMILY} {TABLE} {BASE_CHAIN} handle {r['handle']}\n"
-                    for r in _prerouting_rules(refid))
+    stale = _delete_prerouting_rules(refid)
     nft.run(f"add table {FAMILY} {TABLE}\n"
             f"add chain {FAMILY} {TABLE} {BASE_CHAIN} "
             "{ type filter hook prerouting priority -300; policy accept; }\n"
@@ -65,14 +72,10 @@ def teardown(refid: str) -> None:
     """Remove the port's rules and chains; idempotent (nothing there: nothing to do)."""
     if not nft.table_exists(FAMILY, TABLE):
         return
-    script = "".join(f"delete rule {FAMILY} {TABLE} {BASE_CHAIN} handle {r['handle']}\n"
-                     for r in _prerouting_rules(refid))
-    for chain in (iface_chain(refid), mac_chain(refid)):
-        if nft.chain_exists(FAMILY, TABLE, chain):
-            script += f"flush chain {FAMILY} {TABLE} {chain}\n"
-    for chain in (iface_chain(refid), mac_chain(refid)):
-        if nft.chain_exists(FAMILY, TABLE, chain):
-            script += f"delete chain {FAMILY} {TABLE} {chain}\n"
+    script = _delete_prerouting_rules(refid)
+    chains = [c for c in (iface_chain(refid), mac_chain(refid)) if nft.chain_exists(FAMILY, TABLE, c)]
+    script += "".join(f"flush chain {FAMILY} {TABLE} {chain}\n" for chain in chains)  # first: a jump into mc pins it
+    script += "".join(f"delete chain {FAMILY} {TABLE} {chain}\n" for chain in chains)
     if script:
         nft.run(script, what="macspoofchk teardown")
 
