@@ -114,11 +114,12 @@ class Env:
                 subprocess.run(["ip", "netns", "del", name], capture_output=True)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def start_daemon(self) -> None:
+    def start_daemon(self, workers: int | None = None) -> None:
         dns = self.new_ns("daemon")  # its own namespace: it must act in each caller's, never its own
         self.socket = os.path.join(self.tmp, "pycni.sock")
         self.daemon = subprocess.Popen(["ip", "netns", "exec", dns, sys.executable, "-m", "pycni.daemon",
-                                        "--socket", self.socket, "--log-file", os.path.join(self.tmp, "daemon.log")],
+                                        "--socket", self.socket, "--log-file", os.path.join(self.tmp, "daemon.log"),
+                                        *([] if workers is None else ["--workers", str(workers)])],
                                        env=dict(os.environ, PYTHONPATH=os.path.join(SRC_ROOT, "src")))
         for _ in range(600):
             if os.path.exists(self.socket):
@@ -134,7 +135,7 @@ class Env:
 
 
 @contextlib.contextmanager
-def bench_env() -> Iterator[Env]:
+def bench_env(daemon_workers: int | None = None) -> Iterator[Env]:
     if os.geteuid() != 0:
         sys.exit("bench: needs root (it creates network namespaces)")
     env = Env(tempfile.mkdtemp(prefix="pycni-bench-"))
@@ -145,7 +146,7 @@ def bench_env() -> Iterator[Env]:
         env.tool = build("gocnitool", env.tmp)
         env.shims = os.path.join(env.tmp, "bin")
         install(env.shims, daemon=True)
-        env.start_daemon()
+        env.start_daemon(daemon_workers)
         yield env
     finally:
         env.close()
@@ -488,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the raw numbers here")
     p.add_argument("--masq-backend", choices=("iptables", "nftables"),
                    help="ipMasqBackend for our bridge/ptp (default: the plugin's own choice; Go ignores it)")
+    p.add_argument("--daemon-workers", type=int, help="pycni daemon --workers (default: its own, one per CPU)")
     p.add_argument("--snapshot", action="store_true",
                    help="benchmark the committed tree (git HEAD) rather than the working tree")
     opts = p.parse_args(argv)
@@ -499,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     only = set(opts.only.split(","))
     rows: list[Row] = []
     started = time.perf_counter()
-    with bench_env() as env:
+    with bench_env(opts.daemon_workers) as env:
         log(f"Go libcni driver {env.tool}; our shims in {env.shims}; daemon on {env.socket}")
         if "a" in only:
             log("(a) bridge cycle")
