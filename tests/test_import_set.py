@@ -136,3 +136,40 @@ def test_forwarding_path_imports_almost_nothing(shims: str, baseline: set[str], 
         mods = _modules(os.path.join(shims, "host-local"), dict(env, CNI_COMMAND=command), conf, tmp_path, host)
         ours = {"pycni", "pycni.shim", "pycni.daemon", "pycni.daemon.protocol"}
         assert mods - baseline - FORWARDING_STDLIB <= ours, sorted(mods - baseline)
+
+
+def test_lean_pyroute2_behaves_as_the_package() -> None:
+    """The lean stub gives the same IPRoute, and any other name runs the real package body once."""
+    script = """
+import sys
+from pycni.shim import lean_pyroute2
+lean_pyroute2()
+from pyroute2 import IPRoute
+from pyroute2.iproute.linux import IPRoute as Linux
+assert IPRoute is Linux
+assert "pyroute2.ndb" not in sys.modules and "pyroute2.ipdb" not in sys.modules
+from pyroute2.netlink.exceptions import NetlinkError
+import pyroute2
+assert isinstance(pyroute2.__version__, str)          # a package-level name: the real body ran
+assert "pyroute2.ndb.main" in sys.modules
+from pyroute2 import NDB, IPRoute as Again
+assert Again is Linux and not hasattr(pyroute2, "__pycni_lean__")
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_bridge_one_shot_loads_pyroute2_lean(shims: str, tmp_path: Path,
+                                             netns_factory: Callable[[], Namespace]) -> None:
+    """A real one-shot bridge ADD/DEL uses netlink without pyroute2's everything-importing __init__."""
+    host, ctr = netns_factory(), netns_factory()
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "lean", "type": "bridge", "bridge": "lean0",
+                       "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.76.0.0/24"}]],
+                                "dataDir": str(tmp_path / "ipam")}}).encode()
+    env = {"CNI_CONTAINERID": "lean1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0", "CNI_PATH": shims,
+           "PYCNI_SOCKET": "off", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin")}
+    for command in ("ADD", "DEL"):
+        mods = _modules(os.path.join(shims, "bridge"), dict(env, CNI_COMMAND=command), conf, tmp_path, host)
+        assert "pyroute2.iproute.linux" in mods and "pycni.plugins.ipam.host_local" in mods, command
+        assert not {"pyroute2.ndb.main", "pyroute2.ipdb", "pyroute2.conntrack"} & mods, command

@@ -80,16 +80,16 @@ def lean_pyroute2() -> None:
             "NetlinkError": "pyroute2.netlink.exceptions"}
 
     def __getattr__(name: str) -> object:  # PEP 562: only called for names not yet bound
-        if name.startswith("__"):
-            raise AttributeError(name)
         if name in fast:
             value = getattr(importlib.import_module(fast[name]), name)
             setattr(mod, name, value)
             return value
-        try:
-            sub = importlib.util.find_spec(f"pyroute2.{name}")
-        except (ImportError, ValueError):
-            sub = None
+        sub = None
+        if not name.startswith("__"):
+            try:
+                sub = importlib.util.find_spec(f"pyroute2.{name}")
+            except (ImportError, ValueError):
+                sub = None
         if sub is not None:
             return importlib.import_module(f"pyroute2.{name}")
         # Something else from the package's namespace: run the real body once.
