@@ -146,3 +146,18 @@ def test_interop_with_go_bridge_ipmasq(netns_factory: Callable[[], Namespace], t
             masq.check_ip_masq("iptables", "gonet", "go-ctr", "eth0", [ip])
     nat = host.run(["iptables-save", "-t", "nat"]).stdout
     assert "CNI-" not in nat and str(ip.ip) not in nat
+
+
+def test_iptables_teardown_with_other_addresses_still_cleans_up(host_ns: Namespace) -> None:
+    """DEL's fast path removes exactly what ADD made; when the addresses differ it falls back
+    to finding the jumps by their target, and a second teardown finds nothing to do."""
+    made = [ipaddress.ip_interface("10.1.0.5/24"), ipaddress.ip_interface("10.1.0.6/24")]
+    with host_ns.enter():
+        masq.setup_ip_masq("iptables", "net", "cid-x", "eth0", made)
+        masq.setup_ip_masq("iptables", "net", "cid-x", "eth0", made)  # a repeated ADD adds no second jump
+    saved = host_ns.run(["iptables-save", "-t", "nat"]).stdout
+    assert saved.count("-j CNI-") == 2
+    with host_ns.enter():
+        masq.teardown_ip_masq("iptables", "net", "cid-x", "eth0", [ipaddress.ip_interface("10.1.0.9/24")])
+        masq.teardown_ip_masq(None, "net", "cid-x", "eth0", made)
+    assert "CNI-" not in host_ns.run(["iptables-save", "-t", "nat"]).stdout

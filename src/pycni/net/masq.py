@@ -157,29 +157,34 @@ def _ipt_jump(addr: Address, chain: str, comment: str) -> list[str]:
 def _ipt_setup(network: str, container_id: str, addrs: Sequence[Address], v6: bool) -> None:
     chain = chain_name(network, container_id)
     comment = iptables_comment(network, container_id)
+    # A fresh chain has no jumps to it yet, so only a repeated ADD needs to look for them — and
+    # then with `iptables -C`, never by listing POSTROUTING, whose size grows with every container.
+    existed = iptables.chain_exists("nat", chain, v6)
     # One atomic restore writes the per-container chain afresh (declaring it flushes it).
     lines = ["*nat", f":{chain} - [0:0]"]
     lines += [iptables.rule_line("-A", chain, r) for r in _ipt_chain_rules(addrs, chain, comment)]
-    jumps = [_ipt_jump(a, chain, comment) for a in addrs]
-    existing = {tuple(iptables.split_rule(line)) for line in iptables.list_rules("nat", "POSTROUTING", v6)}
-    for j in jumps:
-        if not _jump_present(existing, j):
+    for j in (_ipt_jump(a, chain, comment) for a in addrs):
+        if not existed or not iptables.rule_exists("nat", "POSTROUTING", j, v6):
             lines.append(iptables.rule_line("-A", "POSTROUTING", j))
     lines.append("COMMIT")
     iptables.restore("\n".join(lines) + "\n", v6)
 
 
-def _jump_present(existing: set[tuple[str, ...]], jump: list[str]) -> bool:
-    src, chain = jump[1], jump[3]
-    for rule in existing:
-        if "-j" in rule and rule[rule.index("-j") + 1] == chain and "-s" in rule:
-            if rule[rule.index("-s") + 1].split("/")[0] == src.split("/")[0]:
-                return True
-    return False
-
-
 def _ipt_teardown(network: str, container_id: str, addrs: Sequence[Address] | None, v6: bool) -> None:
     chain = chain_name(network, container_id)
+    if addrs:
+        # The usual case, one atomic restore: exactly the jumps ADD made, then the chain. It fails
+        # as a whole if anything differs (other addresses, set up by another config, already gone).
+        comment = iptables_comment(network, container_id)
+        lines = ["*nat"] + [iptables.rule_line("-D", "POSTROUTING", _ipt_jump(a, chain, comment)) for a in addrs]
+        lines += [f"-F {chain}", f"-X {chain}", "COMMIT"]
+        try:
+            iptables.restore("\n".join(lines) + "\n", v6)
+            return
+        except CNIError:
+            pass
+    if not iptables.chain_exists("nat", chain, v6):
+        return  # no chain, so no jump to it either: nothing of this container's is left
     # Find the POSTROUTING jumps to our chain by their target, so a DEL without addresses
     # (or with different ones) still removes them.
     for line in iptables.list_rules("nat", "POSTROUTING", v6):
@@ -230,7 +235,18 @@ def _nft_setup(network: str, ifname: str, container_id: str, addrs: Sequence[Add
     nft.run("\n".join(script) + "\n", what="ipMasq setup")
 
 
+def _nft_table_present() -> bool:
+    """Cheap (lists table names only): lets a both-backends teardown skip nft when it is unused."""
+    try:
+        listing = nft.list_json("tables", "inet")
+    except CNIError:
+        return True  # cannot tell: take the thorough path
+    return any(t.get("name") == NFT_TABLE for t in nft.objects(listing, "table"))
+
+
 def _nft_teardown(network: str, ifname: str, container_id: str) -> None:
+    if not _nft_table_present():
+        return
     ours = _nft_our_rules(nft_instance_hash(network, ifname, container_id))
     if ours:
         nft.run("".join(f"delete rule inet {NFT_TABLE} {NFT_CHAIN} handle {r['handle']}\n" for r in ours),
