@@ -368,7 +368,7 @@ def test_api_runs_plugins_in_calling_threads_netns(tmp_path: Path, host_ns: Any,
         "cniVersion": "1.0.0", "name": "apinet",
         "plugins": [{"type": "bridge", "bridge": "pycniapi0", "isGateway": True,
                      "ipam": {"type": "host-local", "subnet": "10.124.0.0/24", "dataDir": str(tmp_path / "ipam")}},
-                    {"type": "tuning", "capabilities": {"mac": True}}]}))
+                    {"type": "tuning", "capabilities": {"mac": True}, "dataDir": str(tmp_path / "tuning")}]}))
     rt = CNI(conf_dir=str(conf), plugin_path=["/usr/lib/cni"], cache_dir=str(tmp_path / "cache"))
     net = rt.load_network("apinet")
     with host_ns.enter():

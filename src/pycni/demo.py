@@ -49,7 +49,11 @@ def _ns_run(ns: str, cmd: Sequence[str], check: bool = True) -> subprocess.Compl
 
 
 def _with_private_state(conf_dir: str, network: str, state_dir: str) -> str:
-    """Copy the network's config to ``state_dir`` with host-local's dataDir pointed inside it."""
+    """Copy the network's config to ``state_dir`` with every plugin's state dir pointed inside it.
+
+    host-local's reservations, tuning's saved originals and flannel's/host-device's saved
+    configs would otherwise land under /var/lib/cni or /run/cni on this machine.
+    """
     from pycni.runtime import load_network
 
     net = load_network(conf_dir, network)
@@ -58,6 +62,8 @@ def _with_private_state(conf_dir: str, network: str, state_dir: str) -> str:
         ipam = plugin.get("ipam")
         if isinstance(ipam, dict) and ipam.get("type") == "host-local":
             ipam["dataDir"] = os.path.join(state_dir, "ipam")
+        if plugin.get("type") in ("tuning", "flannel", "host-device"):
+            plugin["dataDir"] = os.path.join(state_dir, str(plugin["type"]))
     out_dir = os.path.join(state_dir, "net.d")
     os.makedirs(out_dir)
     name = "10-demo.conflist" if "plugins" in raw else "10-demo.conf"
