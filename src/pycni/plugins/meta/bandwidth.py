@@ -20,7 +20,7 @@ from typing import Any
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Interface, Result
-from pycni.spec.version import ALL_VERSIONS
+from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
 
 IFB_PREFIX = "bwp"
 IFNAME_MAX = 15
@@ -307,7 +307,7 @@ def cmd_check(args: CmdArgs) -> None:
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
-                versions=tuple(v for v in ALL_VERSIONS if v >= "0.3.0"),
+                versions=tuple(v for v in ALL_VERSIONS if greater_than_or_equal(v, "0.3.0")),
                 about="pycni bandwidth: tbf/htb traffic shaping on the host side of a container's veth")
 
 

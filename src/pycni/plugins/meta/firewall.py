@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import IPConfig, Result
-from pycni.spec.version import ALL_VERSIONS
+from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
 
 PRIV_CHAIN = "CNI-FORWARD"
 DEFAULT_ADMIN_CHAIN = "CNI-ADMIN"
@@ -340,7 +340,7 @@ def cmd_check(args: CmdArgs) -> None:
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
-                versions=tuple(v for v in ALL_VERSIONS if v >= "0.4.0"),
+                versions=tuple(v for v in ALL_VERSIONS if greater_than_or_equal(v, "0.4.0")),
                 about="pycni firewall: allow container traffic through iptables or nftables forwarding")
 
 
