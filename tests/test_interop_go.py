@@ -32,14 +32,9 @@ CACHE_KIND = "cniCacheV1"
 # ---- fixtures and helpers ------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
-def gocnitool(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The Go libcni driver, built once per session."""
-    from interop.gobuild import GoUnavailable, build
-
-    try:
-        return build("gocnitool", str(tmp_path_factory.mktemp("gocnitool")))
-    except GoUnavailable as e:
-        pytest.skip(f"Go interop skipped: {e}")
+def gocnitool(go_libcni_tool: str) -> str:
+    """The Go libcni driver (tests/interop/gocnitool), built once per session by conftest."""
+    return go_libcni_tool
 
 
 def need_ours(*types: str) -> None:
