@@ -71,16 +71,13 @@ class StripedFileLocks:
 
     @contextmanager
     def hold(self, key: str) -> Iterator[None]:
-        import fcntl
         import zlib
 
-        path = os.path.join(self.directory, f"{zlib.crc32(key.encode()) % self.stripes:03d}.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        from pycni.lockfile import flocked
+
+        with flocked(os.path.join(self.directory, f"{zlib.crc32(key.encode()) % self.stripes:03d}.lock"),
+                     create=True):
             yield
-        finally:
-            os.close(fd)
 
 
 class Daemon:

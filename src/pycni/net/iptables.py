@@ -9,13 +9,12 @@ Stdlib only.
 
 from __future__ import annotations
 
-import fcntl
-import os
 import shlex
 import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from pycni.lockfile import flocked
 from pycni.net.nft import find_tool
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
 
@@ -49,13 +48,8 @@ LOCK_PATH = "/run/pycni/iptables.lock"
 @contextmanager
 def locked(path: str = LOCK_PATH) -> Iterator[None]:
     """Hold an exclusive flock across several iptables commands (threads and processes)."""
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with flocked(path, create=True):
         yield
-    finally:
-        os.close(fd)
 
 
 def _binary(ipv6: bool, restore: bool = False) -> str:

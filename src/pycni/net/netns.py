@@ -147,11 +147,7 @@ def locked(path: str = "/proc/thread-self/ns/net") -> Iterator[None]:
     Every opener of the same namespace sees the same nsfs inode, so processes and threads
     exclude each other; the lock is released when the body ends.
     """
-    import fcntl
+    from pycni.lockfile import flocked
 
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with flocked(path):
         yield
-    finally:
-        os.close(fd)  # closing the only descriptor drops the flock

@@ -1,0 +1,28 @@
+"""One exclusive flock, for every place that serialises work across threads and processes.
+
+flock locks belong to an open file description, so each holder opens its own descriptor:
+threads of one process exclude each other as well as separate processes. Closing the
+descriptor drops the lock, so nothing outlives the ``with`` body. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def flocked(path: str, *, create: bool = False) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` for the body (creating the file, 0600, if ``create``)."""
+    if create:
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    else:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
