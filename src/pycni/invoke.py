@@ -189,24 +189,25 @@ def delegate_add(plugin: str, netconf: bytes, args: CmdArgs) -> Result:
     return exec_with_result(path, netconf, _delegate_env(args, "ADD"), runner=_run_delegate)
 
 
+def _delegate(command: str, plugin: str, netconf: bytes, args: CmdArgs) -> None:
+    """A delegated command that returns no result (CHECK, DEL, GC, STATUS)."""
+    _run_delegate(find_in_path(plugin, args.cni_path), netconf, _delegate_env(args, command))
+
+
 def delegate_check(plugin: str, netconf: bytes, args: CmdArgs) -> None:
-    path = find_in_path(plugin, args.cni_path)
-    _run_delegate(path, netconf, _delegate_env(args, "CHECK"))
+    _delegate("CHECK", plugin, netconf, args)
 
 
 def delegate_del(plugin: str, netconf: bytes, args: CmdArgs) -> None:
-    path = find_in_path(plugin, args.cni_path)
-    _run_delegate(path, netconf, _delegate_env(args, "DEL"))
+    _delegate("DEL", plugin, netconf, args)
 
 
 def delegate_gc(plugin: str, netconf: bytes, args: CmdArgs) -> None:
-    path = find_in_path(plugin, args.cni_path)
-    _run_delegate(path, netconf, _delegate_env(args, "GC"))
+    _delegate("GC", plugin, netconf, args)
 
 
 def delegate_status(plugin: str, netconf: bytes, args: CmdArgs) -> None:
-    path = find_in_path(plugin, args.cni_path)
-    _run_delegate(path, netconf, _delegate_env(args, "STATUS"))
+    _delegate("STATUS", plugin, netconf, args)
 
 
 def get_version_info(plugin_path: str, env: Mapping[str, str], cni_version: str = CURRENT_VERSION) -> dict[str, Any]:
