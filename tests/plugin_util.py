@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from netns_util import Namespace
@@ -38,3 +41,19 @@ def ok(outcome: Outcome) -> dict[str, Any]:
 def err(outcome: Outcome) -> dict[str, Any]:
     assert outcome.exit_code != 0, f"expected failure, got {outcome.stdout.decode()}"
     return json.loads(outcome.stdout)
+
+
+@contextmanager
+def daemon_in_thread(socket_path: str) -> Iterator[Any]:
+    """A pycni Daemon serving ``socket_path`` from a thread of this process, stopped afterwards."""
+    from pycni.daemon.server import Daemon
+
+    daemon = Daemon(socket_path, preload=False)
+    daemon.bind()
+    thread = threading.Thread(target=daemon.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        thread.join(timeout=30)

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
+from plugin_util import daemon_in_thread
 
 from pycni.daemon import protocol
 from pycni.daemon.server import Daemon
@@ -44,15 +45,8 @@ def request(sock_path: str, plugin: str, env: dict[str, str], stdin: bytes = b""
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(str(tmp_path / "d.sock"), preload=False)
-    d.bind()
-    t = threading.Thread(target=d.serve_forever, daemon=True)
-    t.start()
-    try:
+    with daemon_in_thread(str(tmp_path / "d.sock")) as d:
         yield d
-    finally:
-        d.stop()
-        t.join(timeout=WAIT)
 
 
 @pytest.fixture

@@ -13,12 +13,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from netns_util import Namespace
+from plugin_util import daemon_in_thread
 
 from pycni.plugins.registry import available, install
 
@@ -109,18 +109,9 @@ def test_host_local_add_del_is_stdlib_only(shims: str, baseline: set[str], tmp_p
 
 @pytest.fixture
 def daemon_socket(tmp_path: Path) -> Iterator[str]:
-    from pycni.daemon.server import Daemon
-
     sock = str(tmp_path / "d.sock")
-    daemon = Daemon(sock, preload=False)
-    daemon.bind()
-    t = threading.Thread(target=daemon.serve_forever, daemon=True)
-    t.start()
-    try:
+    with daemon_in_thread(sock):
         yield sock
-    finally:
-        daemon.stop()
-        t.join(timeout=10)
 
 
 def test_forwarding_path_imports_almost_nothing(shims: str, baseline: set[str], tmp_path: Path,
