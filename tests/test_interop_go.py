@@ -319,17 +319,21 @@ def test_go_plugin_error_through_our_runtime(host_ns: Namespace, netns_factory: 
 
 # ---- (c) one runtime deletes what the other added ----------------------------------------
 
+def bridge_plugin_path(plugins: str, plugin_dir: str) -> list[str]:
+    """CNI_PATH holding bridge + host-local: the Go reference's ("go") or ours."""
+    if plugins == "go":
+        need_go_plugins("bridge", "host-local")
+        return [GO_PLUGIN_DIR]
+    need_ours("bridge", "host-local")
+    return [plugin_dir]
+
+
 @pytest.mark.parametrize("plugins", ["go", "ours"])
 def test_go_libcni_deletes_what_our_runtime_added(plugins: str, gocnitool: str, host_ns: Namespace,
                                                    netns_factory: Callable[[], Namespace], plugin_dir: str,
                                                    tmp_path: Path) -> None:
     CNI = our_runtime()
-    if plugins == "go":
-        need_go_plugins("bridge", "host-local")
-        path = [GO_PLUGIN_DIR]
-    else:
-        need_ours("bridge", "host-local")
-        path = [plugin_dir]
+    path = bridge_plugin_path(plugins, plugin_dir)
     net = make_net(tmp_path, "1.0.0")
     c1, c2 = netns_factory(), netns_factory()
     rt = CNI(conf_dir=str(net.conf_dir), plugin_path=path, cache_dir=str(net.cache_dir))
@@ -359,12 +363,7 @@ def test_our_runtime_deletes_what_go_libcni_added(plugins: str, gocnitool: str, 
                                                    netns_factory: Callable[[], Namespace], plugin_dir: str,
                                                    tmp_path: Path) -> None:
     CNI = our_runtime()
-    if plugins == "go":
-        need_go_plugins("bridge", "host-local")
-        path = [GO_PLUGIN_DIR]
-    else:
-        need_ours("bridge", "host-local")
-        path = [plugin_dir]
+    path = bridge_plugin_path(plugins, plugin_dir)
     net = make_net(tmp_path, "1.0.0")
     c1, c2 = netns_factory(), netns_factory()
     go = GoRuntime(gocnitool, host_ns, net, path)
