@@ -17,9 +17,9 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from pycni.record import field, record
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import Result
@@ -41,7 +41,7 @@ REQUIRED_ENV: dict[str, tuple[str, ...]] = {
 MIN_VERSION = {"CHECK": "0.4.0", "GC": "1.1.0", "STATUS": "1.1.0"}
 
 
-@dataclass
+@record
 class CmdArgs:
     """One invocation: what the runtime passed in the environment and on stdin."""
 
@@ -67,7 +67,7 @@ class CmdArgs:
 Handler = Callable[[CmdArgs], "Result | None"]
 
 
-@dataclass
+@record
 class Plugin:
     """A plugin's handlers and the spec versions it speaks."""
 
@@ -80,7 +80,7 @@ class Plugin:
     about: str = ""
 
 
-@dataclass
+@record
 class Outcome:
     """What a plugin process would write and exit with."""
 

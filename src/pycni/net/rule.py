@@ -13,11 +13,11 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
-from dataclasses import dataclass, field
 from typing import Any
 
 from pycni.net.link import ipr
 from pycni.net.route import RT_TABLE_MAIN
+from pycni.record import field, record
 from pycni.spec.errors import CNIError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -30,7 +30,7 @@ def _af(version: int) -> int:
     return socket.AF_INET if version == 4 else socket.AF_INET6
 
 
-@dataclass
+@record
 class Rule:
     """One policy rule as the kernel reports it."""
 
@@ -126,7 +126,7 @@ def next_free_table(start: int, used: set[int]) -> int:
 
 
 # ---- routes, whole ---------------------------------------------------------------------------
-@dataclass
+@record
 class RawRoute:
     """A route with every attribute needed to re-create it elsewhere (e.g. in another table)."""
 

@@ -18,10 +18,10 @@ import errno
 import ipaddress
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from pycni.net.link import ipr, link_index
+from pycni.record import field, record
 from pycni.spec.errors import CNIError
 
 TIME_UNITS_PER_SEC = 1_000_000
@@ -191,7 +191,7 @@ def delete_qdisc(dev: str, ingress: bool = False) -> bool:
 
 
 # ---- reading back ----------------------------------------------------------------------------
-@dataclass
+@record
 class Qdisc:
     """A qdisc as read back; ``params`` holds what CHECK compares (tbf rate/limit/buffer, htb defcls)."""
 
@@ -201,7 +201,7 @@ class Qdisc:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@record
 class HtbClass:
     """An htb class as read back: rates in bytes/s, buckets in scheduler ticks."""
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from pycni import invoke
+from pycni.record import field, record
 from pycni.runtime import cache as _cache
 from pycni.runtime import conf as _conf
 from pycni.runtime.conf import NetworkConfig, NetworkConfigList, go_json, sorted_keys
@@ -30,7 +30,7 @@ from pycni.spec.version import greater_than_or_equal
 Network = NetworkConfigList | NetworkConfig
 
 
-@dataclass
+@record
 class RuntimeConf:
     """The per-attachment arguments of one operation (libcni's RuntimeConf).
 
@@ -48,7 +48,7 @@ class RuntimeConf:
         return ";".join(f"{k}={v}" for k, v in self.args)
 
 
-@dataclass
+@record
 class GCAttachment:
     """An attachment still in use, passed to GC (spec 1.1 ``cni.dev/valid-attachments``)."""
 
@@ -59,7 +59,7 @@ class GCAttachment:
         return {"containerID": self.container_id, "ifname": self.ifname}
 
 
-@dataclass
+@record
 class Attachment:
     """A cached attachment (libcni's NetworkAttachment)."""
 
@@ -72,7 +72,7 @@ class Attachment:
     capability_args: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@record
 class _Chain:
     """What an operation needs of a network, whether a list or a single plugin config."""
 

@@ -17,9 +17,9 @@ import binascii
 import json
 import os
 import tempfile
-from dataclasses import dataclass, field
 from typing import Any
 
+from pycni.record import field, record
 from pycni.runtime.conf import go_json, sorted_keys
 from pycni.spec.errors import DECODE_FAILURE, IO_FAILURE, CNIError
 
@@ -27,7 +27,7 @@ DEFAULT_CACHE_DIR = "/var/lib/cni"
 CACHE_KIND = "cniCacheV1"
 
 
-@dataclass
+@record
 class CacheEntry:
     """One cached attachment: what ADD was given and what it returned."""
 

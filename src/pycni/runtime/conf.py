@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from pycni.record import field, record
 from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CNIError
 from pycni.spec.validate import validate_network_name, validate_plugin_type
 from pycni.spec.version import ALL_VERSIONS, CURRENT_VERSION, highest, parse_version
@@ -79,7 +79,7 @@ def _invalid(path: str, what: str, details: str) -> CNIError:
 
 # ---- plugin configuration objects ---------------------------------------------------------------
 
-@dataclass
+@record
 class NetworkConfig:
     """One plugin configuration object (libcni's NetworkConfig / PluginConfig).
 
@@ -155,7 +155,7 @@ def _read(path: str) -> bytes:
 
 # ---- network configurations (lists) -------------------------------------------------------------
 
-@dataclass
+@record
 class NetworkConfigList:
     """A network configuration: a named, versioned chain of plugins (libcni's NetworkConfigList).
 
@@ -349,7 +349,7 @@ def load_network(directory: str, name: str) -> NetworkConfigList:
     return nl
 
 
-@dataclass
+@record
 class ConfigFile:
     """One file seen by :func:`scan`: the network it defines, or why it does not."""
 

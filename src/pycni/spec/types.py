@@ -29,9 +29,9 @@ import copy
 import ipaddress
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
+from pycni.record import field, record
 from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CNIError
 from pycni.spec.version import ALL_VERSIONS, LEGACY_RESULT_VERSIONS, V04_RESULT_VERSIONS, V1_RESULT_VERSIONS
 
@@ -120,7 +120,7 @@ def result_family(version: str) -> str:
                    f"result version {version!r} is not one of {list(ALL_VERSIONS)}")
 
 
-@dataclass
+@record
 class Interface:
     name: str
     mac: str = ""
@@ -158,7 +158,7 @@ class Interface:
         return iface
 
 
-@dataclass
+@record
 class IPConfig:
     address: IPInterface
     gateway: IPAddress | None = None
@@ -194,7 +194,7 @@ class IPConfig:
         return cls(address=addr, gateway=gw, interface=iface, declared_version=declared)
 
 
-@dataclass
+@record
 class Route:
     dst: IPNetwork
     gw: IPAddress | None = None
@@ -245,7 +245,7 @@ class Route:
                    dst_host=where.ip)
 
 
-@dataclass
+@record
 class DNS:
     nameservers: list[str] = field(default_factory=list)
     domain: str = ""
@@ -283,7 +283,7 @@ class DNS:
                    search=strs("search"), options=strs("options"))
 
 
-@dataclass
+@record
 class Result:
     """A plugin's result, held in the 1.x shape whatever version it came in.
 

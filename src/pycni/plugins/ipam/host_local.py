@@ -14,7 +14,6 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from pycni.cniargs import load_cni_args
@@ -32,6 +31,7 @@ from pycni.plugins.ipam.ranges import (
     requested_ips,
 )
 from pycni.plugins.ipam.store import DEFAULT_DATA_DIR, Store
+from pycni.record import field, record
 from pycni.skel import INTERNAL_ERROR, CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import (
     INCOMPATIBLE_VERSION,
@@ -53,7 +53,7 @@ VALID_ATTACHMENTS = "cni.dev/valid-attachments"
 # ---- config ------------------------------------------------------------------------------
 
 
-@dataclass
+@record
 class IPAMConfig:
     """Everything one invocation needs, canonical (ranges filled in, requests parsed)."""
 

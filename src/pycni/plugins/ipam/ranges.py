@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from pycni.record import record
 from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, CNIError
 from pycni.spec.types import Route
 
@@ -73,7 +73,7 @@ def _opt_ip(obj: Mapping[str, Any], key: str) -> IPAddress | None:
 # ---- ranges --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Range:
     """One canonical range: every field filled in, as Go's Range.Canonicalize leaves it."""
 

@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from pycni.cniargs import load_cni_args
+from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, CNIError
 from pycni.spec.types import DNS, IPAddress, IPConfig, IPInterface, Result, Route
 from pycni.spec.version import greater_than_or_equal
 
 
-@dataclass
+@record
 class StaticConfig:
     """The ``ipam`` section after merging CNI_ARGS, args and runtimeConfig."""
 

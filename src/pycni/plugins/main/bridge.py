@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pycni import invoke, skel
 from pycni.cniargs import load_cni_args
 from pycni.ipam import Rollback
 from pycni.net.link import is_colon_mac
+from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
@@ -36,7 +36,7 @@ PORT_UP_RETRIES_MS = (0, 50, 500, 1000, 1000)  # the reference's wait for the br
 
 
 # ---- config ------------------------------------------------------------------------------------
-@dataclass
+@record
 class BridgeConf:
     name: str
     cni_version: str

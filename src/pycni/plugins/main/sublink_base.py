@@ -11,20 +11,20 @@ DEL is idempotent: a missing netns or interface is success.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from pycni import ipam
 from pycni.cniargs import load_cni_args
 from pycni.net import netns, sublink
 from pycni.net.link import Link, get_link, is_colon_mac
+from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, load_conf, prev_result
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import DNS, Interface, Result
 
 
-@dataclass
+@record
 class SublinkSpec:
     """What differs between the plugins that share this shape."""
 
@@ -220,7 +220,7 @@ def link_info_data(msg: Any) -> Any:
     return info.get_attr("IFLA_INFO_DATA") if info is not None else None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LinkMode:
     """The ``mode`` key of macvlan and ipvlan: validated from the config, compared on CHECK."""
 

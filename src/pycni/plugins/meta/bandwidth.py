@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from dataclasses import dataclass, field
 from typing import Any
 
+from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Interface, Result
@@ -30,7 +30,7 @@ RATE_KEYS = ("ingressRate", "ingressBurst", "egressRate", "egressBurst")
 ENTRY_KEYS = (*RATE_KEYS, "shapedSubnets", "unshapedSubnets")
 
 
-@dataclass
+@record
 class Limits:
     """One direction's token bucket, in bytes (as the kernel takes them)."""
 
@@ -38,7 +38,7 @@ class Limits:
     burst: int  # bytes
 
 
-@dataclass
+@record
 class BandwidthConf:
     """The checked config: per-direction limits (None: unshaped) and the subnet selection."""
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from pycni.record import record
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import IPConfig, Result
@@ -39,7 +39,7 @@ POLICIES = ("", "open", "same-bridge", "isolated")
 _CHAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,27}$")
 
 
-@dataclass
+@record
 class FirewallConf:
     """The checked network config."""
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 from pycni import invoke
+from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, load_conf, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
@@ -27,7 +27,7 @@ DEFAULT_SUBNET_FILE = "/run/flannel/subnet.env"
 DEFAULT_DATA_DIR = "/var/lib/cni/flannel"
 
 
-@dataclass
+@record
 class SubnetEnv:
     """What flanneld wrote about this node (IPv4 and/or IPv6)."""
 
@@ -37,7 +37,7 @@ class SubnetEnv:
     ipmasq: bool | None = None
 
 
-@dataclass
+@record
 class FlannelConf:
     """The checked config; ``raw`` keeps the rest for CHECK and GC."""
     name: str

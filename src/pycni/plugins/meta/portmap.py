@@ -33,10 +33,10 @@ import ipaddress
 import re
 import subprocess
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from typing import Any
 
 from pycni.net import nft
+from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Result
@@ -60,7 +60,7 @@ OLD_SNAT_CHAIN = "CNI-HOSTPORT-SNAT"
 
 
 # ---- configuration ---------------------------------------------------------------------------
-@dataclass(frozen=True)
+@record(frozen=True)
 class PortMapping:
     host_port: int
     container_port: int
@@ -81,7 +81,7 @@ class PortMapping:
         return None if addr is None or addr.is_unspecified else addr
 
 
-@dataclass
+@record
 class PortMapConf:
     name: str
     cni_version: str
@@ -291,7 +291,7 @@ def _nft_skeleton(conf: PortMapConf) -> list[str]:
     return cmds
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Element:
     """One element this container owns: ``data`` is set for map elements."""
 

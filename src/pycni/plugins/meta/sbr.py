@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 
 from pycni.net.route import RT_SCOPE_LINK, RT_TABLE_MAIN
 from pycni.net.rule import RESERVED_TABLES
+from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import IPAddress, IPConfig, Result
@@ -32,7 +32,7 @@ from pycni.spec.validate import IFNAMSIZ
 FIRST_TABLE = 100
 
 
-@dataclass
+@record
 class SbrConf:
     """The checked config and the prevResult it acts on."""
     cni_version: str

@@ -25,13 +25,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from pycni.cniargs import load_cni_args
 from pycni.net import link as netlink
 from pycni.net import netns
 from pycni.net.sysctl import normalize_key, proc_path, read_sysctl, try_write_sysctl, write_sysctl
+from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, IO_FAILURE, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Result
@@ -59,7 +59,7 @@ GLOBAL_SYSCTLS = (
 _GLOBAL_RE = re.compile("|".join(re.escape(g).replace(r"\*", "[^/]*") for g in GLOBAL_SYSCTLS) + r"\Z")
 
 
-@dataclass
+@record
 class Sysctl:
     """One sysctl to set: the key as configured, its /proc/sys file and the value."""
     key: str  # as configured, for messages
@@ -67,7 +67,7 @@ class Sysctl:
     value: str
 
 
-@dataclass
+@record
 class TuningConf:
     """The checked config: sysctls and the link attributes to change (None/0/"": leave alone)."""
     cni_version: str

@@ -18,9 +18,9 @@ import random
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
 
 from pycni.plugins.ipam.dhcp import message as M
+from pycni.record import field, record
 
 ETH_P_IP = 0x0800
 PACKET_OUTGOING = 4
@@ -42,7 +42,7 @@ class DHCPNak(Exception):
     """The server refused the request (DHCPNAK)."""
 
 
-@dataclass
+@record
 class ClientOptions:
     """What the client says about itself and asks for, fixed for a lease's life."""
 
@@ -57,7 +57,7 @@ class ClientOptions:
         return opts
 
 
-@dataclass
+@record
 class Binding:
     """A server's ACK and where it came from: enough to renew or release the lease."""
 

@@ -25,13 +25,13 @@ import sys
 import threading
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pycni.plugins.ipam.dhcp import client as C
 from pycni.plugins.ipam.dhcp import message as M
 from pycni.plugins.ipam.dhcp.lease import Lease, Timing
 from pycni.plugins.ipam.dhcp.protocol import DEFAULT_SOCKET_PATH, read_all
+from pycni.record import record
 from pycni.skel import config_version, load_conf
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, CNIError
 
@@ -96,7 +96,7 @@ def _option(entry: Mapping[str, Any]) -> int:
         raise _bad(f"Can not parse option {name!r}", str(e)) from None
 
 
-@dataclass
+@record
 class Request:
     method: str
     container_id: str

@@ -15,12 +15,12 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from pycni.net import netns
 from pycni.plugins.ipam.dhcp import client as C
+from pycni.record import record
 from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIError
 
 log = logging.getLogger("pycni.dhcp")
@@ -31,7 +31,7 @@ RESEND_DELAY0 = 4.0
 SCOPE_LINK = 253
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Timing:
     """The daemon's -timeout, -resendmax and -resendtimeout, in seconds."""
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 import struct
-from dataclasses import dataclass, field
+
+from pycni.record import field, record
 
 BOOTREQUEST = 1
 BOOTREPLY = 2
@@ -72,7 +73,7 @@ def parse_option_name(name: str) -> int:
     raise ValueError(f"unknown DHCP option {name!r}: use a number 1-254 or one of {sorted(OPTION_NAMES)}")
 
 
-@dataclass
+@record
 class Message:
     op: int = BOOTREQUEST
     xid: int = 0
