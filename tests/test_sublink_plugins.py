@@ -206,7 +206,9 @@ def test_kernel_lifecycle(lan: tuple[Namespace, Namespace], netns_factory: Calla
 
 
 class RecordingSocket:
-    """Stands in for pyroute2's IPRoute to capture link requests (a unit test of the request only)."""
+    """Stands in for the rtnetlink socket to capture link requests (a unit test of the request only).
+
+    tests/test_nl.py checks that these keywords encode to the kernel's IFLA attributes."""
 
     def __init__(self, calls: list[tuple[str, dict[str, Any]]]) -> None:
         self.calls = calls
@@ -231,7 +233,7 @@ def test_the_netlink_request_each_plugin_sends(kind: str, attrs: dict[str, Any],
     def fake_ipr():  # type: ignore[no-untyped-def]
         yield RecordingSocket(calls)
 
-    monkeypatch.setattr(sublink, "ipr", fake_ipr)
+    monkeypatch.setattr(sublink, "rtnl", fake_ipr)
     with pytest.raises(Exception):  # noqa: B017 - the fake creates nothing, so the rename step fails
         sublink.create_in_container(kind, container_ns.path, "eth0", parent=None if kind == "dummy" else 7,
                                     mtu=1400, mac="0a:58:00:00:00:01", **attrs)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import socket
 import time
-from dataclasses import dataclass
-from typing import Any
 
-from pycni.net.link import INTERNAL, ipr, is_netlink_error, netlink_errno, require_index
+from pycni.net.link import INTERNAL, is_netlink_error, netlink_errno, require_index, rtnl
+from pycni.net.nl import AF_INET, AF_INET6, AF_UNSPEC
+from pycni.record import record
 from pycni.spec.errors import CNIError
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
@@ -21,7 +24,7 @@ RT_SCOPE_LINK = 253
 RT_SCOPE_HOST = 254
 
 
-@dataclass
+@record
 class Addr:
     """One address on a link."""
 
@@ -49,12 +52,12 @@ class Addr:
 
 
 def _family(version: int | None) -> int:
-    return {4: socket.AF_INET, 6: socket.AF_INET6}.get(version or 0, socket.AF_UNSPEC)
+    return {4: AF_INET, 6: AF_INET6}.get(version or 0, AF_UNSPEC)
 
 
 def list_addrs(name: str | int | None = None, family: int | None = None) -> list[Addr]:
     """Addresses on link ``name`` (all links when None); ``family`` 4, 6 or None for both."""
-    with ipr() as sock:
+    with rtnl() as sock:
         kw: dict[str, Any] = {}
         if name is not None:
             kw["index"] = require_index(sock, name)
@@ -65,7 +68,7 @@ def list_addrs(name: str | int | None = None, family: int | None = None) -> list
 def add_addr(name: str | int, address: IPInterface | str, *, exist_ok: bool = False) -> None:
     """Add ``address`` (with its prefix) to the link; IPv4 gets the broadcast ``ip`` would give."""
     addr = ipaddress.ip_interface(address) if isinstance(address, str) else address
-    with ipr() as sock:
+    with rtnl() as sock:
         index = require_index(sock, name)
         kw: dict[str, Any] = {"index": index, "address": str(addr.ip), "prefixlen": addr.network.prefixlen}
         if addr.version == 4 and addr.network.prefixlen < 31:
@@ -83,7 +86,7 @@ def add_addr(name: str | int, address: IPInterface | str, *, exist_ok: bool = Fa
 def del_addr(name: str | int, address: IPInterface | str) -> bool:
     """Remove ``address``; True when it was there. Idempotent (missing link or address: False)."""
     addr = ipaddress.ip_interface(address) if isinstance(address, str) else address
-    with ipr() as sock:
+    with rtnl() as sock:
         try:
             index = require_index(sock, name)
         except CNIError:

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass, field
-from typing import Any
 
-from pycni.net.link import IFF_PROMISC, INTERNAL, Link, ipr, is_netlink_error, lookup_msg, netlink_errno, require_msg
+from pycni.net.link import (
+    IFF_PROMISC,
+    INTERNAL,
+    Link,
+    ipr,
+    is_netlink_error,
+    lookup_msg,
+    netlink_errno,
+    require_msg,
+    rtnl,
+)
+from pycni.record import field, record
 from pycni.spec.errors import CNIError
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 AF_BRIDGE = 7
 BRIDGE_VLAN_INFO_PVID = 0x2
@@ -21,7 +34,7 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
     bridge is taken as it is (its MTU and vlan_filtering are not changed), ``accept_ra`` is
     turned off so we own its routes.
     """
-    with ipr() as sock:
+    with rtnl() as sock:
         kw: dict[str, Any] = {"ifname": name, "kind": "bridge"}
         if mtu:
             kw["mtu"] = mtu
@@ -49,7 +62,7 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
     from pycni.net.sysctl import try_write_sysctl
 
     try_write_sysctl(f"net/ipv6/conf/{name}/accept_ra", "0")  # IPv6 disabled: nothing to own
-    with ipr() as sock:
+    with rtnl() as sock:
         try:
             sock.link("set", index=link.index, state="up")
         except Exception as e:
@@ -67,7 +80,7 @@ def bridge_vlan_filtering(name: str) -> bool | None:
         return bool(data.get_attr("IFLA_BR_VLAN_FILTERING")) if data is not None else False
 
 
-@dataclass
+@record
 class PortInfo:
     """A bridge port's hairpin and isolation flags and its VLANs."""
 
@@ -93,7 +106,7 @@ def set_port(name: str | int, *, hairpin: bool | None = None, isolated: bool | N
         kw["isolated"] = 1 if isolated else 0
     if not kw:
         return
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = require_msg(sock, name)
         try:
             sock.brport("set", index=int(msg["index"]), **kw)

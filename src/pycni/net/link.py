@@ -14,18 +14,27 @@ the rule here: open one ``IPRoute`` per operation group, inside the namespace, v
 helper process per socket (slow) and, with its default ``O_CREAT`` flag, would *create* a
 missing namespace instead of failing.
 
-pyroute2 is imported lazily so modules that only need the dataclasses stay cheap to import.
+Two kinds of socket, same calling shape: :func:`rtnl` is our own stdlib rtnetlink client
+(:mod:`pycni.net.nl`) and serves links, addresses, routes and bridge ports — everything on the
+plugins' hot path — without importing pyroute2; :func:`ipr` is pyroute2's ``IPRoute``, imported
+lazily, for what ``nl`` does not speak (tc, policy rules, bridge VLAN filtering). Helpers that
+take a ``sock`` (:func:`lookup_msg`, :func:`link_index`…) accept either.
 """
 
 from __future__ import annotations
 
 import errno
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
 
+from pycni.net.nl import IPRoute as _NlIPRoute
+from pycni.record import record
 from pycni.spec.errors import INTERNAL, CNIError
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 IFF_UP = 0x1
 IFF_PROMISC = 0x100
@@ -35,8 +44,18 @@ _UNSET: Any = ...  # sentinel: "leave this attribute alone" (None means "detach"
 
 
 @contextmanager
+def rtnl() -> Iterator[_NlIPRoute]:
+    """Our stdlib rtnetlink socket (:mod:`pycni.net.nl`) in the calling thread's namespace, closed on exit."""
+    sock = _NlIPRoute()
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+@contextmanager
 def ipr() -> Iterator[Any]:
-    """An ``IPRoute`` bound to the calling thread's current namespace, closed on exit."""
+    """A pyroute2 ``IPRoute`` bound to the calling thread's current namespace, closed on exit."""
     from pyroute2 import IPRoute
 
     sock = IPRoute()
@@ -47,7 +66,7 @@ def ipr() -> Iterator[Any]:
 
 
 def netlink_errno(exc: BaseException) -> int | None:
-    """The errno of a pyroute2 NetlinkError (or OSError), else None."""
+    """The errno of a netlink refusal (ours, pyroute2's, or any OSError), else None."""
     code = getattr(exc, "code", None)
     if isinstance(code, int):
         return code
@@ -58,9 +77,10 @@ def netlink_errno(exc: BaseException) -> int | None:
 
 def is_netlink_error(exc: BaseException) -> bool:
     """Whether ``exc`` is a kernel refusal (to report as a CNIError) rather than a bug."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    return isinstance(exc, NetlinkError | OSError)
+    if isinstance(exc, OSError):  # pycni.net.nl.NetlinkError is one
+        return True
+    exceptions = sys.modules.get("pyroute2.netlink.exceptions")  # not loaded: cannot be pyroute2's
+    return exceptions is not None and isinstance(exc, exceptions.NetlinkError)
 
 
 def is_colon_mac(mac: str) -> bool:
@@ -69,7 +89,7 @@ def is_colon_mac(mac: str) -> bool:
     return len(parts) == 6 and all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts)
 
 
-@dataclass
+@record
 class Link:
     """What plugins need to know about a link, decoded from an RTM_NEWLINK message."""
 
@@ -124,15 +144,13 @@ def lookup_msg(sock: Any, name: str | int) -> Any | None:
 
     The one lookup the net layer shares, for callers that need attributes :class:`Link` drops.
     """
-    from pyroute2.netlink.exceptions import NetlinkError
-
     try:
         if isinstance(name, int):
             msgs = sock.link("get", index=name)
         else:
             msgs = sock.link("get", ifname=name)
-    except NetlinkError as e:
-        if e.code in (errno.ENODEV, errno.ENOENT):
+    except Exception as e:
+        if is_netlink_error(e) and netlink_errno(e) in (errno.ENODEV, errno.ENOENT):
             return None
         raise
     msgs = list(msgs)
@@ -170,7 +188,7 @@ def require_index(sock: Any, name: str | int) -> int:
 
 def delete_link_quietly(name: str) -> None:
     """Delete link ``name`` if it is there, ignoring every failure: rollback of a half-made link."""
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = lookup_msg(sock, name)
         if msg is not None:
             try:
@@ -181,7 +199,7 @@ def delete_link_quietly(name: str) -> None:
 
 def get_link(name: str | int) -> Link | None:
     """The link called ``name`` (or with index ``name``), or None when there is none."""
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = lookup_msg(sock, name)
         return Link.from_msg(msg) if msg is not None else None
 
@@ -203,7 +221,7 @@ def require_free_ifname(ifname: str, netns_path: str) -> None:
 
 def list_links() -> list[Link]:
     """Every link in the calling thread's namespace."""
-    with ipr() as sock:
+    with rtnl() as sock:
         return [Link.from_msg(m) for m in sock.get_links()]
 
 
@@ -215,7 +233,7 @@ def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None,
     ``master``: a link name or index to enslave to, ``None`` (or 0) to release from any master.
     Raises :func:`not_found` when the link does not exist; netlink errors become CNIError 999.
     """
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = require_msg(sock, name)
         index = int(msg["index"])
         try:
@@ -254,16 +272,14 @@ def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None,
 
 def delete_link(name: str | int) -> bool:
     """Delete a link; True when it existed. Idempotent (a missing link is success)."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = lookup_msg(sock, name)
         if msg is None:
             return False
         try:
             sock.link("del", index=int(msg["index"]))
-        except NetlinkError as e:
-            if e.code in (errno.ENODEV, errno.ENOENT):
+        except OSError as e:
+            if e.errno in (errno.ENODEV, errno.ENOENT):
                 return False
             raise CNIError(INTERNAL, f"failed to delete link {name!r}", str(e)) from None
         return True
@@ -271,7 +287,7 @@ def delete_link(name: str | int) -> bool:
 
 def move_link_to_netns(name: str | int, netns_fd: int, new_name: str | None = None) -> None:
     """Move a link into the namespace open at ``netns_fd`` (optionally renaming it on the way)."""
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = require_msg(sock, name)
         kw: dict[str, Any] = {"index": int(msg["index"]), "net_ns_fd": netns_fd}
         if new_name:
@@ -286,14 +302,14 @@ def move_link_to_netns(name: str | int, netns_fd: int, new_name: str | None = No
 
 def get_alias(name: str | int) -> str:
     """The link's alias (IFLA_IFALIAS), '' when unset; host-device keeps the original name there."""
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = require_msg(sock, name)
         return str(msg.get_attr("IFLA_IFALIAS") or "")
 
 
 def set_alias(name: str | int, alias: str) -> None:
     """Set the link's alias (IFLA_IFALIAS); see :func:`get_alias`."""
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = require_msg(sock, name)
         try:
             sock.link("set", index=int(msg["index"]), ifalias=alias)

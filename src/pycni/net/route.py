@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import socket
-from dataclasses import dataclass
-from typing import Any
 
-from pycni.net.link import INTERNAL, ipr, is_netlink_error, netlink_errno, require_index
+from pycni.net.link import INTERNAL, is_netlink_error, netlink_errno, require_index, rtnl
+from pycni.net.nl import AF_INET, AF_INET6
+from pycni.record import record
 from pycni.spec.errors import CNIError
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -27,7 +30,7 @@ RTN_UNICAST = 1
 RTPROT_BOOT = 3  # what vishvananda/netlink (and so the Go plugins) stamp on routes they add
 
 
-@dataclass
+@record
 class RouteEntry:
     """One route as the kernel reports it."""
 
@@ -43,7 +46,7 @@ class RouteEntry:
 
     @classmethod
     def from_msg(cls, msg: Any) -> RouteEntry:
-        fam = 4 if msg["family"] == socket.AF_INET else 6
+        fam = 4 if msg["family"] == AF_INET else 6
         dst_ip = msg.get_attr("RTA_DST") or ("0.0.0.0" if fam == 4 else "::")
         dst = ipaddress.ip_network(f"{dst_ip}/{msg['dst_len']}", strict=False)
         gw = msg.get_attr("RTA_GATEWAY")
@@ -76,7 +79,7 @@ def _spec(dst: IPNetwork | str, gw: IPAddress | str | None, oif: int | None, tab
           proto: int | None = None) -> dict[str, Any]:
     """The pyroute2 route() keywords; unset values are left out so the kernel defaults apply."""
     net = ipaddress.ip_network(dst, strict=False) if isinstance(dst, str) else dst
-    kw: dict[str, Any] = {"family": socket.AF_INET if net.version == 4 else socket.AF_INET6,
+    kw: dict[str, Any] = {"family": AF_INET if net.version == 4 else AF_INET6,
                           "dst_len": net.prefixlen}
     if net.prefixlen:
         kw["dst"] = str(net.network_address)
@@ -114,7 +117,7 @@ def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
               mtu: int | None = None, advmss: int | None = None, exist_ok: bool = False,
               replace: bool = False, src: IPAddress | str | None = None) -> None:
     """Add (or with ``replace``, replace) a route; ``dev`` is a link name or index; ``src`` the prefsrc."""
-    with ipr() as sock:
+    with rtnl() as sock:
         oif = _oif(sock, dev)
         kw = _spec(dst, gw, oif, table, priority, scope, mtu, advmss, proto=RTPROT_BOOT)
         if src is not None:
@@ -137,7 +140,7 @@ def replace_route(dst: IPNetwork | str, **kw: Any) -> None:
 def del_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: str | int | None = None,
               table: int | None = None, priority: int | None = None, scope: int | None = None) -> bool:
     """Delete a matching route; True when one was removed. Idempotent."""
-    with ipr() as sock:
+    with rtnl() as sock:
         try:
             oif = _oif(sock, dev)
         except CNIError:
@@ -157,10 +160,10 @@ def del_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
 def list_routes(family: int | None = None, *, table: int | None = RT_TABLE_MAIN,
                 dev: str | int | None = None) -> list[RouteEntry]:
     """Routes of ``family`` (4, 6, None for both) in ``table`` (None: every table), optionally by link."""
-    with ipr() as sock:
+    with rtnl() as sock:
         oif = _oif(sock, dev)
-        fams = [socket.AF_INET, socket.AF_INET6] if family is None else [
-            socket.AF_INET if family == 4 else socket.AF_INET6]
+        fams = [AF_INET, AF_INET6] if family is None else [
+            AF_INET if family == 4 else AF_INET6]
         out: list[RouteEntry] = []
         for fam in fams:
             kw: dict[str, Any] = {"table": table} if table is not None else {}  # no table: all of them

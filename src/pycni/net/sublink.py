@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
-from typing import Any
 
 from pycni.net import netns
 from pycni.net.link import (
@@ -20,14 +18,18 @@ from pycni.net.link import (
     Link,
     delete_link_quietly,
     get_link,
-    ipr,
     is_netlink_error,
     lookup_msg,
     netlink_errno,
     require_free_ifname,
+    rtnl,
 )
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def kernel_lacks(kind: str) -> CNIError:
@@ -57,7 +59,7 @@ def create_in_container(kind: str, container_netns: str, ifname: str, *, parent:
     """Create a ``kind`` link named ``ifname`` in ``container_netns``; return it (down)."""
     with netns.enter(container_netns):
         require_free_ifname(ifname, container_netns)
-    tmp = f"{kind[:5]}{secrets.token_hex(4)}"
+    tmp = f"{kind[:5]}{os.urandom(4).hex()}"
     spec: dict[str, Any] = {"ifname": tmp, "kind": kind, **attrs}
     if parent is not None:
         spec["link"] = parent
@@ -68,17 +70,17 @@ def create_in_container(kind: str, container_netns: str, ifname: str, *, parent:
     target = netns.open_netns(container_netns)
     try:
         if link_in_container:
-            with netns.enter(container_netns), ipr() as sock:
+            with netns.enter(container_netns), rtnl() as sock:
                 _add(sock, spec, kind)
         else:
             spec["net_ns_fd"] = target
-            with ipr() as sock:
+            with rtnl() as sock:
                 _add(sock, spec, kind)
     finally:
         os.close(target)
     with netns.enter(container_netns):
         try:
-            with ipr() as sock:
+            with rtnl() as sock:
                 msg = lookup_msg(sock, tmp)
                 if msg is None:
                     raise CNIError(INTERNAL, f"failed to lookup new {kind} link", f"{tmp!r} vanished after creation")
@@ -108,8 +110,8 @@ def _add(sock: Any, spec: dict[str, Any], kind: str) -> None:
 
 def kernel_supports(kind: str, **attrs: Any) -> bool:
     """Whether this kernel can create ``kind`` links (tried in a scratch namespace by tests)."""
-    with ipr() as sock:
-        name = f"probe{secrets.token_hex(3)}"
+    with rtnl() as sock:
+        name = f"probe{os.urandom(3).hex()}"
         try:
             sock.link("add", ifname=name, kind=kind, **attrs)
         except Exception as e:

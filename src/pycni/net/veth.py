@@ -11,34 +11,36 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
-from dataclasses import dataclass
-from typing import Any
 
 from pycni.net import netns
 from pycni.net.link import (
     INTERNAL,
     Link,
     delete_link_quietly,
-    ipr,
     is_colon_mac,
     is_netlink_error,
     lookup_msg,
     netlink_errno,
+    rtnl,
     set_link,
 )
 from pycni.net.sysctl import try_write_sysctl
+from pycni.record import record
 from pycni.spec.errors import CNIError
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_NAME_TRIES = 10
 
 
 def random_veth_name() -> str:
     """``veth`` + 8 hex digits, as the Go reference names host-side veths."""
-    return "veth" + secrets.token_hex(4)
+    return "veth" + os.urandom(4).hex()
 
 
-@dataclass
+@record
 class VethPair:
     host: Link       # as seen in the host (calling) namespace
     container: Link  # as seen in the container namespace
@@ -72,7 +74,7 @@ def _create(sock: Any, host: str, ifname: str, target: int, mtu: int, mac: str) 
 
 def _container_has(container_netns: str, ifname: str) -> bool:
     """Whether ``container_netns`` already has a link ``ifname`` (tells the two EEXIST causes apart)."""
-    with netns.enter(container_netns), ipr() as sock:
+    with netns.enter(container_netns), rtnl() as sock:
         return lookup_msg(sock, ifname) is not None
 
 
@@ -82,7 +84,7 @@ def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, h
         _check_mac(mac)
     for _ in range(MAX_NAME_TRIES):
         host = host_name or random_veth_name()
-        with ipr() as sock:
+        with rtnl() as sock:
             try:
                 _create(sock, host, ifname, target, mtu, mac)
             except Exception as e:
@@ -117,7 +119,7 @@ def _finish(host: str, ifname: str, container_netns: str) -> VethPair:
 
 def _read_back(name: str) -> Link:
     """The link just made; an error if it vanished in between."""
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = lookup_msg(sock, name)
     if msg is None:
         raise CNIError(INTERNAL, f"failed to lookup {name!r}", "the veth vanished right after creation")

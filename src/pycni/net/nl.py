@@ -1,0 +1,560 @@
+"""A small rtnetlink client on a plain AF_NETLINK socket: links, addresses, routes, bridge ports.
+
+Why not pyroute2 here: importing it costs a one-shot plugin process ~100 ms (asyncio,
+multiprocessing, its message classes) and every ``IPRoute()`` spins an asyncio loop. The
+plugins on the hot path (bridge, ptp, macvlan, …) need a dozen request shapes, which this module
+encodes and decodes with :mod:`struct` alone. pyroute2 stays for the rest (tc, rules, VLAN
+filtering) through :func:`pycni.net.link.ipr`.
+
+The interface deliberately mirrors the subset of pyroute2's ``IPRoute`` that :mod:`pycni.net`
+uses — ``link("get"|"add"|"set"|"del", **kw)``, ``link_lookup``, ``get_links``,
+``addr``/``get_addr``, ``route``/``get_routes``, ``brport("set")`` — and messages answer
+``msg["index"]`` (header fields, pyroute2's names) and ``msg.get_attr("IFLA_IFNAME")``
+(attributes, kernel names, values decoded as pyroute2 decodes them), so helpers such as
+:func:`pycni.net.link.lookup_msg` work on either kind of socket.
+
+Namespace contract as in :mod:`pycni.net.link`: the socket talks to the network namespace
+of the thread that created it. Errors are :class:`NetlinkError`, an :class:`OSError` whose
+``errno`` (and ``code``, pyroute2's name for it) is the kernel's.
+"""
+
+from __future__ import annotations
+
+import _socket
+import os
+import struct
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+    from typing import Any
+
+AF_UNSPEC, AF_INET, AF_BRIDGE, AF_INET6 = 0, 2, 7, 10
+NETLINK_ROUTE = 0
+
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+NLM_F_REQUEST, NLM_F_MULTI, NLM_F_ACK = 0x1, 0x2, 0x4
+NLM_F_DUMP = 0x300
+NLM_F_REPLACE, NLM_F_EXCL, NLM_F_CREATE = 0x100, 0x200, 0x400
+NLA_F_NESTED = 0x8000
+NLA_TYPE_MASK = 0x3FFF
+SOL_NETLINK = 270
+NETLINK_EXT_ACK = 11
+
+RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_SETLINK = 16, 17, 18, 19
+RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
+RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
+
+IFF_UP = 0x1
+RT_TABLE_MAIN = 254
+RT_SCOPE_NOWHERE = 255
+RTN_UNICAST = 1
+RTPROT_STATIC = 4
+
+_HDR = struct.Struct("=IHHII")        # nlmsghdr: len, type, flags, seq, pid
+_IFINFO = struct.Struct("=BxHiII")    # ifinfomsg: family, type, index, flags, change
+_IFADDR = struct.Struct("=BBBBI")     # ifaddrmsg: family, prefixlen, flags, scope, index
+_RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, proto, scope, type, flags
+_NLA = struct.Struct("=HH")
+_RTNH = struct.Struct("=HBBi")        # rtnexthop: len, flags, hops, ifindex
+_U16 = struct.Struct("=H")
+_U32 = struct.Struct("=I")
+_I32 = struct.Struct("=i")
+
+_IFINFO_FIELDS = ("family", "ifi_type", "index", "flags", "change")
+_IFADDR_FIELDS = ("family", "prefixlen", "flags", "scope", "index")
+_RTMSG_FIELDS = ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags")
+
+
+class NetlinkError(OSError):
+    """The kernel refused a request; ``errno``/``code`` say why (``code`` as pyroute2 names it)."""
+
+    def __init__(self, code: int, msg: str = "") -> None:
+        super().__init__(code, msg or os.strerror(code))
+        self.code = code
+
+
+# ---- decoding -------------------------------------------------------------------------------------
+
+def _str(data: bytes) -> str:
+    return data.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _u8(data: bytes) -> int:
+    return data[0]
+
+
+def _u16(data: bytes) -> int:
+    return int(_U16.unpack_from(data)[0])
+
+
+def _u32(data: bytes) -> int:
+    return int(_U32.unpack_from(data)[0])
+
+
+def _i32(data: bytes) -> int:
+    return int(_I32.unpack_from(data)[0])
+
+
+def _mac(data: bytes) -> str:
+    return ":".join(f"{b:02x}" for b in data)
+
+
+def _ip(data: bytes) -> str:
+    return _socket.inet_ntop(AF_INET if len(data) == 4 else AF_INET6, data)
+
+
+class Attrs:
+    """Decoded netlink attributes, looked up by their kernel names (IFLA_*, IFA_*, RTA_*…)."""
+
+    __slots__ = ("attrs",)
+
+    def __init__(self, attrs: list[tuple[str, Any]]) -> None:
+        self.attrs = attrs
+
+    def get_attr(self, name: str, default: Any = None) -> Any:
+        for key, value in self.attrs:
+            if key == name:
+                return value
+        return default
+
+    def get_attrs(self, name: str) -> list[Any]:
+        return [value for key, value in self.attrs if key == name]
+
+    def get_nested(self, *names: str) -> Any:
+        node: Any = self
+        for name in names:
+            node = node.get_attr(name) if node is not None else None
+        return node
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.attrs!r})"
+
+
+class Msg(Attrs):
+    """A decoded rtnetlink message: ``msg["field"]`` for the fixed header, ``get_attr`` for the rest."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, int], attrs: list[tuple[str, Any]]) -> None:
+        super().__init__(attrs)
+        self.fields = fields
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A header field or, failing that, an attribute (pyroute2's ``get``)."""
+        if key in self.fields:
+            return self.fields[key]
+        return self.get_attr(key, default)
+
+    def __repr__(self) -> str:
+        return f"Msg({self.fields!r}, {self.attrs!r})"
+
+
+def _attrs(data: bytes, offset: int, table: Mapping[int, tuple[str, Callable[[bytes], Any]]]) -> list[tuple[str, Any]]:
+    """The attributes in ``data[offset:]`` that ``table`` knows, decoded (others are skipped)."""
+    out: list[tuple[str, Any]] = []
+    end = len(data)
+    while offset + 4 <= end:
+        length, kind = _NLA.unpack_from(data, offset)
+        if length < 4:
+            break
+        entry = table.get(kind & NLA_TYPE_MASK)
+        if entry is not None:
+            out.append((entry[0], entry[1](data[offset + 4:offset + length])))
+        offset += (length + 3) & ~3
+    return out
+
+
+def _nested(table: Mapping[int, tuple[str, Callable[[bytes], Any]]]) -> Callable[[bytes], Attrs]:
+    return lambda data: Attrs(_attrs(data, 0, table))
+
+
+_BR_DATA = {7: ("IFLA_BR_VLAN_FILTERING", _u8)}
+_MACVLAN_DATA = {1: ("IFLA_MACVLAN_MODE", _u32), 2: ("IFLA_MACVLAN_FLAGS", _u16)}
+_IPVLAN_DATA = {1: ("IFLA_IPVLAN_MODE", _u16), 2: ("IFLA_IPVLAN_FLAGS", _u16)}
+_VLAN_DATA = {1: ("IFLA_VLAN_ID", _u16)}
+_VRF_DATA = {1: ("IFLA_VRF_TABLE", _u32)}
+_INFO_DATA = {"bridge": _BR_DATA, "macvlan": _MACVLAN_DATA, "macvtap": _MACVLAN_DATA, "ipvlan": _IPVLAN_DATA,
+              "vlan": _VLAN_DATA, "vrf": _VRF_DATA}
+_BRPORT = {1: ("IFLA_BRPORT_STATE", _u8), 4: ("IFLA_BRPORT_MODE", _u8), 8: ("IFLA_BRPORT_LEARNING", _u8),
+           9: ("IFLA_BRPORT_UNICAST_FLOOD", _u8), 33: ("IFLA_BRPORT_ISOLATED", _u8)}
+_VRF_SLAVE = {1: ("IFLA_VRF_PORT_TABLE", _u32)}
+_SLAVE_DATA = {"bridge": _BRPORT, "vrf": _VRF_SLAVE}
+
+
+def _linkinfo(data: bytes) -> Attrs:
+    """IFLA_LINKINFO: the kind first, then its kind-specific data (decoded by kind)."""
+    raw = {}
+    offset = 0
+    while offset + 4 <= len(data):
+        length, kind = _NLA.unpack_from(data, offset)
+        if length < 4:
+            break
+        raw[kind & NLA_TYPE_MASK] = data[offset + 4:offset + length]
+        offset += (length + 3) & ~3
+    out: list[tuple[str, Any]] = []
+    kind_name = _str(raw[1]) if 1 in raw else ""
+    slave_kind = _str(raw[4]) if 4 in raw else ""
+    if 1 in raw:
+        out.append(("IFLA_INFO_KIND", kind_name))
+    if 2 in raw:
+        out.append(("IFLA_INFO_DATA", Attrs(_attrs(raw[2], 0, _INFO_DATA.get(kind_name, {})))))
+    if 4 in raw:
+        out.append(("IFLA_INFO_SLAVE_KIND", slave_kind))
+    if 5 in raw:
+        out.append(("IFLA_INFO_SLAVE_DATA", Attrs(_attrs(raw[5], 0, _SLAVE_DATA.get(slave_kind, {})))))
+    return Attrs(out)
+
+
+_IFLA: dict[int, tuple[str, Callable[[bytes], Any]]] = {
+    1: ("IFLA_ADDRESS", _mac), 2: ("IFLA_BROADCAST", _mac), 3: ("IFLA_IFNAME", _str), 4: ("IFLA_MTU", _u32),
+    5: ("IFLA_LINK", _i32), 6: ("IFLA_QDISC", _str), 10: ("IFLA_MASTER", _u32), 13: ("IFLA_TXQLEN", _u32),
+    16: ("IFLA_OPERSTATE", _u8), 17: ("IFLA_LINKMODE", _u8), 18: ("IFLA_LINKINFO", _linkinfo),
+    20: ("IFLA_IFALIAS", _str), 27: ("IFLA_GROUP", _u32), 37: ("IFLA_LINK_NETNSID", _i32),
+    54: ("IFLA_PERM_ADDRESS", _mac),
+}
+_IFA: dict[int, tuple[str, Callable[[bytes], Any]]] = {
+    1: ("IFA_ADDRESS", _ip), 2: ("IFA_LOCAL", _ip), 3: ("IFA_LABEL", _str), 4: ("IFA_BROADCAST", _ip),
+    8: ("IFA_FLAGS", _u32),
+}
+_RTAX: dict[int, tuple[str, Callable[[bytes], Any]]] = {
+    2: ("RTAX_MTU", _u32), 3: ("RTAX_WINDOW", _u32), 8: ("RTAX_ADVMSS", _u32), 10: ("RTAX_HOPLIMIT", _u32),
+}
+
+
+def _multipath(data: bytes) -> list[Msg]:
+    """RTA_MULTIPATH: a list of rtnexthop, each with its own attributes (``hop["oif"]``)."""
+    hops: list[Msg] = []
+    offset = 0
+    while offset + _RTNH.size <= len(data):
+        length, flags, hops_, ifindex = _RTNH.unpack_from(data, offset)
+        if length < _RTNH.size:
+            break
+        body = data[offset:offset + length]
+        hops.append(Msg({"flags": flags, "hops": hops_, "oif": ifindex}, _attrs(body, _RTNH.size, _RTA)))
+        offset += (length + 3) & ~3
+    return hops
+
+
+_RTA: dict[int, tuple[str, Callable[[bytes], Any]]] = {
+    1: ("RTA_DST", _ip), 2: ("RTA_SRC", _ip), 3: ("RTA_IIF", _u32), 4: ("RTA_OIF", _u32), 5: ("RTA_GATEWAY", _ip),
+    6: ("RTA_PRIORITY", _u32), 7: ("RTA_PREFSRC", _ip), 8: ("RTA_METRICS", _nested(_RTAX)),
+    9: ("RTA_MULTIPATH", _multipath), 15: ("RTA_TABLE", _u32), 16: ("RTA_MARK", _u32), 20: ("RTA_PREF", _u8),
+}
+
+_DECODERS: dict[int, tuple[struct.Struct, tuple[str, ...], dict[int, tuple[str, Callable[[bytes], Any]]]]] = {
+    RTM_NEWLINK: (_IFINFO, _IFINFO_FIELDS, _IFLA), RTM_DELLINK: (_IFINFO, _IFINFO_FIELDS, _IFLA),
+    RTM_NEWADDR: (_IFADDR, _IFADDR_FIELDS, _IFA), RTM_DELADDR: (_IFADDR, _IFADDR_FIELDS, _IFA),
+    RTM_NEWROUTE: (_RTMSG, _RTMSG_FIELDS, _RTA), RTM_DELROUTE: (_RTMSG, _RTMSG_FIELDS, _RTA),
+}
+
+
+def _decode(mtype: int, body: bytes) -> Msg | None:
+    spec = _DECODERS.get(mtype)
+    if spec is None:
+        return None
+    head, names, table = spec
+    return Msg(dict(zip(names, head.unpack_from(body), strict=True)), _attrs(body, head.size, table))
+
+
+# ---- encoding -------------------------------------------------------------------------------------
+
+def _nla(kind: int, payload: bytes) -> bytes:
+    length = 4 + len(payload)
+    return _NLA.pack(length, kind) + payload + b"\0" * (-length % 4)
+
+
+def _nla_str(kind: int, value: str) -> bytes:
+    return _nla(kind, value.encode() + b"\0")
+
+
+def _nla_u8(kind: int, value: int) -> bytes:
+    return _nla(kind, bytes((value & 0xFF,)))
+
+
+def _nla_u16(kind: int, value: int) -> bytes:
+    return _nla(kind, _U16.pack(value))
+
+
+def _nla_u32(kind: int, value: int) -> bytes:
+    return _nla(kind, _U32.pack(value & 0xFFFFFFFF))
+
+
+def _mac_bytes(mac: str) -> bytes:
+    try:
+        raw = bytes(int(part, 16) for part in mac.split(":"))
+    except ValueError:
+        raise NetlinkError(22, f"invalid MAC address {mac!r}") from None
+    if not raw:
+        raise NetlinkError(22, f"invalid MAC address {mac!r}")
+    return raw
+
+
+def _ip_bytes(ip: str) -> tuple[int, bytes]:
+    family = AF_INET6 if ":" in ip else AF_INET
+    try:
+        return family, _socket.inet_pton(family, ip)
+    except OSError:
+        raise NetlinkError(22, f"invalid IP address {ip!r}") from None
+
+
+# Kind-specific IFLA_INFO_DATA keywords: keyword -> (attribute type, encoder).
+_MACVLAN_MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8, "source": 16}
+_LINK_DATA: dict[str, dict[str, tuple[int, Callable[[int, Any], bytes]]]] = {
+    "bridge": {"br_vlan_filtering": (7, _nla_u8)},
+    "macvlan": {"macvlan_mode": (1, lambda k, v: _nla_u32(k, _MACVLAN_MODES[v] if isinstance(v, str) else int(v)))},
+    "ipvlan": {"ipvlan_mode": (1, lambda k, v: _nla_u16(k, int(v))),
+               "ipvlan_flags": (2, lambda k, v: _nla_u16(k, int(v)))},
+    "vlan": {"vlan_id": (1, lambda k, v: _nla_u16(k, int(v)))},
+    "vrf": {"vrf_table": (1, lambda k, v: _nla_u32(k, int(v)))},
+}
+_LINK_DATA["macvtap"] = _LINK_DATA["macvlan"]
+
+
+def _link_attrs(kw: dict[str, Any]) -> bytes:
+    """The IFLA attributes for the common link keywords (pops what it encodes from ``kw``)."""
+    out = []
+    if "ifname" in kw:
+        out.append(_nla_str(3, kw.pop("ifname")))
+    if "mtu" in kw:
+        out.append(_nla_u32(4, int(kw.pop("mtu"))))
+    if "address" in kw:
+        out.append(_nla(1, _mac_bytes(kw.pop("address"))))
+    if "link" in kw:
+        out.append(_nla_u32(5, int(kw.pop("link"))))
+    if "master" in kw:
+        out.append(_nla_u32(10, int(kw.pop("master") or 0)))
+    if "txqlen" in kw:
+        out.append(_nla_u32(13, int(kw.pop("txqlen"))))
+    if "ifalias" in kw:
+        out.append(_nla_str(20, kw.pop("ifalias")))
+    if "net_ns_fd" in kw:
+        out.append(_nla_u32(28, int(kw.pop("net_ns_fd"))))
+    if "net_ns_pid" in kw:
+        out.append(_nla_u32(19, int(kw.pop("net_ns_pid"))))
+    return b"".join(out)
+
+
+def _flags(kw: dict[str, Any]) -> tuple[int, int]:
+    """ifinfomsg flags/change from ``state="up"|"down"`` or explicit ``flags``/``change``."""
+    flags = int(kw.pop("flags", 0))
+    change = int(kw.pop("change", 0))
+    state = kw.pop("state", None)
+    if state is not None:
+        change |= IFF_UP
+        flags = (flags | IFF_UP) if state == "up" else (flags & ~IFF_UP)
+    return flags, change
+
+
+def _link_request(kw: dict[str, Any]) -> bytes:
+    """ifinfomsg + attributes for ``link("add"|"set", **kw)``."""
+    kw = dict(kw)
+    index = int(kw.pop("index", 0))
+    flags, change = _flags(kw)
+    kind = kw.pop("kind", None)
+    peer = kw.pop("peer", None)
+    attrs = _link_attrs(kw)
+    if kind is not None:
+        info = _nla_str(1, kind)
+        data = b""
+        if kind == "veth" and peer is not None:
+            peer_kw = {"ifname": peer} if isinstance(peer, str) else dict(peer)
+            peer_flags, peer_change = _flags(peer_kw)
+            body = _IFINFO.pack(AF_UNSPEC, 0, 0, peer_flags, peer_change) + _link_attrs(peer_kw)
+            if peer_kw:
+                raise TypeError(f"unsupported veth peer keywords: {sorted(peer_kw)}")
+            data = _nla(1, body)
+        else:
+            known = _LINK_DATA.get(kind, {})
+            for key in [k for k in kw if k in known]:
+                attr, encode = known[key]
+                data += encode(attr, kw.pop(key))
+        if data:
+            info += _nla(2 | NLA_F_NESTED, data)
+        attrs += _nla(18 | NLA_F_NESTED, info)
+    if kw:
+        raise TypeError(f"unsupported link keywords: {sorted(kw)}")
+    return _IFINFO.pack(AF_UNSPEC, 0, index, flags, change) + attrs
+
+
+# ---- the socket -----------------------------------------------------------------------------------
+
+class IPRoute:
+    """An rtnetlink socket in the calling thread's namespace; use as a context manager or close()."""
+
+    def __init__(self) -> None:
+        self._sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, NETLINK_ROUTE)
+        try:
+            self._sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVBUF, 1 << 20)
+            self._sock.bind((0, 0))
+        except BaseException:
+            self._sock.close()
+            raise
+        self._seq = 0
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> IPRoute:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport --
+
+    def request(self, mtype: int, body: bytes, flags: int = 0) -> list[Msg]:
+        """Send one request and collect its replies until the ACK (or DONE, for a dump)."""
+        self._seq += 1
+        seq = self._seq
+        self._sock.send(_HDR.pack(_HDR.size + len(body), mtype, flags | NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body)
+        return list(self._replies(seq))
+
+    def _replies(self, seq: int) -> Iterator[Msg]:
+        while True:
+            data = self._sock.recv(1 << 18)
+            offset = 0
+            while offset + _HDR.size <= len(data):
+                length, mtype, _flags, mseq, _pid = _HDR.unpack_from(data, offset)
+                if length < _HDR.size:
+                    raise NetlinkError(71, "malformed netlink message")  # EPROTO
+                body = data[offset + _HDR.size:offset + length]
+                offset += (length + 3) & ~3
+                if mseq != seq:
+                    continue  # a late reply to an earlier request on this socket
+                if mtype == NLMSG_DONE:
+                    err = _i32(body) if len(body) >= 4 else 0
+                    if err < 0:
+                        raise NetlinkError(-err)
+                    return
+                if mtype == NLMSG_ERROR:
+                    err = _i32(body)
+                    if err < 0:
+                        raise NetlinkError(-err)
+                    return
+                msg = _decode(mtype, body)
+                if msg is not None:
+                    yield msg
+
+    def dump(self, mtype: int, body: bytes) -> list[Msg]:
+        return self.request(mtype, body, NLM_F_DUMP)
+
+    # -- links --
+
+    def link(self, command: str, **kw: Any) -> list[Msg]:
+        """``get`` (by ``index`` or ``ifname``), ``add``, ``set`` (by ``index``), ``del`` (by ``index``)."""
+        if command == "get":
+            if "index" in kw:
+                body = _IFINFO.pack(AF_UNSPEC, 0, int(kw["index"]), 0, 0)
+            else:
+                body = _IFINFO.pack(AF_UNSPEC, 0, 0, 0, 0) + _nla_str(3, kw["ifname"])
+            return self.request(RTM_GETLINK, body)
+        if command == "add":
+            return self.request(RTM_NEWLINK, _link_request(kw), NLM_F_CREATE | NLM_F_EXCL)
+        if command == "set":
+            return self.request(RTM_SETLINK, _link_request(kw))
+        if command == "del":
+            return self.request(RTM_DELLINK, _IFINFO.pack(AF_UNSPEC, 0, int(kw["index"]), 0, 0))
+        raise ValueError(f"unsupported link command {command!r}")
+
+    def link_lookup(self, ifname: str) -> list[int]:
+        """[index] of the link called ``ifname``, [] when there is none."""
+        try:
+            msgs = self.link("get", ifname=ifname)
+        except NetlinkError as e:
+            if e.code in (19, 2):  # ENODEV, ENOENT
+                return []
+            raise
+        return [int(m["index"]) for m in msgs]
+
+    def get_links(self) -> list[Msg]:
+        return self.dump(RTM_GETLINK, _IFINFO.pack(AF_UNSPEC, 0, 0, 0, 0))
+
+    def brport(self, command: str, *, index: int, **kw: Any) -> list[Msg]:
+        """``set`` bridge-port flags (``mode`` = hairpin, ``isolated``, ``learning``, ``unicast_flood``)."""
+        if command != "set":
+            raise ValueError(f"unsupported brport command {command!r}")
+        codes = {"mode": 4, "learning": 8, "unicast_flood": 9, "isolated": 33}
+        unknown = sorted(set(kw) - set(codes))
+        if unknown:
+            raise TypeError(f"unsupported brport keywords: {unknown}")
+        protinfo = b"".join(_nla_u8(codes[k], int(v)) for k, v in kw.items())
+        body = _IFINFO.pack(AF_BRIDGE, 0, index, 0, 0) + _nla(12 | NLA_F_NESTED, protinfo)  # IFLA_PROTINFO
+        return self.request(RTM_SETLINK, body)
+
+    # -- addresses --
+
+    def addr(self, command: str, *, index: int, address: str, prefixlen: int, broadcast: str | None = None,
+             scope: int = 0) -> list[Msg]:
+        """``add`` or ``del`` one address (IFA_LOCAL = IFA_ADDRESS = ``address``) on link ``index``."""
+        family, raw = _ip_bytes(address)
+        attrs = _nla(2, raw) + _nla(1, raw)
+        if broadcast:
+            attrs += _nla(4, _ip_bytes(broadcast)[1])
+        body = _IFADDR.pack(family, prefixlen, 0, scope, index) + attrs
+        if command == "add":
+            return self.request(RTM_NEWADDR, body, NLM_F_CREATE | NLM_F_EXCL)
+        if command == "del":
+            return self.request(RTM_DELADDR, body)
+        raise ValueError(f"unsupported addr command {command!r}")
+
+    def get_addr(self, family: int = AF_UNSPEC, index: int | None = None) -> list[Msg]:
+        msgs = self.dump(RTM_GETADDR, _IFADDR.pack(family, 0, 0, 0, 0))
+        return msgs if index is None else [m for m in msgs if m["index"] == index]
+
+    # -- routes --
+
+    def route(self, command: str, **kw: Any) -> list[Msg]:
+        """``add``, ``replace`` or ``del`` one route (pyroute2's keywords: dst, dst_len, gateway, oif…)."""
+        kw = dict(kw)
+        deleting = command == "del"
+        dst = kw.pop("dst", None)
+        gateway = kw.pop("gateway", None)
+        prefsrc = kw.pop("prefsrc", None)
+        family = int(kw.pop("family", 0)) or (_ip_bytes(dst)[0] if dst else AF_INET)
+        table = int(kw.pop("table", RT_TABLE_MAIN) or RT_TABLE_MAIN)
+        scope = int(kw.pop("scope", RT_SCOPE_NOWHERE if deleting else 0))
+        rtype = int(kw.pop("type", 0 if deleting else RTN_UNICAST))
+        proto = int(kw.pop("proto", 0 if deleting else RTPROT_STATIC))
+        attrs = []
+        if dst:
+            attrs.append(_nla(1, _ip_bytes(dst)[1]))
+        if "oif" in kw:
+            attrs.append(_nla_u32(4, int(kw.pop("oif"))))
+        if gateway:
+            attrs.append(_nla(5, _ip_bytes(gateway)[1]))
+        if kw.get("priority"):
+            attrs.append(_nla_u32(6, int(kw["priority"])))
+        kw.pop("priority", None)
+        if prefsrc:
+            attrs.append(_nla(7, _ip_bytes(prefsrc)[1]))
+        metrics = kw.pop("metrics", None)
+        if metrics:
+            codes = {"RTAX_MTU": 2, "RTAX_WINDOW": 3, "RTAX_ADVMSS": 8, "RTAX_HOPLIMIT": 10}
+            attrs.append(_nla(8 | NLA_F_NESTED, b"".join(_nla_u32(codes[k], int(v)) for k, v in metrics.items())))
+        attrs.append(_nla_u32(15, table))
+        dst_len = int(kw.pop("dst_len", 0))
+        if kw:
+            raise TypeError(f"unsupported route keywords: {sorted(kw)}")
+        body = _RTMSG.pack(family, dst_len, 0, 0, table if table < 256 else 252, proto, scope, rtype, 0)
+        body += b"".join(attrs)
+        if command == "add":
+            return self.request(RTM_NEWROUTE, body, NLM_F_CREATE | NLM_F_EXCL)
+        if command == "replace":
+            return self.request(RTM_NEWROUTE, body, NLM_F_CREATE | NLM_F_REPLACE)
+        if deleting:
+            return self.request(RTM_DELROUTE, body)
+        raise ValueError(f"unsupported route command {command!r}")
+
+    def get_routes(self, family: int = AF_UNSPEC, table: int | None = None) -> list[Msg]:
+        """Every route of ``family``; only ``table``'s when given (RTA_TABLE, else the header's)."""
+        msgs = self.dump(RTM_GETROUTE, _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0))
+        if table is None:
+            return msgs
+        return [m for m in msgs if m.get_attr("RTA_TABLE", m["table"]) == table]
+
+
+__all__ = ["IPRoute", "Msg", "Attrs", "NetlinkError"]
