@@ -25,15 +25,17 @@ number in a string field): that is refused with code 6 and says which field is w
 
 from __future__ import annotations
 
-import copy
 import ipaddress
 import json
 import re
-from typing import Any
 
 from pycni.record import field, record
 from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CNIError
 from pycni.spec.version import ALL_VERSIONS, LEGACY_RESULT_VERSIONS, V04_RESULT_VERSIONS, V1_RESULT_VERSIONS
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -410,6 +412,8 @@ class Result:
         return Result.from_dict(self.to_dict(version))
 
     def copy(self) -> Result:
+        import copy  # only tuning copies a result: keep copy (and weakref) off every plugin's start
+
         return copy.deepcopy(self)
 
 

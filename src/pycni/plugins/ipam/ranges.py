@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
 
 from pycni.record import record
 from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, CNIError
 from pycni.spec.types import Route
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from pycni.plugins.main.sublink_base import LinkMode, SublinkPlugin, SublinkSpec
 from pycni.skel import run_plugin
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 # IFLA_MACVLAN_MODE values
 MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8}
