@@ -9,10 +9,9 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
 
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
@@ -20,7 +19,10 @@ from pycni.spec.types import Result
 from pycni.spec.validate import validate_plugin_type
 from pycni.spec.version import CURRENT_VERSION
 
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from typing import Any
+
     from pycni.skel import CmdArgs
 
 # Variables a plugin inherits from its caller's environment besides the CNI_* ones.
@@ -54,6 +56,8 @@ def exec_plugin(plugin_path: str, stdin: bytes, env: Mapping[str, str], timeout:
 
     A plugin binary being replaced while we start it ("text file busy") is retried, as Go does.
     """
+    import subprocess  # here, not at the top: ~5 ms that a plugin delegating in-process never needs
+
     name = os.path.basename(plugin_path)
     for attempt in range(_ETXTBSY_RETRIES + 1):
         try:
@@ -173,11 +177,10 @@ def _run_delegate(path: str, netconf: bytes, env: Mapping[str, str]) -> bytes:
         module = _our_plugin_module(path)
     if module is None:
         return exec_plugin(path, netconf, env)
-    import importlib
-
     from pycni.skel import dispatch
 
-    outcome = dispatch(importlib.import_module(module).PLUGIN, env, netconf)
+    __import__(module)  # not importlib.import_module: see pycni.shim._run_here
+    outcome = dispatch(sys.modules[module].PLUGIN, env, netconf)
     if outcome.exit_code != 0:
         raise _error_from_output(path, outcome.exit_code, outcome.stdout, outcome.stderr)
     return outcome.stdout
