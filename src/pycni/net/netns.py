@@ -7,16 +7,17 @@ Processes forked while inside inherit the namespace. Stdlib only (ctypes).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import fcntl
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pycni.spec.errors import INVALID_ENV, CNIError
+
+TYPE_CHECKING = False  # true for mypy only (see pycni.record); at run time ctypes is imported where used
+if TYPE_CHECKING:
+    import ctypes
 
 CLONE_NEWNET = 0x40000000
 NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3)
@@ -25,36 +26,47 @@ _NS_NAMES = {0x00020000: "mount", 0x02000000: "cgroup", 0x04000000: "uts", 0x080
 NSFS_MAGIC = 0x6E736673
 PROC_SUPER_MAGIC = 0x9FA0
 
+# ctypes is imported on first use, not with the module: a plugin's VERSION (or an ADD that never
+# enters a namespace) should not pay ~4 ms for it.
 _libc: ctypes.CDLL | None = None
 
 
 def _get_libc() -> ctypes.CDLL:
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        import ctypes
+
+        # dlopen(NULL): the C library the interpreter is linked with. ctypes.util.find_library("c")
+        # names the same library but imports shutil, tempfile and random and runs ldconfig (~15 ms).
+        _libc = ctypes.CDLL(None, use_errno=True)
     return _libc
 
 
-class _Statfs(ctypes.Structure):
-    _fields_ = [("f_type", ctypes.c_long), ("_rest", ctypes.c_byte * 112)]
+def _libc_call(name: str, *args: object) -> None:
+    """Call a libc function that returns 0 or -1; OSError (from errno) when it fails."""
+    import ctypes
+
+    if getattr(_get_libc(), name)(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def _fs_type(fd: int) -> int:
-    buf = _Statfs()
-    if _get_libc().fstatfs(fd, ctypes.byref(buf)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return int(buf.f_type) & 0xFFFFFFFF
+    import ctypes
+
+    buf = (ctypes.c_long * 32)()  # room for a struct statfs (120 bytes on 64-bit); f_type, a long, is first
+    _libc_call("fstatfs", fd, buf)
+    return int(buf[0]) & 0xFFFFFFFF
 
 
 def _setns(fd: int) -> None:
-    if _get_libc().setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+    _libc_call("setns", fd, CLONE_NEWNET)
 
 
 def current_netns_path() -> str:
     """Path naming the calling thread's network namespace (stable while the thread lives)."""
+    import threading
+
     return f"/proc/{os.getpid()}/task/{threading.get_native_id()}/ns/net"
 
 
