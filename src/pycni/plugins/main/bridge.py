@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from typing import TYPE_CHECKING, Any
 
 from pycni import invoke, skel
 from pycni.cniargs import load_cni_args
 from pycni.ipam import Rollback
-from pycni.net.link import is_colon_mac
 from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import DNS, Interface, Result, Route
 
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from typing import Any
+
     from pycni.net.link import Link
 
 DEFAULT_BRIDGE = "cni0"
@@ -113,6 +114,8 @@ def _vlan_trunk(items: Any) -> list[int]:
 
 
 def _check_mac(mac: str, where: str) -> str:
+    from pycni.net.link import is_colon_mac  # pycni.net is imported where used: VERSION needs none of it
+
     if not is_colon_mac(mac):
         raise _bad(f"invalid MAC address {mac!r} in {where}", "give a MAC address like 0a:58:0a:f4:00:05")
     return mac.lower()

@@ -9,14 +9,15 @@ address and a host route to the container's address. ``ipMasq`` masquerades outb
 
 from __future__ import annotations
 
-from typing import Any
-
 from pycni import ipam
-from pycni.net import netns
 from pycni.skel import CmdArgs, Plugin, load_conf, prev_result, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import DNS, Interface, IPConfig, Result
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def _conf(args: CmdArgs) -> dict[str, Any]:
@@ -54,7 +55,7 @@ def enable_forwarding(ips: list[IPConfig]) -> None:
 
 def _setup_container(args: CmdArgs, result: Result) -> None:
     """Configure the container end; its subnet goes via the gateway, reached by an on-link host route (as Go)."""
-    from pycni.net import iface, route
+    from pycni.net import iface, netns, route
     from pycni.net.link import require_link
 
     with netns.enter(args.netns):
@@ -80,7 +81,7 @@ def _setup_host(host_veth: str, result: Result) -> None:
 
 
 def cmd_add(args: CmdArgs) -> Result:
-    from pycni.net import link, masq, veth
+    from pycni.net import link, masq, netns, veth
 
     conf = _conf(args)
     netns.check_netns(args.netns)
@@ -112,7 +113,7 @@ def cmd_add(args: CmdArgs) -> Result:
 
 
 def cmd_del(args: CmdArgs) -> None:
-    from pycni.net import addr, link, masq
+    from pycni.net import addr, link, masq, netns
 
     conf = load_conf(args.stdin_data)
     ipam.delete(conf, args)
@@ -130,7 +131,7 @@ def cmd_del(args: CmdArgs) -> None:
 
 
 def cmd_check(args: CmdArgs) -> None:
-    from pycni.net import verify
+    from pycni.net import netns, verify
 
     conf = _conf(args)
     netns.check_netns(args.netns)

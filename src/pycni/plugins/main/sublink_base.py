@@ -11,17 +11,22 @@ DEL is idempotent: a missing netns or interface is success.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from pycni import ipam
 from pycni.cniargs import load_cni_args
-from pycni.net import netns, sublink
-from pycni.net.link import Link, get_link, is_colon_mac
 from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, load_conf, prev_result
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import DNS, Interface, Result
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from pycni.net.link import Link
+
+# pycni.net modules are imported by the handlers that use them: VERSION needs none of them.
 
 
 @record
@@ -46,7 +51,7 @@ class SublinkSpec:
 
 def default_route_interface(in_netns: str | None = None) -> str:
     """Name of the link carrying the first default route (where the reference looks for master)."""
-    from pycni.net import route
+    from pycni.net import netns, route
     from pycni.net.link import get_link
 
     def find() -> str:
@@ -75,6 +80,8 @@ def _mtu(conf: Mapping[str, Any]) -> int:
 
 def _mac(conf: Mapping[str, Any], args: CmdArgs) -> str:
     """The container MAC: config, then CNI_ARGS MAC, then runtimeConfig.mac (last wins); lower case."""
+    from pycni.net.link import is_colon_mac
+
     mac = str(conf.get("mac", "") or "")
     env_mac = load_cni_args(args.args, ["MAC"]).get("MAC", "")
     if env_mac:
@@ -116,6 +123,8 @@ class SublinkPlugin:
 
     def _parent(self, conf: dict[str, Any], args: CmdArgs) -> Link | None:
         """The ``master`` link (defaulted to the default-route link), with ``mtu`` checked against it."""
+        from pycni.net import sublink
+
         if not self.spec.needs_master:
             return None
         in_container = bool(conf.get("linkInContainer", False))
@@ -135,6 +144,9 @@ class SublinkPlugin:
     # ---- handlers ---------------------------------------------------------------------------
     def add(self, args: CmdArgs) -> Result:
         """ADD: the link in the container, then IPAM (or the prevResult's IPs); all undone on failure."""
+        from pycni.net import netns, sublink
+        from pycni.net.link import get_link
+
         conf = self._conf(args)
         netns.check_netns(args.netns)
         parent = self._parent(conf, args)
@@ -169,7 +181,7 @@ class SublinkPlugin:
 
     def _configure(self, args: CmdArgs, result: Result) -> None:
         """Put the result's addresses and routes on the container link, or just bring it up (layer 2)."""
-        from pycni.net import iface, link
+        from pycni.net import iface, link, netns
         from pycni.net.sysctl import try_write_sysctl
 
         with netns.enter(args.netns):
@@ -183,7 +195,7 @@ class SublinkPlugin:
     @staticmethod
     def _delete_link(netns_path: str, ifname: str) -> None:
         """Delete the container link; a missing netns or link is success."""
-        from pycni.net import link
+        from pycni.net import link, netns
 
         if not netns.netns_exists(netns_path):
             return
@@ -199,7 +211,7 @@ class SublinkPlugin:
 
     def check(self, args: CmdArgs) -> None:
         """CHECK: IPAM, the parent, the container link against prevResult, then the kind's own attributes."""
-        from pycni.net import verify
+        from pycni.net import netns, verify
         from pycni.net.link import ipr, lookup_msg
 
         conf = self._conf(args)

@@ -31,15 +31,17 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import subprocess
-from contextlib import AbstractContextManager
-from typing import Any
 
 from pycni.net import nft
 from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Result
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+    from typing import Any
 
 IPv4Interface = ipaddress.IPv4Interface
 IPv6Interface = ipaddress.IPv6Interface
@@ -420,6 +422,8 @@ def _render(v: Any) -> str:
 
 
 def _get_elements(name: str, elems: list[Element]) -> tuple[bool, str]:
+    import subprocess  # here, not at the top: VERSION should not pay for it
+
     keys = ", ".join(e.key for e in elems)
     try:
         out = subprocess.run([nft.find_tool("nft"), "get", "element", "inet", NFT_TABLE, name, f"{{ {keys} }}"],
@@ -599,6 +603,8 @@ def _ipt_locked() -> AbstractContextManager[None]:
 # ---- host side helpers -----------------------------------------------------------------------
 def enable_localnet_routing(ip: ipaddress.IPv4Address) -> None:
     """route_localnet=1 on the interface routing to the container, so 127/8 may be DNAT'd to it."""
+    import subprocess
+
     try:
         out = subprocess.run([nft.find_tool("ip"), "-o", "route", "get", str(ip)], capture_output=True, text=True,
                              timeout=30)

@@ -25,16 +25,21 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
 
 from pycni.cniargs import load_cni_args
-from pycni.net import link as netlink
-from pycni.net import netns
 from pycni.net.sysctl import normalize_key, proc_path, read_sysctl, try_write_sysctl, write_sysctl
 from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, IO_FAILURE, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Result
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from pycni.net import link as netlink
+
+# pycni.net.link and .netns are imported by the handlers that use them: VERSION needs neither.
 
 DEFAULT_DATA_DIR = "/run/cni/tuning"
 ALLOWLIST_FILE = "/etc/cni/tuning/allowlist.conf"
@@ -56,7 +61,8 @@ GLOBAL_SYSCTLS = (
     "net/nf_conntrack_max", "net/netfilter/nf_conntrack_max", "net/netfilter/nf_conntrack_buckets",
     "net/netfilter/nf_conntrack_expect_max", "net/netfilter/nf_log_all_netns",
 )
-_GLOBAL_RE = re.compile("|".join(re.escape(g).replace(r"\*", "[^/]*") for g in GLOBAL_SYSCTLS) + r"\Z")
+# Compiled on first use (re caches it) rather than at import: ~1 ms that VERSION need not pay.
+_GLOBAL_PATTERN = "|".join(re.escape(g).replace(r"\*", "[^/]*") for g in GLOBAL_SYSCTLS) + r"\Z"
 
 
 @record
@@ -172,7 +178,7 @@ def sysctl_file(key: str, ifname: str) -> str:
     if not name.startswith("net/"):
         raise CNIError(INVALID_CONFIG, f"invalid net sysctl key: {json.dumps(key)}",
                        "tuning only sets network sysctls (net.*), which belong to the container's namespace")
-    if _GLOBAL_RE.match(name):
+    if re.match(_GLOBAL_PATTERN, name):
         raise CNIError(INVALID_CONFIG, f"sysctl {key!r} is not namespaced",
                        "the kernel keeps it global (host-wide); it cannot be set for one container")
     return path
@@ -318,6 +324,8 @@ _RESTORE = (("mtu", "mtu", int, "MTU"), ("mac", "mac", str, "MAC address"),
 
 def _restore_link(ifname: str, saved: dict[str, Any]) -> list[str]:
     """Put back saved attributes one by one, in the reference's order; return the failures."""
+    from pycni.net import link as netlink
+
     errors = []
     for key, attr, kind, what in _RESTORE:
         value = saved.get(key)
@@ -385,6 +393,9 @@ def _rollback(ifname: str, before: dict[str, Any], path: str, previous: dict[str
 
 def cmd_add(args: CmdArgs) -> Result:
     """Set sysctls, save the originals, change the link; undo all of it if any step fails."""
+    from pycni.net import link as netlink
+    from pycni.net import netns
+
     conf = parse_conf(args)
     result = _require_prev(conf).copy()
     with netns.enter(args.netns):
@@ -431,6 +442,9 @@ def _remove(path: str) -> None:
 
 def cmd_del(args: CmdArgs) -> None:
     """Restore what ADD saved. Succeeds when there is nothing to restore or nowhere to restore it."""
+    from pycni.net import link as netlink
+    from pycni.net import netns
+
     raw = _load(args.stdin_data)
     data_dir = _opt(raw, "dataDir", str, "a directory path") or DEFAULT_DATA_DIR
     path = backup_path(data_dir, args.container_id, args.ifname)
@@ -456,6 +470,9 @@ def _check_error(msg: str) -> CNIError:
 
 def cmd_check(args: CmdArgs) -> None:
     """Every configured sysctl and link attribute still holds, worded as the reference."""
+    from pycni.net import link as netlink
+    from pycni.net import netns
+
     conf = parse_conf(args)
     _require_prev(conf)
     with netns.enter(args.netns):
