@@ -32,7 +32,6 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from pycni.net import nft
 from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
@@ -42,6 +41,9 @@ TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from typing import Any
+
+# pycni.net (nft, iptables, masq) and subprocess are imported by the functions that use them:
+# VERSION needs none of them.
 
 IPv4Interface = ipaddress.IPv4Interface
 IPv6Interface = ipaddress.IPv6Interface
@@ -316,6 +318,8 @@ class Element:
 
 def element_comment(conf: PortMapConf) -> str:
     """Marks every element of this attachment, so a DEL without portMappings finds them."""
+    from pycni.net import nft
+
     return f"id: {conf.container_id} net: {conf.name}"[:nft.COMMENT_MAX]
 
 
@@ -347,6 +351,8 @@ def nft_nets(conf: PortMapConf) -> list[str]:
 
 def nft_forward(conf: PortMapConf) -> None:
     """ADD: one transaction; a host port held by another container is taken over (newest wins)."""
+    from pycni.net import nft
+
     comment = nft.quote(element_comment(conf))
     skeleton = _nft_skeleton(conf)
     elements = nft_elements(conf)
@@ -379,6 +385,8 @@ def nft_forward(conf: PortMapConf) -> None:
 
 def nft_unforward(conf: PortMapConf) -> None:
     """DEL: remove this attachment's elements; idempotent, and complete without portMappings."""
+    from pycni.net import nft
+
     if conf.mappings and conf.nets:
         elements = nft_elements(conf)
         script = "".join(f"{e.probe()}\n{e.delete()}\n" for e in elements)
@@ -392,6 +400,8 @@ def nft_unforward(conf: PortMapConf) -> None:
 
 def _unforward_by_comment(conf: PortMapConf) -> None:
     """Find our elements by their comment (one listing of the table) and delete them."""
+    from pycni.net import nft
+
     listing = nft.list_json("table", "inet", NFT_TABLE, missing_ok=True)
     mine = element_comment(conf)
     cmds = []
@@ -422,7 +432,9 @@ def _render(v: Any) -> str:
 
 
 def _get_elements(name: str, elems: list[Element]) -> tuple[bool, str]:
-    import subprocess  # here, not at the top: VERSION should not pay for it
+    import subprocess
+
+    from pycni.net import nft
 
     keys = ", ".join(e.key for e in elems)
     try:
@@ -452,6 +464,8 @@ def nft_check(conf: PortMapConf) -> None:
 
 def nft_gc(conf: PortMapConf, valid: set[str]) -> None:
     """GC: drop elements of this network whose container is not among the valid attachments."""
+    from pycni.net import nft
+
     listing = nft.list_json("table", "inet", NFT_TABLE, missing_ok=True)
     suffix = f" net: {conf.name}"
     cmds = []
@@ -604,6 +618,8 @@ def _ipt_locked() -> AbstractContextManager[None]:
 def enable_localnet_routing(ip: ipaddress.IPv4Address) -> None:
     """route_localnet=1 on the interface routing to the container, so 127/8 may be DNAT'd to it."""
     import subprocess
+
+    from pycni.net import nft
 
     try:
         out = subprocess.run([nft.find_tool("ip"), "-o", "route", "get", str(ip)], capture_output=True, text=True,
