@@ -130,3 +130,34 @@ def test_iptables_error_has_command_and_stderr(host_ns: Namespace) -> None:
     assert e.value.code == IO_FAILURE
     assert "iptables" in e.value.msg and "NOSUCHCHAIN" in e.value.msg
     assert e.value.not_found or "does not exist" in e.value.details
+
+
+def test_iptables_usable_remembers_yes_per_binary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A yes is asked once per binary (asking lists the nat table); a no is asked every time."""
+    calls: list[bool] = []
+    answers = {"ok": True}
+
+    def fake_run(args: list[str], ipv6: bool = False, **_: object) -> str:
+        calls.append(ipv6)
+        if not answers["ok"]:
+            raise iptables.IptablesError(IO_FAILURE, "iptables failed", "can't initialize iptables table `nat'", 3)
+        return ""
+
+    ident = {"v": (False, "/usr/sbin/iptables", 1, 2, 3)}
+    monkeypatch.setattr(iptables, "run", fake_run)
+    monkeypatch.setattr(iptables, "_binary_identity", lambda ipv6: (ipv6, *ident["v"][1:]))
+    monkeypatch.setattr(iptables, "_usable", set())
+    answers["ok"] = False
+    assert not iptables.usable() and not iptables.usable()
+    assert len(calls) == 2
+    answers["ok"] = True
+    assert iptables.usable() and iptables.usable() and iptables.usable()
+    assert len(calls) == 3
+    assert iptables.usable(True)  # the other family is its own question
+    assert len(calls) == 4
+    ident["v"] = (False, "/usr/sbin/iptables", 1, 99, 3)  # replaced (e.g. legacy <-> nft): asked again
+    assert iptables.usable()
+    assert len(calls) == 5
+    monkeypatch.setattr(iptables, "_binary_identity", lambda ipv6: None)  # binary not found: never cached
+    assert iptables.usable() and iptables.usable()
+    assert len(calls) == 7

@@ -9,6 +9,7 @@ Stdlib only.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -183,10 +184,37 @@ def split_rule(line: str) -> list[str]:
     return parts[2:] if parts[:1] == ["-A"] else parts
 
 
+# Binaries found usable, by identity: see usable().
+_usable: set[tuple[bool, str, int, int, int]] = set()
+
+
+def _binary_identity(ipv6: bool) -> tuple[bool, str, int, int, int] | None:
+    """The command's resolved file (device, inode, mtime): changes if iptables is replaced or
+    its alternative switched (legacy / nft)."""
+    path = find_tool(_binary(ipv6))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return ipv6, path, st.st_dev, st.st_ino, st.st_mtime_ns
+
+
 def usable(ipv6: bool = False) -> bool:
-    """Whether this iptables family works here (binary present, nat table reachable)."""
+    """Whether this iptables family works here (binary present, nat table reachable).
+
+    A yes is remembered for the process (the daemon) as long as the binary stays the same:
+    asking means listing a nat chain, and iptables-nft reads the whole nat table for that,
+    which grows with every container. Both things it depends on are the host's, not a
+    namespace's (the tool, and kernel support for the nat table), so one answer holds in
+    every namespace. A no is never remembered.
+    """
+    ident = _binary_identity(ipv6)
+    if ident is not None and ident in _usable:
+        return True
     try:
         run(["-t", "nat", "-S", "OUTPUT"], ipv6)
     except IptablesError:
         return False
+    if ident is not None:
+        _usable.add(ident)
     return True
