@@ -161,3 +161,35 @@ def test_iptables_teardown_with_other_addresses_still_cleans_up(host_ns: Namespa
         masq.teardown_ip_masq("iptables", "net", "cid-x", "eth0", [ipaddress.ip_interface("10.1.0.9/24")])
         masq.teardown_ip_masq(None, "net", "cid-x", "eth0", made)
     assert "CNI-" not in host_ns.run(["iptables-save", "-t", "nat"]).stdout
+
+
+def test_iptables_setup_over_an_existing_chain(host_ns: Namespace) -> None:
+    """The one-restore ADD fails as a whole when the chain exists (a repeated ADD, a Go-made or
+    half-made chain); the fallback then rewrites the chain and adds each missing jump once."""
+    a = [ipaddress.ip_interface("10.1.0.5/24")]
+    chain = masq.chain_name("net", "cid-y")
+    comment = masq.iptables_comment("net", "cid-y")
+    host_ns.run(["iptables", "-t", "nat", "-N", chain])
+    host_ns.run(["iptables", "-t", "nat", "-A", chain, "-d", "10.9.9.0/24", "-j", "ACCEPT"])  # stale
+    with host_ns.enter():
+        masq.setup_ip_masq("iptables", "net", "cid-y", "eth0", a)
+        masq.check_ip_masq("iptables", "net", "cid-y", "eth0", a)
+    saved = host_ns.run(["iptables-save", "-t", "nat"]).stdout
+    assert "10.9.9.0/24" not in saved and saved.count(f"-j {chain}") == 1
+    host_ns.run(["iptables", "-t", "nat", "-D", "POSTROUTING", "-s", "10.1.0.5/32", "-m", "comment",
+                 "--comment", comment, "-j", chain])  # a jump lost: the next ADD puts it back
+    with host_ns.enter():
+        masq.setup_ip_masq("iptables", "net", "cid-y", "eth0", a)
+        masq.check_ip_masq("iptables", "net", "cid-y", "eth0", a)
+        masq.teardown_ip_masq(None, "net", "cid-y", "eth0", a)
+    saved = host_ns.run(["iptables-save", "-t", "nat"]).stdout
+    assert "CNI-" not in saved
+
+
+def test_teardown_of_both_backends_creates_nothing(host_ns: Namespace) -> None:
+    """A DEL for both backends where neither was used: no error, and no nft table appears."""
+    with host_ns.enter():
+        masq.teardown_ip_masq(None, "net", "never-added", "eth0", None)
+        masq.teardown_ip_masq(None, "net", "never-added", "eth0", [ipaddress.ip_interface("10.1.0.5/24")])
+    assert masq.NFT_TABLE not in host_ns.run(["nft", "list", "ruleset"]).stdout
+    assert "CNI-" not in host_ns.run(["iptables-save", "-t", "nat"]).stdout
