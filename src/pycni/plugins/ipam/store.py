@@ -8,14 +8,19 @@ implementations can share one directory, and a node can switch between them.
 
 Reserving is one ``O_EXCL`` create, so no scan is needed to find a free address; only
 lookups by owner (duplicate check, DEL, CHECK, GC) read the directory, as the reference does.
+A long-lived process (the daemon) keeps what it read in an index that inotify keeps exact, so
+from its third lookup in a directory on it re-reads only the files changed since, by whoever
+changed them (see :class:`_Indexes`); a one-shot plugin simply reads the directory.
 """
 
 from __future__ import annotations
 
+import _thread
 import errno
 import fcntl
 import ipaddress
 import os
+import sys
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
@@ -193,29 +198,20 @@ class Store:
         return self._unlink(path)
 
     # ---- lookups by owner (directory scans, as the reference) ----------------------------
-    def entries(self) -> Iterator[tuple[str, bytes]]:
+    def entries(self) -> list[tuple[str, bytes]]:
         """(file name, contents) of every reservation-like file (all but lock and cursors)."""
         try:
             dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            names = os.listdir(dfd)
         except OSError as e:
             raise _io_error(f"cannot read data directory {self.dir}", e) from None
-        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            for name in names:
-                if name == LOCK_NAME or name.startswith(LAST_IP_PREFIX):
-                    continue
-                try:
-                    fd = os.open(name, flags, dir_fd=dfd)
-                except OSError:
-                    continue  # vanished meanwhile, a symlink, or unreadable
-                try:
-                    data = os.read(fd, 4096)
-                except OSError:
-                    continue  # a directory
-                finally:
-                    os.close(fd)
-                yield name, data
+            try:
+                found = _INDEXES.lookup(dfd)
+            except OSError:
+                found = None  # the index is only a shortcut
+            return found if found is not None else list(_read_all(dfd))
+        except OSError as e:
+            raise _io_error(f"cannot read data directory {self.dir}", e) from None
         finally:
             os.close(dfd)
 
@@ -268,3 +264,210 @@ class Store:
             if self._release(name):
                 released.append(name)
         return released
+
+
+# ---- reading the directory ------------------------------------------------------------------
+def _skipped(name: str) -> bool:
+    return name == LOCK_NAME or name.startswith(LAST_IP_PREFIX)
+
+
+def _read_one(dfd: int, name: str) -> bytes | None:
+    """The first 4 KiB of regular file ``name``; None if it is gone, a symlink or unreadable."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+    except OSError:
+        return None  # vanished meanwhile, a symlink, or unreadable
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return None  # a directory
+    finally:
+        os.close(fd)
+
+
+def _read_all(dfd: int) -> Iterator[tuple[str, bytes]]:
+    """Every reservation-like file of the open directory ``dfd``, as Go's GetByID reads them."""
+    for name in os.listdir(dfd):
+        if not _skipped(name):
+            data = _read_one(dfd, name)
+            if data is not None:
+                yield name, data
+
+
+# ---- the index of a long-lived process --------------------------------------------------------
+# inotify(7): what is watched, and what an event says.
+_IN_MODIFY, _IN_CLOSE_WRITE, _IN_MOVED_FROM, _IN_MOVED_TO = 0x2, 0x8, 0x40, 0x80
+_IN_CREATE, _IN_DELETE, _IN_DELETE_SELF, _IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
+_IN_UNMOUNT, _IN_Q_OVERFLOW, _IN_IGNORED, _IN_ONLYDIR = 0x2000, 0x4000, 0x8000, 0x01000000
+_WATCH_MASK = (_IN_MODIFY | _IN_CLOSE_WRITE | _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE
+               | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR)
+_GONE = _IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_UNMOUNT
+_EVENT = "iIII"  # struct inotify_event: wd, mask, cookie, len; then the name (16 bytes)
+# File systems whose every change reaches inotify (statfs f_type). Not network or FUSE file
+# systems, where another host's changes are never reported: those are always read afresh.
+_LOCAL_FS = frozenset({0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0x858458F6, 0xF2F52010, 0x2FC12FC1})
+_MAX_DIRS = 64  # directories indexed at once (least recently used dropped first)
+
+
+class _Dir:
+    """One watched directory: its files' bytes, and the names changed since they were read."""
+
+    def __init__(self, wd: int, key: tuple[int, int]) -> None:
+        self.wd, self.key = wd, key
+        self.files: dict[str, bytes] = {}
+        self.changed: set[str] | None = None  # None: read everything (new, or events were lost)
+
+
+class _Indexes:
+    """What each store directory held when last read, kept exact by inotify.
+
+    inotify reports every create, delete, rename and write in a watched directory,
+    synchronously in the writer's system call, whoever the writer is (Go's host-local, another
+    process, an administrator): so once the store lock is ours, every change made before it is
+    queued, and re-reading just the names the events carry gives what a full read would. Nothing
+    here depends on timestamps or inode numbers, so neither coarse clocks nor a reused inode
+    can hide a change. Lost events (queue overflow) mean a full read; a directory deleted,
+    moved or unmounted is forgotten; a path that now leads to another directory is another
+    key (device, inode). Only the first 4 KiB of each file is kept, as a scan reads.
+
+    A directory is indexed from its second lookup in a process, so a one-shot plugin (one
+    lookup) pays nothing; anything unavailable (no inotify, the watch limit, a non-local file
+    system, no /proc) means reading the directory, as before. After fork the child starts over.
+    """
+
+    def __init__(self) -> None:
+        self._guard = _thread.allocate_lock()  # not threading: a one-shot plugin need not import it
+        self._pid = -1
+        self._fd = -1
+        self._libc: Any = None
+        self._by_wd: dict[int, _Dir] = {}
+        self._by_key: dict[tuple[int, int], _Dir] = {}  # least recently used first
+        self._seen: set[tuple[int, int]] = set()
+        self._refused: set[tuple[int, int]] = set()  # not on a local file system
+        self.enabled = True
+
+    def lookup(self, dfd: int) -> list[tuple[str, bytes]] | None:
+        """Every (name, bytes) of the open directory ``dfd``, or None when it is not indexed."""
+        if not self.enabled:
+            return None
+        st = os.fstat(dfd)
+        key = (st.st_dev, st.st_ino)
+        with self._guard:
+            if self._pid != os.getpid():
+                self._reset()
+            if key not in self._by_key:
+                if key not in self._seen:  # first use: a plain read, and remember the directory
+                    if len(self._seen) >= 1024:
+                        self._seen.clear()
+                    self._seen.add(key)
+                    return None
+                if key in self._refused or not self._watch(dfd, key):
+                    return None
+            self._drain()
+            d = self._by_key.get(key)
+            if d is None:  # forgotten by an event just now (the directory went away meanwhile)
+                return None
+            self._by_key[key] = self._by_key.pop(key)  # most recently used
+            if d.changed is None:
+                d.files = dict(_read_all(dfd))
+                d.changed = set()  # events queued meanwhile are applied at the next lookup
+            else:
+                for name in d.changed:
+                    data = None if _skipped(name) else _read_one(dfd, name)
+                    if data is None:
+                        d.files.pop(name, None)
+                    else:
+                        d.files[name] = data
+                d.changed.clear()
+            return list(d.files.items())
+
+    # ---- the inotify instance (call with the guard held) ------------------------------------
+    def after_fork(self) -> None:
+        """In a forked child: a lock nobody holds, and no use of the parent's inotify instance."""
+        self._guard = _thread.allocate_lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        """A fresh start (first use, or in a forked child: the inherited instance is the parent's)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._pid, self._fd = os.getpid(), -1
+        self._by_wd.clear()
+        self._by_key.clear()
+        self._seen.clear()
+        self._refused.clear()
+
+    def _watch(self, dfd: int, key: tuple[int, int]) -> bool:
+        """Start indexing the open directory ``dfd``; False when that is not possible here."""
+        import ctypes
+
+        try:
+            if self._libc is None:
+                self._libc = ctypes.CDLL(None, use_errno=True)
+            libc = self._libc
+            if self._fd < 0:
+                fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+                if fd < 0:
+                    return False
+                self._fd = fd
+            buf = bytearray(256)  # struct statfs; f_type comes first
+            if libc.fstatfs(dfd, (ctypes.c_char * len(buf)).from_buffer(buf)) != 0:
+                return False
+            if int.from_bytes(buf[:ctypes.sizeof(ctypes.c_long)], sys.byteorder) & 0xFFFFFFFF not in _LOCAL_FS:
+                self._refused.add(key)
+                return False
+            wd = libc.inotify_add_watch(self._fd, f"/proc/self/fd/{dfd}".encode(), _WATCH_MASK)
+        except (OSError, AttributeError):  # no libc or no inotify here
+            self.enabled = False
+            return False
+        if wd < 0:
+            return False  # e.g. the watch limit
+        if len(self._by_key) >= _MAX_DIRS:
+            self._forget(next(iter(self._by_key.values())))
+        d = self._by_wd.get(wd) or _Dir(wd, key)  # one inode, one watch: an earlier key moved here
+        self._by_key.pop(d.key, None)
+        d.key, d.changed = key, None
+        self._by_wd[wd] = self._by_key[key] = d
+        return True
+
+    def _forget(self, d: _Dir, rm_watch: bool = True) -> None:
+        self._by_wd.pop(d.wd, None)
+        if self._by_key.get(d.key) is d:
+            del self._by_key[d.key]
+        if rm_watch:
+            self._libc.inotify_rm_watch(self._fd, d.wd)
+
+    def _drain(self) -> None:
+        """Apply every queued event: note changed names, forget directories that went away."""
+        import struct
+
+        event = struct.Struct(_EVENT)
+        while True:
+            try:
+                buf = os.read(self._fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                for d in self._by_wd.values():
+                    d.changed = None  # events may be lost: read everything again
+                return
+            off = 0
+            while off + event.size <= len(buf):
+                wd, mask, _cookie, length = event.unpack_from(buf, off)
+                raw = buf[off + event.size:off + event.size + length].split(b"\0", 1)[0]
+                off += event.size + length
+                if mask & _IN_Q_OVERFLOW:
+                    for d in self._by_wd.values():
+                        d.changed = None
+                    continue
+                watched = self._by_wd.get(wd)
+                if watched is None:
+                    continue
+                if mask & _GONE:
+                    self._forget(watched, rm_watch=not mask & _IN_IGNORED)
+                elif watched.changed is not None and raw:
+                    watched.changed.add(os.fsdecode(raw))
+
+
+_INDEXES = _Indexes()
+os.register_at_fork(after_in_child=_INDEXES.after_fork)
