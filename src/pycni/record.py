@@ -92,8 +92,10 @@ def _collect(cls: type) -> list[Field]:
                 delattr(cls, name)
             else:
                 setattr(cls, name, f.default)
-        by_name.pop(name, None)
-        by_name[name] = f
+        if isinstance(f.default, list | dict | set):
+            raise ValueError(f"mutable default {type(f.default).__name__} for field {name!r} of {cls.__name__}: "
+                             "use field(default_factory=...)")
+        by_name[name] = f  # a redefined inherited field keeps its place, as in dataclasses
     seen_default = False
     for f in by_name.values():
         if f.required and seen_default:
