@@ -56,6 +56,68 @@ def _forward(sock_path: str, plugin_type: str, stdin: bytes) -> tuple[int, bytes
         s.close()
 
 
+class _LeanPyroute2:
+    """Meta-path finder that makes ``import pyroute2`` lean (see :func:`lean_pyroute2`).
+
+    Installing it costs nothing; the work (importlib.util, the package's spec) happens only if
+    the plugin really imports pyroute2 — most one-shot calls no longer do.
+    """
+
+    @classmethod
+    def find_spec(cls, name: str, path: object = None, target: object = None) -> object:
+        if name != "pyroute2":
+            return None
+        sys.meta_path.remove(cls)  # type: ignore[arg-type]
+        import importlib
+        import importlib.machinery
+        import importlib.util
+
+        real = importlib.util.find_spec("pyroute2")
+        if real is None or real.loader is None:
+            return real
+        fast = {"IPRoute": "pyroute2.iproute.linux", "AsyncIPRoute": "pyroute2.iproute.linux",
+                "NetlinkError": "pyroute2.netlink.exceptions"}
+
+        class Loader:
+            """Creates the package module without running its body; names resolve on first use."""
+
+            @staticmethod
+            def create_module(spec: object) -> None:
+                return None
+
+            @staticmethod
+            def exec_module(mod: object) -> None:
+                def __getattr__(attr: str) -> object:  # PEP 562: only called for names not yet bound
+                    if attr in fast:
+                        value = getattr(importlib.import_module(fast[attr]), attr)
+                        setattr(mod, attr, value)
+                        return value
+                    sub = None
+                    if not attr.startswith("__"):
+                        try:
+                            sub = importlib.util.find_spec(f"pyroute2.{attr}")
+                        except (ImportError, ValueError):
+                            sub = None
+                    if sub is not None:
+                        return importlib.import_module(f"pyroute2.{attr}")
+                    # Something else from the package's namespace: run the real body once.
+                    vars(mod).pop("__getattr__", None)
+                    vars(mod).pop("__pycni_lean__", None)
+                    real.loader.exec_module(mod)  # type: ignore[union-attr, arg-type]
+                    try:
+                        return vars(mod)[attr]
+                    except KeyError:
+                        raise AttributeError(f"module 'pyroute2' has no attribute {attr!r}") from None
+
+                mod.__getattr__ = __getattr__  # type: ignore[attr-defined]
+                mod.__pycni_lean__ = True  # type: ignore[attr-defined]  # the body has not run (tests look)
+
+        spec = importlib.machinery.ModuleSpec("pyroute2", Loader(), origin=real.origin, is_package=True)  # type: ignore[arg-type]
+        spec.submodule_search_locations = real.submodule_search_locations
+        spec.has_location = real.has_location
+        return spec
+
+
 def lean_pyroute2() -> None:
     """Make ``import pyroute2`` cheap: load only the submodules actually used.
 
@@ -65,45 +127,12 @@ def lean_pyroute2() -> None:
     without the body run; ``pyroute2.IPRoute`` resolves straight to
     ``pyroute2.iproute.linux.IPRoute`` (what the body binds on Linux), submodules import as
     usual, and any other top-level name runs the real body once, so nothing breaks. Used only
-    in one-shot plugin processes (never in the daemon or a library user's process).
+    in one-shot plugin processes (never in the daemon or a library user's process), and only
+    for what pycni.net.nl does not speak (tc, policy rules, VLAN filtering).
     """
-    if "pyroute2" in sys.modules:
+    if "pyroute2" in sys.modules or _LeanPyroute2 in sys.meta_path:
         return
-    import importlib
-    import importlib.util
-
-    spec = importlib.util.find_spec("pyroute2")
-    if spec is None or spec.loader is None:
-        return
-    mod = importlib.util.module_from_spec(spec)
-    fast = {"IPRoute": "pyroute2.iproute.linux", "AsyncIPRoute": "pyroute2.iproute.linux",
-            "NetlinkError": "pyroute2.netlink.exceptions"}
-
-    def __getattr__(name: str) -> object:  # PEP 562: only called for names not yet bound
-        if name in fast:
-            value = getattr(importlib.import_module(fast[name]), name)
-            setattr(mod, name, value)
-            return value
-        sub = None
-        if not name.startswith("__"):
-            try:
-                sub = importlib.util.find_spec(f"pyroute2.{name}")
-            except (ImportError, ValueError):
-                sub = None
-        if sub is not None:
-            return importlib.import_module(f"pyroute2.{name}")
-        # Something else from the package's namespace: run the real body once.
-        mod.__dict__.pop("__getattr__", None)
-        mod.__dict__.pop("__pycni_lean__", None)
-        spec.loader.exec_module(mod)  # type: ignore[union-attr]
-        try:
-            return mod.__dict__[name]
-        except KeyError:
-            raise AttributeError(f"module 'pyroute2' has no attribute {name!r}") from None
-
-    mod.__getattr__ = __getattr__  # type: ignore[method-assign]
-    mod.__pycni_lean__ = True  # type: ignore[attr-defined]  # marks the body as not run (tests look)
-    sys.modules["pyroute2"] = mod
+    sys.meta_path.insert(0, _LeanPyroute2)  # type: ignore[arg-type]
 
 
 def _run_here(module: str, stdin: bytes) -> tuple[int, bytes, bytes]:
