@@ -199,3 +199,14 @@ def test_link_types_this_kernel_may_lack_encode_as_the_kernel_expects(kw: dict[s
     assert {k: v for k, v in (got.attrs if got is not None else [])} == data
     # IFLA_NET_NS_FD (28) is not decoded (the kernel never reports it): find it raw
     assert nl._NLA.pack(8, 28) + nl._U32.pack(5) in body
+
+
+def test_route_get_names_the_output_link(ns: Namespace) -> None:
+    from pycni.net import route
+
+    ns.run(["ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1"])
+    ns.run(["ip", "link", "set", "v0", "up"])
+    ns.run(["ip", "addr", "add", "10.6.0.1/24", "dev", "v0"])
+    with netns.enter(ns.path):
+        assert route.output_link("10.6.0.77") == "v0"
+        assert route.output_link("192.0.2.1") is None  # no default route here: unreachable

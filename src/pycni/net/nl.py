@@ -549,6 +549,12 @@ class IPRoute:
             return self.request(RTM_DELROUTE, body)
         raise ValueError(f"unsupported route command {command!r}")
 
+    def route_get(self, dst: str) -> list[Msg]:
+        """The route the kernel would use to reach ``dst`` (``ip route get``): [RTM_NEWROUTE]."""
+        family, raw = _ip_bytes(dst)
+        body = _RTMSG.pack(family, len(raw) * 8, 0, 0, 0, 0, 0, 0, 0) + _nla(1, raw)
+        return self.request(RTM_GETROUTE, body)
+
     def get_routes(self, family: int = AF_UNSPEC, table: int | None = None) -> list[Msg]:
         """Every route of ``family``; only ``table``'s when given (RTA_TABLE, else the header's)."""
         msgs = self.dump(RTM_GETROUTE, _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0))

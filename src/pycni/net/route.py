@@ -175,3 +175,17 @@ def list_routes(family: int | None = None, *, table: int | None = RT_TABLE_MAIN,
                     continue
                 out.append(r)
         return out
+
+
+def output_link(ip: IPAddress | str) -> str | None:
+    """The name of the link the kernel routes ``ip`` out of (``ip route get``), None when unroutable."""
+    with rtnl() as sock:
+        try:
+            msgs = sock.route_get(str(ip))
+        except OSError:
+            return None
+        oif = msgs[0].get_attr("RTA_OIF") if msgs else None
+        if oif is None:
+            return None
+        found = sock.link("get", index=int(oif))
+        return str(found[0].get_attr("IFLA_IFNAME")) if found else None

@@ -617,21 +617,12 @@ def _ipt_locked() -> AbstractContextManager[None]:
 # ---- host side helpers -----------------------------------------------------------------------
 def enable_localnet_routing(ip: ipaddress.IPv4Address) -> None:
     """route_localnet=1 on the interface routing to the container, so 127/8 may be DNAT'd to it."""
-    import subprocess
-
-    from pycni.net import nft
-
-    try:
-        out = subprocess.run([nft.find_tool("ip"), "-o", "route", "get", str(ip)], capture_output=True, text=True,
-                             timeout=30)
-    except FileNotFoundError:
-        return
-    m = re.search(r"\bdev (\S+)", out.stdout)
-    if out.returncode != 0 or not m:
-        return
+    from pycni.net import route
     from pycni.net.sysctl import write_sysctl
 
-    write_sysctl(f"net/ipv4/conf/{m.group(1)}/route_localnet", "1")
+    dev = route.output_link(ip)
+    if dev is not None:
+        write_sysctl(f"net/ipv4/conf/{dev}/route_localnet", "1")
 
 
 def forget_stale_udp_flows(conf: PortMapConf) -> None:
