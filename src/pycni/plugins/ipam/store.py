@@ -305,7 +305,8 @@ _GONE = _IN_IGNORED | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_UNMOUNT
 _EVENT = "iIII"  # struct inotify_event: wd, mask, cookie, len; then the name (16 bytes)
 # File systems whose every change reaches inotify (statfs f_type). Not network or FUSE file
 # systems, where another host's changes are never reported: those are always read afresh.
-_LOCAL_FS = frozenset({0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0x858458F6, 0xF2F52010, 0x2FC12FC1})
+_LOCAL_FS = frozenset({0xEF53, 0x58465342, 0x9123683E,  # ext2/3/4, xfs, btrfs
+                       0x01021994, 0x858458F6, 0xF2F52010, 0x2FC12FC1})  # tmpfs, ramfs, f2fs, zfs
 _MAX_DIRS = 64  # directories indexed at once (least recently used dropped first)
 
 
