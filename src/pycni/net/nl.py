@@ -40,6 +40,7 @@ NLA_F_NESTED = 0x8000
 NLA_TYPE_MASK = 0x3FFF
 SOL_NETLINK = 270
 NETLINK_EXT_ACK = 11
+NETLINK_GET_STRICT_CHK = 12
 
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_SETLINK = 16, 17, 18, 19
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
@@ -394,6 +395,17 @@ class IPRoute:
             self._sock.close()
             raise
         self._seq = 0
+        self._strict: bool | None = None
+
+    def _strict_dumps(self) -> bool:
+        """Ask the kernel to filter dumps by the header's index/table (Linux 4.20+); False if it cannot."""
+        if self._strict is None:
+            try:
+                self._sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
+                self._strict = True
+            except OSError:
+                self._strict = False
+        return self._strict
 
     def close(self) -> None:
         self._sock.close()
@@ -502,7 +514,10 @@ class IPRoute:
         raise ValueError(f"unsupported addr command {command!r}")
 
     def get_addr(self, family: int = AF_UNSPEC, index: int | None = None) -> list[Msg]:
-        msgs = self.dump(RTM_GETADDR, _IFADDR.pack(family, 0, 0, 0, 0))
+        """Addresses of ``family``, only link ``index``'s when given (filtered by the kernel where it can:
+        a host with a thousand veths has a thousand link-local addresses nobody asked for)."""
+        kernel_filter = index is not None and self._strict_dumps()
+        msgs = self.dump(RTM_GETADDR, _IFADDR.pack(family, 0, 0, 0, index if kernel_filter else 0))
         return msgs if index is None else [m for m in msgs if m["index"] == index]
 
     # -- routes --
@@ -557,7 +572,10 @@ class IPRoute:
 
     def get_routes(self, family: int = AF_UNSPEC, table: int | None = None) -> list[Msg]:
         """Every route of ``family``; only ``table``'s when given (RTA_TABLE, else the header's)."""
-        msgs = self.dump(RTM_GETROUTE, _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0))
+        body = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
+        if table is not None and self._strict_dumps():
+            body += _nla_u32(15, table)  # RTA_TABLE: the kernel skips the other tables (local's grows with links)
+        msgs = self.dump(RTM_GETROUTE, body)
         if table is None:
             return msgs
         return [m for m in msgs if m.get_attr("RTA_TABLE", m["table"]) == table]
