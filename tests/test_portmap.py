@@ -688,3 +688,30 @@ def test_container_addresses_picked_as_the_reference_does() -> None:
     c = portmap.parse_config(args)
     assert str(c.cont_v4) == "10.0.2.5/24" and str(c.cont_v6) == "fd00::5/64"
     assert c.backend == "nftables" and c.snat and c.mark_masq_bit == 13
+
+
+def test_overlapping_subnets_merge_into_the_wider(topo_factory: Callable[[int], Topo]) -> None:
+    """Two networks' subnets that overlap end as the wider one in the shared set, as auto-merge
+    did (the set has no auto-merge: with it every ADD made nft fetch every element of the table)."""
+    t = topo_factory(2)
+
+    def with_prefix(i: int, plen: int) -> dict[str, Any]:
+        c = conf(t, i, WEB if i == 0 else [{"hostPort": 8081, "containerPort": 80, "protocol": "tcp"}])
+        c["prevResult"]["ips"][0]["address"] = f"{t.cip(i)}/{plen}"
+        return c
+
+    def nets4() -> list[Any]:
+        listing = json.loads(t.host.run(["nft", "-j", "list", "set", "inet", portmap.NFT_TABLE,
+                                          portmap.NETS[4]]).stdout)["nftables"]
+        return [o["set"].get("elem", []) for o in listing if "set" in o][0]
+
+    ok(call(t, "ADD", 0, with_prefix(0, 24)))
+    assert nets4() == [{"prefix": {"addr": "10.88.0.0", "len": 24}}]
+    ok(call(t, "ADD", 1, with_prefix(1, 16)))  # wider: replaces the /24
+    assert nets4() == [{"prefix": {"addr": "10.88.0.0", "len": 16}}]
+    ok(call(t, "ADD", 0, with_prefix(0, 25), container_id="ctr-0b"))  # narrower: already covered
+    assert nets4() == [{"prefix": {"addr": "10.88.0.0", "len": 16}}]
+    assert "auto-merge" not in ruleset(t)
+    for i, cid in ((0, "ctr-0"), (1, "ctr-1"), (0, "ctr-0b")):
+        ok(call(t, "DEL", i, with_prefix(i, 24), container_id=cid))
+    assert our_nft_objects(t) == ""
