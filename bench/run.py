@@ -421,6 +421,27 @@ def case_host_local(env: Env, rounds: int, reserved: int) -> Row:
     return Row(f"(d) host-local ADD, {reserved} taken in a /16", "s", values)
 
 
+def settle(namespaces: list[str], quiet: float = 10.0, limit: float = 180.0) -> None:
+    """Wait for the kernel to finish with freshly made interfaces before timing anything.
+
+    Each new interface starts IPv6 duplicate address detection, router solicitations and MLD
+    reports; their timers take the RTNL lock, so for some seconds after a thousand interfaces
+    appear every netlink request waits behind them. The probe should see 1,000 containers
+    present, not 1,000 containers still settling — and Go's fill would otherwise have had our
+    fill's duration to settle while ours had none. Done when no address is tentative anywhere,
+    plus ``quiet`` seconds for the solicitation and report timers.
+    """
+    t = time.perf_counter()
+    while time.perf_counter() - t < limit:
+        busy = [ns for ns in namespaces if subprocess.run(["ip", "-n", ns, "-6", "addr", "show", "tentative"],
+                                                           capture_output=True, text=True).stdout.strip()]
+        if not busy:
+            break
+        time.sleep(1)
+    time.sleep(quiet)
+    log(f"(e) interfaces settled after {time.perf_counter() - t:.0f} s")
+
+
 def case_scale(env: Env, n: int, rounds: int, workers: int) -> list[Row]:
     """(e): ADD latency with n-1 containers (and as many port mappings) on the bridge vs with none."""
     vs = {v.name: v for v in env.variants()}
@@ -462,6 +483,7 @@ def case_scale(env: Env, n: int, rounds: int, workers: int) -> list[Row]:
     t = time.perf_counter()
     fill(nets["daemon"])
     log(f"(e) ours (daemon) fill took {time.perf_counter() - t:.0f} s")
+    settle([go_net.host, ours_host, *bulk])
     nth = paired(rounds, list(nets), probe)
     rows = [Row("(e) ADD latency, 1st container", "s", first),
             Row(f"(e) ADD latency, {n}th container ({n - 1} port mappings)", "s", nth)]
