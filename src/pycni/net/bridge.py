@@ -12,6 +12,7 @@ from pycni.net.link import (
     is_netlink_error,
     lookup_msg,
     netlink_errno,
+    require_index,
     require_msg,
     rtnl,
 )
@@ -107,9 +108,9 @@ def set_port(name: str | int, *, hairpin: bool | None = None, isolated: bool | N
     if not kw:
         return
     with rtnl() as sock:
-        msg = require_msg(sock, name)
+        index = require_index(sock, name)  # an index is taken as it is: no lookup
         try:
-            sock.brport("set", index=int(msg["index"]), **kw)
+            sock.brport("set", index=index, **kw)
         except Exception as e:
             if not is_netlink_error(e):
                 raise

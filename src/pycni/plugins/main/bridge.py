@@ -230,13 +230,15 @@ def _ensure_addr(link_name: str, gw: Any, force: bool) -> None:
     link.set_link(link_name, mac=current.mac)
 
 
-def _setup_port(host: str, bridge: str, *, hairpin: bool, isolated: bool, vlan: int, vlans: list[int],
+def _setup_port(host: str | int, bridge: str | int, *, hairpin: bool, isolated: bool, vlan: int, vlans: list[int],
                 preserve_default_vlan: bool) -> None:
-    """Enslave a host veth to the bridge and set its port flags and VLANs, as Go's setupVeth."""
+    """Enslave a host veth to the bridge and set its port flags and VLANs, as Go's setupVeth.
+
+    ``host``/``bridge`` may be indexes: then enslaving and the port flags are one request each."""
     from pycni.net import bridge as br
     from pycni.net import link
 
-    link.set_link(host, master=bridge)
+    link.set_master(host, bridge)
     br.set_port(host, hairpin=hairpin, isolated=isolated)
     if (vlan or vlans) and not preserve_default_vlan:
         br.remove_all_port_vlans(host)
@@ -295,7 +297,7 @@ def cmd_add(args: CmdArgs) -> Result:
     with Rollback() as undo:  # an ADD that fails part-way takes back what it made
         pair = veth.setup_veth(args.netns, args.ifname, mtu=n.mtu, mac=n.mac)
         undo.push(lambda: link.delete_link(pair.host.name))
-        _setup_port(pair.host.name, n.bridge, hairpin=n.hairpin, isolated=n.port_isolation, vlan=n.vlan,
+        _setup_port(pair.host.index, bridge.index, hairpin=n.hairpin, isolated=n.port_isolation, vlan=n.vlan,
                     vlans=n.vlans, preserve_default_vlan=n.preserve_default_vlan)
         host_if = Interface(name=pair.host.name, mac=pair.host.mac)
         cont_if = Interface(name=pair.container.name, mac=pair.container.mac, sandbox=args.netns)
