@@ -43,6 +43,16 @@ class Namespace:
     def delete(self) -> None:
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
 
+    def wait_dad(self, dev: str | None = None, tries: int = 100) -> None:
+        """Wait (0.1 s a try) until no IPv6 address here (on ``dev``) is tentative, or fail.
+
+        Right after an ADD the host-side addresses are still in duplicate address detection,
+        and until it ends the host cannot resolve neighbours over them (Go's plugins alike).
+        """
+        where = f"dev {dev} " if dev else ""
+        self.run(["sh", "-c", f"for i in $(seq {tries}); do [ -z \"$(ip -6 addr show {where}tentative)\" ] "
+                              "&& exit 0; sleep 0.1; done; exit 1"])
+
 
 def new_namespace(prefix: str = "pycni-t") -> Namespace:
     name = f"{prefix}-{uuid.uuid4().hex[:10]}"

@@ -152,8 +152,7 @@ def test_dual_stack_default_gateway(br: Bridge, host_ns: Namespace, netns_factor
     assert host_ns.run(["cat", "/proc/sys/net/ipv6/conf/all/forwarding"]).stdout.strip() == "1"
     assert ping(c1, "10.10.0.3") and ping(c1, "fd10::3") and ping(c2, "fd10::2")
     # the IPv6 gateway answers once its own DAD is done (the container side has DAD off)
-    host_ns.run(["sh", "-c", "for i in $(seq 50); do ip -6 addr show dev cni0 tentative | grep -q fd10 || exit 0;"
-                             " sleep 0.1; done; exit 1"])
+    host_ns.wait_dad("cni0")
     assert ping(c1, "fd10::1", count=1, wait=3)
     # a host-side address outside the subnet is reachable through the default route
     host_ns.run(["ip", "addr", "add", "192.0.2.1/32", "dev", "lo"])

@@ -101,8 +101,7 @@ def test_dual_stack(netns_factory: Callable[[], Namespace], plugin_dir: str, tmp
     assert v6 and len(r1["ips"]) == 2
     # The host ends' gateway and link-local addresses are still in DAD right after ADD (as with the Go
     # plugin): until it ends the host cannot resolve the neighbour, so wait for it before pinging.
-    host.run(["sh", "-c", "for i in $(seq 100); do [ -z \"$(ip -6 addr show tentative)\" ] && exit 0; "
-                          "sleep 0.1; done; exit 1"])
+    host.wait_dad()
     c1.run(["ping", "-6", "-c", "2", "-W", "3", v6[0]])
     for cid, c in (("d1", c1), ("d2", c2)):
         ok(call(ptp.PLUGIN, host, "DEL", cfg, c, plugin_dir, container_id=cid))

@@ -43,14 +43,10 @@ IFF_ALLMULTI = 0x200
 _UNSET: Any = ...  # sentinel: "leave this attribute alone" (None means "detach" for master)
 
 
-@contextmanager
-def rtnl() -> Iterator[_NlIPRoute]:
-    """Our stdlib rtnetlink socket (:mod:`pycni.net.nl`) in the calling thread's namespace, closed on exit."""
-    sock = _NlIPRoute()
-    try:
-        yield sock
-    finally:
-        sock.close()
+def rtnl() -> _NlIPRoute:
+    """Our stdlib rtnetlink socket (:mod:`pycni.net.nl`) in the calling thread's namespace;
+    use it in a ``with`` block, which closes it."""
+    return _NlIPRoute()
 
 
 @contextmanager
@@ -275,12 +271,7 @@ def set_master(name: str | int, master: str | int) -> None:
     no lookups, which matters on a bridge with many ports, where every RTNL round trip is slow."""
     with rtnl() as sock:
         index = require_index(sock, name)
-        try:
-            master_index = link_index(sock, master)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            master_index = None
+        master_index = link_index(sock, master)
         if master_index is None:
             raise CNIError(INTERNAL, f"failed to lookup master {master!r}", f"link {master!r} not found")
         try:

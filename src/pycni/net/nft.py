@@ -38,6 +38,11 @@ class NftError(CNIError):
     def exists(self) -> bool:
         return "File exists" in self.stderr
 
+    @property
+    def overlaps(self) -> bool:
+        """An interval element overlapping one already in its set (nft's own check)."""
+        return "overlaps with an existing" in self.stderr
+
 
 # Runtimes do not always pass PATH to plugins; look where distributions put these tools too.
 SYSTEM_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin", "/usr/local/sbin", "/usr/local/bin")

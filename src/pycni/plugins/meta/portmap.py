@@ -351,11 +351,6 @@ def nft_nets(conf: PortMapConf) -> list[str]:
     return [f"add element {T} {NETS[n.version]} {{ {n.network} }}" for n in conf.nets]
 
 
-def _overlaps(err: CNIError) -> bool:
-    """nft refused a subnet overlapping one already in the set (another network's, wider or narrower)."""
-    return "overlaps" in str(getattr(err, "stderr", "") or err.details)
-
-
 def _set_intervals(listing: dict[str, Any]) -> list[tuple[str, int, int]]:
     """(element as nft prints it, first, last address) of each element of a listed interval set."""
     from pycni.net import nft
@@ -405,7 +400,7 @@ def _add_nets(conf: PortMapConf) -> None:
     try:
         nft.run("\n".join(nets) + "\n", what="port mapping setup")
     except nft.NftError as e:
-        if not _overlaps(e):
+        if not e.overlaps:
             raise
         _widen_nets(conf)
 
@@ -423,7 +418,7 @@ def nft_forward(conf: PortMapConf) -> None:
                 what="port mapping setup")
         return
     except nft.NftError as e:
-        if not (e.exists or _overlaps(e)):
+        if not (e.exists or e.overlaps):
             raise CNIError(e.code, "unable to set up nftables rules for port mappings", e.details) from None
     # Rare: a host port is mapped to another container, or this subnet overlaps another network's.
     # Take ports over element by element, merge subnets, and undo everything if that fails.
