@@ -319,6 +319,12 @@ def run(opts: argparse.Namespace) -> int:
     if opts.debug:
         log.setLevel(logging.DEBUG)
     daemon = Daemon(opts.socket, preload=not opts.no_preload)
+    from pycni.net import nft
+
+    # nftables in-process: no fork/exec per transaction, and the socket close that waits out the
+    # kernel's reclaim of each transaction happens off the request path (see pycni.net.nftlib).
+    if not nft.use_library():
+        log.info("libnftables not found: nftables changes run the nft command")
     workers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
     try:
         daemon.bind()

@@ -21,6 +21,7 @@ COMMENT_MAX = 128
 # nft's stderr when the object a command names does not exist.
 _NOT_FOUND = ("No such file or directory", "does not exist")
 _BUSY = ("Resource temporarily unavailable", "Interrupted system call")
+_in_process = False  # see use_library()
 
 
 class NftError(CNIError):
@@ -60,7 +61,36 @@ def find_tool(name: str) -> str:
     return name  # let exec fail with the usual "not found"
 
 
+def use_library(enabled: bool = True) -> bool:
+    """Run nftables in-process through libnftables from now on (the daemon does); whether it can."""
+    global _in_process
+    if enabled:
+        from pycni.net import nftlib
+
+        enabled = nftlib.available()
+    _in_process = enabled
+    return enabled
+
+
 def _exec(args: list[str], stdin: str | None, what: str, code: int) -> str:
+    done = None
+    if _in_process:
+        from pycni.net import nftlib
+
+        done = nftlib.run(args, stdin)
+    if done is not None:
+        status, out, err = done
+    else:
+        status, out, err = _exec_tool(args, stdin, what)
+    if status != 0:
+        err = err or out
+        if any(s in err for s in _BUSY):
+            code = TRY_AGAIN
+        raise NftError(code, f"nftables {what} failed", err)
+    return out
+
+
+def _exec_tool(args: list[str], stdin: str | None, what: str) -> tuple[int, str, str]:
     try:
         proc = subprocess.run([find_tool(NFT), *args], input=stdin, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
@@ -68,12 +98,7 @@ def _exec(args: list[str], stdin: str | None, what: str, code: int) -> str:
                        "install the nftables package (the nft binary) or choose the iptables backend") from None
     except subprocess.TimeoutExpired:
         raise NftError(TRY_AGAIN, f"nft timed out during {what}", "nft did not answer within 60s") from None
-    if proc.returncode != 0:
-        err = proc.stderr or proc.stdout
-        if any(s in err for s in _BUSY):
-            code = TRY_AGAIN
-        raise NftError(code, f"nftables {what} failed", err)
-    return proc.stdout
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def run(script: str, *, code: int = IO_FAILURE, what: str = "transaction") -> None:
