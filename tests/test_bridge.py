@@ -151,6 +151,11 @@ def test_dual_stack_default_gateway(br: Bridge, host_ns: Namespace, netns_factor
     assert {"10.10.0.1/24", "fd10::1/64"} <= set(addrs(host_ns, "cni0"))
     assert host_ns.run(["cat", "/proc/sys/net/ipv6/conf/all/forwarding"]).stdout.strip() == "1"
     assert ping(c1, "10.10.0.3") and ping(c1, "fd10::3") and ping(c2, "fd10::2")
+    # the host ends are bare bridge ports: no IPv6 (no link-local address, DAD or routes of their own)
+    port = r1["interfaces"][1]["name"]
+    assert host_ns.run(["cat", f"/proc/sys/net/ipv6/conf/{port}/disable_ipv6"]).stdout.strip() == "1"
+    assert addrs(host_ns, port) == [] and f"dev {port}" not in host_ns.run(["ip", "-6", "route", "show",
+                                                                           "table", "all"]).stdout
     # the IPv6 gateway answers once its own DAD is done (the container side has DAD off)
     host_ns.wait_dad("cni0")
     assert ping(c1, "fd10::1", count=1, wait=3)

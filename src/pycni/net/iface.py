@@ -66,7 +66,7 @@ def configure_iface(ifname: str, result: Result) -> None:
                 v4gw = ipc.gateway
             elif ipc.gateway.version == 6 and v6gw is None:
                 v6gw = ipc.gateway
-    _link.set_link(link.index, up=True)
+    _link.set_up(link.index, ifname)
     if v6gw is not None:
         _addr.settle_addresses(ifname, DAD_SETTLE_TIMEOUT)
     for r in result.routes:

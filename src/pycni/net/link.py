@@ -266,6 +266,18 @@ def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None,
         return Link.from_msg(after)
 
 
+def set_up(index: int, name: str = "") -> None:
+    """Bring link ``index`` up: one request, no lookups and no read-back (a read right after
+    waits for the kernel's carrier work on every port of a big bridge)."""
+    with rtnl() as sock:
+        try:
+            sock.link("set", index=index, state="up")
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            raise CNIError(INTERNAL, f"failed to set {name or index!r} UP", str(e)) from None
+
+
 def set_master(name: str | int, master: str | int) -> None:
     """Enslave link ``name`` to ``master`` (e.g. a bridge). Given indexes, this is one request and
     no lookups, which matters on a bridge with many ports, where every RTNL round trip is slow."""

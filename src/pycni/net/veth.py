@@ -46,25 +46,31 @@ class VethPair:
 
 
 def setup_veth(container_netns: str, ifname: str, *, mtu: int = 0, mac: str = "",
-               host_name: str = "") -> VethPair:
+               host_name: str = "", master: int | None = None) -> VethPair:
     """Create a veth pair: ``ifname`` in ``container_netns``, the host end here (up).
 
     With no ``host_name`` a random one is chosen and retried on a clash. A clash on the
     container side (``ifname`` exists there) is an error, as in the reference.
+
+    With ``master`` (a bridge's index) the host end is enslaved to it and gets no IPv6: a
+    bridge port's own IP stack never sees a packet, and the link-local address, its DAD and
+    the per-port fe80::/64 and ff00::/8 routes it would otherwise get make every IPv6
+    multicast lookup on the host, and the RTNL-holding DAD work of each new port, slower
+    by one entry per port (see the README's performance notes).
     """
     target = netns.open_netns(container_netns)
     try:
-        return _setup(target, container_netns, ifname, mtu, mac, host_name)
+        return _setup(target, container_netns, ifname, mtu, mac, host_name, master)
     finally:
         os.close(target)
 
 
-def _create(sock: Any, host: str, ifname: str, target: int, mtu: int, mac: str) -> None:
-    """RTM_NEWLINK for the pair: ``host`` here and up, ``ifname`` born (down) in the namespace open
-    at ``target``. Up at creation saves the separate set-up request: each RTNL round trip costs
-    more as the bridge fills (see the README's performance notes)."""
+def _create(sock: Any, host: str, ifname: str, target: int, mtu: int, mac: str, up: bool) -> None:
+    """RTM_NEWLINK for the pair: ``host`` here, ``ifname`` born (down) in the namespace open at
+    ``target``. Up at creation saves a separate set-up request: each RTNL round trip costs more
+    as a bridge fills."""
     peer: dict[str, Any] = {"ifname": ifname, "net_ns_fd": target}
-    kw: dict[str, Any] = {"ifname": host, "kind": "veth", "peer": peer, "state": "up"}
+    kw: dict[str, Any] = {"ifname": host, "kind": "veth", "peer": peer, "state": "up" if up else "down"}
     if mtu:
         kw["mtu"] = mtu
         peer["mtu"] = mtu
@@ -79,7 +85,8 @@ def _container_has(container_netns: str, ifname: str) -> bool:
         return lookup_msg(sock, ifname) is not None
 
 
-def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, host_name: str) -> VethPair:
+def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, host_name: str,
+           master: int | None) -> VethPair:
     """:func:`setup_veth` with the container namespace open; retries random host names that clash."""
     if mac:
         _check_mac(mac)
@@ -87,7 +94,7 @@ def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, h
         host = host_name or random_veth_name()
         with rtnl() as sock:
             try:
-                _create(sock, host, ifname, target, mtu, mac)
+                _create(sock, host, ifname, target, mtu, mac, up=master is None)
             except Exception as e:
                 if not is_netlink_error(e):
                     raise
@@ -101,16 +108,31 @@ def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, h
                                    f"(or {host!r} in the host); choose another CNI_IFNAME") from None
                 raise CNIError(INTERNAL, "failed to make veth pair", str(e)) from None
         try:
-            return _finish(host, ifname, container_netns)
+            if master is not None:
+                _enslave(host, master)
+            return _finish(host, ifname, container_netns, accept_ra=master is None)
         except BaseException:
             delete_link_quietly(host)  # never leave half a pair behind
             raise
     raise CNIError(INTERNAL, "failed to find a unique veth name", f"{MAX_NAME_TRIES} random names were all taken")
 
 
-def _finish(host: str, ifname: str, container_netns: str) -> VethPair:
+def _enslave(host: str, master: int) -> None:
+    """IPv6 off on the (still down) host end, then enslaved and up in one request."""
+    try_write_sysctl(f"net/ipv6/conf/{host}/disable_ipv6", "1")  # IPv6 may be absent altogether
+    with rtnl() as sock:
+        try:
+            sock.link("set", ifname=host, master=master, state="up")
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            raise CNIError(INTERNAL, f"failed to connect {host!r} to bridge (index {master})", str(e)) from None
+
+
+def _finish(host: str, ifname: str, container_netns: str, accept_ra: bool) -> VethPair:
     """Turn accept_ra off on the host end (as the reference) and read both ends back."""
-    try_write_sysctl(f"net/ipv6/conf/{host}/accept_ra", "0")  # IPv6 may be disabled
+    if accept_ra:
+        try_write_sysctl(f"net/ipv6/conf/{host}/accept_ra", "0")  # IPv6 may be disabled
     host_link = _read_back(host)
     with netns.enter(container_netns):
         cont_link = _read_back(ifname)

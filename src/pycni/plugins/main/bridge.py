@@ -230,15 +230,11 @@ def _ensure_addr(link_name: str, gw: Any, force: bool) -> None:
     link.set_link(link_name, mac=current.mac)
 
 
-def _setup_port(host: str | int, bridge: str | int, *, hairpin: bool, isolated: bool, vlan: int, vlans: list[int],
+def _setup_port(host: str | int, *, hairpin: bool, isolated: bool, vlan: int, vlans: list[int],
                 preserve_default_vlan: bool) -> None:
-    """Enslave a host veth to the bridge and set its port flags and VLANs, as Go's setupVeth.
-
-    ``host``/``bridge`` may be indexes: then enslaving and the port flags are one request each."""
+    """Set an enslaved host veth's port flags and VLANs, as Go's setupVeth (one request by index)."""
     from pycni.net import bridge as br
-    from pycni.net import link
 
-    link.set_master(host, bridge)
     br.set_port(host, hairpin=hairpin, isolated=isolated)
     if (vlan or vlans) and not preserve_default_vlan:
         br.remove_all_port_vlans(host)
@@ -258,9 +254,9 @@ def _ensure_vlan_interface(n: BridgeConf, bridge_mtu: int, undo: Rollback) -> Li
     found = link.get_link(name)
     if found is not None:
         return found
-    pair = veth.setup_veth(netns.current_netns_path(), name, mtu=bridge_mtu)
+    pair = veth.setup_veth(netns.current_netns_path(), name, mtu=bridge_mtu, master=link.require_link(n.bridge).index)
     undo.push(lambda: link.delete_link(pair.host.name))
-    _setup_port(pair.host.name, n.bridge, hairpin=False, isolated=False, vlan=n.vlan, vlans=[],
+    _setup_port(pair.host.index, hairpin=False, isolated=False, vlan=n.vlan, vlans=[],
                 preserve_default_vlan=n.preserve_default_vlan)
     return link.set_link(name, up=True)
 
@@ -269,9 +265,9 @@ def _wait_port_up(host: str) -> Link:
     """The host veth once it is operationally up (the reference waits the same ~2.5 s)."""
     from pycni.net import link
 
-    found = link.require_link(host)
-    for ms in PORT_UP_RETRIES_MS:
-        time.sleep(ms / 1000)
+    for ms in PORT_UP_RETRIES_MS:  # the first try is at once: one lookup when the port is up already
+        if ms:
+            time.sleep(ms / 1000)
         found = link.require_link(host)
         if found.oper_up:
             return found
@@ -295,9 +291,9 @@ def cmd_add(args: CmdArgs) -> Result:
     netns.check_netns(args.netns)
     bridge = br.ensure_bridge(n.bridge, mtu=n.mtu, promisc=n.promisc, vlan_filtering=n.vlan_filtering)
     with Rollback() as undo:  # an ADD that fails part-way takes back what it made
-        pair = veth.setup_veth(args.netns, args.ifname, mtu=n.mtu, mac=n.mac)
+        pair = veth.setup_veth(args.netns, args.ifname, mtu=n.mtu, mac=n.mac, master=bridge.index)
         undo.push(lambda: link.delete_link(pair.host.name))
-        _setup_port(pair.host.index, bridge.index, hairpin=n.hairpin, isolated=n.port_isolation, vlan=n.vlan,
+        _setup_port(pair.host.index, hairpin=n.hairpin, isolated=n.port_isolation, vlan=n.vlan,
                     vlans=n.vlans, preserve_default_vlan=n.preserve_default_vlan)
         host_if = Interface(name=pair.host.name, mac=pair.host.mac)
         cont_if = Interface(name=pair.container.name, mac=pair.container.mac, sandbox=args.netns)
