@@ -8,16 +8,67 @@ Keys may be dotted (``net.ipv4.ip_forward``) or slashed (``net/ipv4/ip_forward``
 Go reference, the first separator decides: in a dotted key, dots and slashes swap, so an
 interface name with a dot is written ``net.ipv4.conf.eth0/100.rp_filter``; a slashed key is
 used as it is (``net/ipv4/conf/eth0.100/rp_filter``).
+
+Opening ``/proc/sys/net/ipv4/...`` by its full path gets slower with every network namespace
+on the host: all namespaces' ``ipv4`` (``ipv6``, ``core``...) directories hang under one shared
+``/proc/sys/net`` entry with the same name, and the lookup walks past the others' (newest
+first; the host's, made first, comes last: ~0.15 ms per open with 1,000 containers). So
+``net/<dir>/...`` keys are opened relative to a descriptor of ``/proc/sys/net/<dir>`` kept per
+namespace (~3 us), falling back to the full path when that fails.
 """
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
 
 from pycni.spec.errors import INVALID_CONFIG, IO_FAILURE, CNIError
 
 PROC_SYS = "/proc/sys"
+_DIR_CACHE_SIZE = 32
+_dirs: dict[tuple[int, int, str], int] = {}  # (netns dev, ino, dir) -> O_PATH fd, least recent first
+_dirs_lock = _thread.allocate_lock()  # held across each relative open, so no fd is closed under a user
+
+
+def _forget_dirs_in_child() -> None:
+    global _dirs_lock
+    _dirs_lock = _thread.allocate_lock()
+
+
+os.register_at_fork(after_in_child=_forget_dirs_in_child)
+
+
+def _open(path: str, flags: int) -> int:
+    """os.open of a /proc/sys path, relative to a cached ``/proc/sys/net/<dir>`` where it can."""
+    parts = path.split("/", 5)  # "", "proc", "sys", "net", dir, rest
+    if len(parts) == 6 and parts[1:4] == ["proc", "sys", "net"]:
+        try:
+            st = os.stat("/proc/thread-self/ns/net")
+        except OSError:
+            return os.open(path, flags)
+        key = (st.st_dev, st.st_ino, parts[4])
+        with _dirs_lock:
+            fd = _dirs.get(key)
+            if fd is None:
+                try:
+                    fd = os.open("/".join(parts[:5]), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                except OSError:
+                    return os.open(path, flags)
+                if len(_dirs) >= _DIR_CACHE_SIZE:
+                    os.close(_dirs.pop(next(iter(_dirs))))
+            else:
+                del _dirs[key]  # re-inserted below: most recent last
+            _dirs[key] = fd
+            try:
+                return os.open(parts[5], flags, dir_fd=fd)
+            except FileNotFoundError:
+                # Missing here, or the namespace died and a new one reuses its inode number:
+                # forget the directory and let the full path decide.
+                os.close(_dirs.pop(key))
+    return os.open(path, flags)
+
+
 _SWAP = str.maketrans("./", "/.")
 
 
@@ -66,8 +117,11 @@ def read_sysctl(key: str) -> str:
     """The value of ``key`` without its trailing newline."""
     path = sysctl_path(key)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = _open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise _io_error("read", key, path, e) from None
     text = data.decode(errors="replace")
@@ -79,7 +133,7 @@ def write_sysctl(key: str, value: str) -> None:
     path = sysctl_path(key)
     data = str(value).encode()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = _open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as e:
         raise _io_error("write", key, path, e) from None
     try:
