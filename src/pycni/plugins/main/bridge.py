@@ -330,32 +330,68 @@ def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, undo:
         raise CNIError(INTERNAL, "IPAM plugin returned missing IP config",
                        f"{n.ipam_type} returned no addresses for {args.container_id}/{args.ifname}")
     gws = _calc_gateways(result, n)
-    with netns.enter(args.netns):
-        for key, value in ((f"net/ipv6/conf/{args.ifname}/enhanced_dad", "1" if n.enable_dad else None),
-                           (f"net/ipv6/conf/{args.ifname}/accept_dad", "1" if n.enable_dad else "0"),
-                           (f"net/ipv4/conf/{args.ifname}/arp_notify", "1")):
-            if value is not None:
-                try_write_sysctl(key, value)
-        iface.configure_iface(args.ifname, result)
-    if n.is_gw:
-        vlan_if: Interface | None = None
-        for fam in (4, 6):
-            for gw in gws[fam]:
-                if n.vlan:
-                    vl = _ensure_vlan_interface(n, bridge_mtu, undo)
-                    if vlan_if is None:
-                        vlan_if = Interface(name=vl.name, mac=vl.mac)
-                        result.interfaces.append(vlan_if)
-                    _ensure_addr(vl.name, gw, n.force_address)
-                else:
-                    _ensure_addr(n.bridge, gw, n.force_address)
-            if gws[fam]:
-                enable_forwarding(fam)
+    masq_job: _Background | None = None
     if n.ip_masq:
         backend = n.ip_masq_backend or default_masq_backend()
         addrs = [ipc.address for ipc in result.ips]
         undo.push(lambda: masq.teardown_ip_masq(backend, n.name, args.container_id, args.ifname, addrs))
-        masq.setup_ip_masq(backend, n.name, args.container_id, args.ifname, addrs)
+        # Its iptables-restore process runs while the links are configured (the result is the
+        # same in any order): each waits on something else, the RTNL lock or the xtables table.
+        masq_job = _Background(masq.setup_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
+    try:
+        with netns.enter(args.netns):
+            for key, value in ((f"net/ipv6/conf/{args.ifname}/enhanced_dad", "1" if n.enable_dad else None),
+                               (f"net/ipv6/conf/{args.ifname}/accept_dad", "1" if n.enable_dad else "0"),
+                               (f"net/ipv4/conf/{args.ifname}/arp_notify", "1")):
+                if value is not None:
+                    try_write_sysctl(key, value)
+            iface.configure_iface(args.ifname, result)
+        if n.is_gw:
+            vlan_if: Interface | None = None
+            for fam in (4, 6):
+                for gw in gws[fam]:
+                    if n.vlan:
+                        vl = _ensure_vlan_interface(n, bridge_mtu, undo)
+                        if vlan_if is None:
+                            vlan_if = Interface(name=vl.name, mac=vl.mac)
+                            result.interfaces.append(vlan_if)
+                        _ensure_addr(vl.name, gw, n.force_address)
+                    else:
+                        _ensure_addr(n.bridge, gw, n.force_address)
+                if gws[fam]:
+                    enable_forwarding(fam)
+    finally:
+        if masq_job is not None:
+            masq_job.join()  # before any rollback tears its rules down
+    if masq_job is not None:
+        masq_job.result()
+
+
+class _Background:
+    """``fn(*fn_args)`` on another thread, which starts in this thread's network namespace;
+    :meth:`result` re-raises what it raised."""
+
+    def __init__(self, fn: Any, *fn_args: Any) -> None:
+        import threading
+
+        self._error: BaseException | None = None
+        self._fn, self._args = fn, fn_args
+        self._thread = threading.Thread(target=self._run, name="pycni-bridge-masq", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._fn(*self._args)
+        except BaseException as e:  # noqa: BLE001 - handed to result()
+            self._error = e
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> None:
+        self.join()
+        if self._error is not None:
+            raise self._error
 
 
 # ---- DEL ---------------------------------------------------------------------------------------
