@@ -278,6 +278,23 @@ def set_up(index: int, name: str = "") -> None:
             raise CNIError(INTERNAL, f"failed to set {name or index!r} UP", str(e)) from None
 
 
+IPV4_DEVCONF_ARP_NOTIFY = 22  # linux/ip.h
+
+
+def try_set_ipv4_devconf(index: int, values: dict[int, int]) -> bool:
+    """Set per-interface IPv4 sysctls (``IPV4_DEVCONF_*`` index: value) over netlink; False if the
+    kernel refused (no IPv4 on the link). Unlike ``/proc/sys/net/ipv4/conf/...`` this costs the
+    same however many namespaces the host has (see pycni.net.sysctl)."""
+    with rtnl() as sock:
+        try:
+            sock.link("set", index=index, ipv4_devconf=values)
+        except Exception as e:
+            if not is_netlink_error(e):
+                raise
+            return False
+    return True
+
+
 def set_master(name: str | int, master: str | int) -> None:
     """Enslave link ``name`` to ``master`` (e.g. a bridge). Given indexes, this is one request and
     no lookups, which matters on a bridge with many ports, where every RTNL round trip is slow."""

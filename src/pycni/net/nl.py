@@ -336,6 +336,9 @@ def _link_attrs(kw: dict[str, Any]) -> bytes:
         out.append(_nla_u32(28, int(kw.pop("net_ns_fd"))))
     if "net_ns_pid" in kw:
         out.append(_nla_u32(19, int(kw.pop("net_ns_pid"))))
+    if "ipv4_devconf" in kw:  # {IPV4_DEVCONF_* index: value}: IFLA_AF_SPEC / AF_INET / IFLA_INET_CONF
+        conf = b"".join(_nla_u32(int(k), int(v)) for k, v in kw.pop("ipv4_devconf").items())
+        out.append(_nla(26 | NLA_F_NESTED, _nla(AF_INET | NLA_F_NESTED, _nla(1 | NLA_F_NESTED, conf))))
     return b"".join(out)
 
 

@@ -304,7 +304,7 @@ def cmd_add(args: CmdArgs) -> Result:
             undo.push(lambda: spoofchk.teardown(refid))
             spoofchk.setup(pair.host.name, pair.container.mac, refid)
         if n.ipam_type:
-            _add_l3(args, n, result, bridge.mtu, undo)
+            _add_l3(args, n, result, bridge.mtu, pair.container.index, undo)
         elif not n.disable_container_interface:
             with netns.enter(args.netns):
                 link.set_link(args.ifname, up=True)
@@ -319,8 +319,9 @@ def cmd_add(args: CmdArgs) -> Result:
         return result
 
 
-def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, undo: Rollback) -> None:
-    from pycni.net import iface, masq, netns
+def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, container_index: int,
+            undo: Rollback) -> None:
+    from pycni.net import iface, link, masq, netns
     from pycni.net.sysctl import enable_forwarding, try_write_sysctl
 
     ipam_result = invoke.delegate_add(n.ipam_type, args.stdin_data, args)
@@ -341,10 +342,11 @@ def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, undo:
     try:
         with netns.enter(args.netns):
             for key, value in ((f"net/ipv6/conf/{args.ifname}/enhanced_dad", "1" if n.enable_dad else None),
-                               (f"net/ipv6/conf/{args.ifname}/accept_dad", "1" if n.enable_dad else "0"),
-                               (f"net/ipv4/conf/{args.ifname}/arp_notify", "1")):
+                               (f"net/ipv6/conf/{args.ifname}/accept_dad", "1" if n.enable_dad else "0")):
                 if value is not None:
                     try_write_sysctl(key, value)
+            if not link.try_set_ipv4_devconf(container_index, {link.IPV4_DEVCONF_ARP_NOTIFY: 1}):
+                try_write_sysctl(f"net/ipv4/conf/{args.ifname}/arp_notify", "1")
             iface.configure_iface(args.ifname, result)
         if n.is_gw:
             vlan_if: Interface | None = None
