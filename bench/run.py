@@ -558,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(case_host_local(env, rounds, reserved))
         if "e" in only:
             log(f"(e) {containers} containers on one bridge")
-            rows.extend(case_scale(env, containers, max(3, rounds // 2), opts.fill_workers))
+            rows.extend(case_scale(env, containers, rounds, opts.fill_workers))
     print()
     print(f"pycni vs Go reference plugins (both under the Go libcni), medians; ratio = ours / Go; "
           f"{rounds} rounds; our ipMasqBackend: {MASQ_BACKEND or 'default'}; "
