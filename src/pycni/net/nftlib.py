@@ -5,7 +5,7 @@ period, and closing a netfilter netlink socket waits for that work to finish. An
 process closes its socket when it exits, so each ``nft -f -`` costs ~10 ms of waiting on
 top of its fork and exec, and more on a busy host. The daemon instead keeps one libnftables
 context per network namespace open while it is in use, so a port-mapping transaction takes
-1-2 ms, and frees it once idle (from a background thread, where the wait harms nobody).
+1-2 ms, and frees it once idle, from a background thread (a call arriving just then waits).
 
 A held context pins its namespace (its socket lives there), so contexts idle for
 :data:`IDLE_SECONDS` are released. libnftables keeps some global state, so every call into it

@@ -110,7 +110,7 @@ def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, h
         try:
             if master is not None:
                 _enslave(host, master)
-            return _finish(host, ifname, container_netns, accept_ra=master is None)
+            return _finish(host, ifname, container_netns, host_ipv6=master is None)
         except BaseException:
             delete_link_quietly(host)  # never leave half a pair behind
             raise
@@ -129,9 +129,9 @@ def _enslave(host: str, master: int) -> None:
             raise CNIError(INTERNAL, f"failed to connect {host!r} to bridge (index {master})", str(e)) from None
 
 
-def _finish(host: str, ifname: str, container_netns: str, accept_ra: bool) -> VethPair:
-    """Turn accept_ra off on the host end (as the reference) and read both ends back."""
-    if accept_ra:
+def _finish(host: str, ifname: str, container_netns: str, host_ipv6: bool) -> VethPair:
+    """Turn accept_ra off on the host end if it has IPv6 (as the reference) and read both ends back."""
+    if host_ipv6:
         try_write_sysctl(f"net/ipv6/conf/{host}/accept_ra", "0")  # IPv6 may be disabled
     host_link = _read_back(host)
     with netns.enter(container_netns):
