@@ -266,16 +266,21 @@ def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None,
         return Link.from_msg(after)
 
 
+def setlink(sock: Any, failure: str, **kw: Any) -> None:
+    """One RTM_SETLINK (``kw`` as for ``sock.link("set")``); a netlink error becomes CNIError 999 ``failure``."""
+    try:
+        sock.link("set", **kw)
+    except Exception as e:
+        if not is_netlink_error(e):
+            raise
+        raise CNIError(INTERNAL, failure, str(e)) from None
+
+
 def set_up(index: int, name: str = "") -> None:
     """Bring link ``index`` up: one request, no lookups and no read-back (a read right after
     waits for the kernel's carrier work on every port of a big bridge)."""
     with rtnl() as sock:
-        try:
-            sock.link("set", index=index, state="up")
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            raise CNIError(INTERNAL, f"failed to set {name or index!r} UP", str(e)) from None
+        setlink(sock, f"failed to set {name or index!r} UP", index=index, state="up")
 
 
 IPV4_DEVCONF_ARP_NOTIFY = 22  # linux/ip.h
@@ -303,12 +308,7 @@ def set_master(name: str | int, master: str | int) -> None:
         master_index = link_index(sock, master)
         if master_index is None:
             raise CNIError(INTERNAL, f"failed to lookup master {master!r}", f"link {master!r} not found")
-        try:
-            sock.link("set", index=index, master=master_index)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            raise CNIError(INTERNAL, f"failed to connect {name!r} to {master!r}", str(e)) from None
+        setlink(sock, f"failed to connect {name!r} to {master!r}", index=index, master=master_index)
 
 
 def delete_link(name: str | int) -> bool:

@@ -22,6 +22,7 @@ from pycni.net.link import (
     lookup_msg,
     netlink_errno,
     rtnl,
+    setlink,
 )
 from pycni.net.sysctl import try_write_sysctl
 from pycni.record import record
@@ -121,12 +122,8 @@ def _enslave(host: str, master: int) -> None:
     """IPv6 off on the (still down) host end, then enslaved and up in one request."""
     try_write_sysctl(f"net/ipv6/conf/{host}/disable_ipv6", "1")  # IPv6 may be absent altogether
     with rtnl() as sock:
-        try:
-            sock.link("set", ifname=host, master=master, state="up")
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            raise CNIError(INTERNAL, f"failed to connect {host!r} to bridge (index {master})", str(e)) from None
+        setlink(sock, f"failed to connect {host!r} to bridge (index {master})", ifname=host, master=master,
+                state="up")
 
 
 def _finish(host: str, ifname: str, container_netns: str, host_ipv6: bool) -> VethPair:
