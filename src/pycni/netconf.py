@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pycni.spec.types import Result
 
 VALID_ATTACHMENTS = "cni.dev/valid-attachments"
+MAX_MTU = 65535  # the kernel's ETH_MAX_MTU: no link here takes more
 # The name libcni also sets, from before the spec fixed it (containernetworking/cni#1101).
 OLD_ATTACHMENTS = "cni.dev/attachments"
 
@@ -104,6 +105,11 @@ def get_dict(conf: Mapping[str, Any], key: str, default: dict[str, Any] | None =
     return value
 
 
+def ipam_type(conf: Mapping[str, Any]) -> str:
+    """The IPAM plugin type named by the config, '' when there is no IPAM section."""
+    return get_str(get_dict(conf, "ipam"), "type", label="ipam.type")
+
+
 def runtime_config(conf: Mapping[str, Any]) -> dict[str, Any]:
     """``runtimeConfig`` (what the runtime passes for the plugin's capabilities), checked."""
     return get_dict(conf, "runtimeConfig")
@@ -164,7 +170,7 @@ def require_prev_result(conf: Mapping[str, Any], plugin: str) -> Result:
     """The ``prevResult`` a chained plugin (or CHECK) cannot work without; code 7 when absent."""
     prev = prev_result(conf)
     if prev is None:
-        raise CNIError(INVALID_CONFIG, f"{plugin}: Required prevResult missing",
+        raise CNIError(INVALID_CONFIG, "Required prevResult missing",  # the reference's words
                        f"{plugin} needs the result of the plugins before it (prevResult)")
     return prev
 
@@ -196,6 +202,6 @@ def valid_attachments(conf: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-__all__ = ["get_int", "get_bool", "get_str", "get_list", "get_dict", "runtime_config", "args_cni",
+__all__ = ["get_int", "get_bool", "get_str", "get_list", "get_dict", "ipam_type", "runtime_config", "args_cni",
            "is_colon_mac", "check_mac", "container_mac", "prev_result", "require_prev_result",
            "valid_attachments", "invalid", "VALID_ATTACHMENTS"]
