@@ -135,7 +135,6 @@ def test_host_device_refuses_loopback_before_touching_it(host_ns: Namespace, con
 
 
 # ---- tap -----------------------------------------------------------------------------------------
-@pytest.mark.xfail(reason="tap moves to the shared sublink shape in the next commit", strict=True)
 def test_tap_at_010_leaves_no_tap(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
                                   tmp_path: Path) -> None:
     """A 0.1.0 config cannot hold tap's result (no interfaces): refused before the tap is made."""
@@ -144,6 +143,20 @@ def test_tap_at_010_leaves_no_tap(host_ns: Namespace, container_ns: Namespace, p
     conf = {"cniVersion": "0.1.0", "name": "refnet", "type": "tap"}
     e = refused(tap.PLUGIN, host_ns, container_ns, conf, plugin_dir, tmp_path)
     assert e["code"] != 999, e
+
+
+@pytest.mark.parametrize("plugin", ["bridge", "host-device"])
+def test_l2_at_010_is_refused_before_anything(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                              tmp_path: Path, plugin: str) -> None:
+    """Without IPAM the result has no address, which a 0.1.0 result cannot carry: code 1, nothing made."""
+    if plugin == "bridge":
+        conf, impl = {"cniVersion": "0.1.0", "name": "refnet", "type": "bridge", "bridge": "refbr0"}, bridge.PLUGIN
+    else:
+        host_ns.run(["ip", "link", "add", "hd0", "type", "veth", "peer", "name", "hd0p"])
+        conf = {"cniVersion": "0.1.0", "name": "refnet", "type": "host-device", "device": "hd0",
+                "dataDir": str(tmp_path / "hd")}
+        impl = host_device.PLUGIN
+    assert refused(impl, host_ns, container_ns, conf, plugin_dir, tmp_path)["code"] == 1
 
 
 # ---- skel ----------------------------------------------------------------------------------------

@@ -150,6 +150,7 @@ def check_for_add(n: BridgeConf, args: CmdArgs) -> None:
                    "drop ipam for an L2-only attachment, or drop disableContainerInterface")
     if n.hairpin and n.promisc:
         raise _bad("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
+    netconf.require_ip_result(n.cni_version, bool(n.ipam_type), "bridge")
     if n.ipam_type:
         invoke.find_in_path(n.ipam_type, args.cni_path)
     check_container_ifname(args.netns, args.ifname)

@@ -219,6 +219,7 @@ def cmd_add(args: CmdArgs) -> Result:
 
     n = parse_conf(args)
     conf = args.conf()
+    netconf.require_ip_result(n.cni_version, bool(n.ipam_type), "host-device")
     ipam.locate(conf, args)
     check_container_ifname(args.netns, args.ifname)
     name = find_host_device(n)
