@@ -83,7 +83,7 @@ def _setup_container(args: CmdArgs, result: Result) -> None:
             assert ipc.gateway is not None
             subnet = ipc.address.network
             bits = ipc.address.max_prefixlen
-            route.del_route(subnet, dev=index, scope=255)  # RT_SCOPE_NOWHERE: any scope, as the reference
+            route.del_route(subnet, dev=index, scope=route.RT_SCOPE_NOWHERE)  # any scope, as the reference
             route.add_route(f"{ipc.gateway}/{bits}", dev=index, scope=route.RT_SCOPE_LINK, src=ipc.address.ip)
             route.add_route(subnet, gw=ipc.gateway, dev=index, src=ipc.address.ip)
 
