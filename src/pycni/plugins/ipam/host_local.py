@@ -288,9 +288,10 @@ def cmd_check(args: CmdArgs) -> None:
 
 def _valid_attachments(conf: Mapping[str, Any]) -> list[tuple[str, str]]:
     """GC's ``cni.dev/valid-attachments`` as (containerID, ifname) pairs, each checked."""
-    raw = conf.get(VALID_ATTACHMENTS, [])
-    if raw is None:
-        raw = []
+    raw = conf.get(VALID_ATTACHMENTS)
+    if raw is None:  # Go's host-local takes a missing list as "nothing is valid" and frees everything
+        raise _bad(f"missing {VALID_ATTACHMENTS}", "GC frees every reservation not in this list, so it "
+                   "must be given, even empty: [{\"containerID\": ..., \"ifname\": ...}, ...]")
     if not isinstance(raw, list):
         raise _bad(f"invalid {VALID_ATTACHMENTS}", "expected a list of {\"containerID\", \"ifname\"}")
     out = []

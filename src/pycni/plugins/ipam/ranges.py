@@ -134,6 +134,9 @@ def parse_subnet(value: Any) -> IPNetwork:
     if isinstance(iface, ipaddress.IPv6Interface) and iface.ip.ipv4_mapped is not None:
         raise RangeError(f"subnet {value}: use plain IPv4 notation for IPv4 subnets")
     net = iface.network
+    if net.prefixlen == 0:  # Go accepts it and hands out 0.0.0.2/0: a route to everywhere
+        raise RangeError(f"subnet {value} is the whole address space: give the network's own prefix, "
+                         "such as 10.1.0.0/16 or fd00::/64")
     if net.prefixlen > net.max_prefixlen - 2:
         raise RangeError(f"Network {net} too small to allocate from")
     if iface.ip != net.network_address:
