@@ -210,3 +210,61 @@ def test_check_with_corrupt_saved_config_is_a_clear_error(tmp_path: Path, contai
     out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, write_env(tmp_path)))
     e = json.loads(out.stdout)
     assert out.exit_code == 1 and e["code"] == 5 and "unreadable" in e["msg"]
+
+
+# ---- refused input changes nothing -----------------------------------------------------------
+
+def _add_error(node: Namespace, plugin_dir: str, ctr: Namespace, conf: bytes, cid: str = "ctr-r",
+               ifname: str = "eth0", cni_args: str = "") -> CNIError:
+    env = invoke.plugin_env({"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin")}, "ADD", container_id=cid,
+                            netns=ctr.path, ifname=ifname, path=plugin_dir)
+    if cni_args:
+        env["CNI_ARGS"] = cni_args
+    with node.enter(), pytest.raises(CNIError) as e:
+        invoke.exec_plugin(os.path.join(plugin_dir, "flannel"), conf, env)
+    return e.value
+
+
+def _links(ns: Namespace) -> set[str]:
+    return {link["ifname"] for link in json.loads(ns.run(["ip", "-j", "link", "show"]).stdout)}
+
+
+@pytest.mark.parametrize("ifname,cni_args,code", [
+    ("eth0", "IgnoreUnknown=1;IP=10.244.1.300", 4),  # refused by host-local's config check, before the delegate runs
+    ("eth0", "IgnoreUnknown=1;IP=10.244.9.9", 7),  # outside the node's subnet
+    ("lo", "", None),  # refused by the delegate after it made the bridge: rolled back
+])
+def test_refused_add_leaves_no_bridge(netns_factory: Callable[[], Namespace], plugin_dir: str, tmp_path: Path,
+                                      ifname: str, cni_args: str, code: int | None) -> None:
+    node, ctr = netns_factory(), netns_factory()
+    conf = conf_bytes(tmp_path, write_env(tmp_path), delegate={"bridge": "cni-flr"})
+    node_links, ctr_links = _links(node), _links(ctr)
+    e = _add_error(node, plugin_dir, ctr, conf, ifname=ifname, cni_args=cni_args)
+    if code is not None:
+        assert e.code == code, e
+    assert _links(node) == node_links and _links(ctr) == ctr_links
+    assert not os.listdir(tmp_path / "flannel-data") if (tmp_path / "flannel-data").exists() else True
+    ipam_dir = tmp_path / "ipam" / "flnet"
+    assert not ipam_dir.exists() or not [f for f in os.listdir(ipam_dir) if f[0].isdigit()]
+
+
+def test_refused_add_keeps_a_bridge_it_did_not_make(netns_factory: Callable[[], Namespace], plugin_dir: str,
+                                                    tmp_path: Path) -> None:
+    node, ctr = netns_factory(), netns_factory()
+    node.run(["ip", "link", "add", "cni-flr", "type", "bridge"])
+    conf = conf_bytes(tmp_path, write_env(tmp_path), delegate={"bridge": "cni-flr"})
+    _add_error(node, plugin_dir, ctr, conf, ifname="lo")
+    assert "cni-flr" in _links(node)
+
+
+def test_container_id_too_long_for_a_file_name(tmp_path: Path, container_ns: Namespace) -> None:
+    cid = "c" * 256
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": container_ns.path,
+           "CNI_IFNAME": "eth0", "CNI_PATH": str(tmp_path / "nothing-here")}
+    out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, write_env(tmp_path)))
+    err = json.loads(out.stdout)
+    assert out.exit_code == 1 and err["code"] == 4 and "too long" in err["msg"], err
+    assert not (tmp_path / "flannel-data").exists()
+    for command in ("DEL", "CHECK"):
+        out = dispatch(flannel.PLUGIN, {**env, "CNI_COMMAND": command}, conf_bytes(tmp_path, write_env(tmp_path)))
+        assert out.exit_code == (0 if command == "DEL" else 1), out.stdout

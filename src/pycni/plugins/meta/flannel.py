@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 from pycni import invoke
+from pycni.ipam import Rollback
 from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, load_conf, run_plugin
 from pycni.spec import errors as E
@@ -149,16 +150,27 @@ def delegate_conf(conf: FlannelConf, env: SubnetEnv) -> dict[str, Any]:
     return d
 
 
+NAME_MAX = 255  # bytes in a file name: the saved config is named by the container ID
+
+
 def _scratch_path(data_dir: str, container_id: str) -> str:
     """Where ADD keeps the delegate config for DEL and CHECK to replay."""
     validate_container_id(container_id)  # the ID names a file: it must not escape dataDir
     return os.path.join(data_dir, container_id)
 
 
+def _fits(container_id: str) -> bool:
+    """Whether the ID can name the saved config; ADD refuses a longer one, so none was saved."""
+    return len(container_id.encode()) <= NAME_MAX
+
+
 def _save(path: str, data: bytes) -> None:
     """Write ``data`` atomically and durably (0600): DEL depends on finding it."""
+    import _thread
+
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
+    # A name no container ID can take (IDs start with a letter or digit); GC skips it.
+    tmp = os.path.join(os.path.dirname(path), f".tmp.{os.getpid()}.{_thread.get_ident()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, data)
@@ -179,27 +191,69 @@ def _read_saved(path: str) -> bytes | None:
         raise CNIError(E.IO_FAILURE, f"failed to read saved flannel delegate config {path}", str(e)) from None
 
 
+def validate_delegate(delegate: dict[str, Any], args: CmdArgs) -> None:
+    """Refuse, before anything is made, what the delegate's IPAM would refuse only after the
+    delegate has built its interfaces: host-local's whole config (ranges from the subnet file,
+    routes, dataDir, requested IPs in CNI_ARGS and runtimeConfig)."""
+    ipam = delegate.get("ipam") or {}
+    if ipam.get("type") == "host-local":
+        from pycni.plugins.ipam import host_local
+
+        host_local.load_config(delegate, args.args)
+
+
+def _new_bridge(delegate: dict[str, Any]) -> str:
+    """The bridge a bridge delegate is about to create ("" when it exists or is not ours to make)."""
+    if delegate.get("type") != "bridge":
+        return ""
+    from pycni.net import link
+
+    name = delegate.get("bridge") or "cni0"
+    return "" if link.get_link(name) is not None else name
+
+
+def _remove_unused_bridge(name: str) -> None:
+    """Delete bridge ``name``, made by this failed ADD, unless something joined it meanwhile."""
+    from pycni.net import link
+
+    br = link.get_link(name)
+    if br is None or br.kind != "bridge" or any(lk.master == br.index for lk in link.list_links()):
+        return
+    link.delete_link_quietly(name)
+
+
+def _quiet_del(plugin: str, data: bytes, args: CmdArgs) -> None:
+    try:
+        invoke.delegate_del(plugin, data, args)
+    except CNIError:
+        pass
+
+
 def cmd_add(args: CmdArgs) -> Result:
     """Save the merged delegate config, then delegate ADD; a failed ADD is undone and forgotten."""
     conf = parse_conf(args.stdin_data)
+    path = _scratch_path(conf.data_dir, args.container_id)
+    if not _fits(args.container_id):
+        raise CNIError(E.INVALID_ENV, "container ID too long for flannel",
+                       f"flannel saves the delegate config in a file named by the container ID: at most "
+                       f"{NAME_MAX} bytes, got {len(args.container_id.encode())}")
     env = load_subnet_env(conf.subnet_file)
     delegate = delegate_conf(conf, env)
+    validate_delegate(delegate, args)
     data = json.dumps(delegate).encode()
-    path = _scratch_path(conf.data_dir, args.container_id)
-    try:
-        _save(path, data)
-    except OSError as e:
-        raise CNIError(E.IO_FAILURE, f"failed to save delegate config in {conf.data_dir}", str(e)) from None
-    try:
-        return invoke.delegate_add(delegate["type"], data, args)
-    except Exception:
-        # Leave nothing behind: undo whatever the delegate managed, then forget the config.
+    # Leave nothing behind: a failed ADD undoes what the delegate made (and the bridge it
+    # created, which the delegate's DEL keeps), then forgets the config.
+    with Rollback() as undo:
         try:
-            invoke.delegate_del(delegate["type"], data, args)
-        except CNIError:
-            pass
-        _remove(path)
-        raise
+            _save(path, data)
+        except OSError as e:
+            raise CNIError(E.IO_FAILURE, f"failed to save delegate config in {conf.data_dir}", str(e)) from None
+        undo.push(_remove, path)
+        bridge = _new_bridge(delegate)
+        if bridge:
+            undo.push(_remove_unused_bridge, bridge)
+        undo.push(_quiet_del, delegate["type"], data, args)
+        return invoke.delegate_add(delegate["type"], data, args)
 
 
 def _remove(path: str) -> None:
@@ -214,7 +268,7 @@ def cmd_del(args: CmdArgs) -> None:
     """Replay DEL with the config ADD saved (not the current subnet file), then forget it."""
     conf = parse_conf(args.stdin_data)
     path = _scratch_path(conf.data_dir, args.container_id)
-    saved = _read_saved(path)
+    saved = _read_saved(path) if _fits(args.container_id) else None
     if saved is None:
         return  # never added, or already deleted: DEL is idempotent
     try:
@@ -230,7 +284,8 @@ def cmd_del(args: CmdArgs) -> None:
 def cmd_check(args: CmdArgs) -> None:
     """Replay CHECK through the delegate with the saved configuration and our prevResult."""
     conf = parse_conf(args.stdin_data)
-    saved = _read_saved(_scratch_path(conf.data_dir, args.container_id))
+    path = _scratch_path(conf.data_dir, args.container_id)
+    saved = _read_saved(path) if _fits(args.container_id) else None
     if saved is None:
         raise CNIError(E.UNKNOWN_CONTAINER, f"no flannel delegate config for container {args.container_id}",
                        f"nothing saved in {conf.data_dir}; was ADD run for this container?")
@@ -264,7 +319,7 @@ def cmd_gc(args: CmdArgs) -> None:
     except FileNotFoundError:
         return
     for name in names:
-        if name not in keep and ".tmp" not in name:
+        if name not in keep and ".tmp" not in name:  # not an ADD's file in the making
             _remove(os.path.join(conf.data_dir, name))
 
 
