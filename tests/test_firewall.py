@@ -60,7 +60,8 @@ def ipt_state(ns: Any, v6: bool = False) -> str:
     ({"backend": "pf"}, 7, "unknown firewall backend"),
     ({"ingressPolicy": "closed"}, 7, "unknown ingress policy"),
     ({"iptablesAdminChainName": "bad chain"}, 7, "iptablesAdminChainName"),
-    ({"backend": 3}, 6, "must be a string"),
+    ({"backend": 3}, 7, "must be a string"),
+    ({"firewalldZone": []}, 7, "'firewalldZone' must be a string"),
 ])
 def test_bad_config_refused(extra: dict[str, Any], code: int, text: str) -> None:
     out = dispatch(fw.PLUGIN, env("ADD", "c1"), json.dumps(fw_conf(synthetic_prev("10.1.0.2/24"), **extra)).encode())

@@ -23,10 +23,11 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from pycni.ipam import Rollback
+from pycni import netconf
 from pycni.record import record
-from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
-from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+from pycni.rollback import Rollback
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
+from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import IPConfig, Result
 from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
 
@@ -50,7 +51,7 @@ _NFT_CHAIN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
 @record
 class FirewallConf:
-    """The checked network config."""
+    """The checked network config; ``prev`` is always there for ADD and CHECK."""
 
     cni_version: str
     backend: str
@@ -58,14 +59,19 @@ class FirewallConf:
     ingress_policy: str
     prev: Result | None
 
+    @property
+    def result(self) -> Result:
+        """The prevResult ADD and CHECK act on (parse_conf has required it)."""
+        assert self.prev is not None
+        return self.prev
+
 
 def parse_conf(args: CmdArgs) -> FirewallConf:
+    """Every key checked, and for ADD/CHECK the prevResult required, before anything changes."""
     raw = args.conf()
     version = config_version(raw)
-    for key in ("backend", "iptablesAdminChainName", "firewalldZone", "ingressPolicy"):
-        if raw.get(key) is not None and not isinstance(raw[key], str):
-            raise CNIError(DECODE_FAILURE, "failed to load netconf", f"{key} must be a string, got {raw[key]!r}")
-    backend = raw.get("backend") or "iptables"
+    backend = netconf.get_str(raw, "backend") or "iptables"
+    netconf.get_str(raw, "firewalldZone")  # type-checked only: there is no firewalld backend
     if backend == "firewalld":
         raise CNIError(INVALID_CONFIG, "firewalld backend is not supported",
                        "pycni has no firewalld integration and no firewalld runs here: "
@@ -73,7 +79,7 @@ def parse_conf(args: CmdArgs) -> FirewallConf:
     if backend not in ("iptables", "nftables"):
         raise CNIError(INVALID_CONFIG, f"unknown firewall backend {backend!r}",
                        "backend must be \"iptables\" or \"nftables\"")
-    admin = raw.get("iptablesAdminChainName") or DEFAULT_ADMIN_CHAIN
+    admin = netconf.get_str(raw, "iptablesAdminChainName") or DEFAULT_ADMIN_CHAIN
     if not _CHAIN_RE.match(admin):
         raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
                        "use up to 28 letters, digits, '_', '-' or '.'")
@@ -84,11 +90,15 @@ def parse_conf(args: CmdArgs) -> FirewallConf:
     if backend == "nftables" and not _NFT_CHAIN_RE.match(admin):
         raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
                        "an nftables chain name starts with a letter or '_'")
-    policy = raw.get("ingressPolicy") or ""
+    policy = netconf.get_str(raw, "ingressPolicy")
     if policy not in POLICIES:
         raise CNIError(INVALID_CONFIG, f"unknown ingress policy: {policy!r}",
                        "ingressPolicy must be \"open\", \"same-bridge\" or \"isolated\"")
-    conf = FirewallConf(version, backend, admin, policy, prev_result(raw))
+    if args.command in ("ADD", "CHECK"):
+        prev: Result | None = netconf.require_prev_result(raw, "firewall")
+    else:
+        prev = netconf.prev_result(raw)  # DEL without one has nothing to remove
+    conf = FirewallConf(version, backend, admin, policy, prev)
     if conf.prev is not None and policy not in ("", "open"):
         _isolation_rules(conf, conf.prev)  # refuses a prevResult without the bridge, before any change
     return conf
@@ -345,14 +355,11 @@ def cmd_add(args: CmdArgs) -> Result:
     from pycni.net import netns
 
     conf = parse_conf(args)
-    if conf.prev is None:
-        raise CNIError(INVALID_CONFIG, "missing prevResult from earlier plugin",
-                       "firewall is a chained plugin: put it after an interface plugin in a conflist")
     # No half-made ADD: whatever this ADD created (chains, jumps, rules) goes if a later step fails.
     with netns.locked(), Rollback() as undo:
-        BACKENDS[conf.backend].add(conf, conf.prev, undo)
-        setup_ingress_policy(conf, conf.prev, undo)
-    return conf.prev
+        BACKENDS[conf.backend].add(conf, conf.result, undo)
+        setup_ingress_policy(conf, conf.result, undo)
+    return conf.result
 
 
 def cmd_del(args: CmdArgs) -> None:
@@ -369,11 +376,8 @@ def cmd_del(args: CmdArgs) -> None:
 
 def cmd_check(args: CmdArgs) -> None:
     conf = parse_conf(args)
-    if conf.prev is None:
-        raise CNIError(INVALID_CONFIG, "missing prevResult from earlier plugin",
-                       "CHECK needs the prevResult of the chain")
-    BACKENDS[conf.backend].check(conf, conf.prev)
-    check_ingress_policy(conf, conf.prev)
+    BACKENDS[conf.backend].check(conf, conf.result)
+    check_ingress_policy(conf, conf.result)
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
