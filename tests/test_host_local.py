@@ -354,7 +354,7 @@ def test_gc_without_valid_attachments_is_refused_and_frees_nothing(tmp_path: Pat
     assert run_py(conf, cid="a")[0] == 0
     before = reservations(tmp_path)
     code, err = run_py({**conf, **missing}, "GC", cid="", ifname="")
-    assert code == 1 and err["code"] == 7 and "missing cni.dev/valid-attachments" in err["msg"], err
+    assert code == 1 and err["code"] == 7 and "GC needs 'cni.dev/valid-attachments'" in err["msg"], err
     assert reservations(tmp_path) == before
 
 
@@ -380,7 +380,7 @@ def test_gc_through_bridge_without_valid_attachments_frees_nothing(netns_factory
         rt_b.add(net, "b", c2.path)
         with pytest.raises(CNIError) as e:
             rt_a.gc(net)  # cached "a" is deleted; then the plugins get no valid-attachments list
-        assert e.value.code == 7 and "missing cni.dev/valid-attachments" in e.value.msg
+        assert e.value.code == 7 and "GC needs 'cni.dev/valid-attachments'" in e.value.msg
         assert ip_files(data_dir, "gcnet") == {"10.84.0.3": b"b\r\neth0"}
         rt_a.gc(net, [("b", "eth0")])
         assert ip_files(data_dir, "gcnet") == {"10.84.0.3": b"b\r\neth0"}
@@ -485,7 +485,7 @@ BAD_CONFIGS: list[tuple[str, Callable[[dict[str, Any]], None], int, str]] = [
     ("rangeStart outside", lambda c: c["ipam"].update(rangeStart="10.1.3.1"), 7, "RangeStart 10.1.3.1 not in"),
     ("no ranges", lambda c: c["ipam"].pop("subnet"), 7, "no IP ranges specified"),
     ("ranges not a list", lambda c: only_ranges(c, {"subnet": "10.0.0.0/8"}), 7,
-     "invalid ipam.ranges"),
+     "'ipam.ranges' must be a list"),
     ("empty range set", lambda c: c["ipam"].update(ranges=[[]]), 7, "invalid range set 1: empty range set"),
     ("mixed families", lambda c: only_ranges(c, [[{"subnet": "10.1.0.0/24"}, {"subnet": "2001:db8::/64"}]]),
      7, "invalid range set 0: mixed address families"),
@@ -494,7 +494,7 @@ BAD_CONFIGS: list[tuple[str, Callable[[dict[str, Any]], None], int, str]] = [
     ("overlapping sets", lambda c: c["ipam"].update(ranges=[[{"subnet": "10.1.0.0/16"}]]), 7,
      "range set 0 overlaps with 1"),
     ("bad route", lambda c: c["ipam"].update(routes=[{"dst": "nowhere"}]), 7, "invalid route in ipam.routes"),
-    ("dataDir not a string", lambda c: c["ipam"].update(dataDir=["x"]), 7, "invalid ipam.dataDir"),
+    ("dataDir not a string", lambda c: c["ipam"].update(dataDir=["x"]), 7, "'ipam.dataDir' must be a string"),
     ("bad runtime ips", lambda c: c.update(runtimeConfig={"ips": ["10.1.2"]}), 7, "invalid runtimeConfig.ips"),
     ("missing resolvConf", lambda c: c["ipam"].update(resolvConf="/nonexistent/resolv.conf"), 5,
      "cannot read resolvConf"),
