@@ -18,9 +18,10 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 
+from pycni import netconf
 from pycni.cniargs import load_cni_args
 from pycni.record import field, record
-from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, CNIError
 from pycni.spec.types import DNS, IPAddress, IPConfig, IPInterface, Result, Route
 from pycni.spec.version import greater_than_or_equal
@@ -31,13 +32,15 @@ if TYPE_CHECKING:
 
 
 @record
-class StaticConfig:
-    """The ``ipam`` section after merging CNI_ARGS, args and runtimeConfig."""
+class StaticConf:
+    """The ``ipam`` section after merging CNI_ARGS, args and runtimeConfig (ADD and CHECK);
+    ``prev`` is CHECK's prevResult. DEL reads nothing: nothing was allocated."""
 
     addresses: list[IPConfig] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)
     dns: DNS = field(default_factory=DNS)
     cni_version: str = "0.1.0"
+    prev: Result | None = None
 
 
 def _bad(msg: str, details: str = "") -> CNIError:
@@ -65,18 +68,9 @@ def _parse_ip(value: object, where: str) -> IPAddress:
         raise _bad(f"invalid {where}: {value!r}", str(e)) from None
 
 
-def _list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
-    value = obj.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise _bad(f"invalid {where}", f"'{key}' must be a list, got {type(value).__name__}")
-    return value
-
-
 def _config_addresses(ipam: Mapping[str, Any]) -> list[IPConfig]:
     out: list[IPConfig] = []
-    for i, entry in enumerate(_list(ipam, "addresses", "ipam addresses")):
+    for i, entry in enumerate(netconf.get_list(ipam, "addresses", label="ipam.addresses")):
         if not isinstance(entry, dict):
             raise _bad(f"invalid address {i}",
                        f"each entry of ipam.addresses must be an object, got {entry!r}")
@@ -107,24 +101,23 @@ def _apply_env_args(addresses: list[IPConfig], raw_args: str) -> None:
             a.gateway = gw
 
 
-def load_config(conf: Mapping[str, Any], cni_args: str) -> StaticConfig:
+def parse_conf(args: CmdArgs) -> StaticConf:
     """Parse and validate the configuration as the reference merges it (errors are code 7)."""
+    conf = args.conf()
+    cfg = StaticConf(cni_version=config_version(conf))
+    if args.command not in ("ADD", "CHECK"):
+        return cfg
     ipam = conf.get("ipam")
     if not isinstance(ipam, dict):
         raise _bad("IPAM config missing 'ipam' key", "the network configuration needs an \"ipam\" object")
-    cfg = StaticConfig(cni_version=config_version(conf))
     cfg.addresses = _config_addresses(ipam)
-    if cni_args:
-        _apply_env_args(cfg.addresses, cni_args)
+    if args.args:
+        _apply_env_args(cfg.addresses, args.args)
 
-    args = conf.get("args")
-    if isinstance(args, dict) and isinstance(args.get("cni"), dict):
-        ips = _list(args["cni"], "ips", "args.cni.ips")
-        if ips:
-            cfg.addresses = _replace_from(ips, "ips")
-    runtime = conf.get("runtimeConfig")
-    if isinstance(runtime, dict):
-        ips = _list(runtime, "ips", "runtimeConfig ips")
+    # args.cni.ips, then the "ips" capability, each replacing the list.
+    for section, label in ((netconf.args_cni(conf), "args.cni.ips"),
+                           (netconf.runtime_config(conf), "runtimeConfig.ips")):
+        ips = netconf.get_list(section, "ips", label=label)
         if ips:
             cfg.addresses = _replace_from(ips, "ips")
 
@@ -146,28 +139,26 @@ def load_config(conf: Mapping[str, Any], cni_args: str) -> StaticConfig:
                    "use cniVersion 0.3.0 or later for several addresses of one family")
 
     try:
-        cfg.routes = [Route.from_dict(r) for r in _list(ipam, "routes", "ipam routes")]
+        cfg.routes = [Route.from_dict(r) for r in netconf.get_list(ipam, "routes", label="ipam.routes")]
         cfg.dns = DNS.from_dict(ipam.get("dns"))
     except CNIError as e:
         raise _bad(f"invalid ipam section: {e.msg}", e.details) from None
+    if args.command == "CHECK":
+        cfg.prev = netconf.require_prev_result(conf, "static")
     return cfg
 
 
 def cmd_add(args: CmdArgs) -> Result:
-    cfg = load_config(args.conf(), args.args)
+    cfg = parse_conf(args)
     return Result(cni_version=cfg.cni_version, ips=cfg.addresses, routes=cfg.routes, dns=cfg.dns)
 
 
 def cmd_check(args: CmdArgs) -> None:
     """Every configured address must be in prevResult, with the configured gateway."""
-    conf = args.conf()
-    cfg = load_config(conf, args.args)
-    if conf.get("prevResult") is None:
-        raise _bad("Required prevResult missing", "CHECK needs the prevResult of the ADD it verifies")
-    prev = prev_result(conf)
-    assert prev is not None
+    cfg = parse_conf(args)
+    assert cfg.prev is not None  # parse_conf requires it for CHECK
     for want in cfg.addresses:
-        found = [ip for ip in prev.ips if ip.address.ip == want.address.ip]
+        found = [ip for ip in cfg.prev.ips if ip.address.ip == want.address.ip]
         if not found:
             raise CNIError(INVALID_CONFIG,
                            f"static: address {want.address.ip} missing on interface {args.ifname}",
