@@ -27,6 +27,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
+from pycni import netconf
 from pycni.plugins.ipam.dhcp import client as C
 from pycni.plugins.ipam.dhcp import message as M
 from pycni.plugins.ipam.dhcp.lease import Lease, Timing
@@ -226,8 +227,7 @@ class DHCPService:
 
     def gc(self, req: Request) -> dict[str, Any]:
         """Release this network's leases whose attachment the runtime no longer lists."""
-        valid = req.conf.get("cni.dev/valid-attachments") or []
-        keep = {(a.get("containerID"), a.get("ifname")) for a in valid if isinstance(a, dict)}
+        keep = set(netconf.valid_attachments(req.conf))  # none given is not "none valid": code 7
         for lease in self.leases():
             if lease.network == req.network and (lease.container_id, lease.ifname) not in keep:
                 log.info("%s: GC releases lease", lease.key)
