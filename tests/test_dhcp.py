@@ -670,7 +670,8 @@ def test_options_and_durations() -> None:
     only = client_options({"request": [{"option": "routers", "skipDefault": True}]}, "", "k", False)
     assert only.request == [3]
     for bad in ({"provide": [{"option": "bogus"}]}, {"provide": [{"option": "12", "value": "x" * 256}]},
-                {"request": "routers"}):
+                {"request": "routers"}, {"request": ["routers"]}, {"provide": [{"option": "12", "value": 5}]},
+                {"provide": [{"option": "12", "fromArg": ["X"]}]}):
         with pytest.raises(CNIError) as e:
             client_options(bad, "", "k", False)
         assert e.value.code == 7

@@ -43,36 +43,32 @@ class StaticConf:
     prev: Result | None = None
 
 
-def _bad(msg: str, details: str = "") -> CNIError:
-    return CNIError(INVALID_CONFIG, msg, details)
-
-
 def _parse_cidr(value: object, where: str) -> IPInterface:
     """An address with its prefix length, host bits kept (Go's net.ParseCIDR + IP)."""
     if not isinstance(value, str) or "/" not in value:
-        raise _bad(f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
+        raise CNIError(INVALID_CONFIG, f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
                    "write addresses as ADDRESS/PREFIX, e.g. 10.10.0.1/24 or 2001:db8::1/64")
     try:
         return ipaddress.ip_interface(value.strip())
     except ValueError as e:
-        raise _bad(f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
+        raise CNIError(INVALID_CONFIG, f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
                    str(e)) from None
 
 
 def _parse_ip(value: object, where: str) -> IPAddress:
     if not isinstance(value, str):
-        raise _bad(f"invalid {where}: {value!r}", "expected an IP address string")
+        raise CNIError(INVALID_CONFIG, f"invalid {where}: {value!r}", "expected an IP address string")
     try:
         return ipaddress.ip_address(value.strip())
     except ValueError as e:
-        raise _bad(f"invalid {where}: {value!r}", str(e)) from None
+        raise CNIError(INVALID_CONFIG, f"invalid {where}: {value!r}", str(e)) from None
 
 
 def _config_addresses(ipam: Mapping[str, Any]) -> list[IPConfig]:
     out: list[IPConfig] = []
     for i, entry in enumerate(netconf.get_list(ipam, "addresses", label="ipam.addresses")):
         if not isinstance(entry, dict):
-            raise _bad(f"invalid address {i}",
+            raise CNIError(INVALID_CONFIG, f"invalid address {i}",
                        f"each entry of ipam.addresses must be an object, got {entry!r}")
         addr = _parse_cidr(entry.get("address"), "address")
         gw = entry.get("gateway")
@@ -95,7 +91,7 @@ def _apply_env_args(addresses: list[IPConfig], raw_args: str) -> None:
         matched = [a for a in addresses if a.address.version == gw.version and gw in a.address.network]
         if not matched:
             have = [str(a.address) for a in addresses]
-            raise _bad(f"GATEWAY {item} is not inside any address",
+            raise CNIError(INVALID_CONFIG, f"GATEWAY {item} is not inside any address",
                        f"CNI_ARGS GATEWAY must lie in the subnet of one of {have}")
         for a in matched:
             a.gateway = gw
@@ -109,7 +105,8 @@ def parse_conf(args: CmdArgs) -> StaticConf:
         return cfg
     ipam = conf.get("ipam")
     if not isinstance(ipam, dict):
-        raise _bad("IPAM config missing 'ipam' key", "the network configuration needs an \"ipam\" object")
+        raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
+                       "the network configuration needs an \"ipam\" object")
     cfg.addresses = _config_addresses(ipam)
     if args.args:
         _apply_env_args(cfg.addresses, args.args)
@@ -125,24 +122,25 @@ def parse_conf(args: CmdArgs) -> StaticConf:
         if a.gateway is None:
             continue
         if a.gateway.version != a.address.version:
-            raise _bad(f"invalid address {i}: gateway {a.gateway} is not of the family of {a.address}",
-                       "give an IPv4 gateway to an IPv4 address and an IPv6 one to an IPv6 address")
+            raise CNIError(INVALID_CONFIG,
+                           f"invalid address {i}: gateway {a.gateway} is not of the family of {a.address}",
+                           "give an IPv4 gateway to an IPv4 address and an IPv6 one to an IPv6 address")
         # A host address (/32, /128) with an on-link gateway elsewhere (e.g. 169.254.1.1) is a
         # common pattern the reference accepts; only proper subnets are checked.
         if a.address.network.num_addresses > 1 and a.gateway not in a.address.network:
-            raise _bad(f"invalid address {i}: gateway {a.gateway} is outside {a.address.network}",
+            raise CNIError(INVALID_CONFIG, f"invalid address {i}: gateway {a.gateway} is outside {a.address.network}",
                        "a gateway must lie inside the subnet of its address")
     v4 = sum(1 for a in cfg.addresses if a.address.version == 4)
     v6 = len(cfg.addresses) - v4
     if (v4 > 1 or v6 > 1) and not greater_than_or_equal(cfg.cni_version, "0.3.0"):
-        raise _bad(f"CNI version {cfg.cni_version} does not support more than 1 address per family",
+        raise CNIError(INVALID_CONFIG, f"CNI version {cfg.cni_version} does not support more than 1 address per family",
                    "use cniVersion 0.3.0 or later for several addresses of one family")
 
     try:
         cfg.routes = [Route.from_dict(r) for r in netconf.get_list(ipam, "routes", label="ipam.routes")]
         cfg.dns = DNS.from_dict(ipam.get("dns"))
     except CNIError as e:
-        raise _bad(f"invalid ipam section: {e.msg}", e.details) from None
+        raise CNIError(INVALID_CONFIG, f"invalid ipam section: {e.msg}", e.details) from None
     if args.command == "CHECK":
         cfg.prev = netconf.require_prev_result(conf, "static")
     return cfg
