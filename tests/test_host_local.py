@@ -527,9 +527,16 @@ def test_unwritable_data_dir_is_an_io_error(tmp_path: Path) -> None:
     assert code == 1 and err["code"] == 5 and "cannot open data directory" in err["msg"]
 
 
-def test_imports_stdlib_only() -> None:
-    code = ("import sys; import pycni.plugins.ipam.host_local; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('pyroute2', 'pydantic')]; print(bad)")
+def test_imports_stdlib_only(tmp_path: Path) -> None:
+    """An ADD, DEL and GC in a fresh interpreter load no third-party module, nor typing or dataclasses."""
+    conf = json.dumps(net_conf(tmp_path, version="1.1.0", **{"cni.dev/valid-attachments": []}))
+    code = ("import json, os, sys; from pycni.skel import dispatch; from pycni.plugins.ipam import host_local\n"
+            "for cmd in ('ADD', 'DEL', 'GC'):\n"
+            "    env = {'CNI_COMMAND': cmd, 'CNI_CONTAINERID': 'c', 'CNI_IFNAME': 'eth0', 'CNI_PATH': '/x',\n"
+            "           'CNI_NETNS': '/var/run/netns/unused'}\n"
+            f"    assert dispatch(host_local.PLUGIN, env, {conf!r}.encode()).exit_code == 0, cmd\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('pyroute2', 'pydantic', 'typing', 'dataclasses')]\n"
+            "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
