@@ -133,8 +133,13 @@ def _err(conf: dict[str, Any], cmd: str = "ADD") -> dict[str, Any]:
     ({"ingressRate": 1000000, "ingressBurst": 8 * 0xFFFFFFFF}, 7, "4GB"),
     ({"ingressRate": 8000, "ingressBurst": 8 * 0xFFFFFF}, 7, "too large"),
     ({"ingressRate": 4, "ingressBurst": 800}, 7, "too small"),
-    ({"ingressRate": -5, "ingressBurst": 800}, 6, "unsigned 64-bit"),
-    ({"ingressRate": "fast", "ingressBurst": 800}, 6, "non-negative"),
+    ({"ingressRate": -5, "ingressBurst": 800}, 7, "'ingressRate' must be an integer from 0 to 18446744073709551615"),
+    ({"ingressRate": "fast", "ingressBurst": 800}, 7, "'ingressRate' must be an integer"),
+    ({"ingressRate": 8000, "ingressBurst": True}, 7, "'ingressBurst' must be an integer"),
+    ({"runtimeConfig": {"bandwidth": {"egressRate": 1.5}}}, 7, "'runtimeConfig.bandwidth.egressRate' must be"),
+    ({"runtimeConfig": {"bandwidth": []}}, 7, "'runtimeConfig.bandwidth' must be a JSON object"),
+    ({"ingressRate": 8000, "ingressBurst": 800, "shapedSubnets": "10.0.0.0/8"}, 7, "'shapedSubnets' must be a list"),
+    ({"ingressRate": 8000, "ingressBurst": 800, "shapedSubnets": [8]}, 7, "'shapedSubnets' must be a list of CIDR"),
     ({"ingressRate": 8000, "ingressBurst": 800, "shapedSubnets": ["10.0.0.0/8"],
       "unshapedSubnets": ["10.1.0.0/16"]}, 7, "cannot be both"),
     ({"ingressRate": 8000, "ingressBurst": 800, "shapedSubnets": ["10.0.0.300/8"]}, 7, "bad subnet"),
@@ -147,11 +152,11 @@ def test_bad_values_refused(limits: dict[str, Any], code: int, text: str) -> Non
 
 def test_runtime_config_and_precedence() -> None:
     rc = {"runtimeConfig": {"bandwidth": {"ingressRate": 8000, "ingressBurst": 80}}}
-    args = bw.CmdArgs("ADD", stdin_data=json.dumps(bw_conf(None, **rc)).encode())
+    args = bw.CmdArgs("DEL", stdin_data=json.dumps(bw_conf(None, **rc)).encode())  # ADD needs a prevResult
     c = bw.parse_conf(args)
     assert c.ingress == bw.Limits(1000, 10) and c.egress is None
     # Top-level keys win over the capability's values entirely, as in the reference.
-    args = bw.CmdArgs("ADD", stdin_data=json.dumps(bw_conf(None, egressRate=16000, egressBurst=160, **rc)).encode())
+    args = bw.CmdArgs("DEL", stdin_data=json.dumps(bw_conf(None, egressRate=16000, egressBurst=160, **rc)).encode())
     c = bw.parse_conf(args)
     assert c.ingress is None and c.egress == bw.Limits(2000, 20)
 

@@ -481,6 +481,17 @@ def test_gc_releases_leases_not_listed(dhcp_net: DHCPNet, daemon: Daemon, cni_bi
     for cid, ns in (("ctra", a), ("ctrb", b)):
         rc, out, err = _invoke(dhcp_net.host, cni_bin, "dhcp", "ADD", conf, cid, ns.path)
         assert rc == 0, (out, err)
+    for bad in ({}, {"cni.dev/valid-attachments": None}, {"cni.dev/valid-attachments": [{}]}):
+        rc, out, err = _invoke(dhcp_net.host, cni_bin, "dhcp", "GC", {**conf, **bad}, "", "")
+        assert rc == 1 and out["code"] == 7 and "valid-attachments" in out["msg"], (out, err)
+    # A client that skips the plugin's check gets the same answer from the daemon.
+    from pycni.plugins.ipam.dhcp import protocol
+
+    with pytest.raises(CNIError) as e:
+        protocol.call(daemon.socket, {"method": "gc", "containerID": "", "ifname": "", "args": "", "netns": "",
+                                      "stdin": json.dumps(conf)})
+    assert e.value.code == 7
+    assert mac_a in dhcp_net.leases() and mac_b in dhcp_net.leases()
     gc_conf = {**conf, "cni.dev/valid-attachments": [{"containerID": "ctra", "ifname": "eth0"}]}
     rc, out, err = _invoke(dhcp_net.host, cni_bin, "dhcp", "GC", gc_conf, "", "")
     assert rc == 0, (out, err)
@@ -659,7 +670,8 @@ def test_options_and_durations() -> None:
     only = client_options({"request": [{"option": "routers", "skipDefault": True}]}, "", "k", False)
     assert only.request == [3]
     for bad in ({"provide": [{"option": "bogus"}]}, {"provide": [{"option": "12", "value": "x" * 256}]},
-                {"request": "routers"}):
+                {"request": "routers"}, {"request": ["routers"]}, {"provide": [{"option": "12", "value": 5}]},
+                {"provide": [{"option": "12", "fromArg": ["X"]}]}):
         with pytest.raises(CNIError) as e:
             client_options(bad, "", "k", False)
         assert e.value.code == 7

@@ -60,7 +60,8 @@ def ipt_state(ns: Any, v6: bool = False) -> str:
     ({"backend": "pf"}, 7, "unknown firewall backend"),
     ({"ingressPolicy": "closed"}, 7, "unknown ingress policy"),
     ({"iptablesAdminChainName": "bad chain"}, 7, "iptablesAdminChainName"),
-    ({"backend": 3}, 6, "must be a string"),
+    ({"backend": 3}, 7, "must be a string"),
+    ({"firewalldZone": []}, 7, "'firewalldZone' must be a string"),
 ])
 def test_bad_config_refused(extra: dict[str, Any], code: int, text: str) -> None:
     out = dispatch(fw.PLUGIN, env("ADD", "c1"), json.dumps(fw_conf(synthetic_prev("10.1.0.2/24"), **extra)).encode())
@@ -72,6 +73,57 @@ def test_missing_prev_result() -> None:
     out = dispatch(fw.PLUGIN, env("ADD", "c1"), json.dumps(fw_conf(None)).encode())
     assert json.loads(out.stdout)["code"] == 7
     assert dispatch(fw.PLUGIN, env("DEL", "c1", netns=""), json.dumps(fw_conf(None)).encode()).exit_code == 0
+
+
+def nft_state(ns: Any) -> str:
+    return ns.run(["nft", "list", "ruleset"]).stdout
+
+
+@pytest.mark.parametrize("backend,admin", [
+    ("iptables", "INPUT"), ("iptables", "FORWARD"), ("iptables", "OUTPUT"), ("iptables", "CNI-FORWARD"),
+    ("iptables", "ACCEPT"), ("iptables", "LOG"), ("iptables", "MASQUERADE"),
+    ("nftables", "forward"), ("nftables", "1admin"), ("nftables", "drop"), ("nftables", "INPUT"),
+])
+def test_unusable_admin_chain_is_refused_and_changes_nothing(host_ns: Any, container_ns: Any, backend: str,
+                                                              admin: str) -> None:
+    """Built-in chains, verdicts, target names and our own chains: code 7, no chain or rule left."""
+    before = (ipt_state(host_ns), ipt_state(host_ns, v6=True), nft_state(host_ns))
+    conf = fw_conf(synthetic_prev("10.1.0.2/24", "fd00:1::2/64"), backend=backend, iptablesAdminChainName=admin)
+    rc, e = run_fw(host_ns, "ADD", conf, "c1", container_ns.path)
+    if backend == "nftables" and admin == "INPUT":  # a plain name there: nothing to refuse
+        assert rc == 0, e
+        return
+    assert rc == 1 and e["code"] == 7 and f"invalid iptablesAdminChainName '{admin}'" in e["msg"], e
+    assert (ipt_state(host_ns), ipt_state(host_ns, v6=True), nft_state(host_ns)) == before
+
+
+def test_failed_iptables_step_takes_back_what_add_made(netns_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection: the n-th iptables change fails (for every n); the tables end as they began."""
+    from pycni.net import iptables as ipt
+
+    scratch, host, cont = netns_factory(), netns_factory(), netns_factory()
+    conf = fw_conf(synthetic_prev("10.1.0.2/24", "fd00:1::2/64"), ingressPolicy="same-bridge")
+    real_run = ipt.run
+    changes: list[list[str]] = []
+    fail_at = 0
+
+    def counting_run(args: list[str], ipv6: bool = False, **kw: Any) -> str:
+        if any(op in args for op in ("-N", "-I", "-A")):
+            changes.append(list(args))
+            if len(changes) == fail_at:
+                raise ipt.IptablesError(5, "injected failure", "", 1)
+        return real_run(args, ipv6, **kw)
+
+    monkeypatch.setattr(ipt, "run", counting_run)
+    assert run_fw(scratch, "ADD", conf, "c1", cont.path)[0] == 0  # how many changes a whole ADD makes
+    total = len(changes)
+    assert total > 10
+    before = (ipt_state(host), ipt_state(host, v6=True))
+    for fail_at in range(1, total + 1):
+        changes.clear()
+        rc, e = run_fw(host, "ADD", conf, "c1", cont.path)
+        assert rc == 1 and e["msg"] == "injected failure", (fail_at, e)
+        assert (ipt_state(host), ipt_state(host, v6=True)) == before, f"left state after failing step {fail_at}"
 
 
 # ---- integration: real forwarding ------------------------------------------------------------

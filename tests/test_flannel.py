@@ -13,7 +13,7 @@ from netns_util import Namespace
 
 from pycni import invoke
 from pycni.plugins.meta import flannel
-from pycni.skel import dispatch
+from pycni.skel import CmdArgs, dispatch
 from pycni.spec.errors import CNIError
 
 SUBNET_ENV = "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n"
@@ -23,6 +23,10 @@ def write_env(tmp_path: Path, text: str = SUBNET_ENV, name: str = "subnet.env") 
     p = tmp_path / name
     p.write_text(text)
     return str(p)
+
+
+def parse(data: bytes, command: str = "ADD") -> flannel.FlannelConf:
+    return flannel.parse_conf(CmdArgs(command=command, stdin_data=data))
 
 
 def conf_bytes(tmp_path: Path, subnet_file: str, **extra: object) -> bytes:
@@ -36,7 +40,7 @@ def conf_bytes(tmp_path: Path, subnet_file: str, **extra: object) -> bytes:
 
 def test_delegate_defaults_follow_flannel(tmp_path: Path) -> None:
     env = flannel.load_subnet_env(write_env(tmp_path))
-    conf = flannel.parse_conf(conf_bytes(tmp_path, "x", runtimeConfig={"portMappings": []}))
+    conf = parse(conf_bytes(tmp_path, "x", runtimeConfig={"portMappings": []}))
     d = flannel.delegate_conf(conf, env)
     assert d["type"] == "bridge" and d["name"] == "flnet" and d["cniVersion"] == "1.0.0"
     assert d["ipMasq"] is False  # flanneld masquerades, so the bridge must not
@@ -50,7 +54,7 @@ def test_delegate_defaults_follow_flannel(tmp_path: Path) -> None:
 
 def test_explicit_delegate_keys_win_and_routes_append(tmp_path: Path) -> None:
     env = flannel.load_subnet_env(write_env(tmp_path, SUBNET_ENV.replace("true", "false")))
-    conf = flannel.parse_conf(conf_bytes(tmp_path, "x", delegate={"mtu": 1400, "isGateway": False,
+    conf = parse(conf_bytes(tmp_path, "x", delegate={"mtu": 1400, "isGateway": False,
                                                                    "bridge": "fl0"},
                                          ipam={"routes": [{"dst": "192.0.2.0/24"}]}))
     d = flannel.delegate_conf(conf, env)
@@ -61,15 +65,15 @@ def test_explicit_delegate_keys_win_and_routes_append(tmp_path: Path) -> None:
 
 def test_ipam_routes_must_be_a_list(tmp_path: Path) -> None:
     env = flannel.load_subnet_env(write_env(tmp_path))
-    conf = flannel.parse_conf(conf_bytes(tmp_path, "x", ipam={"routes": "10.0.0.0/8"}))
+    conf = parse(conf_bytes(tmp_path, "x", ipam={"routes": "10.0.0.0/8"}))
     with pytest.raises(CNIError) as e:
         flannel.delegate_conf(conf, env)
-    assert e.value.code == 7 and "failed to read IPAM routes" in e.value.msg
+    assert e.value.code == 7 and "'ipam.routes' must be a list" in e.value.msg
 
 
 def test_dual_stack_subnet_file(tmp_path: Path) -> None:
     text = SUBNET_ENV + "FLANNEL_IPV6_NETWORK=fd00:10::/56\nFLANNEL_IPV6_SUBNET=fd00:10:0:1::1/64\n"
-    d = flannel.delegate_conf(flannel.parse_conf(conf_bytes(tmp_path, "x")),
+    d = flannel.delegate_conf(parse(conf_bytes(tmp_path, "x")),
                               flannel.load_subnet_env(write_env(tmp_path, text)))
     assert d["ipam"]["ranges"] == [[{"subnet": "10.244.1.0/24"}], [{"subnet": "fd00:10:0:1::/64"}]]
     assert {"dst": "fd00:10::/56"} in d["ipam"]["routes"]
@@ -86,7 +90,7 @@ def test_ipv6_only_subnet_file(tmp_path: Path) -> None:
                                           ({"type": 5}, "(string) 'type'")])
 def test_bad_delegate_is_config_error(tmp_path: Path, delegate: dict, msg: str) -> None:
     with pytest.raises(CNIError) as e:
-        flannel.parse_conf(conf_bytes(tmp_path, "x", delegate=delegate))
+        parse(conf_bytes(tmp_path, "x", delegate=delegate))
     assert e.value.code == 7 and msg in e.value.msg
 
 
@@ -210,3 +214,84 @@ def test_check_with_corrupt_saved_config_is_a_clear_error(tmp_path: Path, contai
     out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, write_env(tmp_path)))
     e = json.loads(out.stdout)
     assert out.exit_code == 1 and e["code"] == 5 and "unreadable" in e["msg"]
+
+
+# ---- refused input changes nothing -----------------------------------------------------------
+
+def _add_error(node: Namespace, plugin_dir: str, ctr: Namespace, conf: bytes, cid: str = "ctr-r",
+               ifname: str = "eth0", cni_args: str = "") -> CNIError:
+    env = invoke.plugin_env({"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin")}, "ADD", container_id=cid,
+                            netns=ctr.path, ifname=ifname, path=plugin_dir)
+    if cni_args:
+        env["CNI_ARGS"] = cni_args
+    with node.enter(), pytest.raises(CNIError) as e:
+        invoke.exec_plugin(os.path.join(plugin_dir, "flannel"), conf, env)
+    return e.value
+
+
+def _links(ns: Namespace) -> set[str]:
+    return {link["ifname"] for link in json.loads(ns.run(["ip", "-j", "link", "show"]).stdout)}
+
+
+@pytest.mark.parametrize("ifname,cni_args,code", [
+    ("eth0", "IgnoreUnknown=1;IP=10.244.1.300", 4),  # refused by host-local's config check, before the delegate runs
+    ("eth0", "IgnoreUnknown=1;IP=10.244.9.9", 7),  # outside the node's subnet
+    ("lo", "", None),  # refused by the delegate after it made the bridge: rolled back
+])
+def test_refused_add_leaves_no_bridge(netns_factory: Callable[[], Namespace], plugin_dir: str, tmp_path: Path,
+                                      ifname: str, cni_args: str, code: int | None) -> None:
+    node, ctr = netns_factory(), netns_factory()
+    conf = conf_bytes(tmp_path, write_env(tmp_path), delegate={"bridge": "cni-flr"})
+    node_links, ctr_links = _links(node), _links(ctr)
+    e = _add_error(node, plugin_dir, ctr, conf, ifname=ifname, cni_args=cni_args)
+    if code is not None:
+        assert e.code == code, e
+    assert _links(node) == node_links and _links(ctr) == ctr_links
+    assert not os.listdir(tmp_path / "flannel-data") if (tmp_path / "flannel-data").exists() else True
+    ipam_dir = tmp_path / "ipam" / "flnet"
+    assert not ipam_dir.exists() or not [f for f in os.listdir(ipam_dir) if f[0].isdigit()]
+
+
+def test_refused_add_keeps_a_bridge_it_did_not_make(netns_factory: Callable[[], Namespace], plugin_dir: str,
+                                                    tmp_path: Path) -> None:
+    node, ctr = netns_factory(), netns_factory()
+    node.run(["ip", "link", "add", "cni-flr", "type", "bridge"])
+    conf = conf_bytes(tmp_path, write_env(tmp_path), delegate={"bridge": "cni-flr"})
+    _add_error(node, plugin_dir, ctr, conf, ifname="lo")
+    assert "cni-flr" in _links(node)
+
+
+def test_container_id_too_long_for_a_file_name(tmp_path: Path, container_ns: Namespace) -> None:
+    cid = "c" * (flannel.MAX_ID_BYTES + 1)
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": container_ns.path,
+           "CNI_IFNAME": "eth0", "CNI_PATH": str(tmp_path / "nothing-here")}
+    out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, write_env(tmp_path)))
+    err = json.loads(out.stdout)
+    assert out.exit_code == 1 and err["code"] == 4 and "too long" in err["msg"], err
+    assert not (tmp_path / "flannel-data").exists()
+    for command in ("DEL", "CHECK"):
+        out = dispatch(flannel.PLUGIN, {**env, "CNI_COMMAND": command}, conf_bytes(tmp_path, write_env(tmp_path)))
+        assert out.exit_code == (0 if command == "DEL" else 1), out.stdout
+
+
+@pytest.mark.parametrize("attachments", [None, "absent", [{"containerID": 1}], [None]])
+def test_gc_without_a_valid_list_removes_nothing(tmp_path: Path, attachments: object) -> None:
+    data = tmp_path / "flannel-data"
+    data.mkdir()
+    (data / "ctr-1").write_text(json.dumps({"type": "bridge"}))
+    conf = json.loads(conf_bytes(tmp_path, str(tmp_path / "gone.env")))
+    conf["cniVersion"] = "1.1.0"
+    if attachments != "absent":
+        conf["cni.dev/valid-attachments"] = attachments
+    out = dispatch(flannel.PLUGIN, {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}, json.dumps(conf).encode())
+    err = json.loads(out.stdout)
+    assert out.exit_code == 1 and err["code"] == 7 and "valid-attachments" in err["msg"], err
+    assert os.listdir(data) == ["ctr-1"]
+    conf["cni.dev/valid-attachments"] = [{"containerID": "ctr-1", "ifname": "eth0"}]
+    assert dispatch(flannel.PLUGIN, {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"},
+                    json.dumps(conf).encode()).exit_code == 0
+    assert os.listdir(data) == ["ctr-1"]
+    conf["cni.dev/valid-attachments"] = []
+    assert dispatch(flannel.PLUGIN, {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"},
+                    json.dumps(conf).encode()).exit_code == 0
+    assert os.listdir(data) == []

@@ -348,6 +348,83 @@ def test_gc_errors_and_versions(tmp_path: Path) -> None:
     assert not (tmp_path / "unused").exists()
 
 
+@pytest.mark.parametrize("missing", [{}, {"cni.dev/valid-attachments": None}], ids=["absent", "null"])
+def test_gc_without_valid_attachments_is_refused_and_frees_nothing(tmp_path: Path, missing: dict[str, Any]) -> None:
+    conf = dual(tmp_path, version="1.1.0")
+    assert run_py(conf, cid="a")[0] == 0
+    before = reservations(tmp_path)
+    code, err = run_py({**conf, **missing}, "GC", cid="", ifname="")
+    assert code == 1 and err["code"] == 7 and "GC needs 'cni.dev/valid-attachments'" in err["msg"], err
+    assert reservations(tmp_path) == before
+
+
+def test_gc_through_bridge_without_valid_attachments_frees_nothing(netns_factory: Callable[[], Any],
+                                                                   plugin_dir: str, tmp_path: Path) -> None:
+    """bridge delegates GC to host-local: our runtime's GC with no list is refused by host-local."""
+    from runtimes import write_conflist
+
+    from pycni.runtime import CNI
+    from pycni.spec.errors import CNIError
+
+    host, c1, c2 = netns_factory(), netns_factory(), netns_factory()
+    data_dir = tmp_path / "ipam"
+    write_conflist(tmp_path / "net.d", "gcnet", [{"type": "bridge", "bridge": "gcbr0", "ipam": {
+        "type": "host-local", "subnet": "10.84.0.0/24", "dataDir": str(data_dir)}}], version="1.1.0")
+    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin"), "PYCNI_SOCKET": "off"}
+    # Two runtimes (two caches) share the network: each knows only its own attachment.
+    rt_a, rt_b = (CNI(conf_dir=str(tmp_path / "net.d"), plugin_path=[plugin_dir], cache_dir=str(tmp_path / c),
+                      env=env) for c in ("cache-a", "cache-b"))
+    net = rt_a.load_network("gcnet")
+    with host.enter():
+        rt_a.add(net, "a", c1.path)
+        rt_b.add(net, "b", c2.path)
+        with pytest.raises(CNIError) as e:
+            rt_a.gc(net)  # cached "a" is deleted; then the plugins get no valid-attachments list
+        assert e.value.code == 7 and "GC needs 'cni.dev/valid-attachments'" in e.value.msg
+        assert ip_files(data_dir, "gcnet") == {"10.84.0.3": b"b\r\neth0"}
+        rt_a.gc(net, [("b", "eth0")])
+        assert ip_files(data_dir, "gcnet") == {"10.84.0.3": b"b\r\neth0"}
+        rt_b.delete(net, "b", c2.path)
+    assert ip_files(data_dir, "gcnet") == {}
+
+
+def test_whole_address_space_subnets_create_nothing(tmp_path: Path) -> None:
+    for subnet in ("0.0.0.0/0", "::/0"):
+        code, err = run_py(net_conf(tmp_path, {"subnet": subnet}))
+        assert code == 1 and err["code"] == 7 and f"subnet {subnet} is the whole address space" in err["msg"]
+    assert not (tmp_path / "testnet").exists()
+
+
+@pytest.mark.parametrize("length", [4094, 4095, 4096, 5000, 100_000])
+def test_long_container_ids_are_released(tmp_path: Path, length: int) -> None:
+    """A reservation longer than a page is read whole: DEL, CHECK, GC and the duplicate check see it."""
+    conf = dual(tmp_path, version="1.1.0")
+    cid = "c" * length
+    assert addresses(run_py(conf, cid=cid)) == ["10.1.2.2/24", "2001:db8::2/64"]
+    assert ip_files(tmp_path)["10.1.2.2"] == cid.encode() + b"\r\neth0"
+    assert run_py(conf, "CHECK", cid=cid) == (0, {})
+    assert run_py(conf, cid=cid)[1]["msg"].endswith("duplicate allocation is not allowed")
+    assert run_py(conf, cid=cid + "x")[0] == 0  # a longer ID is another owner
+    assert run_py(conf, "DEL", cid=cid) == (0, {})
+    assert sorted(ip_files(tmp_path)) == ["10.1.2.3", "2001:db8::3"]
+    gc = {**conf, "cni.dev/valid-attachments": [{"containerID": cid + "x", "ifname": "eth0"}]}
+    assert run_py(gc, "GC", cid="", ifname="") == (0, {})
+    assert sorted(ip_files(tmp_path)) == ["10.1.2.3", "2001:db8::3"]
+    assert run_py({**gc, "cni.dev/valid-attachments": []}, "GC", cid="", ifname="") == (0, {})
+    assert ip_files(tmp_path) == {}
+
+
+@have_go
+def test_go_and_python_agree_on_long_container_ids(tmp_path: Path) -> None:
+    conf = net_conf(tmp_path)
+    long_go, long_py = "g" * 20_000, "p" * 20_000
+    assert addresses(run_go(conf, cid=long_go)) == ["10.1.2.2/24"]
+    assert addresses(run_py(conf, cid=long_py)) == ["10.1.2.3/24"]
+    assert run_py(conf, "CHECK", cid=long_go) == (0, {}) and run_go(conf, "CHECK", cid=long_py) == (0, {})
+    assert run_py(conf, "DEL", cid=long_go) == (0, {}) and run_go(conf, "DEL", cid=long_py) == (0, {})
+    assert ip_files(tmp_path) == {}
+
+
 def test_status(tmp_path: Path) -> None:
     assert run_py(net_conf(tmp_path, version="1.1.0"), "STATUS") == (0, {})
     blocker = tmp_path / "file"
@@ -403,10 +480,12 @@ BAD_CONFIGS: list[tuple[str, Callable[[dict[str, Any]], None], int, str]] = [
     ("subnet not a string", lambda c: c["ipam"].update(subnet=5), 7, "invalid range set 0: subnet must be"),
     ("host bits", lambda c: c["ipam"].update(subnet="10.1.2.3/24"), 7, "invalid range set 0: Network has host"),
     ("too small", lambda c: c["ipam"].update(subnet="10.1.2.0/31"), 7, "too small to allocate from"),
+    ("whole IPv4 space", lambda c: c["ipam"].update(subnet="0.0.0.0/0"), 7, "is the whole address space"),
+    ("whole IPv6 space", lambda c: only_ranges(c, [[{"subnet": "::/0"}]]), 7, "is the whole address space"),
     ("rangeStart outside", lambda c: c["ipam"].update(rangeStart="10.1.3.1"), 7, "RangeStart 10.1.3.1 not in"),
     ("no ranges", lambda c: c["ipam"].pop("subnet"), 7, "no IP ranges specified"),
     ("ranges not a list", lambda c: only_ranges(c, {"subnet": "10.0.0.0/8"}), 7,
-     "invalid ipam.ranges"),
+     "'ipam.ranges' must be a list"),
     ("empty range set", lambda c: c["ipam"].update(ranges=[[]]), 7, "invalid range set 1: empty range set"),
     ("mixed families", lambda c: only_ranges(c, [[{"subnet": "10.1.0.0/24"}, {"subnet": "2001:db8::/64"}]]),
      7, "invalid range set 0: mixed address families"),
@@ -415,7 +494,7 @@ BAD_CONFIGS: list[tuple[str, Callable[[dict[str, Any]], None], int, str]] = [
     ("overlapping sets", lambda c: c["ipam"].update(ranges=[[{"subnet": "10.1.0.0/16"}]]), 7,
      "range set 0 overlaps with 1"),
     ("bad route", lambda c: c["ipam"].update(routes=[{"dst": "nowhere"}]), 7, "invalid route in ipam.routes"),
-    ("dataDir not a string", lambda c: c["ipam"].update(dataDir=["x"]), 7, "invalid ipam.dataDir"),
+    ("dataDir not a string", lambda c: c["ipam"].update(dataDir=["x"]), 7, "'ipam.dataDir' must be a string"),
     ("bad runtime ips", lambda c: c.update(runtimeConfig={"ips": ["10.1.2"]}), 7, "invalid runtimeConfig.ips"),
     ("missing resolvConf", lambda c: c["ipam"].update(resolvConf="/nonexistent/resolv.conf"), 5,
      "cannot read resolvConf"),
@@ -448,9 +527,16 @@ def test_unwritable_data_dir_is_an_io_error(tmp_path: Path) -> None:
     assert code == 1 and err["code"] == 5 and "cannot open data directory" in err["msg"]
 
 
-def test_imports_stdlib_only() -> None:
-    code = ("import sys; import pycni.plugins.ipam.host_local; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('pyroute2', 'pydantic')]; print(bad)")
+def test_imports_stdlib_only(tmp_path: Path) -> None:
+    """An ADD, DEL and GC in a fresh interpreter load no third-party module, nor typing or dataclasses."""
+    conf = json.dumps(net_conf(tmp_path, version="1.1.0", **{"cni.dev/valid-attachments": []}))
+    code = ("import json, os, sys; from pycni.skel import dispatch; from pycni.plugins.ipam import host_local\n"
+            "for cmd in ('ADD', 'DEL', 'GC'):\n"
+            "    env = {'CNI_COMMAND': cmd, 'CNI_CONTAINERID': 'c', 'CNI_IFNAME': 'eth0', 'CNI_PATH': '/x',\n"
+            "           'CNI_NETNS': '/var/run/netns/unused'}\n"
+            f"    assert dispatch(host_local.PLUGIN, env, {conf!r}.encode()).exit_code == 0, cmd\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('pyroute2', 'pydantic', 'typing', 'dataclasses')]\n"
+            "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -582,7 +668,8 @@ def test_old_format_reservations(tmp_path: Path) -> None:
 
 @have_go
 @pytest.mark.parametrize("label,mutate,code,msg", [b for b in BAD_CONFIGS if b[2] != 5 and b[0] not in (
-    "no name", "name escapes dataDir", "dataDir not a string", "bad route")], ids=lambda x: x
+    "no name", "name escapes dataDir", "dataDir not a string", "bad route", "whole IPv4 space",
+    "whole IPv6 space")], ids=lambda x: x
     if isinstance(x, str) else "")
 def test_go_refuses_what_we_refuse(tmp_path: Path, label: str, mutate: Callable[[dict[str, Any]], None],
                                    code: int, msg: str) -> None:

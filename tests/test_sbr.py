@@ -79,10 +79,14 @@ PREV = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": "/x"}]
     ({"gateways": ["10.1.0.1", "fd00::1", "10.1.0.2"]}, 7, "more than 2"),
     ({"gateways": ["10.1.0.1", "10.1.0.254"]}, 7, "multiple IPv4"),
     ({"gateways": ["not-an-ip"]}, 7, "invalid static gateway"),
-    ({"table": "hundred"}, 6, "table must be an integer"),
+    ({"table": "hundred"}, 7, "'table' must be an integer"),
+    ({"table": 0}, 7, "invalid routing table"),
+    ({"gateways": "10.1.0.1"}, 7, "'gateways' must be a list"),
+    ({"gateways": [1]}, 7, "'gateways' must be a list of IP address strings"),
+    ({"vrfname": 5}, 7, "'vrfname' must be a string"),
     ({"table": 254}, 7, "invalid routing table"),
     ({"vrfname": "a-name-far-too-long"}, 7, "invalid vrfname"),
-    ({"addSourceHints": "yes"}, 6, "addSourceHints"),
+    ({"addSourceHints": "yes"}, 7, "'addSourceHints' must be true or false"),
 ])
 def test_bad_config_refused(container_ns: Any, extra: dict[str, Any], code: int, text: str) -> None:
     rc, e = run_sbr("ADD", sbr_conf(PREV, **extra), container_ns)

@@ -116,6 +116,9 @@ def _add(conf: dict[str, Any], cni_args: str = "") -> tuple[int, dict[str, Any]]
     (_conf(addresses="10.0.0.5/24"), "", 7, "addresses"),
     (_conf(addresses=[{"address": "10.0.0.5/24"}], routes=[{"dst": "banana"}]), "", 7, "route"),
     ({**_conf(), "runtimeConfig": {"ips": ["10.0.0.1"]}}, "", 7, "CIDR"),
+    ({**_conf(addresses=[{"address": "10.0.0.5/24"}]), "args": "x"}, "", 7, "'args' must be a JSON object"),
+    ({**_conf(addresses=[{"address": "10.0.0.5/24"}]), "runtimeConfig": []}, "", 7, "'runtimeConfig' must be"),
+    ({**_conf(), "runtimeConfig": {"ips": "10.0.0.1/24"}}, "", 7, "'runtimeConfig.ips' must be a list"),
 ])
 def test_errors_are_clear_cni_errors(conf: dict[str, Any], cni_args: str, code: int, fragment: str) -> None:
     rc, out = _add(conf, cni_args)

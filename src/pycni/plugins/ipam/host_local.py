@@ -15,6 +15,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 
+from pycni import netconf
 from pycni.cniargs import load_cni_args
 from pycni.plugins.ipam.ranges import (
     IPAddress,
@@ -31,7 +32,8 @@ from pycni.plugins.ipam.ranges import (
 )
 from pycni.plugins.ipam.store import DEFAULT_DATA_DIR, Store
 from pycni.record import field, record
-from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
+from pycni.rollback import Rollback
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import (
     INCOMPATIBLE_VERSION,
     INTERNAL,
@@ -51,15 +53,19 @@ if TYPE_CHECKING:
 
 # Allocation failures the reference reports with its catch-all code; kept for compatibility.
 ALLOCATION_FAILED = INTERNAL
-VALID_ATTACHMENTS = "cni.dev/valid-attachments"
 
 
 # ---- config ------------------------------------------------------------------------------
 
 
 @record
-class IPAMConfig:
-    """Everything one invocation needs, canonical (ranges filled in, requests parsed)."""
+class HostLocalConf:
+    """Everything one invocation needs, canonical (ranges filled in, requests parsed).
+
+    ADD and CHECK read the whole config; DEL, GC and STATUS only the network name and the
+    data directory (a DEL must work after the ranges were edited), GC also its list of
+    attachments still in use.
+    """
 
     name: str
     data_dir: str = ""
@@ -67,70 +73,56 @@ class IPAMConfig:
     routes: list[Route] = field(default_factory=list)
     range_sets: list[RangeSet] = field(default_factory=list)
     requested: list[IPAddress] = field(default_factory=list)
+    valid: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def store_dir(self) -> str:
+        return os.path.join(self.data_dir or DEFAULT_DATA_DIR, self.name)
 
 
-def _bad(msg: str, details: str = "") -> CNIError:
-    """A config error (CNIError 7)."""
-    return CNIError(INVALID_CONFIG, msg, details)
-
-
-def _str_field(ipam: Mapping[str, Any], key: str) -> str:
-    """An optional string key of the ipam section ("" when absent)."""
-    value = ipam.get(key)
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise _bad(f"invalid ipam.{key}", f"{key} must be a string, got {value!r}")
-    return value
-
-
-def load_basics(conf: Mapping[str, Any]) -> tuple[Mapping[str, Any], IPAMConfig]:
-    """The ``ipam`` section, network name and data directory: all DEL, GC and STATUS need."""
+def parse_conf(args: CmdArgs) -> HostLocalConf:
+    """The config as the reference's LoadIPAMConfig reads it, checked whole before any change."""
+    conf = args.conf()
     ipam = conf.get("ipam")
     if not isinstance(ipam, Mapping):
-        raise _bad("IPAM config missing 'ipam' key",
-                   "host-local reads its settings from the \"ipam\" object of the network config")
+        raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
+                       "host-local reads its settings from the \"ipam\" object of the network config")
     name = conf.get("name")
     if not isinstance(name, str):
-        raise _bad("missing network name", "the network config needs a \"name\": host-local keeps "
-                   "its reservations in <dataDir>/<name>")
+        raise CNIError(INVALID_CONFIG, "missing network name", "the network config needs a \"name\": "
+                       "host-local keeps its reservations in <dataDir>/<name>")
     validate_network_name(name)
-    return ipam, IPAMConfig(name=name, data_dir=_str_field(ipam, "dataDir"),
-                            resolv_conf=_str_field(ipam, "resolvConf"))
+    cfg = HostLocalConf(name=name, data_dir=netconf.get_str(ipam, "dataDir", label="ipam.dataDir"),
+                        resolv_conf=netconf.get_str(ipam, "resolvConf", label="ipam.resolvConf"))
+    if args.command in ("ADD", "CHECK"):
+        _parse_ranges(conf, ipam, args.args, cfg)
+    elif args.command == "GC":
+        cfg.valid = netconf.valid_attachments(conf)
+    return cfg
 
 
-def load_config(conf: Mapping[str, Any], cni_args: str) -> IPAMConfig:
-    """Parse and canonicalize the whole config as the reference's LoadIPAMConfig does."""
-    ipam, cfg = load_basics(conf)
+def _parse_ranges(conf: Mapping[str, Any], ipam: Mapping[str, Any], cni_args: str, cfg: HostLocalConf) -> None:
+    """Range sets (runtime ipRanges, legacy subnet, ranges), requested addresses and routes."""
     args = load_cni_args(cni_args, ("IP",))
     cfg.requested = list(dict.fromkeys(ip for ip, _prefix in requested_ips(conf, args)))
     cfg.routes = parse_routes(ipam.get("routes"), "ipam.routes")
 
-    raw_sets: list[Any] = []
-    rc = conf.get("runtimeConfig")
-    if isinstance(rc, Mapping) and rc.get("ipRanges"):
-        if not isinstance(rc["ipRanges"], list):
-            raise _bad("invalid runtimeConfig.ipRanges", "ipRanges must be a list of range sets "
-                       "(each a list of {\"subnet\": CIDR, ...})")
-        raw_sets.extend(rc["ipRanges"])  # the "ipRanges" capability comes first, as in Go
+    # The "ipRanges" capability comes first, as in Go.
+    raw_sets: list[Any] = list(netconf.get_list(netconf.runtime_config(conf), "ipRanges",
+                                                label="runtimeConfig.ipRanges"))
     if ipam.get("subnet"):  # the legacy single range, kept for old configs
         raw_sets.append([{k: ipam.get(k) for k in ("subnet", "rangeStart", "rangeEnd", "gateway")}])
-    ranges = ipam.get("ranges")
-    if ranges is not None:
-        if not isinstance(ranges, list):
-            raise _bad("invalid ipam.ranges", "ranges must be a list of range sets, each a list of "
-                       "{\"subnet\": CIDR, \"rangeStart\"?, \"rangeEnd\"?, \"gateway\"?}")
-        raw_sets.extend(ranges)
+    raw_sets.extend(netconf.get_list(ipam, "ranges", label="ipam.ranges"))
     if not raw_sets:
-        raise _bad("no IP ranges specified", "set ipam.ranges (or the legacy ipam.subnet), or pass "
-                   "runtimeConfig.ipRanges")
+        raise CNIError(INVALID_CONFIG, "no IP ranges specified", "set ipam.ranges (or the legacy ipam.subnet), "
+                       "or pass runtimeConfig.ipRanges")
 
     for idx, raw in enumerate(raw_sets):
         try:
             cfg.range_sets.append(parse_range_set(raw))
         except RangeError as e:
-            raise _bad(f"invalid range set {idx}: {e}", f"range set {idx} (runtime ipRanges first, then the "
-                       f"legacy subnet, then ipam.ranges) is {raw!r}") from None
+            raise CNIError(INVALID_CONFIG, f"invalid range set {idx}: {e}", f"range set {idx} (runtime "
+                           f"ipRanges first, then the legacy subnet, then ipam.ranges) is {raw!r}") from None
 
     families = [rs[0].version for rs in cfg.range_sets]
     version = config_version(conf)
@@ -140,9 +132,8 @@ def load_config(conf: Mapping[str, Any], cni_args: str) -> IPAMConfig:
     for i, a in enumerate(cfg.range_sets):
         for j in range(i + 1, len(cfg.range_sets)):
             if range_sets_overlap(a, cfg.range_sets[j]):
-                raise _bad(f"range set {i} overlaps with {j}",
-                           f"{range_set_str(a)} and {range_set_str(cfg.range_sets[j])} share addresses")
-    return cfg
+                raise CNIError(INVALID_CONFIG, f"range set {i} overlaps with {j}",
+                               f"{range_set_str(a)} and {range_set_str(cfg.range_sets[j])} share addresses")
 
 
 def parse_resolv_conf(path: str) -> DNS:
@@ -186,9 +177,10 @@ def _allocate(store: Store, rs: RangeSet, idx: int, cid: str, ifname: str,
         r = range_for(rs, requested)
         assert r is not None  # requests are matched to the range set containing them
         if requested == r.gateway:
-            raise _bad(f"requested ip {requested} is subnet's gateway")
+            raise CNIError(INVALID_CONFIG, f"requested ip {requested} is subnet's gateway")
         if r.is_reserved(int(requested)):
-            raise _bad(f"requested ip {requested} is the network or broadcast address of {r.subnet}")
+            raise CNIError(INVALID_CONFIG,
+                           f"requested ip {requested} is the network or broadcast address of {r.subnet}")
         if not store.reserve(cid, ifname, requested, str(idx)):
             owner = store.owner_of(requested)
             raise CNIError(ALLOCATION_FAILED, f"requested IP address {requested} is not available in range "
@@ -222,51 +214,40 @@ def _take_requested(pending: list[IPAddress], rs: RangeSet) -> IPAddress | None:
 
 def cmd_add(args: CmdArgs) -> Result:
     """One address from each range set (a requested one where given), under the store lock; all or none."""
-    conf = args.conf()
-    cfg = load_config(conf, args.args)
+    cfg = parse_conf(args)
     result = Result(dns=parse_resolv_conf(cfg.resolv_conf) if cfg.resolv_conf else DNS())
     pending = list(cfg.requested)
     cid, ifname = args.container_id, args.ifname
-    with Store(cfg.name, cfg.data_dir) as store, store.locked():
-        made: list[IPAddress] = []
-        try:
-            held: list[IPAddress] | None = None
-            for idx, rs in enumerate(cfg.range_sets):
-                want = _take_requested(pending, rs)
-                if want is None and held is None:
-                    held = store.get_by_id(cid, ifname)
-                try:
-                    ipc = _allocate(store, rs, idx, cid, ifname, want, held or [])
-                except CNIError as e:
-                    raise CNIError(e.code, f"failed to allocate for range {idx}: {e.msg}", e.details) from None
-                made.append(ipc.address.ip)
-                result.ips.append(ipc)
-            if pending:
-                raise _bad("failed to allocate all requested IPs: " + " ".join(str(ip) for ip in pending),
-                           "each requested address must lie inside rangeStart..rangeEnd of a different "
-                           f"range set; range sets: {'; '.join(range_set_str(rs) for rs in cfg.range_sets)}")
-        except BaseException:
-            for ip in made:  # leave nothing half-made
-                try:
-                    store.release_ip(ip, cid, ifname)
-                except CNIError:
-                    pass
-            raise
+    with Store(cfg.name, cfg.data_dir) as store, store.locked(), Rollback() as undo:
+        held: list[IPAddress] | None = None
+        for idx, rs in enumerate(cfg.range_sets):
+            want = _take_requested(pending, rs)
+            if want is None and held is None:
+                held = store.get_by_id(cid, ifname)
+            try:
+                ipc = _allocate(store, rs, idx, cid, ifname, want, held or [])
+            except CNIError as e:
+                raise CNIError(e.code, f"failed to allocate for range {idx}: {e.msg}", e.details) from None
+            undo.push(store.release_ip, ipc.address.ip, cid, ifname)  # leave nothing half-made
+            result.ips.append(ipc)
+        if pending:
+            raise CNIError(INVALID_CONFIG, "failed to allocate all requested IPs: " + " ".join(map(str, pending)),
+                           "each requested address must lie inside rangeStart..rangeEnd of a different range set; "
+                           f"range sets: {'; '.join(range_set_str(rs) for rs in cfg.range_sets)}")
     result.routes = list(cfg.routes)
     return result
 
 
 def cmd_del(args: CmdArgs) -> None:
     """Release whatever the attachment holds; releasing nothing is success (DEL is idempotent)."""
-    _ipam, cfg = load_basics(args.conf())
+    cfg = parse_conf(args)
     with Store(cfg.name, cfg.data_dir) as store, store.locked():
         store.release_by_id(args.container_id, args.ifname)
 
 
 def cmd_check(args: CmdArgs) -> None:
     """The attachment must hold an address in every range set (and every address of prevResult)."""
-    conf = args.conf()
-    cfg = load_config(conf, args.args)
+    cfg = parse_conf(args)
     cid = args.container_id
     with Store(cfg.name, cfg.data_dir) as store, store.locked():
         held = store.get_by_id(cid, args.ifname)
@@ -277,7 +258,7 @@ def cmd_check(args: CmdArgs) -> None:
         if not any(range_for(rs, ip) is not None for ip in held):
             raise CNIError(UNKNOWN_CONTAINER, f"host-local: container {cid} holds no address in range set {idx}",
                            f"range set {range_set_str(rs)}; held: {', '.join(map(str, held))}")
-    prev = prev_result(conf)
+    prev = netconf.prev_result(args.conf())
     if prev is not None:
         mine = set(held)
         for ipc in prev.ips:
@@ -287,37 +268,18 @@ def cmd_check(args: CmdArgs) -> None:
                                f"prevResult lists {ipc.address} but {store.dir} has no such reservation")
 
 
-def _valid_attachments(conf: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """GC's ``cni.dev/valid-attachments`` as (containerID, ifname) pairs, each checked."""
-    raw = conf.get(VALID_ATTACHMENTS, [])
-    if raw is None:
-        raw = []
-    if not isinstance(raw, list):
-        raise _bad(f"invalid {VALID_ATTACHMENTS}", "expected a list of {\"containerID\", \"ifname\"}")
-    out = []
-    for item in raw:
-        if not (isinstance(item, Mapping) and isinstance(item.get("containerID"), str)
-                and isinstance(item.get("ifname"), str)):
-            raise _bad(f"invalid entry in {VALID_ATTACHMENTS}",
-                       f"{item!r}: each entry needs string \"containerID\" and \"ifname\"")
-        out.append((item["containerID"], item["ifname"]))
-    return out
-
-
 def cmd_gc(args: CmdArgs) -> None:
     """Release every reservation of this network not held by a valid attachment."""
-    conf = args.conf()
-    _ipam, cfg = load_basics(conf)
-    valid = _valid_attachments(conf)
-    if not os.path.isdir(os.path.join(cfg.data_dir or DEFAULT_DATA_DIR, cfg.name)):
+    cfg = parse_conf(args)
+    if not os.path.isdir(cfg.store_dir):
         return  # nothing was ever reserved here: create nothing
     with Store(cfg.name, cfg.data_dir) as store, store.locked():
-        store.gc(valid)
+        store.gc(cfg.valid)
 
 
 def cmd_status(args: CmdArgs) -> None:
     """Ready when the data directory can be opened and locked."""
-    _ipam, cfg = load_basics(args.conf())
+    cfg = parse_conf(args)
     try:
         with Store(cfg.name, cfg.data_dir) as store, store.locked():
             pass

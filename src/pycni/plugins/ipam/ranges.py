@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterator, Mapping, Sequence
 
+from pycni import netconf
 from pycni.record import record
 from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, CNIError
 from pycni.spec.types import Route
@@ -134,6 +135,9 @@ def parse_subnet(value: Any) -> IPNetwork:
     if isinstance(iface, ipaddress.IPv6Interface) and iface.ip.ipv4_mapped is not None:
         raise RangeError(f"subnet {value}: use plain IPv4 notation for IPv4 subnets")
     net = iface.network
+    if net.prefixlen == 0:  # Go accepts it and hands out 0.0.0.2/0: a route to everywhere
+        raise RangeError(f"subnet {value} is the whole address space: give the network's own prefix, "
+                         "such as 10.1.0.0/16 or fd00::/64")
     if net.prefixlen > net.max_prefixlen - 2:
         raise RangeError(f"Network {net} too small to allocate from")
     if iface.ip != net.network_address:
@@ -250,14 +254,10 @@ def address(version: int, value: int) -> IPAddress:
 # ---- requested addresses ------------------------------------------------------------------
 
 
-def _ip_list(value: Any, where: str) -> list[tuple[IPAddress, int | None]]:
-    """A list of requested addresses (each with an optional prefix); CNIError 7 for anything else."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise CNIError(INVALID_CONFIG, f"invalid {where}", f"{where} must be a list of IP addresses, got {value!r}")
+def _ip_list(section: Mapping[str, Any], where: str) -> list[tuple[IPAddress, int | None]]:
+    """``section["ips"]``: requested addresses (each with an optional prefix); CNIError 7 for anything else."""
     out = []
-    for item in value:
+    for item in netconf.get_list(section, "ips", label=where):
         try:
             out.append(parse_ip_with_prefix(item))
         except ValueError as e:
@@ -283,20 +283,9 @@ def requested_ips(conf: Mapping[str, Any], cni_args: Mapping[str, str]) -> list[
         except ValueError as e:
             raise CNIError(INVALID_ENV, f"ARGS: invalid IP in CNI_ARGS IP={raw}",
                            f"{e}; give one or more addresses separated by ','") from None
-    cni = _object(_object(conf, "args"), "cni", "args.")
-    out.extend(_ip_list(cni.get("ips"), "args.cni.ips"))
-    out.extend(_ip_list(_object(conf, "runtimeConfig").get("ips"), "runtimeConfig.ips"))
+    out.extend(_ip_list(netconf.args_cni(conf), "args.cni.ips"))
+    out.extend(_ip_list(netconf.runtime_config(conf), "runtimeConfig.ips"))
     return out
-
-
-def _object(parent: Mapping[str, Any], key: str, prefix: str = "") -> Mapping[str, Any]:
-    """An optional nested object of the config ({} when absent or null)."""
-    value = parent.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise CNIError(INVALID_CONFIG, f"invalid {prefix}{key}", f"{prefix}{key} must be an object, got {value!r}")
-    return value
 
 
 def parse_routes(value: Any, where: str = "routes") -> list[Route]:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 
+from pycni import netconf
 from pycni.cniargs import load_cni_args
 from pycni.record import field, record
-from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, CNIError
 from pycni.spec.types import DNS, IPAddress, IPConfig, IPInterface, Result, Route
 from pycni.spec.version import greater_than_or_equal
@@ -31,54 +32,43 @@ if TYPE_CHECKING:
 
 
 @record
-class StaticConfig:
-    """The ``ipam`` section after merging CNI_ARGS, args and runtimeConfig."""
+class StaticConf:
+    """The ``ipam`` section after merging CNI_ARGS, args and runtimeConfig (ADD and CHECK);
+    ``prev`` is CHECK's prevResult. DEL reads nothing: nothing was allocated."""
 
     addresses: list[IPConfig] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)
     dns: DNS = field(default_factory=DNS)
     cni_version: str = "0.1.0"
-
-
-def _bad(msg: str, details: str = "") -> CNIError:
-    return CNIError(INVALID_CONFIG, msg, details)
+    prev: Result | None = None
 
 
 def _parse_cidr(value: object, where: str) -> IPInterface:
     """An address with its prefix length, host bits kept (Go's net.ParseCIDR + IP)."""
     if not isinstance(value, str) or "/" not in value:
-        raise _bad(f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
+        raise CNIError(INVALID_CONFIG, f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
                    "write addresses as ADDRESS/PREFIX, e.g. 10.10.0.1/24 or 2001:db8::1/64")
     try:
         return ipaddress.ip_interface(value.strip())
     except ValueError as e:
-        raise _bad(f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
+        raise CNIError(INVALID_CONFIG, f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
                    str(e)) from None
 
 
 def _parse_ip(value: object, where: str) -> IPAddress:
     if not isinstance(value, str):
-        raise _bad(f"invalid {where}: {value!r}", "expected an IP address string")
+        raise CNIError(INVALID_CONFIG, f"invalid {where}: {value!r}", "expected an IP address string")
     try:
         return ipaddress.ip_address(value.strip())
     except ValueError as e:
-        raise _bad(f"invalid {where}: {value!r}", str(e)) from None
-
-
-def _list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
-    value = obj.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise _bad(f"invalid {where}", f"'{key}' must be a list, got {type(value).__name__}")
-    return value
+        raise CNIError(INVALID_CONFIG, f"invalid {where}: {value!r}", str(e)) from None
 
 
 def _config_addresses(ipam: Mapping[str, Any]) -> list[IPConfig]:
     out: list[IPConfig] = []
-    for i, entry in enumerate(_list(ipam, "addresses", "ipam addresses")):
+    for i, entry in enumerate(netconf.get_list(ipam, "addresses", label="ipam.addresses")):
         if not isinstance(entry, dict):
-            raise _bad(f"invalid address {i}",
+            raise CNIError(INVALID_CONFIG, f"invalid address {i}",
                        f"each entry of ipam.addresses must be an object, got {entry!r}")
         addr = _parse_cidr(entry.get("address"), "address")
         gw = entry.get("gateway")
@@ -101,30 +91,30 @@ def _apply_env_args(addresses: list[IPConfig], raw_args: str) -> None:
         matched = [a for a in addresses if a.address.version == gw.version and gw in a.address.network]
         if not matched:
             have = [str(a.address) for a in addresses]
-            raise _bad(f"GATEWAY {item} is not inside any address",
+            raise CNIError(INVALID_CONFIG, f"GATEWAY {item} is not inside any address",
                        f"CNI_ARGS GATEWAY must lie in the subnet of one of {have}")
         for a in matched:
             a.gateway = gw
 
 
-def load_config(conf: Mapping[str, Any], cni_args: str) -> StaticConfig:
+def parse_conf(args: CmdArgs) -> StaticConf:
     """Parse and validate the configuration as the reference merges it (errors are code 7)."""
+    conf = args.conf()
+    cfg = StaticConf(cni_version=config_version(conf))
+    if args.command not in ("ADD", "CHECK"):
+        return cfg
     ipam = conf.get("ipam")
     if not isinstance(ipam, dict):
-        raise _bad("IPAM config missing 'ipam' key", "the network configuration needs an \"ipam\" object")
-    cfg = StaticConfig(cni_version=config_version(conf))
+        raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
+                       "the network configuration needs an \"ipam\" object")
     cfg.addresses = _config_addresses(ipam)
-    if cni_args:
-        _apply_env_args(cfg.addresses, cni_args)
+    if args.args:
+        _apply_env_args(cfg.addresses, args.args)
 
-    args = conf.get("args")
-    if isinstance(args, dict) and isinstance(args.get("cni"), dict):
-        ips = _list(args["cni"], "ips", "args.cni.ips")
-        if ips:
-            cfg.addresses = _replace_from(ips, "ips")
-    runtime = conf.get("runtimeConfig")
-    if isinstance(runtime, dict):
-        ips = _list(runtime, "ips", "runtimeConfig ips")
+    # args.cni.ips, then the "ips" capability, each replacing the list.
+    for section, label in ((netconf.args_cni(conf), "args.cni.ips"),
+                           (netconf.runtime_config(conf), "runtimeConfig.ips")):
+        ips = netconf.get_list(section, "ips", label=label)
         if ips:
             cfg.addresses = _replace_from(ips, "ips")
 
@@ -132,42 +122,41 @@ def load_config(conf: Mapping[str, Any], cni_args: str) -> StaticConfig:
         if a.gateway is None:
             continue
         if a.gateway.version != a.address.version:
-            raise _bad(f"invalid address {i}: gateway {a.gateway} is not of the family of {a.address}",
-                       "give an IPv4 gateway to an IPv4 address and an IPv6 one to an IPv6 address")
+            raise CNIError(INVALID_CONFIG,
+                           f"invalid address {i}: gateway {a.gateway} is not of the family of {a.address}",
+                           "give an IPv4 gateway to an IPv4 address and an IPv6 one to an IPv6 address")
         # A host address (/32, /128) with an on-link gateway elsewhere (e.g. 169.254.1.1) is a
         # common pattern the reference accepts; only proper subnets are checked.
         if a.address.network.num_addresses > 1 and a.gateway not in a.address.network:
-            raise _bad(f"invalid address {i}: gateway {a.gateway} is outside {a.address.network}",
+            raise CNIError(INVALID_CONFIG, f"invalid address {i}: gateway {a.gateway} is outside {a.address.network}",
                        "a gateway must lie inside the subnet of its address")
     v4 = sum(1 for a in cfg.addresses if a.address.version == 4)
     v6 = len(cfg.addresses) - v4
     if (v4 > 1 or v6 > 1) and not greater_than_or_equal(cfg.cni_version, "0.3.0"):
-        raise _bad(f"CNI version {cfg.cni_version} does not support more than 1 address per family",
+        raise CNIError(INVALID_CONFIG, f"CNI version {cfg.cni_version} does not support more than 1 address per family",
                    "use cniVersion 0.3.0 or later for several addresses of one family")
 
     try:
-        cfg.routes = [Route.from_dict(r) for r in _list(ipam, "routes", "ipam routes")]
+        cfg.routes = [Route.from_dict(r) for r in netconf.get_list(ipam, "routes", label="ipam.routes")]
         cfg.dns = DNS.from_dict(ipam.get("dns"))
     except CNIError as e:
-        raise _bad(f"invalid ipam section: {e.msg}", e.details) from None
+        raise CNIError(INVALID_CONFIG, f"invalid ipam section: {e.msg}", e.details) from None
+    if args.command == "CHECK":
+        cfg.prev = netconf.require_prev_result(conf, "static")
     return cfg
 
 
 def cmd_add(args: CmdArgs) -> Result:
-    cfg = load_config(args.conf(), args.args)
+    cfg = parse_conf(args)
     return Result(cni_version=cfg.cni_version, ips=cfg.addresses, routes=cfg.routes, dns=cfg.dns)
 
 
 def cmd_check(args: CmdArgs) -> None:
     """Every configured address must be in prevResult, with the configured gateway."""
-    conf = args.conf()
-    cfg = load_config(conf, args.args)
-    if conf.get("prevResult") is None:
-        raise _bad("Required prevResult missing", "CHECK needs the prevResult of the ADD it verifies")
-    prev = prev_result(conf)
-    assert prev is not None
+    cfg = parse_conf(args)
+    assert cfg.prev is not None  # parse_conf requires it for CHECK
     for want in cfg.addresses:
-        found = [ip for ip in prev.ips if ip.address.ip == want.address.ip]
+        found = [ip for ip in cfg.prev.ips if ip.address.ip == want.address.ip]
         if not found:
             raise CNIError(INVALID_CONFIG,
                            f"static: address {want.address.ip} missing on interface {args.ifname}",

@@ -24,9 +24,12 @@ import sys
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_DATA_DIR = "/var/lib/cni/networks"
 LAST_IP_PREFIX = "last_reserved_ip."
@@ -51,6 +54,13 @@ def parse_owner(data: bytes) -> tuple[str, str | None]:
     text = data.strip().decode("utf-8", "replace")
     cid, sep, ifname = text.partition("\r\n")
     return cid, (ifname if sep else None)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` (one write call may take only part of a long container ID)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _as_ip(name: str) -> IPAddress | None:
@@ -128,7 +138,7 @@ class Store:
             raise _io_error(f"cannot reserve {ip}", e) from None
         try:
             try:
-                os.write(fd, owner_key(container_id, ifname))
+                _write_all(fd, owner_key(container_id, ifname))
             finally:
                 os.close(fd)
             self._write_file(LAST_IP_PREFIX + range_id, str(ip).encode())
@@ -141,7 +151,7 @@ class Store:
         """Overwrite file ``name`` in the store directory (0600)."""
         fd = os.open(self._path(name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, data)
+            _write_all(fd, data)
         finally:
             os.close(fd)
 
@@ -180,7 +190,7 @@ class Store:
         """(containerID, ifname or None for old-format files) holding ``ip``; None when free."""
         try:
             with open(self._path(str(ip)), "rb") as f:
-                return parse_owner(f.read(4096))
+                return parse_owner(f.read())
         except OSError:
             return None
 
@@ -189,7 +199,7 @@ class Store:
         path = self._path(str(ip))
         try:
             with open(path, "rb") as f:
-                if f.read(4096).strip() != owner_key(container_id, ifname):
+                if f.read().strip() != owner_key(container_id, ifname):
                     return False
         except FileNotFoundError:
             return False
@@ -272,13 +282,24 @@ def _skipped(name: str) -> bool:
 
 
 def _read_one(dfd: int, name: str) -> bytes | None:
-    """The first 4 KiB of regular file ``name``; None if it is gone, a symlink or unreadable."""
+    """The bytes of regular file ``name``; None if it is gone, a symlink or unreadable.
+
+    All of them, as Go's os.ReadFile: a container ID may be far longer than a page (the
+    kernel allows 128 KiB per environment string), and a reservation read short would
+    never match its owner, so DEL would leave it behind.
+    """
     try:
         fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
     except OSError:
         return None  # vanished meanwhile, a symlink, or unreadable
     try:
-        return os.read(fd, 4096)
+        data = os.read(fd, 4096)  # one read for every ordinary reservation
+        if len(data) < 4096:
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
     except OSError:
         return None  # a directory
     finally:
@@ -329,7 +350,7 @@ class _Indexes:
     here depends on timestamps or inode numbers, so neither coarse clocks nor a reused inode
     can hide a change. Lost events (queue overflow) mean a full read; a directory deleted,
     moved or unmounted is forgotten; a path that now leads to another directory is another
-    key (device, inode). Only the first 4 KiB of each file is kept, as a scan reads.
+    key (device, inode).
 
     A directory is indexed from its second lookup in a process, so a one-shot plugin (one
     lookup) pays nothing; anything unavailable (no inotify, the watch limit, a non-local file

@@ -16,9 +16,11 @@ import hashlib
 import ipaddress
 from typing import Any
 
+from pycni import netconf
 from pycni.record import field, record
-from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
-from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+from pycni.rollback import Rollback
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
+from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Interface, Result
 from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
 
@@ -62,27 +64,12 @@ def ifb_name(network: str, container_id: str) -> str:
 
 
 # ---- configuration ---------------------------------------------------------------------------
-def _uint(entry: dict[str, Any], key: str) -> int:
-    """A rate or burst (0 when absent); CNIError 6 unless it fits an unsigned 64-bit integer, as Go decodes."""
-    v = entry.get(key, 0)
-    if v is None:
-        return 0
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise CNIError(DECODE_FAILURE, "failed to parse network configuration",
-                       f"{key} must be a non-negative integer, got {v!r}")
-    if v < 0 or v > MAX_U64:
-        raise CNIError(DECODE_FAILURE, "failed to parse network configuration",
-                       f"{key} must be an unsigned 64-bit integer, got {v}")
-    return v
-
-
 def _subnets(entry: dict[str, Any], key: str) -> list[str]:
     """``shapedSubnets``/``unshapedSubnets``: a list of CIDRs, each checked."""
-    v = entry.get(key) or []
-    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise CNIError(DECODE_FAILURE, "failed to parse network configuration",
-                       f"{key} must be a list of CIDR strings, got {v!r}")
+    v = netconf.get_list(entry, key)
     for s in v:
+        if not isinstance(s, str):
+            raise netconf.invalid(key, "a list of CIDR strings", v)
         try:
             if "/" not in s:
                 raise ValueError("missing /prefix")
@@ -123,23 +110,17 @@ def _limits(direction: str, rate_bits: int, burst_bits: int) -> Limits | None:
 
 
 def parse_conf(args: CmdArgs) -> BandwidthConf:
+    """The limits checked whole (and the prevResult an ADD with limits, or a CHECK, needs)."""
     raw = args.conf()
     version = config_version(raw)
     # Top-level limits win whole over runtimeConfig's (the reference embeds one entry or the other).
-    entry: Any = None
+    rc = netconf.runtime_config(raw)
     if any(k in raw for k in ENTRY_KEYS):
-        entry = raw
+        entry, label = raw, ""
     else:
-        rc = raw.get("runtimeConfig") or {}
-        if not isinstance(rc, dict):
-            raise CNIError(DECODE_FAILURE, "failed to parse network configuration", "runtimeConfig must be an object")
-        entry = rc.get("bandwidth")
-    conf = BandwidthConf(name=str(raw.get("name") or ""), cni_version=version, prev=prev_result(raw))
-    if entry is None:
-        return conf
-    if not isinstance(entry, dict):
-        raise CNIError(DECODE_FAILURE, "failed to parse network configuration", "bandwidth must be an object")
-    vals = {k: _uint(entry, k) for k in RATE_KEYS}
+        entry, label = netconf.get_dict(rc, "bandwidth", label="runtimeConfig.bandwidth"), "runtimeConfig.bandwidth."
+    conf = BandwidthConf(name=str(raw.get("name") or ""), cni_version=version, prev=netconf.prev_result(raw))
+    vals = {k: netconf.get_int(entry, k, minimum=0, maximum=MAX_U64, label=label + k) for k in RATE_KEYS}
     conf.ingress = _limits("ingress", vals["ingressRate"], vals["ingressBurst"])
     conf.egress = _limits("egress", vals["egressRate"], vals["egressBurst"])
     conf.shaped_subnets = _subnets(entry, "shapedSubnets")
@@ -148,6 +129,9 @@ def parse_conf(args: CmdArgs) -> BandwidthConf:
         raise CNIError(INVALID_CONFIG, "unshapedSubnets and shapedSubnets cannot be both specified",
                        "give one of them: shapedSubnets shapes only those destinations, "
                        "unshapedSubnets shapes all but those")
+    if conf.prev is None and (args.command == "CHECK" or args.command == "ADD" and not conf.is_zero):
+        raise CNIError(INVALID_CONFIG, "must be called as chained plugin",
+                       "bandwidth needs a prevResult from the interface plugin before it")
     return conf
 
 
@@ -232,38 +216,23 @@ def cmd_add(args: CmdArgs) -> Result:
     from pycni.net import link, tc
 
     conf = parse_conf(args)
-    if conf.is_zero:
+    if conf.prev is None or conf.is_zero:
         return conf.prev or Result(cni_version=conf.cni_version)
-    if conf.prev is None:
-        raise CNIError(INVALID_CONFIG, "must be called as chained plugin",
-                       "bandwidth needs a prevResult from the interface plugin before it")
     result = conf.prev.copy()
     host = host_interface(result, args)
     ifb = ifb_name(conf.name, args.container_id)
-    done: list[str] = []
-    try:
+    with Rollback() as undo:  # leave nothing half-made
         if conf.ingress is not None:
             _shape(conf, host.name, conf.ingress)
-            done.append("root")
+            undo.push(tc.delete_qdisc, host.name)
         if conf.egress is not None:
             hl = link.require_link(host.name)
             mac = tc.create_ifb(ifb, hl.mtu)
-            done.append("ifb")
+            undo.push(link.delete_link, ifb)
             result.interfaces.append(Interface(name=ifb, mac=mac))
             tc.add_ingress_redirect(host.name, ifb)
-            done.append("ingress")
+            undo.push(tc.delete_qdisc, host.name, True)
             _shape(conf, ifb, conf.egress)
-    except BaseException:
-        # Leave nothing half-made: undo what this ADD created, newest first.
-        for step in reversed(done):
-            try:
-                if step == "ifb":
-                    link.delete_link(ifb)
-                else:
-                    tc.delete_qdisc(host.name, ingress=step == "ingress")
-            except Exception:  # noqa: BLE001 - best effort; the first error is the one to report
-                pass
-        raise
     return result
 
 
@@ -288,9 +257,7 @@ def cmd_check(args: CmdArgs) -> None:
     from pycni.net import tc
 
     conf = parse_conf(args)
-    if conf.prev is None:
-        raise CNIError(INVALID_CONFIG, "must be called as a chained plugin",
-                       "bandwidth CHECK needs the prevResult of the chain")
+    assert conf.prev is not None  # parse_conf requires it for CHECK
     host = host_interface(conf.prev, args)
     if conf.ingress is not None:
         _check_shaper(conf, host.name, conf.ingress)

@@ -23,9 +23,11 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from pycni import netconf
 from pycni.record import record
-from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
-from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+from pycni.rollback import Rollback
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
+from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import IPConfig, Result
 from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
 
@@ -37,11 +39,19 @@ NFT_TABLE = "cni_firewall"
 STAGE1, STAGE2 = "CNI-ISOLATION-STAGE-1", "CNI-ISOLATION-STAGE-2"
 POLICIES = ("", "open", "same-bridge", "isolated")
 _CHAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,27}$")
+# Names the admin chain cannot take: the filter table's built-in chains and the standard
+# verdicts (iptables cannot jump to or create them), and the chains this plugin owns (a jump
+# to itself loops). iptables refuses other target names (LOG, REJECT, ...) itself: see
+# _create_chain. nftables names a chain with an identifier (no leading digit) and its own
+# base chain is "forward".
+_RESERVED_ADMIN = frozenset({"INPUT", "FORWARD", "OUTPUT", "ACCEPT", "DROP", "RETURN", "QUEUE", PRIV_CHAIN,
+                             STAGE1, STAGE2})
+_NFT_CHAIN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
 
 @record
 class FirewallConf:
-    """The checked network config."""
+    """The checked network config; ``prev`` is always there for ADD and CHECK."""
 
     cni_version: str
     backend: str
@@ -49,14 +59,19 @@ class FirewallConf:
     ingress_policy: str
     prev: Result | None
 
+    @property
+    def result(self) -> Result:
+        """The prevResult ADD and CHECK act on (parse_conf has required it)."""
+        assert self.prev is not None
+        return self.prev
+
 
 def parse_conf(args: CmdArgs) -> FirewallConf:
+    """Every key checked, and for ADD/CHECK the prevResult required, before anything changes."""
     raw = args.conf()
     version = config_version(raw)
-    for key in ("backend", "iptablesAdminChainName", "firewalldZone", "ingressPolicy"):
-        if raw.get(key) is not None and not isinstance(raw[key], str):
-            raise CNIError(DECODE_FAILURE, "failed to load netconf", f"{key} must be a string, got {raw[key]!r}")
-    backend = raw.get("backend") or "iptables"
+    backend = netconf.get_str(raw, "backend") or "iptables"
+    netconf.get_str(raw, "firewalldZone")  # type-checked only: there is no firewalld backend
     if backend == "firewalld":
         raise CNIError(INVALID_CONFIG, "firewalld backend is not supported",
                        "pycni has no firewalld integration and no firewalld runs here: "
@@ -64,15 +79,29 @@ def parse_conf(args: CmdArgs) -> FirewallConf:
     if backend not in ("iptables", "nftables"):
         raise CNIError(INVALID_CONFIG, f"unknown firewall backend {backend!r}",
                        "backend must be \"iptables\" or \"nftables\"")
-    admin = raw.get("iptablesAdminChainName") or DEFAULT_ADMIN_CHAIN
+    admin = netconf.get_str(raw, "iptablesAdminChainName") or DEFAULT_ADMIN_CHAIN
     if not _CHAIN_RE.match(admin):
         raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
                        "use up to 28 letters, digits, '_', '-' or '.'")
-    policy = raw.get("ingressPolicy") or ""
+    if admin in (_RESERVED_ADMIN if backend == "iptables" else ("forward",)):
+        raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
+                       f"{admin} is a built-in chain, a verdict or a chain of the firewall plugin itself; "
+                       f"name a chain of your own (default {DEFAULT_ADMIN_CHAIN})")
+    if backend == "nftables" and not _NFT_CHAIN_RE.match(admin):
+        raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
+                       "an nftables chain name starts with a letter or '_'")
+    policy = netconf.get_str(raw, "ingressPolicy")
     if policy not in POLICIES:
         raise CNIError(INVALID_CONFIG, f"unknown ingress policy: {policy!r}",
                        "ingressPolicy must be \"open\", \"same-bridge\" or \"isolated\"")
-    return FirewallConf(version, backend, admin, policy, prev_result(raw))
+    if args.command in ("ADD", "CHECK"):
+        prev: Result | None = netconf.require_prev_result(raw, "firewall")
+    else:
+        prev = netconf.prev_result(raw)  # DEL without one has nothing to remove
+    conf = FirewallConf(version, backend, admin, policy, prev)
+    if conf.prev is not None and policy not in ("", "open"):
+        _isolation_rules(conf, conf.prev)  # refuses a prevResult without the bridge, before any change
+    return conf
 
 
 def host_ip(ip: IPConfig) -> str:
@@ -98,24 +127,40 @@ def _ipt_rules_by_family(result: Result) -> dict[bool, list[list[str]]]:
     return out
 
 
-def iptables_add(conf: FirewallConf, result: Result) -> None:
+def _create_chain(chain: str, v6: bool, undo: Rollback) -> None:
+    """Create ``chain`` in the filter table unless it exists; a chain made here is undone."""
     from pycni.net import iptables as ipt
 
+    try:
+        ipt.run(["-t", "filter", "-N", chain], v6)
+    except ipt.IptablesError as e:
+        if e.chain_exists:
+            return
+        if "clash with target name" in e.stderr:
+            raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {chain!r}",
+                           f"{chain} is the name of an iptables target; name a chain of your own") from None
+        raise
+    undo.push(ipt.delete_chain, "filter", chain, v6)
+
+
+def _add_rule(chain: str, rule: list[str], v6: bool, undo: Rollback, *, prepend: bool = False) -> None:
+    """Add ``rule`` unless an identical one is there; a rule added here is undone."""
+    from pycni.net import iptables as ipt
+
+    if ipt.rule_exists("filter", chain, rule, v6):
+        return
+    ipt.run(["-t", "filter", "-I" if prepend else "-A", chain, *(["1"] if prepend else []), *rule], v6)
+    undo.push(ipt.delete_rule, "filter", chain, rule, v6)
+
+
+def iptables_add(conf: FirewallConf, result: Result, undo: Rollback) -> None:
     for v6, rules in _ipt_rules_by_family(result).items():
-        ipt.ensure_chain("filter", PRIV_CHAIN, v6)
-        ipt.ensure_chain("filter", conf.admin_chain, v6)
-        ipt.append_unique("filter", "FORWARD", _ipt_jump(PRIV_CHAIN, FILTER_COMMENT), v6, prepend=True)
-        ipt.append_unique("filter", PRIV_CHAIN, _ipt_jump(conf.admin_chain, ADMIN_COMMENT), v6, prepend=True)
-        added: list[list[str]] = []
-        try:
-            for rule in rules:
-                if not ipt.rule_exists("filter", PRIV_CHAIN, rule, v6):
-                    ipt.run(["-t", "filter", "-A", PRIV_CHAIN, *rule], v6)
-                    added.append(rule)
-        except BaseException:
-            for rule in added:
-                ipt.delete_rule("filter", PRIV_CHAIN, rule, v6)
-            raise
+        _create_chain(conf.admin_chain, v6, undo)
+        _create_chain(PRIV_CHAIN, v6, undo)
+        _add_rule("FORWARD", _ipt_jump(PRIV_CHAIN, FILTER_COMMENT), v6, undo, prepend=True)
+        _add_rule(PRIV_CHAIN, _ipt_jump(conf.admin_chain, ADMIN_COMMENT), v6, undo, prepend=True)
+        for rule in rules:
+            _add_rule(PRIV_CHAIN, rule, v6, undo)
 
 
 def iptables_del(conf: FirewallConf, result: Result) -> None:
@@ -180,14 +225,22 @@ def _nft_set_members(listing: dict[str, Any], name: str) -> set[str]:
     return members
 
 
-def nft_add(conf: FirewallConf, result: Result) -> None:
+def nft_add(conf: FirewallConf, result: Result, undo: Rollback) -> None:
+    """One transaction: all of it or nothing. A later failure takes this container's elements out."""
     from pycni.net import nft
 
     script = _nft_base(conf.admin_chain)
     for set_name, addrs in _nft_elements(result).items():
         if addrs:
             script += f"add element inet {NFT_TABLE} {set_name} {{ {', '.join(addrs)} }}\n"
-    nft.run(script, what="firewall ADD")
+    try:
+        nft.run(script, what="firewall ADD")
+    except nft.NftError as e:
+        if "syntax error" in e.stderr:  # the admin chain's name is an nftables keyword
+            raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {conf.admin_chain!r} for nftables",
+                           f"nft cannot name a chain {conf.admin_chain}: {e.details}") from None
+        raise
+    undo.push(nft_del, conf, result)
 
 
 def nft_del(conf: FirewallConf, result: Result) -> None:
@@ -257,17 +310,15 @@ def _families(result: Result) -> list[bool]:
     return sorted({ip.address.version == 6 for ip in result.ips})
 
 
-def setup_ingress_policy(conf: FirewallConf, result: Result) -> None:
-    from pycni.net import iptables as ipt
-
+def setup_ingress_policy(conf: FirewallConf, result: Result, undo: Rollback) -> None:
     if conf.ingress_policy in ("", "open"):
         return
     rules = _isolation_rules(conf, result)
     for v6 in _families(result):
         for chain in (STAGE1, STAGE2):
-            ipt.ensure_chain("filter", chain, v6)
+            _create_chain(chain, v6, undo)
         for chain, rule, prepend in rules:
-            ipt.append_unique("filter", chain, rule, v6, prepend=prepend)
+            _add_rule(chain, rule, v6, undo, prepend=prepend)
 
 
 def check_ingress_policy(conf: FirewallConf, result: Result) -> None:
@@ -291,7 +342,7 @@ def check_ingress_policy(conf: FirewallConf, result: Result) -> None:
 class Backend(NamedTuple):
     """How one ``backend`` value adds, deletes and checks a container's forwarding rules."""
 
-    add: Callable[[FirewallConf, Result], None]
+    add: Callable[[FirewallConf, Result, Rollback], None]
     delete: Callable[[FirewallConf, Result], None]
     check: Callable[[FirewallConf, Result], None]
 
@@ -304,18 +355,11 @@ def cmd_add(args: CmdArgs) -> Result:
     from pycni.net import netns
 
     conf = parse_conf(args)
-    if conf.prev is None:
-        raise CNIError(INVALID_CONFIG, "missing prevResult from earlier plugin",
-                       "firewall is a chained plugin: put it after an interface plugin in a conflist")
-    backend = BACKENDS[conf.backend]
-    with netns.locked():
-        backend.add(conf, conf.prev)
-        try:
-            setup_ingress_policy(conf, conf.prev)
-        except BaseException:
-            backend.delete(conf, conf.prev)  # no half-made ADD: take this container's rules back out
-            raise
-    return conf.prev
+    # No half-made ADD: whatever this ADD created (chains, jumps, rules) goes if a later step fails.
+    with netns.locked(), Rollback() as undo:
+        BACKENDS[conf.backend].add(conf, conf.result, undo)
+        setup_ingress_policy(conf, conf.result, undo)
+    return conf.result
 
 
 def cmd_del(args: CmdArgs) -> None:
@@ -332,11 +376,8 @@ def cmd_del(args: CmdArgs) -> None:
 
 def cmd_check(args: CmdArgs) -> None:
     conf = parse_conf(args)
-    if conf.prev is None:
-        raise CNIError(INVALID_CONFIG, "missing prevResult from earlier plugin",
-                       "CHECK needs the prevResult of the chain")
-    BACKENDS[conf.backend].check(conf, conf.prev)
-    check_ingress_policy(conf, conf.prev)
+    BACKENDS[conf.backend].check(conf, conf.result)
+    check_ingress_policy(conf, conf.result)
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,

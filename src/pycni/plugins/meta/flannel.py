@@ -15,9 +15,10 @@ import json
 import os
 from typing import Any
 
-from pycni import invoke
+from pycni import invoke, netconf, statefile
 from pycni.record import field, record
-from pycni.skel import CmdArgs, Plugin, config_version, load_conf, run_plugin
+from pycni.rollback import Rollback
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import Result
@@ -39,42 +40,34 @@ class SubnetEnv:
 
 @record
 class FlannelConf:
-    """The checked config; ``raw`` keeps the rest for CHECK and GC."""
+    """The checked config; ``raw`` keeps the rest for CHECK."""
     name: str
     cni_version: str
     subnet_file: str
     data_dir: str
     delegate: dict[str, Any]
-    ipam: dict[str, Any] | None
-    runtime_config: dict[str, Any] | None
+    ipam: dict[str, Any]
+    runtime_config: dict[str, Any] | None  # None: the config has none (the delegate gets none)
     raw: dict[str, Any]
+    valid: list[tuple[str, str]] = field(default_factory=list)  # GC's attachments still in use
 
 
-def parse_conf(data: bytes) -> FlannelConf:
+def parse_conf(args: CmdArgs) -> FlannelConf:
     """Decode the config and refuse delegate keys flannel sets itself, as the reference."""
-    raw = load_conf(data)
-
-    def opt_dict(key: str) -> dict[str, Any] | None:
-        """``raw[key]`` when it is a JSON object, None when absent; CNIError 7 otherwise."""
-        value = raw.get(key)
-        if value is not None and not isinstance(value, dict):
-            raise CNIError(E.INVALID_CONFIG, f"'{key}' must be a JSON object", f"got {value!r}")
-        return value
-
-    delegate = opt_dict("delegate") or {}
+    raw = args.conf()
+    delegate = netconf.get_dict(raw, "delegate")
     if "type" in delegate and not isinstance(delegate["type"], str):
         raise CNIError(E.INVALID_CONFIG, "'delegate' dictionary, if present, must have (string) 'type' field")
     if "name" in delegate:
         raise CNIError(E.INVALID_CONFIG, "'delegate' dictionary must not have 'name' field, it'll be set by flannel")
     if "ipam" in delegate:
         raise CNIError(E.INVALID_CONFIG, "'delegate' dictionary must not have 'ipam' field, it'll be set by flannel")
-    for key in ("subnetFile", "dataDir"):
-        if key in raw and not isinstance(raw[key], str):
-            raise CNIError(E.INVALID_CONFIG, f"'{key}' must be a string", f"got {raw[key]!r}")
+    rc = netconf.runtime_config(raw)
     return FlannelConf(name=str(raw.get("name", "")), cni_version=config_version(raw),
-                       subnet_file=raw.get("subnetFile") or DEFAULT_SUBNET_FILE,
-                       data_dir=raw.get("dataDir") or DEFAULT_DATA_DIR, delegate=dict(delegate),
-                       ipam=opt_dict("ipam"), runtime_config=opt_dict("runtimeConfig"), raw=raw)
+                       subnet_file=netconf.get_str(raw, "subnetFile") or DEFAULT_SUBNET_FILE,
+                       data_dir=netconf.get_str(raw, "dataDir") or DEFAULT_DATA_DIR, delegate=dict(delegate),
+                       ipam=netconf.get_dict(raw, "ipam"), runtime_config=rc if "runtimeConfig" in raw else None,
+                       raw=raw, valid=netconf.valid_attachments(raw) if args.command == "GC" else [])
 
 
 def load_subnet_env(path: str) -> SubnetEnv:
@@ -136,17 +129,20 @@ def delegate_conf(conf: FlannelConf, env: SubnetEnv) -> dict[str, Any]:
         d.setdefault("isGateway", True)
     if conf.cni_version:
         d["cniVersion"] = conf.cni_version
-    ipam = dict(conf.ipam or {})
+    ipam = dict(conf.ipam)
     ipam.setdefault("type", "host-local")
     ipam["ranges"] = [[{"subnet": str(sn)}] for sn in env.subnets]
-    routes = ipam.get("routes") or []
-    if not isinstance(routes, list):  # checked before copying: list() would split a string into routes
-        raise CNIError(E.INVALID_CONFIG, "failed to read IPAM routes", "ipam.routes must be a list")
+    routes = netconf.get_list(ipam, "routes", label="ipam.routes")
     ipam["routes"] = [*routes, *({"dst": str(nw)} for nw in env.networks)]
     d["ipam"] = ipam
     if conf.runtime_config is not None:
         d["runtimeConfig"] = conf.runtime_config
     return d
+
+
+# The saved config is named by the container ID, and its temporary file (statefile) by that
+# name with a prefix and a suffix (".<pid>.<6 hex>"): all must fit a file name (255 bytes).
+MAX_ID_BYTES = 255 - len(statefile.TMP_PREFIX) - len(".4194304.abcdef")
 
 
 def _scratch_path(data_dir: str, container_id: str) -> str:
@@ -155,17 +151,9 @@ def _scratch_path(data_dir: str, container_id: str) -> str:
     return os.path.join(data_dir, container_id)
 
 
-def _save(path: str, data: bytes) -> None:
-    """Write ``data`` atomically and durably (0600): DEL depends on finding it."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+def _fits(container_id: str) -> bool:
+    """Whether the ID can name the saved config; ADD refuses a longer one, so none was saved."""
+    return len(container_id.encode()) <= MAX_ID_BYTES
 
 
 def _read_saved(path: str) -> bytes | None:
@@ -179,58 +167,90 @@ def _read_saved(path: str) -> bytes | None:
         raise CNIError(E.IO_FAILURE, f"failed to read saved flannel delegate config {path}", str(e)) from None
 
 
+def validate_delegate(delegate: dict[str, Any], args: CmdArgs) -> None:
+    """Refuse, before anything is made, what the delegate's IPAM would refuse only after the
+    delegate has built its interfaces: host-local's whole config (ranges from the subnet file,
+    routes, dataDir, requested IPs in CNI_ARGS and runtimeConfig)."""
+    if delegate["ipam"].get("type") == "host-local":
+        from pycni.plugins.ipam import host_local
+
+        host_local.parse_conf(CmdArgs(command="ADD", container_id=args.container_id, ifname=args.ifname,
+                                      args=args.args, path=args.path, stdin_data=json.dumps(delegate).encode()))
+
+
+def _new_bridge(delegate: dict[str, Any]) -> str:
+    """The bridge a bridge delegate is about to create ("" when it exists or is not ours to make)."""
+    if delegate.get("type") != "bridge":
+        return ""
+    from pycni.net import link
+
+    name = delegate.get("bridge") or "cni0"
+    return "" if link.get_link(name) is not None else name
+
+
+def _remove_unused_bridge(name: str) -> None:
+    """Delete bridge ``name``, made by this failed ADD, unless something joined it meanwhile."""
+    from pycni.net import link
+
+    br = link.get_link(name)
+    if br is None or br.kind != "bridge" or any(lk.master == br.index for lk in link.list_links()):
+        return
+    link.delete_link_quietly(name)
+
+
+def _quiet_del(plugin: str, data: bytes, args: CmdArgs) -> None:
+    try:
+        invoke.delegate_del(plugin, data, args)
+    except CNIError:
+        pass
+
+
 def cmd_add(args: CmdArgs) -> Result:
     """Save the merged delegate config, then delegate ADD; a failed ADD is undone and forgotten."""
-    conf = parse_conf(args.stdin_data)
+    conf = parse_conf(args)
+    path = _scratch_path(conf.data_dir, args.container_id)
+    if not _fits(args.container_id):
+        raise CNIError(E.INVALID_ENV, "container ID too long for flannel",
+                       f"flannel saves the delegate config in a file named by the container ID: at most "
+                       f"{MAX_ID_BYTES} bytes, got {len(args.container_id.encode())}")
     env = load_subnet_env(conf.subnet_file)
     delegate = delegate_conf(conf, env)
+    validate_delegate(delegate, args)
     data = json.dumps(delegate).encode()
-    path = _scratch_path(conf.data_dir, args.container_id)
-    try:
-        _save(path, data)
-    except OSError as e:
-        raise CNIError(E.IO_FAILURE, f"failed to save delegate config in {conf.data_dir}", str(e)) from None
-    try:
+    # Leave nothing behind: a failed ADD undoes what the delegate made (and the bridge it
+    # created, which the delegate's DEL keeps), then forgets the config.
+    with Rollback() as undo:
+        statefile.write_bytes(path, data, failure=f"failed to save delegate config in {conf.data_dir}")
+        undo.push(statefile.remove, path)
+        bridge = _new_bridge(delegate)
+        if bridge:
+            undo.push(_remove_unused_bridge, bridge)
+        undo.push(_quiet_del, delegate["type"], data, args)
         return invoke.delegate_add(delegate["type"], data, args)
-    except Exception:
-        # Leave nothing behind: undo whatever the delegate managed, then forget the config.
-        try:
-            invoke.delegate_del(delegate["type"], data, args)
-        except CNIError:
-            pass
-        _remove(path)
-        raise
-
-
-def _remove(path: str) -> None:
-    """Delete ``path`` if it is there."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def cmd_del(args: CmdArgs) -> None:
     """Replay DEL with the config ADD saved (not the current subnet file), then forget it."""
-    conf = parse_conf(args.stdin_data)
+    conf = parse_conf(args)
     path = _scratch_path(conf.data_dir, args.container_id)
-    saved = _read_saved(path)
+    saved = _read_saved(path) if _fits(args.container_id) else None
     if saved is None:
         return  # never added, or already deleted: DEL is idempotent
     try:
         delegate = json.loads(saved)
         plugin_type = delegate["type"]
     except (ValueError, KeyError, TypeError):
-        _remove(path)  # unusable leftover; nothing can be replayed from it
+        statefile.remove(path)  # unusable leftover; nothing can be replayed from it
         return
     invoke.delegate_del(plugin_type, saved, args)
-    _remove(path)
+    statefile.remove(path)
 
 
 def cmd_check(args: CmdArgs) -> None:
     """Replay CHECK through the delegate with the saved configuration and our prevResult."""
-    conf = parse_conf(args.stdin_data)
-    saved = _read_saved(_scratch_path(conf.data_dir, args.container_id))
+    conf = parse_conf(args)
+    path = _scratch_path(conf.data_dir, args.container_id)
+    saved = _read_saved(path) if _fits(args.container_id) else None
     if saved is None:
         raise CNIError(E.UNKNOWN_CONTAINER, f"no flannel delegate config for container {args.container_id}",
                        f"nothing saved in {conf.data_dir}; was ADD run for this container?")
@@ -240,37 +260,37 @@ def cmd_check(args: CmdArgs) -> None:
     except (ValueError, KeyError, TypeError):
         raise CNIError(E.IO_FAILURE, f"saved flannel delegate config for {args.container_id} is unreadable",
                        f"{_scratch_path(conf.data_dir, args.container_id)} is not a delegate config") from None
-    if "prevResult" in conf.raw:
-        prev = Result.from_dict(conf.raw["prevResult"], conf.cni_version)
+    prev = netconf.prev_result(conf.raw)
+    if prev is not None:
         delegate["prevResult"] = prev.to_dict(delegate.get("cniVersion") or conf.cni_version)
     invoke.delegate_check(delegate["type"], json.dumps(delegate).encode(), args)
 
 
 def cmd_gc(args: CmdArgs) -> None:
     """Let the delegate collect what is not in cni.dev/valid-attachments; drop stale saved configs."""
-    conf = parse_conf(args.stdin_data)
-    valid = conf.raw.get("cni.dev/valid-attachments") or []
-    keep = {a.get("containerID") for a in valid if isinstance(a, dict)}
+    conf = parse_conf(args)
+    keep = {cid for cid, _ifname in conf.valid}
     try:
         env = load_subnet_env(conf.subnet_file)
     except CNIError:
         env = None
     if env is not None:
         delegate = delegate_conf(conf, env)
-        delegate["cni.dev/valid-attachments"] = valid
+        delegate[netconf.VALID_ATTACHMENTS] = [{"containerID": c, "ifname": i} for c, i in conf.valid]
         invoke.delegate_gc(delegate["type"], json.dumps(delegate).encode(), args)
     try:
         names = os.listdir(conf.data_dir)
     except FileNotFoundError:
         return
     for name in names:
-        if name not in keep and ".tmp" not in name:
-            _remove(os.path.join(conf.data_dir, name))
+        # Not an ADD's file in the making (older versions named those <id>.tmp<pid>).
+        if name not in keep and not name.startswith(statefile.TMP_PREFIX) and ".tmp" not in name:
+            statefile.remove(os.path.join(conf.data_dir, name))
 
 
 def cmd_status(args: CmdArgs) -> None:
     """Ready when flanneld's subnet file is readable and complete."""
-    conf = parse_conf(args.stdin_data)
+    conf = parse_conf(args)
     try:
         load_subnet_env(conf.subnet_file)
     except CNIError as e:

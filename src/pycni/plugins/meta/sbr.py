@@ -18,14 +18,15 @@ interface has in their tables; CHECK verifies the rules and default routes are i
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
 from functools import partial
 
+from pycni import netconf
 from pycni.net.route import RT_SCOPE_LINK, RT_TABLE_MAIN
 from pycni.net.rule import RESERVED_TABLES
 from pycni.record import field, record
-from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
-from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+from pycni.rollback import Rollback
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
+from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import IPAddress, IPConfig, Result
 from pycni.spec.validate import IFNAMSIZ
 
@@ -34,7 +35,7 @@ FIRST_TABLE = 100
 
 @record
 class SbrConf:
-    """The checked config and the prevResult it acts on."""
+    """The checked config and the prevResult it acts on (always there for ADD and CHECK)."""
     cni_version: str
     prev: Result | None
     table: int | None = None
@@ -46,19 +47,16 @@ class SbrConf:
 def parse_conf(args: CmdArgs) -> SbrConf:
     """Decode and check the whole config before anything is touched."""
     raw = args.conf()
-    conf = SbrConf(config_version(raw), prev_result(raw))
-    table = raw.get("table")
-    if table is not None:
-        if isinstance(table, bool) or not isinstance(table, int):
-            raise CNIError(DECODE_FAILURE, "failed to parse network configuration",
-                           f"table must be an integer, got {table!r}")
+    conf = SbrConf(config_version(raw), netconf.prev_result(raw))
+    if raw.get("table") is not None:
+        table = netconf.get_int(raw, "table")
         if not 0 < table < 2**32 or table in RESERVED_TABLES:
             raise CNIError(INVALID_CONFIG, f"invalid routing table {table}",
                            "use a table id between 1 and 4294967295 other than default/main/local (253-255)")
         conf.table = table
-    gws = raw.get("gateways") or []
-    if not isinstance(gws, list) or not all(isinstance(g, str) for g in gws):
-        raise CNIError(DECODE_FAILURE, "failed to parse network configuration", "gateways must be a list of strings")
+    gws = netconf.get_list(raw, "gateways")
+    if not all(isinstance(g, str) for g in gws):
+        raise netconf.invalid("gateways", "a list of IP address strings", gws)
     if len(gws) > 2:
         raise CNIError(INVALID_CONFIG, "gateways list cannot contain more than 2 entries (one IPv4, one IPv6)")
     for g in gws:
@@ -71,14 +69,14 @@ def parse_conf(args: CmdArgs) -> SbrConf:
             raise CNIError(INVALID_CONFIG, f"gateways list contains multiple IPv{ip.version} addresses: "
                            f"{conf.gateways[ip.version]} and {g}", "give at most one gateway per family")
         conf.gateways[ip.version] = ip
-    hints = raw.get("addSourceHints", False)
-    if not isinstance(hints, bool):
-        raise CNIError(DECODE_FAILURE, "failed to parse network configuration", "addSourceHints must be a boolean")
-    conf.add_source_hints = hints
-    vrf = raw.get("vrfname") or ""
-    if not isinstance(vrf, str) or len(vrf) >= IFNAMSIZ or any(c in vrf for c in "/ :\t\n"):
+    conf.add_source_hints = netconf.get_bool(raw, "addSourceHints")
+    vrf = netconf.get_str(raw, "vrfname")
+    if len(vrf) >= IFNAMSIZ or any(c in vrf for c in "/ :\t\n"):
         raise CNIError(INVALID_CONFIG, f"invalid vrfname {vrf!r}", "vrfname must be a valid interface name")
     conf.vrfname = vrf
+    if args.command in ("ADD", "CHECK"):
+        conf.prev = netconf.require_prev_result(raw, "sbr")
+        ip_configs(args.ifname, conf.prev)  # refuses a prevResult without addresses
     return conf
 
 
@@ -106,55 +104,32 @@ def _gateway(conf: SbrConf, ip: IPConfig) -> IPAddress | None:
     return conf.gateways.get(ip.address.version) or ip.gateway
 
 
-class _Undo:
-    """What an ADD changed, to put back if a later step fails (no half-made ADD)."""
-
-    def __init__(self) -> None:
-        from pycni.net import rule
-
-        self.rules: list[rule.Rule] = []
-        self.added: list[rule.RawRoute] = []
-        self.removed: list[rule.RawRoute] = []
-        self.enslaved = ""  # an interface this ADD put into a VRF
-
-    def run(self) -> None:
-        """Put everything back, each step best effort (the error that got us here is what counts)."""
-        from pycni.net import link, rule
-
-        steps: list[Callable[[], object]] = []
-        if self.enslaved:
-            steps.append(partial(link.set_link, self.enslaved, master=None))
-        steps += [partial(rule.remove_route, r) for r in reversed(self.added)]
-        steps += [partial(rule.del_rule, r) for r in reversed(self.rules)]
-        steps += [partial(rule.put_route, r) for r in self.removed]
-        for step in steps:
-            try:
-                step()
-            except CNIError:
-                pass
-
-
-def _add_default(undo: _Undo, ip: IPConfig, gw: IPAddress, index: int, table: int) -> None:
-    """A default route via ``gw`` in ``table`` (recorded for undo)."""
+def _add_default(undo: Rollback, ip: IPConfig, gw: IPAddress, index: int, table: int) -> None:
+    """A default route via ``gw`` in ``table`` (undone if the ADD fails later)."""
     from pycni.net import rule
 
     zero = ipaddress.ip_network("0.0.0.0/0" if ip.address.version == 4 else "::/0")
     r = rule.RawRoute(family=ip.address.version, dst=zero, oif=index, gw=str(gw), proto=3, table=table)
     rule.put_route(r, replace=False)
-    undo.added.append(r)
+    undo.push(rule.remove_route, r)
 
 
-def _source_table(conf: SbrConf, undo: _Undo, ip: IPConfig, index: int, table: int) -> None:
-    """Send traffic sourced from ``ip`` to ``table``, with a default route via its gateway there."""
+def _add_rule(undo: Rollback, ip: IPConfig, table: int) -> None:
+    """``from <ip> lookup <table>`` (undone if the ADD fails later)."""
     from pycni.net import rule
 
-    undo.rules.append(rule.add_rule(_host_net(ip), table))
+    undo.push(rule.del_rule, rule.add_rule(_host_net(ip), table))
+
+
+def _source_table(conf: SbrConf, undo: Rollback, ip: IPConfig, index: int, table: int) -> None:
+    """Send traffic sourced from ``ip`` to ``table``, with a default route via its gateway there."""
+    _add_rule(undo, ip, table)
     gw = _gateway(conf, ip)
     if gw is not None:
         _add_default(undo, ip, gw, index, table)
 
 
-def do_routes(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: _Undo) -> None:
+def do_routes(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: Rollback) -> None:
     """Per-address tables with default and copied routes, then clear the main table."""
     from pycni.net import link, rule
 
@@ -175,7 +150,7 @@ def do_routes(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: _Undo) -> N
             if (src is not None and src in ip.address.network) or (gwa is not None and gwa in ip.address.network) \
                     or (src is None and gwa is None):
                 rule.put_route(r, table)  # replace: the default route above may be the same
-                undo.added.append(rule.RawRoute(**{**r.__dict__, "table": table}))
+                undo.push(rule.remove_route, rule.RawRoute(**{**r.__dict__, "table": table}))
         used.add(table)
         table = rule.next_free_table(table + 1, used)
     if conf.add_source_hints:
@@ -191,22 +166,23 @@ def do_routes(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: _Undo) -> N
         doomed = routes
     for r in doomed:
         if rule.remove_route(r):
-            undo.removed.append(r)
+            undo.push(rule.put_route, r)
 
 
-def do_vrf(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: _Undo) -> None:
+def do_vrf(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: Rollback) -> None:
     """Enslave the interface to VRF ``vrfname`` and point the source rules at its table."""
     from pycni.net import link
 
-    table = vrf_table(conf.vrfname, conf.table)
+    table = vrf_table(conf.vrfname, conf.table, undo)
     lk = link.set_link(ifname, master=conf.vrfname)
-    undo.enslaved = ifname
+    undo.push(partial(link.set_link, ifname, master=None))
     for ip in ips:
         _source_table(conf, undo, ip, lk.index, table)
 
 
-def vrf_table(name: str, table: int | None) -> int:
-    """The table of VRF ``name``, creating the VRF (up, with ``table`` or a free one) if missing."""
+def vrf_table(name: str, table: int | None, undo: Rollback | None = None) -> int:
+    """The table of VRF ``name``, creating the VRF (up, with ``table`` or a free one) if missing;
+    a VRF created here is deleted by ``undo``."""
     import errno
 
     from pyroute2.netlink.exceptions import NetlinkError
@@ -224,6 +200,8 @@ def vrf_table(name: str, table: int | None) -> int:
                     raise CNIError(PLUGIN_SPECIFIC, f"cannot create VRF {name!r}: the kernel lacks VRF support",
                                    "load the vrf module, or drop vrfname from the config") from None
                 raise CNIError(PLUGIN_SPECIFIC, f"cannot create VRF {name!r}", str(e)) from None
+            if undo is not None:
+                undo.push(link.delete_link_quietly, name)
             index = link.require_index(sock, name)
             sock.link("set", index=index, state="up")
         msg = link.require_msg(sock, index)
@@ -244,26 +222,19 @@ def vrf_table(name: str, table: int | None) -> int:
 # ---- handlers --------------------------------------------------------------------------------
 def cmd_add(args: CmdArgs) -> Result:
     """Rules and tables for each address, under the netns lock so concurrent ADDs pick distinct tables."""
-    from pycni.net import netns, rule
+    from pycni.net import netns
 
     conf = parse_conf(args)
-    if conf.prev is None:
-        raise CNIError(INVALID_CONFIG, "This plugin must be called as chained plugin",
-                       "put sbr after an interface plugin in a conflist")
+    assert conf.prev is not None  # parse_conf requires it for ADD
     ips = ip_configs(args.ifname, conf.prev)
-    undo = _Undo()
-    with netns.locked(args.netns), netns.enter(args.netns):
-        try:
-            if conf.vrfname:
-                do_vrf(conf, ips, args.ifname, undo)
-            elif conf.table is not None:
-                for ip in ips:
-                    undo.rules.append(rule.add_rule(_host_net(ip), conf.table))
-            else:
-                do_routes(conf, ips, args.ifname, undo)
-        except BaseException:
-            undo.run()
-            raise
+    with netns.locked(args.netns), netns.enter(args.netns), Rollback() as undo:  # no half-made ADD
+        if conf.vrfname:
+            do_vrf(conf, ips, args.ifname, undo)
+        elif conf.table is not None:
+            for ip in ips:
+                _add_rule(undo, ip, conf.table)
+        else:
+            do_routes(conf, ips, args.ifname, undo)
     return conf.prev
 
 
@@ -299,8 +270,7 @@ def cmd_check(args: CmdArgs) -> None:
     from pycni.net import link, netns, rule
 
     conf = parse_conf(args)
-    if conf.prev is None:
-        raise CNIError(INVALID_CONFIG, "This plugin must be called as chained plugin")
+    assert conf.prev is not None  # parse_conf requires it for CHECK
     ips = ip_configs(args.ifname, conf.prev)
     with netns.enter(args.netns):
         lk = link.get_link(args.ifname)

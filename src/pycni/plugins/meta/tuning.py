@@ -26,9 +26,11 @@ import json
 import os
 import re
 
+from pycni import netconf, statefile
 from pycni.cniargs import load_cni_args
 from pycni.net.sysctl import normalize_key, proc_path, read_sysctl, try_write_sysctl, write_sysctl
 from pycni.record import field, record
+from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, IO_FAILURE, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Result
@@ -122,21 +124,6 @@ def _load(stdin: bytes) -> dict[str, Any]:
     return conf
 
 
-def _bad(key: str, want: str, got: Any) -> CNIError:
-    """A config value of the wrong type or range, as CNIError 7."""
-    return CNIError(INVALID_CONFIG, f"invalid tuning config: {key!r} must be {want}", f"got {json.dumps(got)}")
-
-
-def _opt(d: dict[str, Any], key: str, kind: type, want: str, where: str = "") -> Any:
-    """``d[key]`` checked against ``kind`` (JSON null counts as absent, as in Go)."""
-    v = d.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-        raise _bad(where + key, want, v)
-    return v
-
-
 def parse_mac(value: str) -> str:
     """Lower-case colon form of a hardware address in any form Go's net.ParseMAC takes."""
     s = value
@@ -161,13 +148,13 @@ def _sysctl_map(raw: Any, where: str) -> dict[str, str]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise _bad(where, "an object of sysctl names to string values", raw)
+        raise netconf.invalid(where, "an object of sysctl names to string values", raw)
     dups = getattr(raw, "dups", [])
     if dups:
         raise CNIError(INVALID_CONFIG, "duplicated sysctl keys are not allowed", f"{where}: {sorted(set(dups))}")
     for k, v in raw.items():
         if not isinstance(v, str):
-            raise _bad(f"{where}[{k}]", "a string", v)
+            raise netconf.invalid(f"{where}[{k}]", "a string", v)
     return dict(raw)
 
 
@@ -204,43 +191,46 @@ def check_allowlist(keys: list[str], allowlist_file: str = ALLOWLIST_FILE) -> No
                        f"only sysctls matching these patterns are allowed ({allowlist_file}): {patterns}")
 
 
+def _link_attrs(conf: TuningConf, section: dict[str, Any], where: str) -> None:
+    """mac, promisc, mtu, allmulti and txQLen of ``section`` (the config or args.cni), where given."""
+    if section.get("mac") is not None:
+        conf.mac = netconf.get_str(section, "mac", label=where + "mac")
+    if section.get("promisc") is not None:
+        conf.promisc = netconf.get_bool(section, "promisc", label=where + "promisc")
+    if section.get("mtu") is not None:
+        conf.mtu = netconf.get_int(section, "mtu", minimum=0, label=where + "mtu")
+    if section.get("allmulti") is not None:
+        conf.allmulti = netconf.get_bool(section, "allmulti", label=where + "allmulti")
+    if section.get("txQLen") is not None:
+        conf.txqlen = netconf.get_int(section, "txQLen", minimum=0, label=where + "txQLen")
+
+
 def parse_conf(args: CmdArgs, allowlist_file: str = ALLOWLIST_FILE) -> TuningConf:
-    """Decode and check the whole configuration before anything is touched."""
+    """Decode and check the whole configuration before anything is touched.
+
+    DEL reads only ``dataDir``: it restores what ADD saved, and nothing else in the config
+    (nor bad CNI_ARGS) may keep it from doing so.
+    """
     raw = _load(args.stdin_data)
     conf = TuningConf(cni_version=config_version(raw))
-    conf.data_dir = _opt(raw, "dataDir", str, "a directory path") or DEFAULT_DATA_DIR
+    conf.data_dir = netconf.get_str(raw, "dataDir") or DEFAULT_DATA_DIR
+    if args.command == "DEL":
+        return conf
     sysctls = _sysctl_map(raw.get("sysctl"), "sysctl")
-    conf.mac = _opt(raw, "mac", str, "a MAC address string") or ""
-    conf.promisc = bool(_opt(raw, "promisc", bool, "true or false"))
-    conf.mtu = _opt(raw, "mtu", int, "an integer") or 0
-    conf.allmulti = _opt(raw, "allmulti", bool, "true or false")
-    conf.txqlen = _opt(raw, "txQLen", int, "an integer")
-
+    _link_attrs(conf, raw, "")
+    # The MAC, later wins: the config's, CNI_ARGS MAC, runtimeConfig.mac, args.cni.mac.
     env_mac = load_cni_args(args.args, ["MAC"]).get("MAC", "")
     if env_mac:
         conf.mac = env_mac
-    rc = raw.get("runtimeConfig")
-    if isinstance(rc, dict) and _opt(rc, "mac", str, "a MAC address string", "runtimeConfig."):
-        conf.mac = rc["mac"]
-    a = raw.get("args")
-    cni = a.get("cni") if isinstance(a, dict) else None
-    if isinstance(cni, dict):
-        sysctls.update(_sysctl_map(cni.get("sysctl"), "args.cni.sysctl"))
-        for key, attr, kind, want in (("mac", "mac", str, "a MAC address string"),
-                                      ("promisc", "promisc", bool, "true or false"),
-                                      ("mtu", "mtu", int, "an integer"),
-                                      ("allmulti", "allmulti", bool, "true or false"),
-                                      ("txQLen", "txqlen", int, "an integer")):
-            v = _opt(cni, key, kind, want, "args.cni.")
-            if v is not None:
-                setattr(conf, attr, v)
+    rc_mac = netconf.get_str(netconf.runtime_config(raw), "mac", label="runtimeConfig.mac")
+    if rc_mac:
+        conf.mac = rc_mac
+    cni = netconf.args_cni(raw)
+    sysctls.update(_sysctl_map(cni.get("sysctl"), "args.cni.sysctl"))
+    _link_attrs(conf, cni, "args.cni.")
 
     if conf.mac:
         parse_mac(conf.mac)
-    if conf.mtu < 0:
-        raise _bad("mtu", "a positive integer", conf.mtu)
-    if conf.txqlen is not None and conf.txqlen < 0:
-        raise _bad("txQLen", "zero or a positive integer", conf.txqlen)
     by_path: dict[str, Sysctl] = {}
     for key, value in sysctls.items():
         path = sysctl_file(key, args.ifname)
@@ -250,18 +240,8 @@ def parse_conf(args: CmdArgs, allowlist_file: str = ALLOWLIST_FILE) -> TuningCon
         by_path[path] = Sysctl(key, path, value)
     conf.sysctls = list(by_path.values())
     check_allowlist(list(sysctls), allowlist_file)
-
-    if raw.get("prevResult") is not None:
-        conf.prev_result = Result.from_dict(raw["prevResult"], conf.cni_version)
+    conf.prev_result = netconf.require_prev_result(raw, "tuning")  # ADD and CHECK: tuning only runs chained
     return conf
-
-
-def _require_prev(conf: TuningConf) -> Result:
-    """The prevResult; tuning only runs chained."""
-    if conf.prev_result is None:
-        raise CNIError(INVALID_CONFIG, "Required prevResult missing",
-                       "tuning is a chained plugin: list it after an interface-creating plugin")
-    return conf.prev_result
 
 
 # ---- saved originals ---------------------------------------------------------------------------
@@ -286,18 +266,8 @@ def _read_backup(path: str) -> dict[str, Any] | None:
 def _write_backup(path: str, saved: dict[str, Any]) -> None:
     """Atomically write the reference's JSON (one-space indent, its key order), mode 0600."""
     order = ("mac", "promisc", "mtu", "allmulti", "txQLen")
-    data = json.dumps({k: saved[k] for k in order if k in saved}, indent=1)
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data.encode())
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise CNIError(IO_FAILURE, "failed to save the interface's original settings", f"{path}: {e}") from None
+    statefile.write_json(path, {k: saved[k] for k in order if k in saved}, indent=1,
+                         failure="failed to save the interface's original settings")
 
 
 def _originals(conf: TuningConf, link: netlink.Link) -> dict[str, Any]:
@@ -344,51 +314,24 @@ def _restore_link(ifname: str, saved: dict[str, Any]) -> list[str]:
 
 # ---- handlers ----------------------------------------------------------------------------------
 
-def _write_sysctls(sysctls: list[Sysctl]) -> list[tuple[Sysctl, str | None]]:
-    """Set every sysctl; on a failure put back those already set and raise. Returns the originals."""
+def _write_sysctls(sysctls: list[Sysctl], undo: Rollback) -> None:
+    """Set every sysctl, each put back by ``undo`` if the ADD fails later."""
     for s in sysctls:
         if not os.path.isfile(s.path):
             raise CNIError(INVALID_CONFIG, f"sysctl {s.key!r} does not exist in the container's namespace",
                            f"{s.path} not found (does the interface exist? is the kernel module loaded?)")
-    done: list[tuple[Sysctl, str | None]] = []
-    try:
-        for s in sysctls:
-            try:
-                old: str | None = read_sysctl(_slash_key(s.path))
-            except CNIError:
-                old = None  # write-only (e.g. route/flush): nothing to put back
-            write_sysctl(_slash_key(s.path), s.value)
-            done.append((s, old))
-    except Exception:
-        _undo_sysctls(done)
-        raise
-    return done
+    for s in sysctls:
+        key = _slash_key(s.path)
+        try:
+            undo.push(try_write_sysctl, key, read_sysctl(key))
+        except CNIError:
+            pass  # write-only (e.g. route/flush): nothing to put back
+        write_sysctl(key, s.value)
 
 
 def _slash_key(path: str) -> str:
     """The slash-form key of a /proc/sys path (read/write_sysctl take it as it is)."""
     return path[len("/proc/sys/"):]
-
-
-def _undo_sysctls(done: list[tuple[Sysctl, str | None]]) -> None:
-    """Put back the sysctls ADD changed (``done`` as :func:`_write_sysctls` returns it)."""
-    for s, old in reversed(done):
-        if old is not None:
-            try_write_sysctl(_slash_key(s.path), old)  # best effort: the original error is the one to report
-
-
-def _rollback(ifname: str, before: dict[str, Any], path: str, previous: dict[str, Any] | None,
-              done: list[tuple[Sysctl, str | None]]) -> None:
-    """Undo a failed ADD, best effort: the error that caused it is the one to report."""
-    _restore_link(ifname, before)
-    try:
-        if previous is None:
-            _remove(path)
-        else:
-            _write_backup(path, previous)
-    except CNIError:
-        pass
-    _undo_sysctls(done)
 
 
 def cmd_add(args: CmdArgs) -> Result:
@@ -397,29 +340,30 @@ def cmd_add(args: CmdArgs) -> Result:
     from pycni.net import netns
 
     conf = parse_conf(args)
-    result = _require_prev(conf).copy()
-    with netns.enter(args.netns):
+    assert conf.prev_result is not None  # parse_conf requires it for ADD
+    result = conf.prev_result.copy()
+    with netns.enter(args.netns), Rollback() as undo:  # a failure part-way undoes all of it
         link = None
         if conf.changes_link:
             link = netlink.get_link(args.ifname)
             if link is None:
                 raise CNIError(PLUGIN_SPECIFIC, f"failed to get {args.ifname!r}",
                                f"no interface {args.ifname!r} in {args.netns}")
-        done = _write_sysctls(conf.sysctls)
-        if link is None:
-            return result
-        path = backup_path(conf.data_dir, args.container_id, args.ifname)
-        previous = _read_backup(path)
-        # A repeated ADD keeps the first originals (the true ones) and anything saved before.
-        saved = {**_originals(conf, link), **(previous or {})}
-        try:
+        _write_sysctls(conf.sysctls, undo)
+        if link is not None:
+            path = backup_path(conf.data_dir, args.container_id, args.ifname)
+            previous = _read_backup(path)
+            # A repeated ADD keeps the first originals (the true ones) and anything saved before.
+            saved = {**_originals(conf, link), **(previous or {})}
             _write_backup(path, saved)
+            if previous is None:
+                undo.push(statefile.remove, path)
+            else:
+                undo.push(_write_backup, path, previous)
+            undo.push(_restore_link, args.ifname, _originals(conf, link))
             netlink.set_link(args.ifname, mac=parse_mac(conf.mac) if conf.mac else None,
                              promisc=True if conf.promisc else None, mtu=conf.mtu or None,
                              allmulti=conf.allmulti, txqlen=conf.txqlen)
-        except Exception:
-            _rollback(args.ifname, _originals(conf, link), path, previous, done)
-            raise
     if conf.mac:
         # The reference edits the MAC on the result converted to the current (1.x) type, so
         # what it prints is that conversion's (e.g. 0.4.0 IP "version"s recomputed).
@@ -445,9 +389,8 @@ def cmd_del(args: CmdArgs) -> None:
     from pycni.net import link as netlink
     from pycni.net import netns
 
-    raw = _load(args.stdin_data)
-    data_dir = _opt(raw, "dataDir", str, "a directory path") or DEFAULT_DATA_DIR
-    path = backup_path(data_dir, args.container_id, args.ifname)
+    conf = parse_conf(args)
+    path = backup_path(conf.data_dir, args.container_id, args.ifname)
     saved = _read_backup(path)
     if saved is None:
         return
@@ -474,7 +417,6 @@ def cmd_check(args: CmdArgs) -> None:
     from pycni.net import netns
 
     conf = parse_conf(args)
-    _require_prev(conf)
     with netns.enter(args.netns):
         for s in conf.sysctls:
             current = read_sysctl(_slash_key(s.path))

@@ -18,25 +18,37 @@ import os
 import sys
 from typing import Any
 
+from pycni import netconf
 from pycni.plugins.ipam.dhcp import protocol
+from pycni.record import record
 from pycni.skel import CmdArgs, Plugin, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_NOT_AVAILABLE, CNIError
 from pycni.spec.types import Result
 
 
-def _socket_path(conf: dict[str, Any]) -> str:
+@record
+class DhcpConf:
+    """What the client needs: where the daemon listens. The daemon reads the rest of the
+    config itself (it gets the whole of it); GC's list is checked here first, so a request
+    the daemon would refuse is not sent."""
+
+    socket_path: str
+
+
+def parse_conf(args: CmdArgs) -> DhcpConf:
+    conf = args.conf()
     ipam = conf.get("ipam")
     if not isinstance(ipam, dict):
         raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
                        "the network configuration needs an \"ipam\" object")
-    path = ipam.get("daemonSocketPath") or protocol.DEFAULT_SOCKET_PATH
-    if not isinstance(path, str):
-        raise CNIError(INVALID_CONFIG, "invalid ipam.daemonSocketPath", f"expected a path string, got {path!r}")
-    return path
+    if args.command == "GC":
+        netconf.valid_attachments(conf)
+    return DhcpConf(netconf.get_str(ipam, "daemonSocketPath", label="ipam.daemonSocketPath")
+                    or protocol.DEFAULT_SOCKET_PATH)
 
 
 def _call(args: CmdArgs, method: str) -> dict[str, Any]:
-    path = _socket_path(args.conf())
+    path = parse_conf(args).socket_path
     request = {"method": method, "containerID": args.container_id, "ifname": args.ifname, "args": args.args,
                # the daemon may run in another working directory
                "netns": os.path.abspath(args.netns) if args.netns else "",

@@ -27,6 +27,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
+from pycni import netconf
 from pycni.plugins.ipam.dhcp import client as C
 from pycni.plugins.ipam.dhcp import message as M
 from pycni.plugins.ipam.dhcp.lease import Lease, Timing
@@ -49,25 +50,20 @@ def client_id(container_id: str, network: str, ifname: str) -> str:
     return f"{container_id}/{network}/{ifname}"[:254]
 
 
-def _bad(msg: str, details: str = "") -> CNIError:
-    return CNIError(INVALID_CONFIG, msg, details)
-
-
 def client_options(ipam: Mapping[str, Any], cni_args: str, key: str, broadcast: bool) -> C.ClientOptions:
     """ipam ``provide`` / ``request`` entries -> what the client sends (reference semantics)."""
     args = dict(pair.split("=", 1) for pair in cni_args.split(";") if "=" in pair)
     provide: dict[int, bytes] = {}
     for entry in _entries(ipam, "provide"):
         code = _option(entry)
-        value = entry.get("value") or ""
-        from_arg = entry.get("fromArg") or ""
-        if not isinstance(value, str) or not isinstance(from_arg, str):
-            raise _bad(f"invalid provide entry {entry!r}", "'value' and 'fromArg' must be strings")
+        value = netconf.get_str(entry, "value", label="ipam.provide[].value")
+        from_arg = netconf.get_str(entry, "fromArg", label="ipam.provide[].fromArg")
         if from_arg in args:
             value = args[from_arg]
         if value:
             if len(value.encode()) > 255:
-                raise _bad(f"value too long for option {entry.get('option')!r}", "DHCP options hold at most 255 bytes")
+                raise CNIError(INVALID_CONFIG, f"value too long for option {entry.get('option')!r}",
+                               "DHCP options hold at most 255 bytes")
             provide[code] = value.encode()
     request: list[int] = []
     skip_default = False
@@ -82,9 +78,9 @@ def client_options(ipam: Mapping[str, Any], cni_args: str, key: str, broadcast: 
 
 
 def _entries(ipam: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
-    value = ipam.get(key) or []
-    if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
-        raise _bad(f"invalid ipam.{key}", f"ipam.{key} must be a list of objects")
+    value = netconf.get_list(ipam, key, label=f"ipam.{key}")
+    if not all(isinstance(e, dict) for e in value):
+        raise netconf.invalid(f"ipam.{key}", "a list of objects", value)
     return value
 
 
@@ -93,7 +89,7 @@ def _option(entry: Mapping[str, Any]) -> int:
     try:
         return M.parse_option_name(str(name) if name is not None else "")
     except ValueError as e:
-        raise _bad(f"Can not parse option {name!r}", str(e)) from None
+        raise CNIError(INVALID_CONFIG, f"Can not parse option {name!r}", str(e)) from None
 
 
 @record
@@ -161,7 +157,8 @@ class DHCPService:
         conf = load_conf(str(raw.get("stdin", "")).encode())
         ipam = conf.get("ipam")
         if not isinstance(ipam, dict):
-            raise _bad("IPAM config missing 'ipam' key", "the network configuration needs an \"ipam\" object")
+            raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
+                           "the network configuration needs an \"ipam\" object")
         fields = {k: raw.get(k, "") for k in ("method", "containerID", "netns", "ifname", "args")}
         if not all(isinstance(v, str) for v in fields.values()):
             raise CNIError(DECODE_FAILURE, "malformed request to the DHCP daemon", "fields must be strings")
@@ -172,9 +169,7 @@ class DHCPService:
         if not req.netns:
             raise CNIError(INVALID_ENV, "CNI_NETNS missing", "ADD needs the container's network namespace")
         version = config_version(req.conf)
-        priority = req.ipam.get("priority", 0)
-        if not isinstance(priority, int) or priority < 0:
-            raise _bad(f"invalid ipam.priority {priority!r}", "priority must be a non-negative integer")
+        priority = netconf.get_int(req.ipam, "priority", minimum=0, label="ipam.priority")
         opts = client_options(req.ipam, req.cni_args, req.key, self.broadcast)
         netns_path = self.host_prefix + req.netns
         with self._stripe(req.key):
@@ -226,8 +221,7 @@ class DHCPService:
 
     def gc(self, req: Request) -> dict[str, Any]:
         """Release this network's leases whose attachment the runtime no longer lists."""
-        valid = req.conf.get("cni.dev/valid-attachments") or []
-        keep = {(a.get("containerID"), a.get("ifname")) for a in valid if isinstance(a, dict)}
+        keep = set(netconf.valid_attachments(req.conf))  # none given is not "none valid": code 7
         for lease in self.leases():
             if lease.network == req.network and (lease.container_id, lease.ifname) not in keep:
                 log.info("%s: GC releases lease", lease.key)
