@@ -705,3 +705,101 @@ def test_no_per_network_leftovers_once_every_container_is_gone(topo_factory: Cal
     ok(call(t, "DEL", 1, {**on(1, 16, "net-b"), "runtimeConfig": {}}))
     assert our_nft_objects(t) == ""
     assert "10.88." not in ruleset(t)
+
+
+# ---- every layout, whatever the configured backend -------------------------------------------
+@pytest.mark.parametrize("added, deleted", [("nftables", "iptables"), ("iptables", "nftables"),
+                                            ("nftables", None), ("iptables", None)])
+def test_del_cleans_every_layout(topo_factory: Callable[[int], Topo], added: str, deleted: str | None) -> None:
+    """A container mapped under one backend is unmapped by a DEL configured for the other (or
+    for none): a node may change its config, or swap implementations, under live containers."""
+    t = topo_factory(1)
+    t.serve(0, 80, "c0")
+    ok(call(t, "ADD", 0, conf(t, 0, WEB, added)))
+    assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
+    nc = conf(t, 0, WEB, deleted or "")
+    if deleted is None:
+        nc.pop("backend")
+    ok(call(t, "DEL", 0, nc))
+    assert connect(t.client, HOST_IP, 8080).startswith("ERR")
+    assert our_nft_objects(t) == "" and "CNI-DN-" not in ipt_nat(t) and "10.88.0.10" not in ipt_nat(t)
+
+
+def test_gc_cleans_every_layout(topo_factory: Callable[[int], Topo]) -> None:
+    t = topo_factory(3)
+    for i, backend in ((0, "nftables"), (1, "iptables"), (2, "iptables")):
+        ok(call(t, "ADD", i, conf(t, i, [{"hostPort": 8080 + i, "containerPort": 80, "protocol": "tcp"}], backend)))
+    t.serve(2, 80, "c2")
+    gc = {"cniVersion": "1.1.0", "name": "testnet", "type": "portmap",
+          "cni.dev/valid-attachments": [{"containerID": "ctr-2", "ifname": "eth0"}]}
+    with t.host.enter():
+        ok(dispatch(portmap.PLUGIN, {"CNI_COMMAND": "GC", "CNI_PATH": "/x"}, json.dumps(gc).encode()))
+    assert our_nft_objects(t) == ""
+    nat = ipt_nat(t)
+    assert "ctr-0" not in nat and "ctr-1" not in nat and pm_ipt.dnat_chain_name("testnet", "ctr-1") not in nat
+    assert pm_ipt.dnat_chain_name("testnet", "ctr-2") in nat
+    assert connect(t.client, HOST_IP, 8082) == "c2 192.168.77.2"
+    ok(call(t, "DEL", 2, conf(t, 2, None, "iptables")))
+
+
+@pytest.mark.parametrize("attachments", [None, "x", [{}], [None], [{"containerID": 1, "ifname": "eth0"}],
+                                         [{"containerID": "ctr-0"}]])
+def test_gc_refuses_a_missing_or_malformed_list(topo_factory: Callable[[int], Topo], attachments: Any) -> None:
+    """A list GC cannot read is code 7 and unmaps nothing (missing would mean 'nothing is valid')."""
+    t = topo_factory(1)
+    t.serve(0, 80, "c0")
+    ok(call(t, "ADD", 0, conf(t, 0, WEB, "iptables")))
+    gc: dict[str, Any] = {"cniVersion": "1.1.0", "name": "testnet", "type": "portmap"}
+    if attachments is not None:
+        gc["cni.dev/valid-attachments"] = attachments
+    with t.host.enter():
+        e = err(dispatch(portmap.PLUGIN, {"CNI_COMMAND": "GC", "CNI_PATH": "/x"}, json.dumps(gc).encode()))
+    assert e["code"] == 7 and "valid-attachments" in e["msg"], e
+    assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
+    ok(call(t, "DEL", 0, conf(t, 0, None, "iptables")))
+
+
+# ---- iptables: refused input changes nothing; the shared chains come back --------------------
+@pytest.mark.parametrize("chain", ["../x", "-j ACCEPT", "INPUT", "x" * 29, "NO-SUCH-CHAIN"])
+def test_bad_external_set_mark_chain_leaves_nothing(topo_factory: Callable[[int], Topo], chain: str) -> None:
+    t = topo_factory(1)
+    before = ipt_nat(t)
+    e = err(call(t, "ADD", 0, conf(t, 0, WEB, "iptables", externalSetMarkChain=chain)))
+    assert e["code"] == 7 and "externalSetMarkChain" in e["msg"], e
+    assert ipt_nat(t) == before and "CNI-HOSTPORT-DNAT" not in ipt_nat(t)
+
+
+def test_iptables_add_restores_removed_shared_chains(topo_factory: Callable[[int], Topo]) -> None:
+    """An ADD whose one-transaction fast path finds the shared chains gone (a flushed nat
+    table) rebuilds them, as the reference's ADD does."""
+    t = topo_factory(2)
+    t.serve(0, 80, "c0")
+    t.serve(1, 80, "c1")
+    ok(call(t, "ADD", 0, conf(t, 0, WEB, "iptables")))
+    for tool in ("iptables", "ip6tables"):
+        t.host.run([tool, "-t", "nat", "-F"])
+        t.host.run([tool, "-t", "nat", "-X"])
+    ok(call(t, "ADD", 1, conf(t, 1, [{"hostPort": 9090, "containerPort": 80, "protocol": "tcp"}], "iptables")))
+    assert connect(t.client, HOST_IP, 9090) == "c1 192.168.77.2"
+    assert connect(t.containers[1], HOST_IP, 9090) == "c1 10.88.0.1"
+    ok(call(t, "CHECK", 1, conf(t, 1, [{"hostPort": 9090, "containerPort": 80, "protocol": "tcp"}], "iptables")))
+    nat = t.host.run(["iptables-save", "-t", "nat"]).stdout
+    assert nat.count("-j CNI-HOSTPORT-DNAT") == 2 and nat.count("-j CNI-HOSTPORT-MASQ") == 1
+    for i in (0, 1):
+        ok(call(t, "DEL", i, conf(t, i, None, "iptables")))
+    assert "CNI-DN-" not in ipt_nat(t)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_check_many_mappings(topo_factory: Callable[[int], Topo], backend: str) -> None:
+    """CHECK compares one listing per chain or table (it used to ask once per mapping)."""
+    t = topo_factory(1)
+    maps = [{"hostPort": 20000 + i, "containerPort": 1000 + i, "protocol": "tcp" if i % 2 else "udp"}
+            for i in range(300)]
+    nc = conf(t, 0, maps, backend)
+    ok(call(t, "ADD", 0, nc))
+    ok(call(t, "CHECK", 0, nc))
+    missing = conf(t, 0, [*maps, {"hostPort": 30999, "containerPort": 1, "protocol": "tcp"}], backend)
+    assert "30999" in err(call(t, "CHECK", 0, missing))["details"]
+    ok(call(t, "DEL", 0, nc))
+    assert our_nft_objects(t) == "" and "CNI-DN-" not in ipt_nat(t)
