@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from pycni import netconf
 from pycni.plugins.meta.portmap import backend as backends
 from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
@@ -27,7 +28,6 @@ ContainerNet = IPv4Interface | IPv6Interface
 DEFAULT_MARK_BIT = 13
 PROTOCOLS = ("tcp", "udp", "sctp")
 BACKENDS = ("iptables", "nftables")
-VALID_ATTACHMENTS = "cni.dev/valid-attachments"
 # An iptables chain name the tools take as a jump target: no path characters, no option look,
 # within XT_EXTENSION_MAXNAMELEN. Built-in chains and verdicts would change what the rules mean.
 _CHAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,27}$")
@@ -222,25 +222,6 @@ def _pick_addresses(conf: PortmapConf, ifname: str) -> None:
     conf.nets = [n for n in (conf.cont_v4, conf.cont_v6) if n is not None]
 
 
-def valid_attachments(raw: dict[str, Any]) -> list[tuple[str, str]]:
-    """GC's ``cni.dev/valid-attachments`` as (containerID, ifname); code 7 when missing or malformed
-    (a missing list would otherwise read as "nothing is valid" and unmap every container)."""
-    items = raw.get(VALID_ATTACHMENTS)
-    if items is None:
-        raise _bad(f"missing {VALID_ATTACHMENTS}", "GC removes the mappings of every container not in this "
-                   "list, so it must be given, even empty: [{\"containerID\": ..., \"ifname\": ...}, ...]")
-    if not isinstance(items, list):
-        raise _bad(f"invalid {VALID_ATTACHMENTS}", "expected a list of {\"containerID\", \"ifname\"}")
-    out = []
-    for item in items:
-        if not (isinstance(item, dict) and isinstance(item.get("containerID"), str)
-                and isinstance(item.get("ifname"), str)):
-            raise _bad(f"invalid entry in {VALID_ATTACHMENTS}",
-                       f"{item!r}: each entry needs string \"containerID\" and \"ifname\"")
-        out.append((item["containerID"], item["ifname"]))
-    return out
-
-
 # ---- host side helpers -----------------------------------------------------------------------
 def enable_localnet_routing(ip: ipaddress.IPv4Address) -> None:
     """route_localnet=1 on the interface routing to the container, so 127/8 may be DNAT'd to it."""
@@ -339,7 +320,7 @@ def cmd_gc(args: CmdArgs) -> None:
     """Spec 1.1 GC: remove mappings of this network's containers the runtime no longer knows,
     from every layout."""
     conf = parse_conf(args)
-    valid = {cid for cid, _ifname in valid_attachments(args.conf())}
+    valid = {cid for cid, _ifname in netconf.valid_attachments(args.conf())}  # code 7 before any change
     for mapper in backends.every(conf.backend):
         mapper.gc(conf, valid)
     return None
