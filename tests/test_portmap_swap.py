@@ -155,3 +155,28 @@ def test_swap_implementations_under_live_containers(node: Node, netns_factory: C
         assert node.connect(node.client, HOST_IP).startswith("ERR")
     # The default backend is the reference's: nothing of ours in nftables.
     assert "pycni_hostport" not in node.state()
+
+
+def test_gc_removes_what_a_lost_cache_entry_leaves(node: Node, netns_factory: Callable[[], Namespace]) -> None:
+    """Spec 1.1 GC through our runtime: a container whose cache entry is gone (so the runtime
+    cannot DEL it) loses its port mapping, masquerade rule and address to the plugins' GC."""
+    from pycni.runtime import CNI
+
+    conf_file = node.conf_dir / f"{node.name}.conflist"
+    conf = json.loads(conf_file.read_text())
+    conf["cniVersion"] = "1.1.0"
+    conf["plugins"] = conf["plugins"][:2]  # bridge + portmap (our firewall has no GC to show)
+    conf_file.write_text(json.dumps(conf))
+    kept_ns, lost_ns = netns_factory(), netns_factory()
+    kept = Result.from_dict(node.pycni("add", "ctr-kept", kept_ns, 80))
+    lost = Result.from_dict(node.pycni("add", "ctr-lost", lost_ns, 81))
+    lost_ip = str(lost.ips[0].address.ip)
+    for f in (node.cache_dir / "results").iterdir():
+        if "ctr-lost" in f.name:
+            f.unlink()
+    rt = CNI(conf_dir=str(node.conf_dir), plugin_path=[node.ours], cache_dir=str(node.cache_dir))
+    with node.host.enter():
+        rt.gc(rt.load_network(node.name), [("ctr-kept", "eth0")])
+    assert traces(node, "ctr-lost", lost_ip) == []
+    assert traces(node, "ctr-kept", str(kept.ips[0].address.ip))
+    node.pycni("del", "ctr-kept", kept_ns, 80)

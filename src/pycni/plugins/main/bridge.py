@@ -527,6 +527,12 @@ def cmd_gc(args: CmdArgs) -> None:
     n = parse_conf(args)
     if n.ipam_type:
         invoke.delegate_gc(n.ipam_type, args.stdin_data, args)
+    if n.ip_masq:
+        from pycni import netconf
+        from pycni.net import masq
+
+        # Both layouts, as DEL: attachments may have been set up under another config.
+        masq.gc_ip_masq(n.name, netconf.valid_attachments(args.conf()))
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, status=cmd_status, gc=cmd_gc,
