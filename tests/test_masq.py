@@ -193,3 +193,27 @@ def test_teardown_of_both_backends_creates_nothing(host_ns: Namespace) -> None:
         masq.teardown_ip_masq(None, "net", "never-added", "eth0", [ipaddress.ip_interface("10.1.0.5/24")])
     assert masq.NFT_TABLE not in host_ns.run(["nft", "list", "ruleset"]).stdout
     assert "CNI-" not in host_ns.run(["iptables-save", "-t", "nat"]).stdout
+
+
+def test_gc_removes_stale_attachments_from_both_layouts(host_ns: Namespace) -> None:
+    """GC keeps the valid attachments' rules and removes the others of the network, in both
+    layouts, whichever backend made them; another network's rules stay."""
+    a = {cid: [ipaddress.ip_interface(f"10.3.0.{i}/24")] for i, cid in enumerate(("c1", "c2", "c3", "c4"), 5)}
+    with host_ns.enter():
+        masq.setup_ip_masq("iptables", "net", "c1", "eth0", a["c1"])
+        masq.setup_ip_masq("nftables", "net", "c2", "eth0", a["c2"])
+        masq.setup_ip_masq("iptables", "net", "c3", "eth0", a["c3"])
+        masq.setup_ip_masq("nftables", "net", "c4", "eth0", a["c4"])
+        masq.setup_ip_masq("iptables", "other", "c1", "eth0", a["c1"])
+        masq.gc_ip_masq("net", [("c3", "eth0"), ("c4", "eth0")])
+        for cid in ("c1", "c2"):
+            for backend in masq.BACKENDS:
+                with pytest.raises(CNIError):
+                    masq.check_ip_masq(backend, "net", cid, "eth0", a[cid])
+        masq.check_ip_masq("iptables", "net", "c3", "eth0", a["c3"])
+        masq.check_ip_masq("nftables", "net", "c4", "eth0", a["c4"])
+        masq.check_ip_masq("iptables", "other", "c1", "eth0", a["c1"])
+        masq.gc_ip_masq("net", [])
+        masq.gc_ip_masq("other", [])
+    state = host_ns.run(["iptables-save", "-t", "nat"]).stdout + host_ns.run(["nft", "list", "ruleset"]).stdout
+    assert "10.3.0." not in state and "-j CNI-" not in state

@@ -128,6 +128,29 @@ def teardown_ip_masq(backend: str | None, network: str, container_id: str, ifnam
         raise CNIError(PLUGIN_SPECIFIC, "failed to tear down IP masquerade rules", "; ".join(errors))
 
 
+def gc_ip_masq(network: str, valid: Sequence[tuple[str, str]]) -> None:
+    """GC: remove the masquerade rules of ``network`` whose attachment (containerID, ifname) is
+    not in ``valid``, from both layouts whatever the configured backend (a layout whose tool is
+    missing has nothing to remove). Rules are matched by the names and hashes ADD derives from
+    the attachment, so comments the 128-byte nft limit cut short are still recognised."""
+    errors: list[str] = []
+    chains = {chain_name(network, cid) for cid, _ifname in valid}
+    for v6 in (False, True):
+        try:
+            with iptables.locked():
+                _ipt_gc(network, chains, v6)
+        except CNIError as e:
+            if iptables.usable(v6):
+                errors.append(str(e))
+    try:
+        _nft_gc(network, {nft_instance_hash(network, ifname, cid) for cid, ifname in valid})
+    except nft.NftError as e:
+        if "command not found" not in e.msg:
+            errors.append(str(e))
+    if errors:
+        raise CNIError(PLUGIN_SPECIFIC, "failed to garbage-collect IP masquerade rules", "; ".join(errors))
+
+
 def check_ip_masq(backend: str, network: str, container_id: str, ifname: str,
                   addresses: Sequence[Address]) -> None:
     """Raise a CNIError unless the masquerade rules for every address are in place."""
@@ -203,6 +226,25 @@ def _ipt_teardown(network: str, container_id: str, addrs: Sequence[Address] | No
     iptables.delete_chain("nat", chain, v6)
 
 
+def _ipt_gc(network: str, valid_chains: set[str], v6: bool) -> None:
+    """POSTROUTING jumps commented with ``network`` to a chain no valid attachment owns go,
+    with their chains: one listing, one restore."""
+    prefix = f"name: {go_quote(network)} id: "
+    stale: dict[str, list[list[str]]] = {}
+    for line in iptables.list_rules("nat", "POSTROUTING", v6):
+        rule = iptables.split_rule(line)
+        if "--comment" not in rule[:-1] or "-j" not in rule[:-1]:
+            continue
+        comment, target = rule[rule.index("--comment") + 1], rule[rule.index("-j") + 1]
+        if comment.startswith(prefix) and target.startswith("CNI-") and target not in valid_chains:
+            stale.setdefault(target, []).append(rule)
+    if stale:
+        lines = ["*nat"] + [iptables.rule_line("-D", "POSTROUTING", r) for rules in stale.values() for r in rules]
+        for chain in stale:
+            lines += [f"-F {chain}", f"-X {chain}"]
+        iptables.restore("\n".join([*lines, "COMMIT"]) + "\n", v6)
+
+
 def _ipt_check(network: str, container_id: str, addrs: Sequence[Address], v6: bool) -> None:
     chain = chain_name(network, container_id)
     comment = iptables_comment(network, container_id)
@@ -252,6 +294,14 @@ def _nft_teardown(network: str, ifname: str, container_id: str) -> None:
     if ours:
         nft.run("".join(f"delete rule inet {NFT_TABLE} {NFT_CHAIN} handle {r['handle']}\n" for r in ours),
                 what="ipMasq teardown")
+
+
+def _nft_gc(network: str, valid_hashes: set[str]) -> None:
+    net_hash = hash_with_prefix(16, "", network) + "-"
+    stale = [r for r in _nft_our_rules(net_hash) if str(r.get("comment", ""))[:33] not in valid_hashes]
+    if stale:
+        nft.run("".join(f"delete rule inet {NFT_TABLE} {NFT_CHAIN} handle {r['handle']}\n" for r in stale),
+                what="ipMasq garbage collection")
 
 
 def _nft_check(network: str, ifname: str, container_id: str, addrs: Sequence[Address]) -> None:

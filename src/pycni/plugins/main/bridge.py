@@ -521,9 +521,17 @@ def cmd_status(args: CmdArgs) -> None:
 
 
 def cmd_gc(args: CmdArgs) -> None:
-    """The IPAM plugin's GC releases what ``cni.dev/valid-attachments`` does not list."""
-    parse_conf(args)
-    ipam.gc(args.conf(), args)
+    """The IPAM plugin's GC releases what ``cni.dev/valid-attachments`` does not list; masquerade
+    rules of attachments not listed go too, in both layouts (as DEL: they may have been set up
+    under another config)."""
+    n = parse_conf(args)
+    conf = args.conf()
+    ipam.gc(conf, args)
+    if n.ip_masq:
+        from pycni import netconf
+        from pycni.net import masq
+
+        masq.gc_ip_masq(n.name, netconf.valid_attachments(conf))
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, status=cmd_status, gc=cmd_gc,
