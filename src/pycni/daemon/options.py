@@ -7,6 +7,17 @@ import os
 
 from pycni.daemon.protocol import DEFAULT_SOCKET
 
+# Here rather than in the server so that building ``pycni``'s parser stays cheap.
+READ_TIMEOUT = 10.0   # seconds a client has to send its whole request
+STOP_TIMEOUT = 10.0   # seconds requests in flight get to finish once a stop is asked for
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds in (0, 3600]")
+    return value
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The daemon's options (shared by ``pycni daemon`` and ``python -m pycni.daemon``)."""
@@ -19,3 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="import plugins on first use instead of at start-up")
     parser.add_argument("--workers", type=int, default=None,
                         help="worker processes sharing the socket (default: one per CPU; 1 serves in-process)")
+    parser.add_argument("--read-timeout", type=_seconds, default=READ_TIMEOUT, metavar="SECONDS",
+                        help="a client must send its whole request within this (default: %(default)g)")
+    parser.add_argument("--stop-timeout", type=_seconds, default=STOP_TIMEOUT, metavar="SECONDS",
+                        help="on SIGTERM, requests in flight get this long to finish (default: %(default)g)")

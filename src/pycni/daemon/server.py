@@ -6,31 +6,52 @@ that process's network namespace, so a plugin behaves exactly as if it had run i
 Requests run concurrently on threads (netns switches are per-thread), but never two for the
 same container at once; a failing request becomes an error reply, never a dead daemon.
 Only root and the daemon's own user may connect.
+
+Operating rules (docs/daemon.md): one daemon per socket, claimed with an flock on
+``<socket>.lock`` and never taken over from a daemon that answers; every read from a client is
+bounded in time; a stop lets requests in flight finish within a bound; worker processes never
+outlive the main one.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib
 import logging
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager, nullcontext
 
 from pycni.daemon import protocol
+from pycni.daemon.options import READ_TIMEOUT, STOP_TIMEOUT
 from pycni.net import netns
 from pycni.plugins.registry import PLUGIN_MODULES
 from pycni.skel import Outcome, Plugin, dispatch
-from pycni.spec.errors import INTERNAL, INVALID_ENV, IO_FAILURE, CNIError
+from pycni.spec.errors import INTERNAL, INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIError
 
 log = logging.getLogger("pycni.daemon")
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+STOP_GRACE = 1.0      # seconds a connection still sending its request gets once stopping
+_POLL = 0.25          # how often a blocked read looks at the stop flag
+EXIT_REFUSED = 3      # exit status of a daemon that refuses to start (see docs/daemon.md)
+SD_LISTEN_FDS_START = 3
+# Capabilities every request needs: setns into the caller's namespace, then links, addresses,
+# routes, sysctls and firewall rules there.
+NEEDED_CAPS = ((12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN"))
+PR_SET_PDEATHSIG = 1
+
+
+class Refused(Exception):
+    """The daemon will not start; the message says why and what to do instead."""
 
 
 class ContainerLocks:
@@ -80,23 +101,117 @@ class StripedFileLocks:
             yield
 
 
+
+class SocketClaim:
+    """Who serves a socket path: an exclusive flock on ``<socket>.lock``, held for the daemon's life.
+
+    Worker processes inherit the descriptor, so the claim lasts until the last of them is gone
+    (even if the main process was killed). The file holds the owner's pid for messages and is
+    removed on release; since removing a lock file races with a newcomer that opened it just
+    before, :meth:`try_acquire` keeps a lock only on the file that is still at the path.
+    """
+
+    def __init__(self, socket_path: str) -> None:
+        self.path = socket_path + ".lock"
+        self._fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # released and removed by its previous owner meanwhile: take the new file
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return True
+
+    def holder(self) -> str:
+        """The pid written by the current owner ("?" when unknown)."""
+        try:
+            with open(self.path) as f:
+                return f.read().strip() or "?"
+        except OSError:
+            return "?"
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        if _same_file(self._fd, self.path):
+            os.unlink(self.path)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        a, b = os.fstat(fd), os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _socket_answers(path: str) -> bool | None:
+    """True when something listens on ``path``, False for a stale socket, None when there is none.
+
+    Refused when the path is not a socket, or is one this process may not use: neither is ours
+    to replace.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise Refused(f"{path} exists and is not a socket; not touching it (remove it, or choose another --socket)")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        return False
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        raise Refused(f"{path} is a socket this user may not connect to; not replacing it") from None
+    except (TimeoutError, BlockingIOError):
+        return True  # a full backlog: someone listens, just not fast enough
+    finally:
+        probe.close()
+    return True
+
+
+def _already_serving(path: str) -> Refused:
+    return Refused(f"another pycni daemon already serves {path} (one daemon per socket): stop it first, "
+                   "or give this one another --socket")
+
+
 class Daemon:
     """Serves forwarded plugin invocations on a unix socket."""
 
-    def __init__(self, socket_path: str = protocol.DEFAULT_SOCKET, preload: bool = True) -> None:
+    def __init__(self, socket_path: str = protocol.DEFAULT_SOCKET, preload: bool = True,
+                 read_timeout: float = READ_TIMEOUT, stop_timeout: float = STOP_TIMEOUT) -> None:
         self.socket_path = socket_path
+        self.read_timeout, self.stop_timeout = read_timeout, stop_timeout
         self.locks = ContainerLocks()
         self.plugins: dict[str, Plugin] = {}
         self._plugins_guard = threading.Lock()
         self._stop = threading.Event()
+        self._stopping_at: float | None = None
         self._sock: socket.socket | None = None
+        self._owned: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket file we bound
+        self._claim: SocketClaim | None = None
         self._active: set[threading.Thread] = set()
         self._active_guard = threading.Lock()
         self.process_locks: StripedFileLocks | None = None  # set when serving with worker processes
         if preload:
-            self._preload()
+            self.preload()
 
-    def _preload(self) -> None:
+    def preload(self) -> None:
         """Import every plugin (and with them pyroute2) once, up front."""
         for name in PLUGIN_MODULES:
             try:
@@ -112,27 +227,101 @@ class Daemon:
                 self.plugins[name] = plugin
             return plugin
 
-    # ---- serving ---------------------------------------------------------------------------
-    def bind(self) -> None:
-        os.makedirs(os.path.dirname(self.socket_path) or ".", mode=0o755, exist_ok=True)
-        try:
-            os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            sock.bind(self.socket_path)
-        finally:
-            os.umask(old)
-        os.chmod(self.socket_path, 0o600)
-        sock.listen(128)
-        self._sock = sock
+    # ---- owning the socket -----------------------------------------------------------------
+    def bind(self, claim_wait: float | None = None) -> None:
+        """Claim the socket path and listen on it; :class:`Refused` when it is someone else's.
 
+        A socket that answers belongs to a live daemon and is never taken over; one that refuses
+        connections is stale and is replaced. The claim (see :class:`SocketClaim`) closes the
+        race between two daemons starting together; a claim still held by a daemon that no
+        longer answers (its workers finishing their last requests) is waited for, up to
+        ``claim_wait`` seconds (by default a stop's bound and a little more).
+        """
+        path = self.socket_path
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+        if _socket_answers(path):
+            raise _already_serving(path)
+        self._take_claim(self.stop_timeout + 5 if claim_wait is None else claim_wait)
+        try:
+            state = _socket_answers(path)
+            if state:
+                raise _already_serving(path)
+            if state is False:
+                log.info("replacing the stale socket %s", path)
+                os.unlink(path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old = os.umask(0o177)
+            try:
+                sock.bind(path)
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+            sock.listen(128)
+            st = os.lstat(path)
+        except BaseException:
+            self._release()
+            raise
+        self._sock, self._owned = sock, (st.st_dev, st.st_ino)
+
+    def adopt(self, sock: socket.socket) -> None:
+        """Serve a listening socket passed by systemd (socket activation): never re-bound or removed."""
+        name = sock.getsockname()
+        if isinstance(name, str) and name:
+            self.socket_path = name
+        self._take_claim(self.stop_timeout + 5)
+        self._sock, self._owned = sock, None
+        log.info("pycni daemon: serving %s passed by systemd (socket activation)", self.socket_path)
+
+    def _take_claim(self, wait: float) -> None:
+        claim = SocketClaim(self.socket_path)
+        deadline = time.monotonic() + wait
+        while not claim.try_acquire():
+            if self._owned is None and self._sock is None and _socket_answers(self.socket_path):
+                raise _already_serving(self.socket_path)
+            if time.monotonic() >= deadline:
+                raise Refused(f"pycni daemon pid {claim.holder()} still holds {claim.path} without answering on "
+                              f"{self.socket_path}; wait for it to exit (or kill it) and start again")
+            time.sleep(0.1)
+        self._claim = claim
+
+    def _unlisten(self) -> None:
+        """Take no more connections: close the listening socket, remove its path if it is still ours."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._owned is not None:
+            try:
+                st = os.lstat(self.socket_path)
+            except FileNotFoundError:
+                pass
+            else:
+                if (st.st_dev, st.st_ino) == self._owned:
+                    os.unlink(self.socket_path)
+                else:
+                    log.warning("%s was replaced by another socket meanwhile; leaving it", self.socket_path)
+            self._owned = None
+
+    def _release(self) -> None:
+        """Give up the claim and the per-container lock files (after every worker has exited)."""
+        if self.process_locks is not None:
+            import shutil
+
+            shutil.rmtree(self.process_locks.directory, ignore_errors=True)
+            self.process_locks = None
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
+
+    # ---- serving ---------------------------------------------------------------------------
     def serve_forever(self) -> None:
-        """Accept and serve in this process until :meth:`stop`; then remove the socket."""
+        """Serve in this process until :meth:`stop`; then let requests in flight finish and let go."""
         self._accept_loop()
-        self._close()
+        self._unlisten()
+        left = self.drain()
+        if left:
+            log.warning("%d request(s) still running after %g s; exiting anyway", left, self.stop_timeout)
+        self._release()
+        log.info("pycni daemon stopped")
 
     def _accept_loop(self) -> None:
         if self._sock is None:
@@ -149,11 +338,11 @@ class Daemon:
                 if self._stop.is_set():
                     break
                 raise
-            conn.settimeout(None)
             t = threading.Thread(target=self._serve_conn, args=(conn,), daemon=True)
             with self._active_guard:
                 self._active.add(t)
             t.start()
+        log.info("pycni daemon pid %d: no longer accepting", os.getpid())
 
     def serve_workers(self, workers: int) -> None:
         """Serve from ``workers`` forked processes sharing the listening socket (one GIL each).
@@ -161,20 +350,21 @@ class Daemon:
         Plugin work in the daemon is mostly waiting on the kernel and on nft/iptables, but the
         Python part of many concurrent requests would queue on one GIL; forked workers (warm:
         they inherit the preloaded imports) spread it over the CPUs. Per-container exclusion
-        then needs a cross-process lock (:class:`StripedFileLocks`). The parent only
-        supervises: it restarts a worker that dies, and on stop terminates them, waits for
-        their requests to finish, and removes the socket.
+        then needs a cross-process lock (:class:`StripedFileLocks`, files beside the socket).
+        The parent only supervises: it restarts a worker that dies; on stop it stops listening,
+        has the workers finish their requests (bounded), and removes the socket and lock files.
+        Workers never outlive it: the kernel sends them SIGTERM when it dies
+        (``PR_SET_PDEATHSIG``), and a pipe whose only writer is the parent reaches end-of-file
+        then, which covers a parent that dies before a new worker has asked for the signal.
         """
-        import shutil
-        import tempfile
-
         if workers <= 1:
             self.serve_forever()
             return
         if self._sock is None:
             self.bind()
-        lock_dir = tempfile.mkdtemp(prefix="pycni-daemon-locks-")
-        self.process_locks = StripedFileLocks(lock_dir)
+        self.process_locks = StripedFileLocks(self.socket_path + ".locks")
+        parent = os.getpid()
+        lifeline_r, lifeline_w = os.pipe()
         children: set[int] = set()
 
         def spawn() -> None:
@@ -182,10 +372,8 @@ class Daemon:
             if pid == 0:  # worker
                 code = 0
                 try:
-                    self._accept_loop()
-                    left = self.drain()
-                    if left:
-                        log.warning("%d request(s) still running at exit", left)
+                    os.close(lifeline_w)
+                    self._work(parent, lifeline_r)
                 except BaseException:  # noqa: BLE001 - a worker never returns into the parent's code
                     log.exception("worker failed")
                     code = 1
@@ -198,7 +386,7 @@ class Daemon:
                 spawn()
             log.info("pycni daemon: %d workers on %s", workers, self.socket_path)
             while not self._stop.is_set():
-                self._stop.wait(0.2)
+                time.sleep(0.2)  # not Event.wait: the SIGTERM handler sets that event on this thread
                 while children:
                     pid, status = os.waitpid(-1, os.WNOHANG)
                     if pid == 0:
@@ -208,60 +396,112 @@ class Daemon:
                         log.warning("worker %d exited (status %#x); starting another", pid, status)
                         spawn()
         finally:
-            for pid in children:
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-            for pid in list(children):
-                try:
-                    os.waitpid(pid, 0)
-                except ChildProcessError:
-                    pass
-            self._close()
-            shutil.rmtree(lock_dir, ignore_errors=True)
+            self._unlisten()
+            os.close(lifeline_w)  # workers see end-of-file: stop (SIGTERM follows for good measure)
+            os.close(lifeline_r)
+            self._stop_workers(children)
+            self._release()
+            log.info("pycni daemon stopped")
 
-    def drain(self, timeout: float = 30.0) -> int:
-        """Wait for requests in flight (after stop); return how many are still running."""
-        with self._active_guard:
-            threads = list(self._active)
-        for t in threads:
-            t.join(timeout)
-        return sum(t.is_alive() for t in threads)
+    def _stop_workers(self, children: set[int]) -> None:
+        """SIGTERM, then up to ``stop_timeout`` (and a little) for their requests, then SIGKILL."""
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + self.stop_timeout + 2
+        while children and time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid:
+                children.discard(pid)
+            else:
+                time.sleep(0.05)
+        for pid in children:
+            log.warning("worker %d did not stop in time; killing it", pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _close(self) -> None:
+    def _work(self, parent: int, lifeline: int) -> None:
+        """A worker's life: serve until stopped or orphaned, finish requests in flight (bounded)."""
+        self._owned = None  # the socket file is the parent's to remove
+        _signal_on_parent_death(signal.SIGTERM)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            signal.signal(signal.SIGINT, lambda *_: self.stop())
+        threading.Thread(target=self._watch_lifeline, args=(lifeline, parent), daemon=True).start()
+        if os.getppid() != parent:  # died before the signal was asked for
+            self.stop()
+        self._accept_loop()
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        try:
-            os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
-        log.info("pycni daemon stopped")
+        left = self.drain()
+        if left:
+            log.warning("worker %d: %d request(s) still running after %g s; exiting anyway",
+                        os.getpid(), left, self.stop_timeout)
 
+    def _watch_lifeline(self, fd: int, parent: int) -> None:
+        try:
+            while os.read(fd, 1):  # nothing is ever written: this returns b"" when the parent is gone
+                pass
+        except OSError:
+            pass
+        if os.getppid() != parent:
+            log.warning("worker %d: the main process is gone; stopping", os.getpid())
+        self.stop()
+
+    def drain(self, timeout: float | None = None) -> int:
+        """Wait for requests in flight (after stop), ``stop_timeout`` in all; how many still run."""
+        deadline = time.monotonic() + (self.stop_timeout if timeout is None else timeout)
+        with self._active_guard:
+            threads = list(self._active)
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return sum(t.is_alive() for t in threads)
+
+    def stop(self) -> None:
+        """Stop accepting; safe from a signal handler."""
+        if self._stopping_at is None:
+            self._stopping_at = time.monotonic()
+        self._stop.set()
+
+    # ---- one connection --------------------------------------------------------------------
     def _serve_conn(self, conn: socket.socket) -> None:
         try:
             pid, uid, _gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+            outcome: Outcome | None = None
+            try:
+                body = self._read_request(conn)
+            except TimeoutError as e:
+                log.warning("pid %d: %s", pid, e)
+                outcome = _error_outcome(CNIError(TRY_AGAIN, str(e), "the request was not run; retry"))
+            except (ValueError, ConnectionError) as e:
+                log.warning("malformed request from pid %d: %s", pid, e)
+                outcome = _error_outcome(CNIError(INVALID_ENV, "malformed daemon request", str(e)))
+            else:
+                if body is None:  # connected and closed without a word: a liveness probe
+                    return
             if uid not in (0, os.getuid()):
                 log.warning("refused connection from uid %d (pid %d)", uid, pid)
-                try:  # read (and ignore) the request: closing on unread data would reset the reply
-                    conn.settimeout(5)
-                    protocol.recv_frame(conn)
-                except (OSError, ValueError):
-                    pass
                 outcome = _error_outcome(CNIError(INVALID_ENV, "permission denied",
                                                   "only root or the daemon's user may use the pycni daemon"))
-            else:
+            elif outcome is None and body is not None:
                 try:
-                    name, stdin, env = protocol.decode_request(protocol.recv_frame(conn))
+                    name, stdin, env = protocol.decode_request(body)
                 except (ValueError, UnicodeDecodeError) as e:
                     log.warning("malformed request from pid %d: %s", pid, e)
                     outcome = _error_outcome(CNIError(INVALID_ENV, "malformed daemon request", str(e)))
                 else:
                     outcome = self.handle(name, env, stdin, pid)
+            assert outcome is not None
+            conn.settimeout(self.read_timeout)  # a client that never reads its reply does not hold us
             conn.sendall(protocol.encode_reply(outcome.exit_code, outcome.stdout, outcome.stderr))
         except Exception as e:  # noqa: BLE001 - one broken client must not take the daemon down
             log.warning("request failed: %s: %s", type(e).__name__, e)
@@ -269,6 +509,48 @@ class Daemon:
             conn.close()
             with self._active_guard:
                 self._active.discard(threading.current_thread())
+
+    def _read_request(self, conn: socket.socket) -> bytes | None:
+        """The request's body; None when the peer closed before sending anything.
+
+        The whole request must arrive within ``read_timeout`` (TimeoutError otherwise), and
+        within :data:`STOP_GRACE` of a stop: a client that connects and never sends, or sends
+        slowly, holds a thread only that long and never holds up a shutdown.
+        """
+        deadline = time.monotonic() + self.read_timeout
+        header = self._recv(conn, 4, deadline, eof_ok=True)
+        if not header:
+            return None
+        length = int.from_bytes(header, "big")
+        if length > protocol.MAX_FRAME:
+            raise ValueError(f"frame of {length} bytes exceeds the {protocol.MAX_FRAME}-byte limit")
+        return self._recv(conn, length, deadline)
+
+    def _recv(self, conn: socket.socket, n: int, deadline: float, eof_ok: bool = False) -> bytes:
+        """Exactly ``n`` bytes by ``deadline`` (b"" when ``eof_ok`` and the peer closed before the first)."""
+        chunks: list[bytes] = []
+        got = 0
+        while got < n:
+            now, end = time.monotonic(), deadline
+            stopping = self._stopping_at
+            if stopping is not None:
+                end = min(end, stopping + STOP_GRACE)
+            if now >= end:
+                if stopping is not None:
+                    raise TimeoutError("pycni daemon is stopping")
+                raise TimeoutError(f"request not received within {self.read_timeout:g} s")
+            conn.settimeout(min(end - now, _POLL))
+            try:
+                chunk = conn.recv(min(n - got, 1 << 20))
+            except TimeoutError:
+                continue
+            if not chunk:
+                if eof_ok and not chunks:
+                    return b""
+                raise ConnectionError("peer closed the connection mid-frame")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
 
     def handle(self, name: str, env: dict[str, str], stdin: bytes, peer_pid: int) -> Outcome:
         """Run one invocation in the network namespace of process ``peer_pid``."""
@@ -312,13 +594,93 @@ def _error_outcome(err: CNIError) -> Outcome:
     return Outcome(1, (err.to_json() + "\n").encode())
 
 
+def _signal_on_parent_death(sig: int) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as e:  # the lifeline pipe still stops this worker
+        log.warning("worker %d: prctl(PR_SET_PDEATHSIG) failed: %s", os.getpid(), e)
+
+
+def missing_capabilities() -> list[str]:
+    """The capabilities a daemon needs (:data:`NEEDED_CAPS`) that this process lacks."""
+    try:
+        with open("/proc/self/status") as f:
+            effective = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return []  # cannot tell: the first request will say what is wrong
+    return [name for bit, name in NEEDED_CAPS if not effective >> bit & 1]
+
+
+def activated_socket(environ: MutableMapping[str, str]) -> socket.socket | None:
+    """The listening socket systemd passed (``LISTEN_PID``/``LISTEN_FDS``, fd 3), or None.
+
+    The variables are meant for this process only (``LISTEN_PID``), so they are removed before
+    anything is executed; :class:`Refused` when what was passed is not one listening unix socket.
+    """
+    if environ.get("LISTEN_PID") != str(os.getpid()):
+        return None
+    count = environ.get("LISTEN_FDS", "0")
+    for key in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        environ.pop(key, None)
+    if count == "0":
+        return None
+    if count != "1":
+        raise Refused(f"systemd passed {count} sockets (LISTEN_FDS); the pycni socket unit must have exactly "
+                      "one ListenStream=")
+    try:
+        sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    except OSError as e:
+        raise Refused(f"the socket systemd passed (fd {SD_LISTEN_FDS_START}) is unusable: {e}") from None
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM or not listening:
+        raise Refused("the socket systemd passed is not a listening unix stream socket "
+                      "(the socket unit needs ListenStream=/path and Accept=no)")
+    os.set_inheritable(SD_LISTEN_FDS_START, False)
+    return sock
+
+
 def run(opts: argparse.Namespace) -> int:
-    """Serve in the foreground until SIGTERM/SIGINT; 0 after a clean shutdown, 1 when it cannot listen."""
+    """Serve in the foreground until SIGTERM/SIGINT.
+
+    0 after a clean shutdown, 1 when it cannot listen, :data:`EXIT_REFUSED` when it refuses to
+    start (another daemon serves the socket, or it lacks the privileges every request needs).
+    """
+    missing = missing_capabilities()
+    if missing:
+        sys.stderr.write(
+            f"pycni daemon: refusing to start without {' and '.join(missing)} (uid {os.geteuid()}): every "
+            "request enters its caller's network namespace and changes links, addresses, routes and firewall "
+            "rules there, which needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN). Run it as root, e.g. with the "
+            "systemd units in docs/daemon.md; without a daemon the plugin shims run plugins themselves.\n")
+        return EXIT_REFUSED
     logging.basicConfig(filename=opts.log_file, level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if opts.debug:
         log.setLevel(logging.DEBUG)
-    daemon = Daemon(opts.socket, preload=not opts.no_preload)
+    daemon = Daemon(opts.socket, preload=False, read_timeout=opts.read_timeout, stop_timeout=opts.stop_timeout)
+    # Only a flag is set here, so a signal during start-up just makes the serving loop end at once.
+    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
+    signal.signal(signal.SIGINT, lambda *_: daemon.stop())
+    try:
+        inherited = activated_socket(os.environ)
+        if inherited is not None:
+            daemon.adopt(inherited)
+        else:
+            daemon.bind()
+    except Refused as e:
+        sys.stderr.write(f"pycni daemon: {e}\n")
+        log.error("not starting: %s", e)
+        return EXIT_REFUSED
+    except OSError as e:
+        sys.stderr.write(f"pycni daemon: cannot listen on {opts.socket}: {e}\n")
+        return 1
+    if not opts.no_preload:
+        daemon.preload()
     from pycni.net import nft
 
     # nftables in-process: no fork/exec per transaction, and the socket close that waits out the
@@ -326,17 +688,7 @@ def run(opts: argparse.Namespace) -> int:
     if not nft.use_library():
         log.info("libnftables not found: nftables changes run the nft command")
     workers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
-    try:
-        daemon.bind()
-    except OSError as e:
-        sys.stderr.write(f"pycni daemon: cannot listen on {opts.socket}: {e}\n")
-        return 1
-    signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
-    signal.signal(signal.SIGINT, lambda *_: daemon.stop())
     daemon.serve_workers(workers)
-    left = daemon.drain()
-    if left:
-        log.warning("%d request(s) still running at exit", left)
     return 0
 
 

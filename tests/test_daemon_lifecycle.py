@@ -1,0 +1,269 @@
+"""The daemon as an operator runs it: one per socket, workers tied to the main process, bounded
+reads and shutdown, systemd socket activation, and a clear refusal without privileges.
+
+Every daemon here is a process on a socket in a temporary directory, in a session of its own,
+killed at teardown with everything it started. Waits are bounded by WAIT and never decide a
+pass on speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from daemon_proc import WAIT, DaemonProc, alive, answers, request, wait_until
+from netns_util import Namespace
+
+from pycni.plugins.registry import install
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., DaemonProc]]:
+    """Start daemons (``start(sock, *options, **kw)``); all are killed at teardown."""
+    made: list[DaemonProc] = []
+
+    def _start(sock: str, *extra: str, **kw: object) -> DaemonProc:
+        d = DaemonProc(sock, tmp_path / f"daemon{len(made)}.log", *extra, **kw)  # type: ignore[arg-type]
+        made.append(d)
+        return d
+
+    yield _start
+    for d in made:
+        d.reap()
+
+
+def inode(path: str) -> tuple[int, int]:
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino
+
+
+def leftovers(directory: Path, keep: str = "") -> list[str]:
+    return sorted(p for p in os.listdir(directory) if not p.endswith(".log") and p != keep)
+
+
+# ---- one daemon per socket ---------------------------------------------------------------------
+
+def test_second_daemon_refuses_a_live_socket(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
+    sock = str(tmp_path / "one.sock")
+    first = start(sock, "--workers", "1").ready()
+    before = inode(sock)
+    second = start(sock, "--workers", "1")
+    assert second.wait() != 0
+    err = second.stderr()
+    assert "already" in err and sock in err, err
+    # the first keeps its socket and keeps serving
+    assert inode(sock) == before and answers(sock)
+    assert first.terminate() == 0
+    assert leftovers(tmp_path) == []  # socket and lock files gone
+
+
+def test_stale_socket_is_replaced(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
+    sock = str(tmp_path / "stale.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(sock)  # what a dead daemon leaves: a socket file nobody listens on
+    s.close()
+    d = start(sock, "--workers", "1").ready()
+    assert d.terminate() == 0 and leftovers(tmp_path) == []
+
+
+def test_what_is_not_a_socket_is_left_alone(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
+    path = tmp_path / "not-a-socket"
+    path.write_text("precious\n")
+    d = start(str(path), "--workers", "1")
+    assert d.wait() != 0
+    assert "not a socket" in d.stderr()
+    assert path.read_text() == "precious\n"
+
+
+def test_socket_it_does_not_own_is_not_unlinked(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
+    """Someone replaced the socket file while the daemon ran: on exit the daemon leaves it alone."""
+    sock = str(tmp_path / "d.sock")
+    d = start(sock, "--workers", "2").ready(workers=2)
+    os.rename(sock, str(tmp_path / "moved.sock"))
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        other.bind(sock)
+        other.listen(1)
+        mine = inode(sock)
+        assert d.terminate() == 0
+        assert inode(sock) == mine
+    finally:
+        other.close()
+
+
+# ---- workers never outlive the main process ----------------------------------------------------
+
+def test_workers_die_with_the_main_process(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
+    sock = str(tmp_path / "w.sock")
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(private_tmp))
+    d = start(sock, "--workers", "2", env=env).ready(workers=2)
+    assert len(d.workers) == 2
+    os.kill(d.pid, signal.SIGKILL)
+    d.proc.wait(WAIT)
+    wait_until(lambda: not any(alive(w) for w in d.workers), "workers to exit after the main process died")
+    assert not answers(sock)
+    assert list(private_tmp.iterdir()) == []  # nothing of the daemon's in $TMPDIR
+    # what the killed daemon left (a stale socket, its lock files) does not stop the next one
+    again = start(sock, "--workers", "2", env=env).ready(workers=2)
+    assert again.terminate() == 0
+    assert leftovers(tmp_path, keep="tmp") == []
+
+
+# ---- bounded reads, bounded shutdown -----------------------------------------------------------
+
+def _silent(sock: str, n: int) -> list[socket.socket]:
+    conns = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(sock)
+        conns.append(s)
+    return conns
+
+
+def _closed_by_daemon(s: socket.socket) -> bytes:
+    """What the daemon sends a client before closing it (b"" for a bare close); fails if it never does."""
+    s.settimeout(WAIT)
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def test_silent_and_stalled_clients_are_cut_off(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
+    sock = str(tmp_path / "t.sock")
+    d = start(sock, "--workers", "2", "--read-timeout", "1").ready(workers=2)
+    silent = _silent(sock, 8)
+    stalled = _silent(sock, 4)
+    for s in stalled:  # a frame header announcing 100 bytes, then 10 of them, then nothing
+        s.sendall((100).to_bytes(4, "big") + b"PYCNI1abcd")
+    # others are served meanwhile
+    assert request(sock, "loopback", {"CNI_COMMAND": "VERSION"})[0] == 0
+    for s in silent + stalled:
+        data = _closed_by_daemon(s)
+        if data:  # a spec error saying why, never a hang
+            from pycni.daemon import protocol
+
+            code, out, _ = protocol.decode_reply(data[4:])
+            assert code == 1 and json.loads(out)["code"] == 11, out
+        s.close()
+    assert d.terminate() == 0
+
+
+def test_sigterm_with_silent_clients_stops_promptly(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
+    """Connections that never send do not hold the shutdown (before: 30 s each, per worker)."""
+    sock = str(tmp_path / "s.sock")
+    d = start(sock, "--workers", "2").ready(workers=2)
+    silent = _silent(sock, 6)
+    try:
+        assert d.terminate(WAIT) == 0
+        assert not os.path.exists(sock)
+    finally:
+        for s in silent:
+            s.close()
+
+
+SLOW_IPAM = """#!/bin/sh
+# A foreign IPAM delegate (exec'd by the daemon) that holds an ADD until the test opens its gate.
+[ "$CNI_COMMAND" = ADD ] || exit 0
+touch {entered}
+while [ ! -e {gate} ]; do sleep 0.02; done
+echo '{{"cniVersion": "1.0.0", "ips": [{{"address": "10.66.0.5/24", "gateway": "10.66.0.1"}}]}}'
+"""
+
+
+def test_request_in_flight_finishes_after_sigterm(tmp_path: Path, start: Callable[..., DaemonProc],
+                                                  netns_factory: Callable[[], Namespace]) -> None:
+    bindir = tmp_path / "bin"
+    install(str(bindir), ["bridge"], daemon=True)
+    slow = bindir / "slowipam"
+    slow.write_text(SLOW_IPAM.format(entered=tmp_path / "entered", gate=tmp_path / "gate"))
+    slow.chmod(0o755)
+    home, host, ctr = netns_factory(), netns_factory(), netns_factory()
+    sock = str(tmp_path / "f.sock")
+    d = start(sock, "--workers", "2", prefix=["ip", "netns", "exec", home.name]).ready(workers=2)
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "inflight", "type": "bridge", "bridge": "br-if",
+                       "ipam": {"type": "slowipam"}})
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "if1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
+           "CNI_PATH": str(bindir), "PYCNI_SOCKET": sock, "PATH": os.environ["PATH"]}
+    (tmp_path / "conf.json").write_text(conf)
+    with open(tmp_path / "conf.json", "rb") as stdin:
+        add = subprocess.Popen(["ip", "netns", "exec", host.name, str(bindir / "bridge")], stdin=stdin,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        wait_until((tmp_path / "entered").exists, "the ADD to reach its IPAM delegate")
+        d.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: not os.path.exists(sock), "the daemon to stop listening")
+        (tmp_path / "gate").touch()
+        out, err = add.communicate(timeout=WAIT)
+        assert add.returncode == 0, out + err
+        assert json.loads(out)["ips"][0]["address"] == "10.66.0.5/24"
+        assert d.wait() == 0
+    finally:
+        (tmp_path / "gate").touch()
+        if add.poll() is None:
+            add.kill()
+            add.wait()
+
+
+# ---- systemd socket activation -----------------------------------------------------------------
+
+ACTIVATE = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ['LISTEN_FDS'] = '1'; "
+            "os.environ['LISTEN_PID'] = str(os.getpid()); os.execv(sys.argv[2], sys.argv[2:])")
+
+
+def test_socket_activation(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
+    """As systemd passes it (LISTEN_FDS=1, fd 3): served as is, never unlinked, never re-bound."""
+    sock = str(tmp_path / "act.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(sock)
+        os.chmod(sock, 0o600)
+        listener.listen(16)
+        before = inode(sock)
+        d = start(sock, "--workers", "2", prefix=[sys.executable, "-c", ACTIVATE, str(listener.fileno())],
+                  pass_fds=[listener.fileno()]).ready(workers=2)
+        code, out, _ = request(sock, "bridge", {"CNI_COMMAND": "VERSION"})
+        assert code == 0 and "supportedVersions" in json.loads(out)
+        assert d.terminate() == 0
+        assert inode(sock) == before and stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+        assert "socket activation" in d.log.read_text()
+    finally:
+        listener.close()
+
+
+# ---- privileges --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", [["--reuid=65534", "--regid=65534", "--clear-groups"],
+                                 ["--inh-caps=-net_admin", "--bounding-set=-net_admin"]],
+                         ids=["not-root", "no-cap-net-admin"])
+def test_refuses_to_start_without_privileges(how: list[str], start: Callable[..., DaemonProc]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop privileges")
+    import tempfile
+
+    open_dir = tempfile.mkdtemp(prefix="pycni-priv-")  # writable by the unprivileged user too
+    try:
+        os.chmod(open_dir, 0o777)
+        sock = os.path.join(open_dir, "p.sock")
+        d = start(sock, "--log-file", os.path.join(open_dir, "d.log"), prefix=["setpriv", *how])
+        assert d.wait() != 0
+        err = d.stderr()
+        assert "CAP_NET_ADMIN" in err and "root" in err, err
+        assert not os.path.exists(sock)
+    finally:
+        import shutil
+
+        shutil.rmtree(open_dir)
