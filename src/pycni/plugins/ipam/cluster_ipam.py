@@ -22,6 +22,7 @@ import socket
 import time
 from collections.abc import Mapping
 
+from pycni import netconf
 from pycni.cluster.etcd import DEFAULT_TIMEOUT, Etcd, EtcdError, EtcdUnavailable
 from pycni.cluster.ipam import DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6, DEFAULT_PREFIX, ClusterStore, IpamError
 from pycni.cniargs import load_cni_args
@@ -37,7 +38,7 @@ from pycni.plugins.ipam.ranges import (
     requested_ips,
 )
 from pycni.record import field, record
-from pycni.skel import CmdArgs, Plugin, prev_result, run_plugin
+from pycni.skel import CmdArgs, Plugin, run_plugin
 from pycni.spec.errors import (
     INTERNAL,
     INVALID_CONFIG,
@@ -52,9 +53,6 @@ from pycni.spec.validate import validate_network_name
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
     from typing import Any
-
-VALID_ATTACHMENTS = "cni.dev/valid-attachments"
-
 
 @record
 class ClusterIpamConf:
@@ -79,22 +77,6 @@ def _bad(msg: str, details: str = "") -> CNIError:
     return CNIError(INVALID_CONFIG, msg, details)
 
 
-def _str(ipam: Mapping[str, Any], key: str, default: str = "") -> str:
-    value = ipam.get(key)
-    if value is None or value == "":
-        return default
-    if not isinstance(value, str):
-        raise _bad(f"invalid ipam.{key}", f"{key} must be a string, got {value!r}")
-    return value
-
-
-def _int(ipam: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    value = ipam.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise _bad(f"invalid ipam.{key}", f"{key} must be an integer from {lo} to {hi}, got {value!r}")
-    return value
-
-
 def parse_conf_dict(conf: Mapping[str, Any], cni_args: str = "", *, need_ranges: bool = True) -> ClusterIpamConf:
     """Parse and check the whole config (also what the ``pycni ipam`` CLI reads)."""
     ipam = conf.get("ipam")
@@ -105,36 +87,36 @@ def parse_conf_dict(conf: Mapping[str, Any], cni_args: str = "", *, need_ranges:
         raise _bad("missing network name", "the network config needs a \"name\": its blocks and handles "
                    "live under <etcdPrefix>/ipam/.../<name>")
     validate_network_name(name)
-    eps = ipam.get("etcdEndpoints")
-    if not isinstance(eps, list) or not eps or not all(isinstance(e, str) for e in eps):
+    eps = netconf.get_list(ipam, "etcdEndpoints", label="ipam.etcdEndpoints")
+    if not eps or not all(isinstance(e, str) for e in eps):
         raise _bad("invalid ipam.etcdEndpoints", "etcdEndpoints must be a non-empty list of URLs such as "
                    "[\"http://10.0.0.1:2379\"]")
     for ep in eps:
         if not ep.startswith(("http://", "https://")):
             raise _bad("invalid ipam.etcdEndpoints", f"{ep!r}: an endpoint is http://host:port or https://host:port")
-    prefix = _str(ipam, "etcdPrefix", DEFAULT_PREFIX)
+    prefix = netconf.get_str(ipam, "etcdPrefix", DEFAULT_PREFIX, label="ipam.etcdPrefix")
     if not prefix.startswith("/"):
         raise _bad("invalid ipam.etcdPrefix", f"{prefix!r}: the prefix must start with '/'")
-    node = _str(ipam, "nodeName") or socket.gethostname()
+    node = netconf.get_str(ipam, "nodeName", label="ipam.nodeName") or socket.gethostname()
     if "/" in node or not node:
         raise _bad("invalid ipam.nodeName", f"{node!r}: a node name must be non-empty and hold no '/'")
     v4 = DEFAULT_BLOCK_V4
-    v6 = _int(ipam, "blockSizeV6", DEFAULT_BLOCK_V6, 64, 128)
+    v6 = netconf.get_int(ipam, "blockSizeV6", DEFAULT_BLOCK_V6, minimum=64, maximum=128, label="ipam.blockSizeV6")
     if ipam.get("blockSize") is not None:
-        bs = _int(ipam, "blockSize", DEFAULT_BLOCK_V4, 8, 128)
+        bs = netconf.get_int(ipam, "blockSize", minimum=8, maximum=128, label="ipam.blockSize")
         if bs <= 32:
             v4 = bs
         elif "blockSizeV6" not in ipam:
             v6 = bs  # a size only IPv6 can have: the IPv6 block size
-    strict = ipam.get("strictAffinity", False)
-    if not isinstance(strict, bool):
-        raise _bad("invalid ipam.strictAffinity", f"strictAffinity must be true or false, got {strict!r}")
+    strict = netconf.get_bool(ipam, "strictAffinity", label="ipam.strictAffinity")
     timeout = ipam.get("etcdTimeout", DEFAULT_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 300:
-        raise _bad("invalid ipam.etcdTimeout", f"etcdTimeout is seconds (0 < t <= 300), got {timeout!r}")
+        raise netconf.invalid("ipam.etcdTimeout", "a number of seconds (0 < t <= 300)", timeout)
     cfg = ClusterIpamConf(name=name, endpoints=list(eps), prefix=prefix, node=node, block_sizes=(v4, v6),
-                          strict_affinity=strict, timeout=float(timeout), ca_cert=_str(ipam, "etcdCACert"),
-                          cert=_str(ipam, "etcdCert"), key=_str(ipam, "etcdKey"))
+                          strict_affinity=strict, timeout=float(timeout),
+                          ca_cert=netconf.get_str(ipam, "etcdCACert", label="ipam.etcdCACert"),
+                          cert=netconf.get_str(ipam, "etcdCert", label="ipam.etcdCert"),
+                          key=netconf.get_str(ipam, "etcdKey", label="ipam.etcdKey"))
     if cfg.key and not cfg.cert:
         raise _bad("invalid ipam.etcdKey", "etcdKey needs etcdCert (the client certificate it belongs to)")
     cfg.routes = parse_routes(ipam.get("routes"), "ipam.routes")
@@ -254,7 +236,7 @@ def cmd_check(args: CmdArgs) -> None:
         if not any(range_for(rs, ip) is not None for ip in held):
             raise CNIError(UNKNOWN_CONTAINER, f"cluster-ipam: {cid} holds no address in range set {idx}",
                            f"range set {range_set_str(rs)}; held: {', '.join(map(str, sorted(held, key=str)))}")
-    prev = prev_result(conf)
+    prev = netconf.prev_result(conf)
     if prev is not None:
         for ipc in prev.ips:
             ip = ipc.address.ip
@@ -264,25 +246,11 @@ def cmd_check(args: CmdArgs) -> None:
                                f"{', '.join(map(str, sorted(held, key=str)))}")
 
 
-def valid_attachments(conf: Mapping[str, Any]) -> list[tuple[str, str]]:
-    raw = conf.get(VALID_ATTACHMENTS)
-    if not isinstance(raw, list):
-        raise _bad(f"missing or invalid {VALID_ATTACHMENTS}", "GC needs a list of {\"containerID\", \"ifname\"}")
-    out = []
-    for item in raw:
-        if not (isinstance(item, Mapping) and isinstance(item.get("containerID"), str)
-                and isinstance(item.get("ifname"), str)):
-            raise _bad(f"invalid entry in {VALID_ATTACHMENTS}",
-                       f"{item!r}: each entry needs string \"containerID\" and \"ifname\"")
-        out.append((item["containerID"], item["ifname"]))
-    return out
-
-
 def cmd_gc(args: CmdArgs) -> None:
     """Release this node's handles of this network that are not in the valid-attachments list."""
     conf = args.conf()
     cfg = parse_conf(args)
-    valid = valid_attachments(conf)
+    valid = netconf.valid_attachments(conf)
     with session(cfg) as store:
         store.gc(valid)
 
