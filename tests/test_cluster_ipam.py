@@ -159,9 +159,8 @@ def test_pods_on_three_nodes_through_member_failures(up: EtcdCluster, bin_dir: s
     assert elapsed < TIMEOUT + 15, f"ADD took {elapsed:.1f}s with etcd down"  # the bound, with a wide margin
     links = lost.run(["ip", "-o", "link", "show"]).stdout.splitlines()
     assert len(links) == 1 and ": lo:" in links[0], links
-    status, out = run(bin_dir, cluster.nodes[1], "cluster-ipam", "STATUS", net_conf(network, ipam_conf(
-        cluster, cluster.nodes[1])), "")
-    assert status != 0 and out["code"] == 50, out
+    status, out = run(bin_dir, cluster.nodes[1], "macvlan", "STATUS", conf0, "")  # the main plugin asks its IPAM
+    assert status != 0 and out["code"] == 50 and cluster.endpoints[0] in out["msg"], out
 
     # members back: the allocations are exactly the pods, consistent
     cluster.restart_all()
@@ -225,13 +224,15 @@ def test_gc_releases_exactly_the_forgotten(up: EtcdCluster, bin_dir: str) -> Non
     held = {f"a{i}": addresses(ok(run(bin_dir, n1, "cluster-ipam", "ADD", c1, f"a{i}")))[0] for i in range(5)}
     other = {f"b{i}": addresses(ok(run(bin_dir, n2, "cluster-ipam", "ADD", c2, f"b{i}")))[0] for i in range(2)}
     valid = [{"containerID": "a0", "ifname": "eth0"}, {"containerID": "a3", "ifname": "eth0"}]
-    ok(run(bin_dir, n1, "cluster-ipam", "GC", dict(c1, **{"cni.dev/valid-attachments": valid}), ""))
+    # GC reaches cluster-ipam through the main plugin, as a runtime sends it
+    main = net_conf(network, c1["ipam"], "macvlan", master="ul0", **{"cni.dev/valid-attachments": valid})
+    ok(run(bin_dir, n1, "macvlan", "GC", main, ""))
     s = store(cluster, network)
     left = {(h["containerID"], h["ips"][0].split("/")[0]) for h in s.handles()}
     assert left == {("a0", held["a0"]), ("a3", held["a3"])} | set(other.items())  # node2's untouched
     # a bad list is refused before anything is released
-    code, out = run(bin_dir, n1, "cluster-ipam", "GC", dict(c1, **{"cni.dev/valid-attachments": [{}]}), "")
-    assert code != 0 and out["code"] == 7
+    code, out = run(bin_dir, n1, "macvlan", "GC", dict(main, **{"cni.dev/valid-attachments": [{}]}), "")
+    assert code != 0 and out["code"] == 7, out
     assert len(s.handles()) == 4
 
 
