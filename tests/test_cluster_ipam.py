@@ -336,3 +336,22 @@ def test_cli_release_and_check(up: EtcdCluster, bin_dir: str, tmp_path: Path) ->
     problems = [json.loads(line) for line in proc.stdout.splitlines()]
     assert problems == [{"problem": "orphan allocation", "ip": str(blk.ip(200)), "block": str(blk.cidr),
                          "handle": "ghost/eth0"}]
+
+
+def test_tls_endpoints(bin_dir: str) -> None:
+    """etcdCACert/etcdCert/etcdKey: https endpoints that require a client certificate."""
+    with EtcdCluster(size=1, subnet="10.231.4.0/24", tls=True) as tls:
+        node = tls.nodes[0]
+        conf = net_conf("tlsnet", ipam_conf(tls, node, etcdCACert=tls.ca_cert, etcdCert=tls.client_cert,
+                                            etcdKey=tls.client_key, ranges=[[{"subnet": "10.96.0.0/24"}]]))
+        assert addresses(ok(run(bin_dir, node, "cluster-ipam", "ADD", conf, "t1"))) == ["10.96.0.2"]
+        ok(run(bin_dir, node, "cluster-ipam", "DEL", conf, "t1"))
+        # without the client certificate the member refuses the handshake: unavailable, code 11
+        bare = net_conf("tlsnet", ipam_conf(tls, node, etcdCACert=tls.ca_cert, etcdTimeout=1,
+                                            ranges=[[{"subnet": "10.96.0.0/24"}]]))
+        code, out = run(bin_dir, node, "cluster-ipam", "ADD", bare, "t2")
+        assert code != 0 and out["code"] == 11 and tls.endpoints[0] in out["msg"], out
+        # a CA file that does not exist is a config error
+        missing_ca = dict(conf, ipam=dict(conf["ipam"], etcdCACert="/nonexistent"))
+        code, out = run(bin_dir, node, "cluster-ipam", "ADD", missing_ca, "t3")
+        assert code != 0 and out["code"] == 7, out
