@@ -355,3 +355,29 @@ def test_tls_endpoints(bin_dir: str) -> None:
         missing_ca = dict(conf, ipam=dict(conf["ipam"], etcdCACert="/nonexistent"))
         code, out = run(bin_dir, node, "cluster-ipam", "ADD", missing_ca, "t3")
         assert code != 0 and out["code"] == 7, out
+
+
+def test_through_the_daemon(up: EtcdCluster, tmp_path: Path, netns_factory: Callable[[], Namespace]) -> None:
+    """The same plugins served by a pycni daemon (handlers in-process, in the caller's namespace)."""
+    from plugin_util import daemon_in_thread
+
+    cluster = up
+    shims = tmp_path / "bin"
+    install(str(shims), daemon=True)
+    sock = str(tmp_path / "d.sock")
+    node = cluster.nodes[2]
+    conf = net_conf("dmn", ipam_conf(cluster, node, ranges=[[{"subnet": "10.97.0.0/24"}]]), "macvlan",
+                    master="ul0", mode="bridge")
+    pod = netns_factory()
+    with daemon_in_thread(sock):
+        def call(command: str, cid: str) -> tuple[int, dict[str, Any]]:
+            env = dict(cni_env(command, pod, str(shims), container_id=cid), PYCNI_SOCKET=sock)
+            proc = node.ns.run([str(shims / "macvlan")], check=False, input=json.dumps(conf), env=env)
+            return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+        first = ok(call("ADD", "dm1"))
+        assert addresses(first) == ["10.97.0.2"]
+        ok(call("DEL", "dm1"))
+        ok(call("DEL", "dm1"))
+    s = store(cluster, "dmn", node.name)
+    assert s.handles() == [] and all(not b.allocations for b in s.blocks())
