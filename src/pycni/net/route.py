@@ -28,6 +28,7 @@ RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_LINK = 253
 RTN_UNICAST = 1
 RTPROT_BOOT = 3  # what vishvananda/netlink (and so the Go plugins) stamp on routes they add
+RTNH_F_ONLINK = 4
 
 
 @record
@@ -115,13 +116,20 @@ def _describe(kw: dict[str, Any], dev: str | int | None) -> str:
 def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: str | int | None = None,
               table: int | None = None, priority: int | None = None, scope: int | None = None,
               mtu: int | None = None, advmss: int | None = None, exist_ok: bool = False,
-              replace: bool = False, src: IPAddress | str | None = None) -> None:
-    """Add (or with ``replace``, replace) a route; ``dev`` is a link name or index; ``src`` the prefsrc."""
+              replace: bool = False, src: IPAddress | str | None = None, proto: int = RTPROT_BOOT,
+              onlink: bool = False) -> None:
+    """Add (or with ``replace``, replace) a route; ``dev`` is a link name or index; ``src`` the prefsrc.
+
+    ``proto`` marks who owns the route (a daemon that reconciles routes picks its own number and
+    touches no other); ``onlink`` says the gateway is on ``dev`` though no route covers it.
+    """
     with rtnl() as sock:
         oif = _oif(sock, dev)
-        kw = _spec(dst, gw, oif, table, priority, scope, mtu, advmss, proto=RTPROT_BOOT)
+        kw = _spec(dst, gw, oif, table, priority, scope, mtu, advmss, proto=proto)
         if src is not None:
             kw["prefsrc"] = str(src)
+        if onlink:
+            kw["flags"] = RTNH_F_ONLINK
         try:
             sock.route("replace" if replace else "add", **kw)
         except Exception as e:

@@ -25,6 +25,7 @@ PLUGIN_MODULES: dict[str, str] = {
     "dummy": "pycni.plugins.main.dummy",
     "tap": "pycni.plugins.main.tap",
     "vrf": "pycni.plugins.main.vrf",
+    "routed": "pycni.plugins.main.routed",
     # ipam
     "host-local": "pycni.plugins.ipam.host_local",
     "static": "pycni.plugins.ipam.static",
