@@ -79,12 +79,6 @@ def is_netlink_error(exc: BaseException) -> bool:
     return exceptions is not None and isinstance(exc, exceptions.NetlinkError)
 
 
-def is_colon_mac(mac: str) -> bool:
-    """Whether ``mac`` is six colon-separated hex pairs (0a:58:0a:f4:00:05), the form configs use."""
-    parts = mac.split(":")
-    return len(parts) == 6 and all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts)
-
-
 @record
 class Link:
     """What plugins need to know about a link, decoded from an RTM_NEWLINK message."""

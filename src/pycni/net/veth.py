@@ -17,7 +17,6 @@ from pycni.net.link import (
     INTERNAL,
     Link,
     delete_link_quietly,
-    is_colon_mac,
     is_netlink_error,
     lookup_msg,
     netlink_errno,
@@ -25,6 +24,7 @@ from pycni.net.link import (
     setlink,
 )
 from pycni.net.sysctl import try_write_sysctl
+from pycni.netconf import is_colon_mac
 from pycni.record import record
 from pycni.spec.errors import CNIError
 

@@ -18,8 +18,8 @@ import time
 
 from pycni import invoke, skel
 from pycni.cniargs import load_cni_args
-from pycni.ipam import Rollback
 from pycni.record import field, record
+from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
@@ -114,7 +114,7 @@ def _vlan_trunk(items: Any) -> list[int]:
 
 
 def _check_mac(mac: str, where: str) -> str:
-    from pycni.net.link import is_colon_mac  # pycni.net is imported where used: VERSION needs none of it
+    from pycni.netconf import is_colon_mac  # pycni.net is imported where used: VERSION needs none of it
 
     if not is_colon_mac(mac):
         raise _bad(f"invalid MAC address {mac!r} in {where}", "give a MAC address like 0a:58:0a:f4:00:05")

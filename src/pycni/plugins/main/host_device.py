@@ -17,6 +17,7 @@ from typing import Any
 from pycni import ipam
 from pycni.net import netns
 from pycni.net.link import Link
+from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, load_conf, prev_result, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
@@ -183,7 +184,7 @@ def cmd_add(args: CmdArgs) -> Result:
     state = {"name": name, "up": before.up, "mtu": before.mtu, "mac": before.mac,
              "addresses": [str(a.address) for a in addr.list_addrs(before.index) if a.scope == 0]}
     path = _state_path(conf, args)
-    with ipam.Rollback() as undo:
+    with Rollback() as undo:
         _save_state(path, state)
         undo.push(_forget, path)
         moved = _move_in(name, args)

@@ -10,6 +10,7 @@ address and a host route to the container's address. ``ipMasq`` masquerades outb
 from __future__ import annotations
 
 from pycni import ipam
+from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, load_conf, prev_result, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
@@ -85,7 +86,7 @@ def cmd_add(args: CmdArgs) -> Result:
 
     conf = _conf(args)
     netns.check_netns(args.netns)
-    with ipam.Rollback() as undo:
+    with Rollback() as undo:
         result = ipam.add(conf, args)
         undo.push(ipam.delete, conf, args)
         for ipc in result.ips:

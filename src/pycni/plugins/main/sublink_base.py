@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from pycni import ipam
 from pycni.cniargs import load_cni_args
 from pycni.record import field, record
+from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, load_conf, prev_result
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
@@ -80,7 +81,7 @@ def _mtu(conf: Mapping[str, Any]) -> int:
 
 def _mac(conf: Mapping[str, Any], args: CmdArgs) -> str:
     """The container MAC: config, then CNI_ARGS MAC, then runtimeConfig.mac (last wins); lower case."""
-    from pycni.net.link import is_colon_mac
+    from pycni.netconf import is_colon_mac
 
     mac = str(conf.get("mac", "") or "")
     env_mac = load_cni_args(args.args, ["MAC"]).get("MAC", "")
@@ -152,7 +153,7 @@ class SublinkPlugin:
         parent = self._parent(conf, args)
         mac = _mac(conf, args) if self.spec.mac_configurable else ""
         attrs = self.spec.link_attrs(conf)
-        with ipam.Rollback() as undo:
+        with Rollback() as undo:
             if self.spec.create is not None:
                 link = self.spec.create(conf, args, mac)
             else:
