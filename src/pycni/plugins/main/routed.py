@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import ipaddress
 
-from pycni import ipam
+from pycni import ipam, netconf
 from pycni.record import record
-from pycni.skel import CmdArgs, Plugin, load_conf, prev_result, run_plugin
+from pycni.rollback import Rollback
+from pycni.skel import CmdArgs, Plugin, load_conf, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import IPConfig, Result, Route
@@ -40,19 +41,17 @@ class RoutedConf:
     """A validated ``routed`` configuration (everything checked before anything is made)."""
 
     conf: dict[str, Any]  # the whole config, as handed to IPAM
-    mtu: int = 0
+    mtu: int = 0          # 0: the kernel's default
 
 
 def parse_conf(args: CmdArgs) -> RoutedConf:
-    """The config of an ADD or CHECK: IPAM present, ``mtu`` an integer the kernel accepts."""
+    """The config of an ADD or CHECK: IPAM present and on CNI_PATH, ``mtu`` one the kernel takes."""
     conf = load_conf(args.stdin_data)
     ipam.require_ipam(conf, "routed")
-    mtu = conf.get("mtu", 0)
-    if mtu is None:
-        mtu = 0
-    if not isinstance(mtu, int) or isinstance(mtu, bool) or mtu < 0 or (mtu and not 68 <= mtu <= 65535):
-        raise CNIError(E.INVALID_CONFIG, "routed: \"mtu\" must be an integer from 68 to 65535 (0: the default)",
-                       f"got {mtu!r}")
+    mtu = netconf.get_int(conf, "mtu", minimum=0, maximum=65535)
+    if 0 < mtu < 68:
+        raise netconf.invalid("mtu", "0 (the default) or from 68 to 65535", mtu)
+    ipam.locate(conf, args)
     return RoutedConf(conf=conf, mtu=mtu)
 
 
@@ -186,7 +185,7 @@ def cmd_add(args: CmdArgs) -> Result:
     netns.check_netns(args.netns)
     with netns.enter(args.netns):
         link.require_free_ifname(args.ifname, args.netns)
-    with ipam.Rollback() as undo:
+    with Rollback() as undo:
         result = ipam.add(rc.conf, args)
         undo.push(ipam.delete, rc.conf, args)
         ips = _host_addresses(result)
@@ -233,9 +232,7 @@ def cmd_check(args: CmdArgs) -> None:
     rc = parse_conf(args)
     netns.check_netns(args.netns)
     ipam.check(rc.conf, args)
-    prev = prev_result(rc.conf)
-    if prev is None:
-        raise CNIError(E.INVALID_CONFIG, "routed: Required prevResult missing", "CHECK needs the result of ADD")
+    prev = netconf.require_prev_result(rc.conf, "routed")
     verify.container_link(prev, args.ifname, args.netns, kind="veth", label="routed")
     host = find_host_end(args.container_id, args.ifname)
     if host is None:
@@ -253,19 +250,16 @@ def cmd_check(args: CmdArgs) -> None:
 
 
 def cmd_gc(args: CmdArgs) -> None:
-    from pycni import invoke
-
+    """GC belongs to IPAM: it releases what ``cni.dev/valid-attachments`` omits (host ends die
+    with their pods' namespaces)."""
     conf = load_conf(args.stdin_data)
-    if ipam.ipam_type(conf):
-        invoke.delegate_gc(ipam.ipam_type(conf), args.stdin_data, args)
+    netconf.valid_attachments(conf)
+    ipam.gc(conf, args)
 
 
 def cmd_status(args: CmdArgs) -> None:
-    from pycni import invoke
-
-    conf = load_conf(args.stdin_data)
-    if ipam.ipam_type(conf):
-        invoke.delegate_status(ipam.ipam_type(conf), args.stdin_data, args)
+    """Ready when IPAM is (cluster-ipam: when etcd answers)."""
+    ipam.status(load_conf(args.stdin_data), args)
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
