@@ -6,6 +6,7 @@
     pycni install-plugins --dir DIR [TYPE...]
     pycni plugin TYPE                       run one of our plugins in this process
     pycni daemon [--socket PATH]            serve installed plugin shims with warm imports
+    pycni node [status | remove NAME] ...   the node agent routing pod blocks between nodes (etcd)
 
 Environment as cnitool: NETCONFPATH (default /etc/cni/net.d), CNI_PATH, CNI_IFNAME (default
 eth0), CNI_ARGS (``K=V;K=V``), CAP_ARGS (JSON object of capability args). Without
@@ -223,6 +224,12 @@ def cmd_daemon(opts: argparse.Namespace) -> int:
     return server.run(opts)
 
 
+def cmd_node(opts: argparse.Namespace) -> int:
+    from pycni.cluster import node
+
+    return node.main(opts)
+
+
 # ---- argument parsing and the entry point ----------------------------------------------------
 
 def _parser() -> argparse.ArgumentParser:
@@ -295,6 +302,15 @@ def _parser() -> argparse.ArgumentParser:
 
     add_arguments(sp)
     sp.set_defaults(fn=cmd_daemon)
+
+    sp = sub.add_parser("node", help="the node agent: route pod blocks between nodes (foreground; SIGTERM stops "
+                        "it); also `node status`, `node remove NAME`",
+                        description="Register this node in etcd and keep its routes to every other node's "
+                        "address blocks (cluster-ipam's affinities) converged. See docs/cluster.md.")
+    from pycni.cluster.node import add_arguments as node_arguments
+
+    node_arguments(sp)
+    sp.set_defaults(fn=cmd_node)
     return p
 
 

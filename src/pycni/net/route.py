@@ -146,14 +146,16 @@ def replace_route(dst: IPNetwork | str, **kw: Any) -> None:
 
 
 def del_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: str | int | None = None,
-              table: int | None = None, priority: int | None = None, scope: int | None = None) -> bool:
-    """Delete a matching route; True when one was removed. Idempotent."""
+              table: int | None = None, priority: int | None = None, scope: int | None = None,
+              proto: int | None = None) -> bool:
+    """Delete a matching route (only one marked ``proto``, when given); True when one was removed.
+    Idempotent."""
     with rtnl() as sock:
         try:
             oif = _oif(sock, dev)
         except CNIError:
             return False
-        kw = _spec(dst, gw, oif, table, priority, scope)
+        kw = _spec(dst, gw, oif, table, priority, scope, proto=proto)
         try:
             sock.route("del", **kw)
         except Exception as e:
