@@ -7,6 +7,8 @@
     pycni plugin TYPE                       run one of our plugins in this process
     pycni daemon [--socket PATH]            serve installed plugin shims with warm imports
     pycni node [status | remove NAME] ...   the node agent routing pod blocks between nodes (etcd)
+    pycni ipam list|check NETWORK           cluster-ipam allocations in etcd (JSON lines) / consistency
+    pycni ipam release NETWORK --ip IP      free one cluster-ipam address
 
 Environment as cnitool: NETCONFPATH (default /etc/cni/net.d), CNI_PATH, CNI_IFNAME (default
 eth0), CNI_ARGS (``K=V;K=V``), CAP_ARGS (JSON object of capability args). Without
@@ -230,6 +232,81 @@ def cmd_node(opts: argparse.Namespace) -> int:
     return node.main(opts)
 
 
+def _cluster_ipam(opts: argparse.Namespace) -> Any:
+    """The cluster-ipam settings of NETWORK (its first plugin whose ipam.type is cluster-ipam)."""
+    from pycni.plugins.ipam.cluster_ipam import parse_conf_dict
+
+    net = _network(_runtime(opts), opts.network)
+    for plugin in net.plugins:
+        ipam = plugin.raw.get("ipam")
+        if isinstance(ipam, dict) and ipam.get("type") == "cluster-ipam":
+            return parse_conf_dict({"name": net.name, "ipam": ipam}, need_ranges=False)
+    raise UsageError(7, f"network {net.name!r} does not use cluster-ipam",
+                     f"none of its plugins ({', '.join(p.type for p in net.plugins)}) has \"ipam\": "
+                     "{\"type\": \"cluster-ipam\", ...}")
+
+
+def cmd_ipam_list(opts: argparse.Namespace) -> int:
+    """One JSON object per allocated address: ip, containerID, ifname, node, network, block."""
+    import ipaddress
+    import json
+
+    from pycni.plugins.ipam.cluster_ipam import session
+
+    cfg = _cluster_ipam(opts)
+    with session(cfg) as store:
+        handles = store.handles()
+    for h in sorted(handles, key=lambda h: (h.get("node", ""), h.get("containerID", ""), h.get("ifname", ""))):
+        if opts.node and h.get("node") != opts.node:
+            continue
+        blocks = [ipaddress.ip_network(b) for b in h.get("blocks", ())]
+        for text in h.get("ips", ()):
+            iface = ipaddress.ip_interface(text)
+            block = next((str(b) for b in blocks if iface.ip in b), "")
+            print(json.dumps({"ip": str(iface.ip), "prefixLength": iface.network.prefixlen,
+                              "containerID": h.get("containerID"), "ifname": h.get("ifname"),
+                              "node": h.get("node"), "network": h.get("network"), "block": block}))
+    return 0
+
+
+def cmd_ipam_release(opts: argparse.Namespace) -> int:
+    """Free one address, whoever holds it (its handle keeps its other addresses)."""
+    import ipaddress
+
+    from pycni.plugins.ipam.cluster_ipam import session
+
+    try:
+        ip = ipaddress.ip_address(opts.ip)
+    except ValueError:
+        raise UsageError(7, f"invalid --ip {opts.ip!r}", "give one address, e.g. --ip 10.90.0.5") from None
+    cfg = _cluster_ipam(opts)
+    with session(cfg) as store:
+        block = next((b.cidr for b in store.blocks() if b.cidr.version == ip.version and ip in b.cidr), None)
+        owner = store.release_ip(ip, block) if block is not None else None
+    if owner is None:
+        raise UsageError(3, f"{ip} is not allocated in network {cfg.name}",
+                         "`pycni ipam list NETWORK` shows what is allocated")
+    print(f"released {ip} (held by {owner})")
+    return 0
+
+
+def cmd_ipam_check(opts: argparse.Namespace) -> int:
+    """Blocks vs handles vs affinities; prints each problem as JSON, exit 1 when there is any."""
+    import json
+
+    from pycni.plugins.ipam.cluster_ipam import session
+
+    cfg = _cluster_ipam(opts)
+    with session(cfg) as store:
+        problems = store.inconsistencies()
+    for p in problems:
+        print(json.dumps(p))
+    if problems:
+        sys.stderr.write(f"pycni: network {cfg.name}: {len(problems)} inconsistencies\n")
+        return 1
+    return 0
+
+
 # ---- argument parsing and the entry point ----------------------------------------------------
 
 def _parser() -> argparse.ArgumentParser:
@@ -294,6 +371,21 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("plugin", help="run plugin TYPE in this process (CNI_COMMAND etc. from the env)")
     sp.add_argument("type", metavar="TYPE")
     sp.set_defaults(fn=cmd_plugin)
+
+    ipam_p = sub.add_parser("ipam", help="cluster-ipam allocations in etcd: list, release, check")
+    ipam_sub = ipam_p.add_subparsers(dest="ipam_verb", metavar="ACTION")
+    ipam_sub.required = True
+    for action, fn, text in (("list", cmd_ipam_list, "one JSON object per allocated address"),
+                             ("release", cmd_ipam_release, "free one address (--ip)"),
+                             ("check", cmd_ipam_check, "blocks vs handles consistency; exit 1 when not")):
+        sp = ipam_sub.add_parser(action, help=text, description=text)
+        sp.add_argument("network", metavar="NETWORK")
+        if action == "release":
+            sp.add_argument("--ip", required=True, help="the address to free")
+        if action == "list":
+            sp.add_argument("--node", help="only this node's allocations")
+        common(sp)
+        sp.set_defaults(fn=fn)
 
     sp = sub.add_parser("daemon", help="serve plugin shims in-process (foreground; stops on SIGTERM)",
                         description="Run plugin handlers for the installed shims with imports and netlink "

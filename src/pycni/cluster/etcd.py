@@ -398,6 +398,8 @@ class Etcd:
             self._tls = tls_context(ca_cert, cert, key)
         self._conns = [_Conn(ep, self._connect, self._tls) for ep in self.endpoints]
         self._good = 0
+        # An absolute time.monotonic() no call may run past (a command's whole budget), or None.
+        self.deadline: float | None = None
 
     def close(self) -> None:
         for c in self._conns:
@@ -431,6 +433,8 @@ class Etcd:
         """POST ``payload`` to ``path`` on the first endpoint that answers; see the failure model."""
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
+        if self.deadline is not None and self.deadline < deadline:
+            deadline = self.deadline
         body = json.dumps(payload, separators=(",", ":")).encode()
         errors: dict[str, str] = {}
         n = len(self._conns)

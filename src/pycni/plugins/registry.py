@@ -30,6 +30,7 @@ PLUGIN_MODULES: dict[str, str] = {
     "host-local": "pycni.plugins.ipam.host_local",
     "static": "pycni.plugins.ipam.static",
     "dhcp": "pycni.plugins.ipam.dhcp",
+    "cluster-ipam": "pycni.plugins.ipam.cluster_ipam",
     # meta: chained plugins
     "portmap": "pycni.plugins.meta.portmap",
     "bandwidth": "pycni.plugins.meta.bandwidth",

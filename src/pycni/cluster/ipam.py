@@ -1,0 +1,451 @@
+"""Cluster-wide IPAM state in etcd: blocks with node affinity, and handles. Stdlib only.
+
+Key layout (all under the prefix P, default ``/pycni``; a CIDR in a key has '/' as '-')::
+
+    P/ipam/blocks/<network>/<cidr>            {"cidr", "node", "allocations": {"<ordinal>": "<cid>/<ifname>"}, "next"}
+    P/ipam/affinity/<node>/<network>/<cidr>   {"cidr", "node", "network"}
+    P/ipam/handles/<network>/<cid>/<ifname>   {"network", "containerID", "ifname", "node", "ips", "blocks"}
+
+A range set's subnets are cut into blocks (/26 and /122 by default). A node *claims* a block
+by creating the block and its affinity key in one transaction that requires both to be
+absent, and allocates inside its blocks. Every change is one transaction guarded by the mod
+revisions it read: an ADD writes the blocks with the addresses taken *and* creates the handle
+(which must not exist yet), so an address is never taken without an owner, and two writers
+never both win. A DEL deletes the handle and frees its addresses in one transaction. A lost
+race is retried (bounded) on fresh state. The ordinal of an address is its offset in the
+block; ``next`` makes allocation within a block round robin, so a freed address is not handed
+out again at once (ARP caches on a shared L2 remember it).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import random
+import time
+
+from pycni.cluster.etcd import Etcd, if_absent, if_mod, op_delete, op_get, op_put
+from pycni.plugins.ipam.ranges import IPAddress, IPNetwork, Range, RangeSet, address, range_for
+from pycni.record import field, record
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+DEFAULT_PREFIX = "/pycni"
+DEFAULT_BLOCK_V4 = 26
+DEFAULT_BLOCK_V6 = 122
+MAX_ATTEMPTS = 64  # lost races before an ADD/DEL gives up (each retry reads fresh state)
+
+
+class IpamError(Exception):
+    """An allocation that cannot be made as asked (``kind``: "exhausted", "strict", "requested",
+    "contention"); the plugin maps it to a CNI error."""
+
+    def __init__(self, kind: str, msg: str, details: str = "") -> None:
+        super().__init__(msg)
+        self.kind = kind
+        self.msg = msg
+        self.details = details
+
+
+def cidr_key(net: IPNetwork) -> str:
+    return str(net).replace("/", "-")
+
+
+def key_cidr(text: str) -> IPNetwork:
+    addr, _, plen = text.rpartition("-")
+    return ipaddress.ip_network(f"{addr}/{plen}")
+
+
+@record
+class Block:
+    """One block as stored, with the mod revision it was read at (0: not in etcd yet)."""
+
+    cidr: IPNetwork
+    node: str
+    allocations: dict[int, str] = field(default_factory=dict)
+    next: int = 0
+    mod_revision: int = 0
+
+    @classmethod
+    def from_json(cls, text: str, mod_revision: int) -> Block:
+        d = json.loads(text)
+        return cls(cidr=ipaddress.ip_network(d["cidr"]), node=d.get("node", ""),
+                   allocations={int(k): v for k, v in d.get("allocations", {}).items()},
+                   next=int(d.get("next", 0)), mod_revision=mod_revision)
+
+    def to_json(self) -> str:
+        return json.dumps({"cidr": str(self.cidr), "node": self.node,
+                           "allocations": {str(k): v for k, v in sorted(self.allocations.items())},
+                           "next": self.next}, separators=(",", ":"))
+
+    def ip(self, ordinal: int) -> IPAddress:
+        return address(self.cidr.version, int(self.cidr.network_address) + ordinal)
+
+    def ordinal(self, ip: IPAddress) -> int:
+        return int(ip) - int(self.cidr.network_address)
+
+
+def usable(block: IPNetwork, r: Range) -> tuple[int, int] | None:
+    """The ordinals of ``block`` that ``r`` may hand out (inclusive), None when none."""
+    base = int(block.network_address)
+    lo = max(base, r.start_int)
+    hi = min(int(block.broadcast_address), r.end_int)
+    return (lo - base, hi - base) if lo <= hi else None
+
+
+def free_ordinal(block: Block, r: Range) -> int | None:
+    """The next free, allocatable ordinal of ``block`` in round-robin order from ``block.next``."""
+    span = usable(block.cidr, r)
+    if span is None:
+        return None
+    lo, hi = span
+    n = hi - lo + 1
+    start = block.next if lo <= block.next <= hi else lo
+    base = int(block.cidr.network_address)
+    taken = block.allocations
+    for i in range(n):
+        o = lo + (start - lo + i) % n
+        if o not in taken and not r.is_reserved(base + o):
+            return o
+    return None
+
+
+def blocks_of(rs: RangeSet, prefixlen: int) -> list[tuple[IPNetwork, Range]]:
+    """Every block of the range set's subnets that holds an allocatable address, in order."""
+    out: list[tuple[IPNetwork, Range]] = []
+    for r in rs:
+        plen = max(prefixlen, r.subnet.prefixlen)
+        size = 1 << (r.subnet.max_prefixlen - plen)
+        first = int(r.subnet.network_address)
+        start = first + ((r.start_int - first) // size) * size
+        cls = ipaddress.IPv4Network if r.version == 4 else ipaddress.IPv6Network
+        value = start
+        while value <= r.end_int:
+            out.append((cls((value, plen)), r))
+            value += size
+    return out
+
+
+def block_for(rs: RangeSet, prefixlen: int, ip: IPAddress) -> tuple[IPNetwork, Range] | None:
+    r = range_for(rs, ip)
+    if r is None:
+        return None
+    plen = max(prefixlen, r.subnet.prefixlen)
+    return ipaddress.ip_network(f"{ip}/{plen}", strict=False), r
+
+
+@record
+class Assigned:
+    """One address handed out: the address, its range (for prefix length and gateway)."""
+
+    ip: IPAddress
+    range: Range
+
+
+class ClusterStore:
+    """The IPAM state of one network as seen from one node."""
+
+    def __init__(self, etcd: Etcd, network: str, node: str, prefix: str = DEFAULT_PREFIX) -> None:
+        self.etcd = etcd
+        self.network = network
+        self.node = node
+        self.prefix = prefix.rstrip("/")
+        p = self.prefix
+        self.blocks_prefix = f"{p}/ipam/blocks/{network}/"
+        self.handles_prefix = f"{p}/ipam/handles/{network}/"
+        self.affinity_prefix = f"{p}/ipam/affinity/{node}/{network}/"
+
+    # -- keys --
+
+    def block_key(self, cidr: IPNetwork) -> str:
+        return self.blocks_prefix + cidr_key(cidr)
+
+    def affinity_key(self, cidr: IPNetwork, node: str | None = None) -> str:
+        return f"{self.prefix}/ipam/affinity/{node or self.node}/{self.network}/{cidr_key(cidr)}"
+
+    def handle_key(self, cid: str, ifname: str) -> str:
+        return f"{self.handles_prefix}{cid}/{ifname}"
+
+    # -- reads --
+
+    def handle(self, cid: str, ifname: str) -> dict[str, Any] | None:
+        kv = self.etcd.get(self.handle_key(cid, ifname))
+        return kv.json() if kv else None
+
+    def handles(self) -> list[dict[str, Any]]:
+        kvs, _rev = self.etcd.get_prefix(self.handles_prefix)
+        return [kv.json() for kv in kvs]
+
+    def blocks(self) -> list[Block]:
+        kvs, _rev = self.etcd.get_prefix(self.blocks_prefix)
+        return [Block.from_json(kv.value, kv.mod_revision) for kv in kvs]
+
+    def _get_blocks(self, cidrs: Sequence[IPNetwork]) -> dict[IPNetwork, Block]:
+        if not cidrs:
+            return {}
+        res = self.etcd.txn([], [op_get(self.block_key(c)) for c in cidrs])
+        out = {}
+        for kvs in res.responses:
+            for kv in kvs:
+                b = Block.from_json(kv.value, kv.mod_revision)
+                out[b.cidr] = b
+        return out
+
+    # -- ADD --
+
+    def assign(self, cid: str, ifname: str, range_sets: Sequence[RangeSet], requested: Sequence[IPAddress],
+               block_sizes: tuple[int, int] = (DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6),
+               strict_affinity: bool = False) -> list[Assigned]:
+        """One address per range set (a requested one where it lies), recorded under the handle.
+
+        A handle that exists already is answered with what it holds (a repeated ADD, or a retry
+        of one whose answer was lost), so the same attachment always gets the same addresses.
+        """
+        hkey = self.handle_key(cid, ifname)
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt:
+                time.sleep(random.uniform(0, min(0.002 * attempt, 0.05)))  # spread racing writers
+            res = self.etcd.txn([], [op_get(hkey), op_get(self.affinity_prefix, prefix=True)])
+            existing, affs = res.responses
+            if existing:
+                return self._held(existing[0].json(), range_sets)
+            mine = [key_cidr(kv.key.rpartition("/")[2]) for kv in affs]
+            known = self._get_blocks(mine)
+            plan = _Plan(self, f"{cid}/{ifname}", known, block_sizes, strict_affinity)
+            out = [plan.take(idx, rs, _requested_in(rs, requested)) for idx, rs in enumerate(range_sets)]
+            handle = {"network": self.network, "containerID": cid, "ifname": ifname, "node": self.node,
+                      "ips": [f"{a.ip}/{a.range.subnet.prefixlen}" for a in out],
+                      "blocks": [str(b) for b in plan.touched]}
+            compare = [if_absent(hkey)]
+            success = [op_put(hkey, json.dumps(handle, separators=(",", ":")))]
+            failure = [op_get(hkey)]
+            for cidr in plan.touched:
+                b = plan.blocks[cidr]
+                key = self.block_key(cidr)
+                if b.mod_revision:
+                    compare.append(if_mod(key, b.mod_revision))
+                else:  # a claim: the block and its affinity must both be new
+                    compare.append(if_absent(key))
+                    compare.append(if_absent(self.affinity_key(cidr)))
+                    success.append(op_put(self.affinity_key(cidr), json.dumps(
+                        {"cidr": str(cidr), "node": self.node, "network": self.network}, separators=(",", ":"))))
+                success.append(op_put(key, b.to_json()))
+            done = self.etcd.txn(compare, success, failure)
+            if done.succeeded:
+                return out
+            if done.responses and done.responses[0]:  # the handle appeared meanwhile (our own earlier try)
+                return self._held(done.responses[0][0].json(), range_sets)
+        raise IpamError("contention", f"gave up after {MAX_ATTEMPTS} conflicting attempts",
+                        "other writers changed the same blocks each time; try again")
+
+    def _held(self, handle: dict[str, Any], range_sets: Sequence[RangeSet]) -> list[Assigned]:
+        out = []
+        for text in handle.get("ips", ()):
+            ip = ipaddress.ip_interface(text).ip
+            for rs in range_sets:
+                r = range_for(rs, ip)
+                if r is not None:
+                    out.append(Assigned(ip=ip, range=r))
+                    break
+        return out
+
+    # -- DEL / release --
+
+    def release(self, cid: str, ifname: str) -> list[str]:
+        """Free what the handle holds and delete it, in one transaction; [] when there is none."""
+        hkey = self.handle_key(cid, ifname)
+        hid = f"{cid}/{ifname}"
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt:
+                time.sleep(random.uniform(0, min(0.002 * attempt, 0.05)))
+            kv = self.etcd.get(hkey)
+            if kv is None:
+                return []
+            handle = kv.json()
+            cidrs = [ipaddress.ip_network(b) for b in handle.get("blocks", ())]
+            blocks = self._get_blocks(cidrs)
+            compare = [if_mod(hkey, kv.mod_revision)]
+            success = [op_delete(hkey)]
+            for cidr, b in blocks.items():
+                freed = [o for o, owner in b.allocations.items() if owner == hid]
+                if not freed:
+                    continue
+                for o in freed:
+                    del b.allocations[o]
+                compare.append(if_mod(self.block_key(cidr), b.mod_revision))
+                success.append(op_put(self.block_key(cidr), b.to_json()))
+            if self.etcd.txn(compare, success).succeeded:
+                return list(handle.get("ips", ()))
+        raise IpamError("contention", f"gave up releasing {hid} after {MAX_ATTEMPTS} conflicting attempts",
+                        "other writers changed the same blocks each time; try again")
+
+    def release_ip(self, ip: IPAddress, block: IPNetwork) -> str | None:
+        """Free one address (operator's release): drop it from its block and from its handle
+        (deleting a handle left with nothing), in one transaction. Returns the owner, None when free."""
+        bkey = self.block_key(block)
+        for _attempt in range(MAX_ATTEMPTS):
+            kv = self.etcd.get(bkey)
+            if kv is None:
+                return None
+            b = Block.from_json(kv.value, kv.mod_revision)
+            owner = b.allocations.pop(b.ordinal(ip), None)
+            if owner is None:
+                return None
+            compare = [if_mod(bkey, b.mod_revision)]
+            success = [op_put(bkey, b.to_json())]
+            cid, _, ifname = owner.partition("/")
+            hkey = self.handle_key(cid, ifname)
+            hkv = self.etcd.get(hkey)
+            compare.append(if_mod(hkey, hkv.mod_revision if hkv else 0))
+            if hkv is not None:
+                h = hkv.json()
+                h["ips"] = [t for t in h.get("ips", ()) if ipaddress.ip_interface(t).ip != ip]
+                if h["ips"]:
+                    success.append(op_put(hkey, json.dumps(h, separators=(",", ":"))))
+                else:
+                    success.append(op_delete(hkey))
+            if self.etcd.txn(compare, success).succeeded:
+                return owner
+        raise IpamError("contention", f"gave up releasing {ip} after {MAX_ATTEMPTS} conflicting attempts")
+
+    def gc(self, valid: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+        """Release this node's handles of this network that no valid attachment names."""
+        keep = set(valid)
+        gone = []
+        for h in self.handles():
+            if h.get("node") != self.node or (h.get("containerID"), h.get("ifname")) in keep:
+                continue
+            if self.release(h["containerID"], h["ifname"]):
+                gone.append(h)
+        return gone
+
+    # -- consistency --
+
+    def inconsistencies(self) -> list[dict[str, Any]]:
+        """Blocks vs handles vs affinities: every disagreement, as one JSON-able dict each."""
+        problems: list[dict[str, Any]] = []
+        handles = {f"{h['containerID']}/{h['ifname']}": h for h in self.handles()}
+        held: dict[str, set[IPAddress]] = {
+            hid: {ipaddress.ip_interface(t).ip for t in h.get("ips", ())} for hid, h in handles.items()}
+        taken: dict[IPAddress, str] = {}
+        for b in self.blocks():
+            aff = self.etcd.get(self.affinity_key(b.cidr, b.node)) if b.node else None
+            if aff is None:
+                problems.append({"problem": "block without affinity", "block": str(b.cidr), "node": b.node})
+            for o, owner in b.allocations.items():
+                ip = b.ip(o)
+                taken[ip] = owner
+                if owner not in handles:
+                    problems.append({"problem": "orphan allocation", "ip": str(ip), "block": str(b.cidr),
+                                     "handle": owner})
+                elif ip not in held[owner]:
+                    problems.append({"problem": "allocation not in its handle", "ip": str(ip),
+                                     "block": str(b.cidr), "handle": owner})
+        for hid, ips in held.items():
+            for ip in ips:
+                if taken.get(ip) != hid:
+                    problems.append({"problem": "handle address not allocated to it", "ip": str(ip),
+                                     "handle": hid, "allocatedTo": taken.get(ip)})
+        return problems
+
+
+def _requested_in(rs: RangeSet, requested: Sequence[IPAddress]) -> IPAddress | None:
+    for ip in requested:
+        if range_for(rs, ip) is not None:
+            return ip
+    return None
+
+
+class _Plan:
+    """The blocks one ADD attempt reads and changes, before its transaction."""
+
+    def __init__(self, store: ClusterStore, hid: str, known: dict[IPNetwork, Block],
+                 block_sizes: tuple[int, int], strict: bool) -> None:
+        self.store = store
+        self.hid = hid
+        self.blocks = dict(known)
+        self.mine = sorted(known, key=lambda c: (c.version, int(c.network_address)))
+        self.sizes = block_sizes
+        self.strict = strict
+        self.touched: list[IPNetwork] = []
+        self._all_keys: set[str] | None = None
+        self._everything: list[Block] | None = None
+
+    def _size(self, rs: RangeSet) -> int:
+        return self.sizes[0] if rs[0].version == 4 else self.sizes[1]
+
+    def _take(self, b: Block, o: int, r: Range) -> Assigned:
+        b.allocations[o] = self.hid
+        b.next = o + 1
+        if b.cidr not in self.touched:
+            self.touched.append(b.cidr)
+        return Assigned(ip=b.ip(o), range=r)
+
+    def take(self, idx: int, rs: RangeSet, want: IPAddress | None) -> Assigned:
+        store = self.store
+        size = self._size(rs)
+        if want is not None:
+            found = block_for(rs, size, want)
+            assert found is not None
+            cidr, r = found
+            if r.is_reserved(int(want)):
+                raise IpamError("requested", f"requested IP {want} is reserved (gateway, network or broadcast)")
+            b = self.blocks.get(cidr)
+            if b is None:
+                kv = store.etcd.get(store.block_key(cidr))
+                b = Block.from_json(kv.value, kv.mod_revision) if kv else Block(cidr=cidr, node=store.node)
+                self.blocks[cidr] = b
+            o = b.ordinal(want)
+            if o in b.allocations:
+                raise IpamError("requested", f"requested IP address {want} is not available",
+                                f"held by {b.allocations[o]}")
+            return self._take(b, o, r)
+        # 1. this node's blocks
+        for cidr in self.mine:
+            rr = _range_of_block(rs, cidr)
+            if rr is None:
+                continue
+            oo = free_ordinal(self.blocks[cidr], rr)
+            if oo is not None:
+                return self._take(self.blocks[cidr], oo, rr)
+        # 2. claim a free block
+        if self._all_keys is None:
+            kvs, _rev = store.etcd.range(store.blocks_prefix, prefix=True, keys_only=True)
+            self._all_keys = {kv.key for kv in kvs}
+        for cidr, r in blocks_of(rs, size):
+            if store.block_key(cidr) in self._all_keys or cidr in self.blocks:
+                continue
+            b = Block(cidr=cidr, node=store.node)
+            oo = free_ordinal(b, r)
+            if oo is None:
+                continue
+            self.blocks[cidr] = b
+            self.mine.append(cidr)
+            return self._take(b, oo, r)
+        if self.strict:
+            raise IpamError("strict", f"no free block left for node {store.node} in range set {idx}, and "
+                            "strictAffinity forbids borrowing",
+                            "every block is claimed by a node and this node's blocks are full; add ranges, "
+                            "free addresses, or set strictAffinity false to borrow from other nodes' blocks")
+        # 3. borrow from another node's block
+        if self._everything is None:
+            self._everything = store.blocks()
+        for other in self._everything:
+            rr = _range_of_block(rs, other.cidr)
+            if rr is None or other.node == store.node:
+                continue
+            b = self.blocks.setdefault(other.cidr, other)
+            oo = free_ordinal(b, rr)
+            if oo is not None:
+                return self._take(b, oo, rr)
+        raise IpamError("exhausted", f"no IP addresses available in range set {idx}",
+                        "every block is full; free some (DEL, GC, `pycni ipam release`) or add a range")
+
+def _range_of_block(rs: RangeSet, cidr: IPNetwork) -> Range | None:
+    for r in rs:
+        if r.version == cidr.version and cidr.subnet_of(r.subnet):  # type: ignore[arg-type]
+            return r
+    return None
