@@ -63,23 +63,24 @@ class Node:
     def log_text(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
 
-    def conf(self) -> dict[str, Any]:
-        ranges = [[{"subnet": SUBNET_V4}]] + ([[{"subnet": SUBNET_V6}]] if self.env.dual else [])
-        return {"cniVersion": "1.1.0", "name": "podnet", "type": "routed", "mtu": self.env.pod_mtu,
+    def conf(self, network: str = "podnet", subnet: str = SUBNET_V4, block: int = 26) -> dict[str, Any]:
+        ranges = [[{"subnet": subnet}]] + ([[{"subnet": SUBNET_V6}]] if self.env.dual else [])
+        return {"cniVersion": "1.1.0", "name": network, "type": "routed", "mtu": self.env.pod_mtu,
                 "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.env.cluster.endpoints,
                          "etcdPrefix": self.env.prefix, "nodeName": self.name, "ranges": ranges,
-                         "etcdTimeout": 10}}
+                         "blockSize": block, "etcdTimeout": 10}}
 
-    def add_pod(self, name: str) -> dict[str, Any]:
+    def add_pod(self, name: str, conf: dict[str, Any] | None = None) -> dict[str, Any]:
         ns = new_namespace("pycni-t")
         self.env.namespaces.append(ns)
-        result = ok(call(routed.PLUGIN, self.ns, "ADD", self.conf(), ns, self.env.plugin_dir, container_id=name))
+        result = ok(call(routed.PLUGIN, self.ns, "ADD", conf or self.conf(), ns, self.env.plugin_dir,
+                         container_id=name))
         self.pods[name] = (ns, result)
         return result
 
-    def del_pod(self, name: str) -> None:
+    def del_pod(self, name: str, conf: dict[str, Any] | None = None) -> None:
         ns, _ = self.pods.pop(name)
-        ok(call(routed.PLUGIN, self.ns, "DEL", self.conf(), ns, self.env.plugin_dir, container_id=name))
+        ok(call(routed.PLUGIN, self.ns, "DEL", conf or self.conf(), ns, self.env.plugin_dir, container_id=name))
 
     def routes(self) -> str:
         out = self.ns.run(["ip", "-4", "route", "show", "proto", str(RTPROT_PYCNI)]).stdout
@@ -107,7 +108,7 @@ class Env:
         return [(n, name, ns, r) for n in self.nodes for name, (ns, r) in n.pods.items()]
 
     def expected_routes(self, node: Node) -> int:
-        """Blocks of the other nodes, as etcd says (what ``node``'s agent must route)."""
+        """Blocks of the other nodes, as etcd says (what ``node``'s agent must route; no borrowing)."""
         with self.cluster.client() as etcd:
             kvs, _ = etcd.get_prefix(f"{self.prefix}/ipam/affinity/")
         return sum(1 for kv in kvs if kv.json()["node"] != node.name)
@@ -277,6 +278,18 @@ def test_vxlan_mode(cluster: EtcdCluster, tmp_path: Path, plugin_dir: str) -> No
         next(iter(n1.pods.values()))[0].run(["ping", "-c", "3", "-i", "0.2", target])
         assert _udp_in(n2.ns) >= udp_before + 3
         print("\n" + _iperf(env, n1, n3))
+
+        # A pool of two blocks for three nodes: node3 must borrow an address from a block another
+        # node owns; the agents route that one address (a /32) to node3, ahead of the block.
+        tiny = [n.add_pod(f"{n.name}-tiny", n.conf("tinynet", "10.91.0.0/26", 27)) for n in env.nodes]
+        borrowed = _addr(tiny[2], 4)
+        env.wait(lambda: f"{borrowed} via {n3.etcd.ip}" in n1.routes() and f"{borrowed} via {n3.etcd.ip}"
+                 in n2.routes(), "the borrowed address routed to node3")
+        n1.pods[f"{n1.name}-tiny"][0].run(["ping", "-c", "1", "-W", "3", borrowed])
+        n2.pods[f"{n2.name}-tiny"][0].run(["ping", "-c", "1", "-W", "3", borrowed])
+        n3.pods[f"{n3.name}-tiny"][0].run(["ping", "-c", "1", "-W", "3", _addr(tiny[0], 4)])
+        n3.del_pod(f"{n3.name}-tiny", n3.conf("tinynet", "10.91.0.0/26", 27))
+        env.wait(lambda: f"{borrowed} via" not in n1.routes(), "the borrowed address's route gone with its pod")
         # a restart changes nothing that is right
         n1.stop_agent(signal.SIGKILL)
         n1.start_agent()

@@ -108,6 +108,7 @@ class ClusterView:
         self.prefix = prefix.rstrip("/")
         self.nodes: dict[str, NodeInfo] = {}
         self.affinity: dict[str, tuple[str, str]] = {}  # affinity key -> (block CIDR, node)
+        self.handles: dict[str, tuple[str, list[str]]] = {}  # handle key -> (node, addresses)
 
     @property
     def nodes_prefix(self) -> str:
@@ -117,16 +118,20 @@ class ClusterView:
     def affinity_prefix(self) -> str:
         return f"{self.prefix}/ipam/affinity/"
 
+    @property
+    def handles_prefix(self) -> str:
+        return f"{self.prefix}/ipam/handles/"
+
     def load(self, etcd: Etcd) -> int:
-        """A full read of both prefixes at one revision; returns it."""
+        """A full read of the three prefixes at one revision; returns it."""
         from pycni.cluster.etcd import op_get
 
-        res = etcd.txn([], [op_get(self.nodes_prefix, prefix=True), op_get(self.affinity_prefix, prefix=True)])
-        self.nodes, self.affinity = {}, {}
-        for kv in res.responses[0]:
-            self.put(kv.key, kv.value)
-        for kv in res.responses[1]:
-            self.put(kv.key, kv.value)
+        res = etcd.txn([], [op_get(p, prefix=True)
+                            for p in (self.nodes_prefix, self.affinity_prefix, self.handles_prefix)])
+        self.nodes, self.affinity, self.handles = {}, {}, {}
+        for kvs in res.responses:
+            for kv in kvs:
+                self.put(kv.key, kv.value)
         return res.revision
 
     def put(self, key: str, value: str) -> bool:
@@ -146,6 +151,13 @@ class ClusterView:
             else:
                 self.affinity[key] = parsed
             return True
+        if key.startswith(self.handles_prefix):
+            held = _handle(value)
+            if held is None:
+                self.handles.pop(key, None)
+            else:
+                self.handles[key] = held
+            return True
         return False
 
     def delete(self, key: str) -> bool:
@@ -154,6 +166,9 @@ class ClusterView:
             return True
         if key.startswith(self.affinity_prefix):
             self.affinity.pop(key, None)
+            return True
+        if key.startswith(self.handles_prefix):
+            self.handles.pop(key, None)
             return True
         return False
 
@@ -182,32 +197,57 @@ def _affinity(rest: str, value: str) -> tuple[str, str] | None:
         return None
 
 
+def _handle(value: str) -> tuple[str, list[str]] | None:
+    """(node, addresses) of a cluster-ipam handle."""
+    try:
+        obj = json.loads(value)
+        return str(obj["node"]), [str(ipaddress.ip_interface(t).ip) for t in obj.get("ips", ())]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def plan(view: ClusterView, me: str, mode: str, device: str) -> Plan:
-    """The kernel state etcd asks of node ``me``: every other registered node's blocks."""
+    """The kernel state etcd asks of node ``me``: every other registered node's blocks, and a
+    host route for each address a node borrowed from a block it does not own."""
     out = Plan()
-    for cidr, owner in sorted(view.blocks().items()):
-        if owner == me:
-            continue  # our own pods have their /32 routes from the plugin
-        info = view.nodes.get(owner)
-        if info is None:
-            out.skipped.append(f"{cidr}: node {owner} is not registered")
-            continue
-        version = ipaddress.ip_network(cidr).version
-        if mode == "vxlan":
-            vtep = info.underlay(4)
-            if version != 4 or not vtep or not info.vtep_mac:
-                out.skipped.append(f"{cidr}: vxlan mode carries IPv4 blocks to nodes with a VTEP "
-                                   f"(node {owner}: {info.underlay_ips}, VTEP MAC {info.vtep_mac or 'none'})")
+    blocks = view.blocks()
+    for cidr, owner in sorted(blocks.items()):
+        if owner != me:  # our own pods have their /32 routes from the plugin
+            _route_to(out, view, cidr, owner, mode, device)
+    if view.handles:
+        nets = [(ipaddress.ip_network(c), o) for c, o in blocks.items()]
+        for node, ips in sorted(view.handles.values()):
+            if node == me:
                 continue
-            out.routes[cidr] = Hop(gw=vtep, dev=device, node=owner)
-            out.peers[owner] = info
-        else:
-            gw = info.underlay(version)
-            if not gw:
-                out.skipped.append(f"{cidr}: node {owner} registered no IPv{version} underlay address")
-                continue
-            out.routes[cidr] = Hop(gw=gw, node=owner)
+            for ip in ips:
+                a = ipaddress.ip_address(ip)
+                holder = next((o for n, o in nets if n.version == a.version and a in n), None)
+                if holder is not None and holder != node:
+                    _route_to(out, view, f"{ip}/{a.max_prefixlen}", node, mode, device)
     return out
+
+
+def _route_to(out: Plan, view: ClusterView, cidr: str, node: str, mode: str, device: str) -> None:
+    """Add the route to ``cidr`` on ``node`` to the plan (or say why there can be none)."""
+    info = view.nodes.get(node)
+    if info is None:
+        out.skipped.append(f"{cidr}: node {node} is not registered")
+        return
+    version = ipaddress.ip_network(cidr).version
+    if mode == "vxlan":
+        vtep = info.underlay(4)
+        if version != 4 or not vtep or not info.vtep_mac:
+            out.skipped.append(f"{cidr}: vxlan mode carries IPv4 to nodes with a VTEP "
+                               f"(node {node}: {info.underlay_ips}, VTEP MAC {info.vtep_mac or 'none'})")
+            return
+        out.routes[cidr] = Hop(gw=vtep, dev=device, node=node)
+        out.peers[node] = info
+    else:
+        gw = info.underlay(version)
+        if not gw:
+            out.skipped.append(f"{cidr}: node {node} registered no IPv{version} underlay address")
+            return
+        out.routes[cidr] = Hop(gw=gw, node=node)
 
 
 # ---- the kernel ---------------------------------------------------------------------------------
@@ -346,6 +386,7 @@ class Agent:
         self.lease = 0
         self.mac = vtep_mac(opts.name) if opts.mode == "vxlan" else ""
         self.device = opts.device if opts.mode == "vxlan" else ""
+        self.applied: Plan | None = None
 
     def log(self, msg: str) -> None:
         self.out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pycni node {self.opts.name}: {msg}\n")
@@ -398,14 +439,20 @@ class Agent:
         self.register(etcd)
 
     def sync(self, etcd: Etcd) -> int:
-        """A full read, then converge; returns the revision read."""
+        """A full read, then converge (the kernel is read whatever the last plan was); returns
+        the revision read."""
         rev = self.view.load(etcd)
-        self.apply()
+        self.apply(force=True)
         return rev
 
-    def apply(self) -> None:
+    def apply(self, force: bool = False) -> None:
+        """Converge to the current view; without ``force`` only when the plan changed (most
+        events — a pod's handle — change nothing the kernel holds)."""
         want = plan(self.view, self.opts.name, self.opts.mode, self.device)
+        if not force and want == self.applied:
+            return
         converge(want, self.device, self.log)
+        self.applied = want
 
     def run(self) -> int:
         """Until SIGTERM/SIGINT: register, then resync and watch, resyncing after any interruption."""
@@ -458,14 +505,16 @@ class Agent:
                 if now >= next_resync:
                     return  # the caller reads everything again
                 batch = w.next(timeout=min(1.0, max(0.05, next_keepalive - now)))
-                if batch is None:
-                    continue
                 touched = False
-                for ev in batch.events:
-                    if ev.type == "DELETE":
-                        touched |= self.view.delete(ev.kv.key)
-                    else:
-                        touched |= self.view.put(ev.kv.key, ev.kv.value)
+                drain_until = time.monotonic() + 0.05
+                while batch is not None:
+                    for ev in batch.events:
+                        if ev.type == "DELETE":
+                            touched |= self.view.delete(ev.kv.key)
+                        else:
+                            touched |= self.view.put(ev.kv.key, ev.kv.value)
+                    # take what is already queued before converging: a burst of claims is one pass
+                    batch = w.next(timeout=0.002) if time.monotonic() < drain_until else None
                 if touched:
                     self.apply()
 
