@@ -30,7 +30,7 @@ from pycni.record import field, record
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
     from typing import Any
 
 DEFAULT_PREFIX = "/pycni"
@@ -113,20 +113,18 @@ def free_ordinal(block: Block, r: Range) -> int | None:
     return None
 
 
-def blocks_of(rs: RangeSet, prefixlen: int) -> list[tuple[IPNetwork, Range]]:
-    """Every block of the range set's subnets that holds an allocatable address, in order."""
-    out: list[tuple[IPNetwork, Range]] = []
+def blocks_of(rs: RangeSet, prefixlen: int) -> Iterator[tuple[IPNetwork, Range]]:
+    """The blocks of the range set's subnets that overlap rangeStart..rangeEnd, in order (lazily:
+    an IPv6 /64 holds 2**58 blocks of /122)."""
     for r in rs:
         plen = max(prefixlen, r.subnet.prefixlen)
         size = 1 << (r.subnet.max_prefixlen - plen)
         first = int(r.subnet.network_address)
-        start = first + ((r.start_int - first) // size) * size
+        value = first + ((r.start_int - first) // size) * size
         cls = ipaddress.IPv4Network if r.version == 4 else ipaddress.IPv6Network
-        value = start
         while value <= r.end_int:
-            out.append((cls((value, plen)), r))
+            yield cls((value, plen)), r
             value += size
-    return out
 
 
 def block_for(rs: RangeSet, prefixlen: int, ip: IPAddress) -> tuple[IPNetwork, Range] | None:

@@ -100,14 +100,18 @@ def parse_conf_dict(conf: Mapping[str, Any], cni_args: str = "", *, need_ranges:
     node = netconf.get_str(ipam, "nodeName", label="ipam.nodeName") or socket.gethostname()
     if "/" in node or not node:
         raise _bad("invalid ipam.nodeName", f"{node!r}: a node name must be non-empty and hold no '/'")
+    # blockSize is the IPv4 block prefix (20..32); a value only IPv6 can have (116..128) sets the
+    # IPv6 one instead, unless blockSizeV6 does.
     v4 = DEFAULT_BLOCK_V4
-    v6 = netconf.get_int(ipam, "blockSizeV6", DEFAULT_BLOCK_V6, minimum=64, maximum=128, label="ipam.blockSizeV6")
-    if ipam.get("blockSize") is not None:
-        bs = netconf.get_int(ipam, "blockSize", minimum=8, maximum=128, label="ipam.blockSize")
-        if bs <= 32:
-            v4 = bs
-        elif "blockSizeV6" not in ipam:
-            v6 = bs  # a size only IPv6 can have: the IPv6 block size
+    v6 = netconf.get_int(ipam, "blockSizeV6", DEFAULT_BLOCK_V6, minimum=116, maximum=128, label="ipam.blockSizeV6")
+    bs = netconf.get_int(ipam, "blockSize", DEFAULT_BLOCK_V4, label="ipam.blockSize")
+    if 20 <= bs <= 32:
+        v4 = bs
+    elif 116 <= bs <= 128 and "blockSizeV6" not in ipam:
+        v6 = bs
+    else:
+        raise netconf.invalid("ipam.blockSize", "a prefix length from 20 to 32 (IPv4 blocks), or 116 to 128 "
+                              "(IPv6 blocks, when blockSizeV6 is not set)", bs)
     strict = netconf.get_bool(ipam, "strictAffinity", label="ipam.strictAffinity")
     timeout = ipam.get("etcdTimeout", DEFAULT_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 300:
