@@ -193,7 +193,7 @@ def test_kill9_during_add_then_del_or_gc_leaves_nothing(up: EtcdCluster, bin_dir
                                                             [{"subnet": "fd91::/64"}]]))
     rng = random.Random(14)
     finished = 0
-    for i in range(12):
+    for i in range(16):
         env = cni_env("ADD", None, bin_dir, container_id=f"crash-{i}")
         env["CNI_NETNS"] = "/var/run/netns/none"
         proc = subprocess.Popen(["ip", "netns", "exec", node.ns.name, os.path.join(bin_dir, "cluster-ipam")],
@@ -201,13 +201,13 @@ def test_kill9_during_add_then_del_or_gc_leaves_nothing(up: EtcdCluster, bin_dir
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(conf).encode())
         proc.stdin.close()
-        time.sleep(rng.uniform(0.0, 0.3))  # somewhere in start-up, the reads, the txn, or after
+        time.sleep(rng.uniform(0.02, 0.12))  # somewhere in start-up, the reads, the txn, or after
         proc.kill()
         proc.wait()
         finished += proc.returncode == 0
         if i % 2 == 0:  # the runtime's DEL after a failed ADD
             ok(run(bin_dir, node, "cluster-ipam", "DEL", conf, f"crash-{i}"))
-    print(f"{finished} of 12 ADDs completed before SIGKILL")
+    print(f"{finished} of 16 ADDs completed before SIGKILL")
     # the odd ones were forgotten by the runtime: GC with an empty valid list releases them
     ok(run(bin_dir, node, "cluster-ipam", "GC", dict(conf, **{"cni.dev/valid-attachments": []}), ""))
     s = store(cluster, network, node.name)

@@ -89,7 +89,7 @@ def test_version_imports_no_netlink(plugin: str, shims: str, baseline: set[str],
     assert _heavy(mods - baseline, NEVER_ON_VERSION) == []
 
 
-@pytest.mark.parametrize("plugin", ["host-local", "static"])
+@pytest.mark.parametrize("plugin", ["host-local", "static", "cluster-ipam"])
 def test_version_of_stdlib_ipam_is_stdlib_only(plugin: str, shims: str, baseline: set[str], tmp_path: Path) -> None:
     mods = _modules(os.path.join(shims, plugin), {"CNI_COMMAND": "VERSION"}, b'{"cniVersion": "1.0.0"}', tmp_path)
     assert _heavy(mods - baseline) == []

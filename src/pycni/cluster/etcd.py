@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import binascii
 import json
-import socket
 import time
 
 from pycni.record import field, record
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    import socket
     import ssl
     from collections.abc import Callable, Iterator, Sequence
     from types import TracebackType
@@ -206,10 +206,14 @@ def op_delete(key: str, prefix: bool = False) -> dict[str, Any]:
     return {"request_delete_range": req}
 
 
-def op_get(key: str, prefix: bool = False) -> dict[str, Any]:
-    req = {"key": _b64(key)}
+def op_get(key: str, prefix: bool = False, serializable: bool = False) -> dict[str, Any]:
+    """Read a key (or a prefix). A txn whose ops are all serializable gets is answered by the member
+    itself, without a round to the leader: fast, maybe stale (guard writes based on it with compares)."""
+    req: dict[str, Any] = {"key": _b64(key)}
     if prefix:
         req["range_end"] = prefix_end(key)
+    if serializable:
+        req["serializable"] = True
     return {"request_range": req}
 
 
@@ -241,7 +245,11 @@ def _split_url(url: str) -> tuple[bool, str, int]:
 
 
 def _default_connect(host: str, port: int, timeout: float) -> socket.socket:
-    return socket.create_connection((host, port), timeout=timeout)
+    import socket  # here, not at the top: VERSION (and a bad config) never pay for it
+
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # one small request, answered at once
+    return sock
 
 
 class _Conn:
@@ -489,8 +497,8 @@ class Etcd:
         obj = self.call("/v3/kv/range", req)
         return [_kv(k) for k in obj.get("kvs", ())], _revision(obj)
 
-    def get(self, key: str) -> KV | None:
-        kvs, _rev = self.range(key)
+    def get(self, key: str, serializable: bool = False) -> KV | None:
+        kvs, _rev = self.range(key, serializable=serializable)
         return kvs[0] if kvs else None
 
     def get_prefix(self, prefix: str) -> tuple[list[KV], int]:

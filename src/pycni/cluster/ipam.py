@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import random
+import os
 import time
 
 from pycni.cluster.etcd import Etcd, if_absent, if_mod, op_delete, op_get, op_put
@@ -155,6 +155,7 @@ class ClusterStore:
         self.blocks_prefix = f"{p}/ipam/blocks/{network}/"
         self.handles_prefix = f"{p}/ipam/handles/{network}/"
         self.affinity_prefix = f"{p}/ipam/affinity/{node}/{network}/"
+        self.lost_races = 0  # transactions that lost to a concurrent writer and were retried
 
     # -- keys --
 
@@ -181,10 +182,10 @@ class ClusterStore:
         kvs, _rev = self.etcd.get_prefix(self.blocks_prefix)
         return [Block.from_json(kv.value, kv.mod_revision) for kv in kvs]
 
-    def _get_blocks(self, cidrs: Sequence[IPNetwork]) -> dict[IPNetwork, Block]:
+    def _get_blocks(self, cidrs: Sequence[IPNetwork], serializable: bool = False) -> dict[IPNetwork, Block]:
         if not cidrs:
             return {}
-        res = self.etcd.txn([], [op_get(self.block_key(c)) for c in cidrs])
+        res = self.etcd.txn([], [op_get(self.block_key(c), serializable=serializable) for c in cidrs])
         out = {}
         for kvs in res.responses:
             for kv in kvs:
@@ -205,13 +206,19 @@ class ClusterStore:
         hkey = self.handle_key(cid, ifname)
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
-                time.sleep(random.uniform(0, min(0.002 * attempt, 0.05)))  # spread racing writers
-            res = self.etcd.txn([], [op_get(hkey), op_get(self.affinity_prefix, prefix=True)])
+                _pause(attempt)  # spread racing writers
+            # The first try reads from the member at hand (serializable: no round to the leader); a
+            # stale view only costs a lost compare, and a retry reads linearizably.
+            fast = attempt == 0
+            res = self.etcd.txn([], [op_get(hkey, serializable=fast),
+                                     op_get(self.affinity_prefix, prefix=True, serializable=fast)])
             existing, affs = res.responses
             if existing:
-                return self._held(existing[0].json(), range_sets)
+                kv = existing[0] if not fast else self.etcd.get(hkey)  # a handle seen stale may be gone
+                if kv is not None:
+                    return self._held(kv.json(), range_sets)
             mine = [key_cidr(kv.key.rpartition("/")[2]) for kv in affs]
-            known = self._get_blocks(mine)
+            known = self._get_blocks(mine, fast)
             plan = _Plan(self, f"{cid}/{ifname}", known, block_sizes, strict_affinity)
             out = [plan.take(idx, rs, _requested_in(rs, requested)) for idx, rs in enumerate(range_sets)]
             handle = {"network": self.network, "containerID": cid, "ifname": ifname, "node": self.node,
@@ -236,6 +243,7 @@ class ClusterStore:
                 return out
             if done.responses and done.responses[0]:  # the handle appeared meanwhile (our own earlier try)
                 return self._held(done.responses[0][0].json(), range_sets)
+            self.lost_races += 1
         raise IpamError("contention", f"gave up after {MAX_ATTEMPTS} conflicting attempts",
                         "other writers changed the same blocks each time; try again")
 
@@ -258,13 +266,16 @@ class ClusterStore:
         hid = f"{cid}/{ifname}"
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
-                time.sleep(random.uniform(0, min(0.002 * attempt, 0.05)))
-            kv = self.etcd.get(hkey)
+                _pause(attempt)
+            fast = attempt == 0  # serializable first (see assign); "no handle" is confirmed linearizably
+            kv = self.etcd.get(hkey, serializable=fast)
+            if kv is None and fast:
+                kv = self.etcd.get(hkey)
             if kv is None:
                 return []
             handle = kv.json()
             cidrs = [ipaddress.ip_network(b) for b in handle.get("blocks", ())]
-            blocks = self._get_blocks(cidrs)
+            blocks = self._get_blocks(cidrs, fast)
             compare = [if_mod(hkey, kv.mod_revision)]
             success = [op_delete(hkey)]
             for cidr, b in blocks.items():
@@ -277,6 +288,7 @@ class ClusterStore:
                 success.append(op_put(self.block_key(cidr), b.to_json()))
             if self.etcd.txn(compare, success).succeeded:
                 return list(handle.get("ips", ()))
+            self.lost_races += 1
         raise IpamError("contention", f"gave up releasing {hid} after {MAX_ATTEMPTS} conflicting attempts",
                         "other writers changed the same blocks each time; try again")
 
@@ -348,6 +360,11 @@ class ClusterStore:
                     problems.append({"problem": "handle address not allocated to it", "ip": str(ip),
                                      "handle": hid, "allocatedTo": taken.get(ip)})
         return problems
+
+
+def _pause(attempt: int) -> None:
+    """A random pause growing with the attempt (os.urandom: :mod:`random` costs a one-shot plugin ~5 ms)."""
+    time.sleep(min(0.002 * attempt, 0.05) * int.from_bytes(os.urandom(2), "big") / 65535)
 
 
 def _requested_in(rs: RangeSet, requested: Sequence[IPAddress]) -> IPAddress | None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import errno
 import ipaddress
 
-from pycni.net.link import INTERNAL, is_netlink_error, netlink_errno, require_index, rtnl
+from pycni.net.errors import kernel_errors
+from pycni.net.link import require_index, rtnl
 from pycni.net.nl import AF_BRIDGE, AF_INET, AF_INET6, NTF_SELF, NUD_PERMANENT
 from pycni.record import record
 from pycni.spec.errors import CNIError
@@ -30,21 +31,13 @@ class Neighbour:
     flags: int = 0
 
 
-def _refused(what: str, e: BaseException) -> CNIError:
-    return CNIError(INTERNAL, f"failed to {what}", str(e))
-
-
 def set_neighbour(dev: str | int, ip: str, mac: str) -> None:
     """A permanent ``ip`` -> ``mac`` entry on ``dev``, replacing whatever was there."""
     fam = AF_INET6 if ipaddress.ip_address(ip).version == 6 else AF_INET
     with rtnl() as sock:
         index = require_index(sock, dev)
-        try:
+        with kernel_errors(f"failed to set neighbour {ip} lladdr {mac} on {dev!r}"):
             sock.neigh("replace", ifindex=index, dst=ip, lladdr=mac, family=fam, state=NUD_PERMANENT)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            raise _refused(f"set neighbour {ip} lladdr {mac} on {dev!r}", e) from None
 
 
 def del_neighbour(dev: str | int, ip: str) -> bool:
@@ -53,29 +46,20 @@ def del_neighbour(dev: str | int, ip: str) -> bool:
     with rtnl() as sock:
         try:
             index = require_index(sock, dev)
-            sock.neigh("del", ifindex=index, dst=ip, family=fam)
         except CNIError:
             return False
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            if netlink_errno(e) in _GONE:
-                return False
-            raise _refused(f"delete neighbour {ip} on {dev!r}", e) from None
-        return True
+        with kernel_errors(f"failed to delete neighbour {ip} on {dev!r}", ignore=_GONE) as refused:
+            sock.neigh("del", ifindex=index, dst=ip, family=fam)
+        return refused.ignored is None
 
 
 def set_fdb(dev: str | int, mac: str, remote: str) -> None:
     """``bridge fdb replace MAC dev DEV dst REMOTE self permanent``: frames for ``mac`` go to ``remote``."""
     with rtnl() as sock:
         index = require_index(sock, dev)
-        try:
+        with kernel_errors(f"failed to set fdb entry {mac} dst {remote} on {dev!r}"):
             sock.neigh("replace", ifindex=index, lladdr=mac, dst=remote, family=AF_BRIDGE, state=NUD_PERMANENT,
                        flags=NTF_SELF)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            raise _refused(f"set fdb entry {mac} dst {remote} on {dev!r}", e) from None
 
 
 def del_fdb(dev: str | int, mac: str, remote: str) -> bool:
@@ -83,16 +67,11 @@ def del_fdb(dev: str | int, mac: str, remote: str) -> bool:
     with rtnl() as sock:
         try:
             index = require_index(sock, dev)
-            sock.neigh("del", ifindex=index, lladdr=mac, dst=remote, family=AF_BRIDGE, flags=NTF_SELF)
         except CNIError:
             return False
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            if netlink_errno(e) in _GONE:
-                return False
-            raise _refused(f"delete fdb entry {mac} on {dev!r}", e) from None
-        return True
+        with kernel_errors(f"failed to delete fdb entry {mac} on {dev!r}", ignore=_GONE) as refused:
+            sock.neigh("del", ifindex=index, lladdr=mac, dst=remote, family=AF_BRIDGE, flags=NTF_SELF)
+        return refused.ignored is None
 
 
 def list_neighbours(dev: str | int, *, fdb: bool = False) -> list[Neighbour]:

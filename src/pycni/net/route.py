@@ -10,7 +10,8 @@ from __future__ import annotations
 import errno
 import ipaddress
 
-from pycni.net.link import INTERNAL, is_netlink_error, netlink_errno, require_index, rtnl
+from pycni.net.errors import kernel_errors
+from pycni.net.link import require_index, rtnl
 from pycni.net.nl import AF_INET, AF_INET6
 from pycni.record import record
 from pycni.spec.errors import CNIError
@@ -130,14 +131,8 @@ def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
             kw["prefsrc"] = str(src)
         if onlink:
             kw["flags"] = RTNH_F_ONLINK
-        try:
+        with kernel_errors(f"failed to add route '{_describe(kw, dev)}'", ignore=(errno.EEXIST,) if exist_ok else ()):
             sock.route("replace" if replace else "add", **kw)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            if exist_ok and netlink_errno(e) == errno.EEXIST:
-                return
-            raise CNIError(INTERNAL, f"failed to add route '{_describe(kw, dev)}'", str(e)) from None
 
 
 def replace_route(dst: IPNetwork | str, **kw: Any) -> None:
@@ -156,15 +151,10 @@ def del_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
         except CNIError:
             return False
         kw = _spec(dst, gw, oif, table, priority, scope, proto=proto)
-        try:
+        with kernel_errors(f"failed to delete route '{_describe(kw, dev)}'",
+                           ignore=(errno.ESRCH, errno.ENOENT, errno.ENODEV)) as refused:
             sock.route("del", **kw)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            if netlink_errno(e) in (errno.ESRCH, errno.ENOENT, errno.ENODEV):
-                return False
-            raise CNIError(INTERNAL, f"failed to delete route '{_describe(kw, dev)}'", str(e)) from None
-        return True
+        return refused.ignored is None
 
 
 def list_routes(family: int | None = None, *, table: int | None = RT_TABLE_MAIN,

@@ -13,13 +13,12 @@ import errno
 import os
 
 from pycni.net import netns
+from pycni.net.errors import kernel_errors
 from pycni.net.link import (
     INTERNAL,
     Link,
     delete_link_quietly,
-    is_netlink_error,
     lookup_msg,
-    netlink_errno,
     rtnl,
     setlink,
 )
@@ -100,20 +99,16 @@ def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, h
     for _ in range(MAX_NAME_TRIES):
         host = host_name or random_veth_name()
         with rtnl() as sock:
-            try:
+            with kernel_errors("failed to make veth pair", ignore=(errno.EEXIST,)) as refused:
                 _create(sock, host, ifname, target, mtu, mac, up=master is None, host_mac=host_mac)
-            except Exception as e:
-                if not is_netlink_error(e):
-                    raise
-                if netlink_errno(e) == errno.EEXIST:
-                    if not host_name and lookup_msg(sock, host) is not None and not _container_has(
-                            container_netns, ifname):
-                        continue  # our random host name was taken: pick another
-                    raise CNIError(INTERNAL,
-                                   f"container veth name ({ifname!r}) peer provided ({host!r}) already exists",
-                                   f"an interface named {ifname!r} already exists in {container_netns} "
-                                   f"(or {host!r} in the host); choose another CNI_IFNAME") from None
-                raise CNIError(INTERNAL, "failed to make veth pair", str(e)) from None
+            if refused.ignored is not None:
+                if not host_name and lookup_msg(sock, host) is not None and not _container_has(
+                        container_netns, ifname):
+                    continue  # our random host name was taken: pick another
+                raise CNIError(INTERNAL,
+                               f"container veth name ({ifname!r}) peer provided ({host!r}) already exists",
+                               f"an interface named {ifname!r} already exists in {container_netns} "
+                               f"(or {host!r} in the host); choose another CNI_IFNAME")
         try:
             if master is not None:
                 _enslave(host, master)

@@ -8,11 +8,9 @@ restarted agent keeps the device (and the traffic through it) as it was.
 
 from __future__ import annotations
 
-import errno
-
-from pycni.net.link import INTERNAL, Link, is_netlink_error, lookup_msg, netlink_errno, rtnl
+from pycni.net.errors import kernel_errors
+from pycni.net.link import Link, lookup_msg, rtnl
 from pycni.record import record
-from pycni.spec.errors import CNIError
 
 VXLAN_OVERHEAD_V4 = 50  # outer IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14)
 
@@ -50,7 +48,8 @@ def ensure_vxlan(spec: VxlanSpec) -> tuple[Link, bool]:
         msg = lookup_msg(sock, spec.name)
         made = False
         if msg is not None and not _matches(msg, spec):
-            sock.link("del", index=int(msg["index"]))
+            with kernel_errors(f"failed to replace {spec.name!r} (not the vxlan device asked for)"):
+                sock.link("del", index=int(msg["index"]))
             msg = None
         if msg is None:
             kw: dict[str, object] = {"ifname": spec.name, "kind": "vxlan", "vxlan_id": spec.vni,
@@ -61,13 +60,8 @@ def ensure_vxlan(spec: VxlanSpec) -> tuple[Link, bool]:
                 kw["mtu"] = spec.mtu
             if spec.mac:
                 kw["address"] = spec.mac
-            try:
+            with kernel_errors(f"failed to create vxlan device {spec.name!r} (is the vxlan module there?)"):
                 sock.link("add", **kw)
-            except Exception as e:
-                if not is_netlink_error(e):
-                    raise
-                hint = " (is the vxlan module there?)" if netlink_errno(e) == errno.EOPNOTSUPP else ""
-                raise CNIError(INTERNAL, f"failed to create vxlan device {spec.name!r}{hint}", str(e)) from None
             made = True
             msg = lookup_msg(sock, spec.name)
             assert msg is not None
@@ -75,10 +69,6 @@ def ensure_vxlan(spec: VxlanSpec) -> tuple[Link, bool]:
         want: dict[str, object] = {"index": index, "state": "up"}
         if spec.mtu and int(msg.get_attr("IFLA_MTU") or 0) != spec.mtu:
             want["mtu"] = spec.mtu
-        try:
+        with kernel_errors(f"failed to set up vxlan device {spec.name!r}"):
             sock.link("set", **want)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            raise CNIError(INTERNAL, f"failed to set up vxlan device {spec.name!r}", str(e)) from None
         return Link.from_msg(lookup_msg(sock, index)), made

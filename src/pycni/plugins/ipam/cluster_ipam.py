@@ -12,13 +12,14 @@ stack); requested addresses come as host-local's (CNI_ARGS ``IP=``, ``args.cni.i
 runtimeConfig ``ips``). The design and the key layout are in :mod:`pycni.cluster.ipam`.
 Every etcd call is bounded by ``etcdTimeout`` (seconds, default 8) in total for the whole
 command: when no endpoint answers (or there is no quorum) the command fails with code 11
-naming the endpoints, and nothing is allocated. Stdlib only (socket, json, binascii).
+naming the endpoints, and nothing is allocated. ``nodeName`` defaults to the host name.
+Stdlib only (socket, json, binascii).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import socket
+import os
 import time
 from collections.abc import Mapping
 
@@ -97,7 +98,7 @@ def parse_conf_dict(conf: Mapping[str, Any], cni_args: str = "", *, need_ranges:
     prefix = netconf.get_str(ipam, "etcdPrefix", DEFAULT_PREFIX, label="ipam.etcdPrefix")
     if not prefix.startswith("/"):
         raise _bad("invalid ipam.etcdPrefix", f"{prefix!r}: the prefix must start with '/'")
-    node = netconf.get_str(ipam, "nodeName", label="ipam.nodeName") or socket.gethostname()
+    node = netconf.get_str(ipam, "nodeName", label="ipam.nodeName") or os.uname().nodename
     if "/" in node or not node:
         raise _bad("invalid ipam.nodeName", f"{node!r}: a node name must be non-empty and hold no '/'")
     # blockSize is the IPv4 block prefix (20..32); a value only IPv6 can have (116..128) sets the

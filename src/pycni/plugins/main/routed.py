@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import ipaddress
 
-from pycni import ipam, netconf
-from pycni.record import record
+from pycni import invoke, ipam, netconf
+from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, load_conf, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
-from pycni.spec.types import IPConfig, Result, Route
+from pycni.spec.types import DNS, Interface, IPConfig, Result, Route
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
@@ -41,18 +41,31 @@ class RoutedConf:
     """A validated ``routed`` configuration (everything checked before anything is made)."""
 
     conf: dict[str, Any]  # the whole config, as handed to IPAM
+    ipam_type: str
     mtu: int = 0          # 0: the kernel's default
+    dns: DNS = field(default_factory=DNS)
 
 
 def parse_conf(args: CmdArgs) -> RoutedConf:
-    """The config of an ADD or CHECK: IPAM present and on CNI_PATH, ``mtu`` one the kernel takes."""
-    conf = load_conf(args.stdin_data)
-    ipam.require_ipam(conf, "routed")
-    mtu = netconf.get_int(conf, "mtu", minimum=0, maximum=65535)
+    """The config as a :class:`RoutedConf`: IPAM required, ``mtu`` one the kernel takes, ``dns``,
+    runtimeConfig and args well-formed."""
+    raw = args.conf()
+    netconf.runtime_config(raw)
+    netconf.args_cni(raw)
+    mtu = netconf.get_int(raw, "mtu", minimum=0, maximum=netconf.MAX_MTU)
     if 0 < mtu < 68:
-        raise netconf.invalid("mtu", "0 (the default) or from 68 to 65535", mtu)
-    ipam.locate(conf, args)
-    return RoutedConf(conf=conf, mtu=mtu)
+        raise netconf.invalid("mtu", f"0 (the default) or from 68 to {netconf.MAX_MTU}", mtu)
+    return RoutedConf(conf=raw, ipam_type=ipam.require_ipam(raw, "routed"), mtu=mtu,
+                      dns=DNS.from_dict(netconf.get_dict(raw, "dns")))
+
+
+def check_for_add(rc: RoutedConf, args: CmdArgs) -> None:
+    """What ADD must find before making anything: the IPAM plugin on CNI_PATH, the netns, a free
+    CNI_IFNAME."""
+    from pycni.net import link
+
+    invoke.find_in_path(rc.ipam_type, args.cni_path)
+    link.check_container_ifname(args.netns, args.ifname)
 
 
 def host_names(container_id: str, ifname: str) -> list[str]:
@@ -135,13 +148,14 @@ def _pod_routes(result: Result, versions: set[int]) -> list[Route]:
     return routes
 
 
-def _setup_host_end(name: str, versions: set[int]) -> None:
-    """Proxy ARP / NDP and forwarding on the host end (before the pod end is up, so its
-    link-local address is born with DAD off and usable at once)."""
+def _setup_host_end(name: str, versions: set[int], undo: Rollback) -> None:
+    """Forwarding on (off again if the ADD fails and it was off), proxy ARP / NDP on the host end
+    (before the pod end is up, so its link-local address is born with DAD off, usable at once)."""
     from pycni.net import sysctl
 
     for version in sorted(versions):
-        sysctl.enable_forwarding(version)
+        if sysctl.enable_forwarding(version):
+            undo.push(sysctl.disable_forwarding, version)
     if 4 in versions:
         sysctl.write_sysctl(f"net/ipv4/conf/{name}/proxy_arp", "1")
         sysctl.try_write_sysctl(f"net/ipv4/neigh/{name}/proxy_delay", "0")
@@ -179,12 +193,10 @@ def _setup_pod(netns_path: str, ifname: str, ips: list[IPConfig], routes: list[R
 
 
 def cmd_add(args: CmdArgs) -> Result:
-    from pycni.net import link, netns, route, veth
+    from pycni.net import link, route, veth
 
     rc = parse_conf(args)
-    netns.check_netns(args.netns)
-    with netns.enter(args.netns):
-        link.require_free_ifname(args.ifname, args.netns)
+    check_for_add(rc, args)
     with Rollback() as undo:
         result = ipam.add(rc.conf, args)
         undo.push(ipam.delete, rc.conf, args)
@@ -194,20 +206,17 @@ def cmd_add(args: CmdArgs) -> Result:
         pair = veth.setup_veth(args.netns, args.ifname, mtu=rc.mtu, host_name=host, host_mac=HOST_MAC)
         undo.push(link.delete_link, host)  # the host routes go with it
         link.set_alias(host, owner_tag(args.container_id, args.ifname))
-        _setup_host_end(host, versions)
+        _setup_host_end(host, versions, undo)
         routes = _pod_routes(result, versions)
         _setup_pod(args.netns, args.ifname, ips, routes)
         for ipc in ips:
             # replace: a route left to this address by a pod that died uncleanly must not block this one
             route.add_route(ipc.address.network, dev=pair.host.index, scope=route.RT_SCOPE_LINK, replace=True)
-        from pycni.spec.types import DNS, Interface
-
         out = Result(cni_version=result.cni_version, ips=ips, routes=routes, dns=result.dns,
                      interfaces=[Interface(name=host, mac=HOST_MAC),
                                  Interface(name=args.ifname, mac=pair.container.mac, sandbox=args.netns)])
-        dns = DNS.from_dict(rc.conf.get("dns"))
-        if not dns.is_empty():
-            out.dns = dns
+        if not rc.dns.is_empty():
+            out.dns = rc.dns  # the plugin's own DNS settings win over IPAM's, as in the reference
     return out
 
 

@@ -66,7 +66,8 @@ def first_free_table(taken: set[int]) -> int:
 def _ensure_vrf(name: str, table: int | None) -> int:
     """The index of VRF ``name`` here, created (up) with ``table`` or a free one when missing."""
     from pycni.net import link
-    from pycni.net.link import ipr, is_netlink_error, netlink_errno
+    from pycni.net.errors import kernel_errors
+    from pycni.net.link import ipr
     from pycni.net.sublink import kernel_lacks
 
     vrfs = _vrfs()
@@ -79,13 +80,10 @@ def _ensure_vrf(name: str, table: int | None) -> int:
     if link.get_link(name) is not None:
         raise CNIError(E.INVALID_CONFIG, f"interface {name!r} exists and is not a VRF")
     use = table if table is not None else first_free_table({t for _, t in vrfs.values()})
-    with ipr() as sock:
-        try:
-            sock.link("add", **vrf_link_spec(name, use))
-        except Exception as e:
-            if is_netlink_error(e) and netlink_errno(e) == errno.EOPNOTSUPP:
-                raise kernel_lacks("vrf") from None
-            raise CNIError(INTERNAL, f"failed to create VRF {name!r}", str(e)) from None
+    with ipr() as sock, kernel_errors(f"failed to create VRF {name!r}", ignore=(errno.EOPNOTSUPP,)) as refused:
+        sock.link("add", **vrf_link_spec(name, use))
+    if refused.ignored is not None:
+        raise kernel_lacks("vrf")
     return link.set_link(name, up=True).index
 
 

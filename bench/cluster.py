@@ -1,0 +1,280 @@
+"""cluster-ipam on a real 3-member etcd, against host-local (ours and Go's), in one run.
+
+    .venv/bin/python bench/cluster.py [--rounds 9] [--parallel 64] [--allocations 10000]
+
+Everything runs in throwaway namespaces: three "node" namespaces on an underlay bridge, one
+etcd member in each (tests/etcd_util.py, data on tmpfs), pods as fresh namespaces with a
+macvlan link on the node's underlay interface. Plugins are executed directly (the same driver
+for every variant) from inside node1's namespace. Cases:
+
+(A) macvlan ADD+DEL cycle with each IPAM: Go macvlan + Go host-local; ours one-shot with
+    host-local and with cluster-ipam; ours through a ``pycni daemon`` with each. Variants
+    alternate within a round, the first round is discarded, medians are reported.
+    Target: cluster-ipam cycle <= 1.3x ours with host-local (one-shot and daemon).
+(B) 3 nodes x N parallel macvlan+cluster-ipam ADDs (one-shot, then daemon): wall time and
+    the p99 of single ADD latencies; then duplicates (must be 0) and, after DEL of all,
+    leaked handles/allocations (must be 0).
+(C) 10,000 allocations in a /16 from 3 nodes at once (in-process store, 4 threads per node):
+    wall, rate, lost races; a one-shot ADD's latency with the /16 that full, against empty;
+    duplicates and, after releasing everything, leaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")]
+
+from etcd_util import EtcdCluster, EtcdNode  # noqa: E402
+from netns_util import Namespace, new_namespace  # noqa: E402
+
+from pycni.cluster.ipam import ClusterStore  # noqa: E402
+from pycni.net import netns  # noqa: E402
+from pycni.plugins.ipam.ranges import parse_range_set  # noqa: E402
+from pycni.plugins.registry import install  # noqa: E402
+
+GO = "/usr/lib/cni"
+Row = tuple[str, float, str]  # case, value, unit: "s" seconds, "x" ratio, "n" a count or rate
+PATH_ENV = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Bench:
+    def __init__(self, cluster: EtcdCluster, tmp: str) -> None:
+        self.cluster = cluster
+        self.tmp = tmp
+        self.shims = os.path.join(tmp, "bin")
+        install(self.shims, daemon=True)
+        self.socket = os.path.join(tmp, "pycni.sock")
+        self.daemon_ns = new_namespace("pycni-bc")
+        self.daemon = subprocess.Popen(["ip", "netns", "exec", self.daemon_ns.name, sys.executable, "-m",
+                                        "pycni.daemon", "--socket", self.socket, "--log-file",
+                                        os.path.join(tmp, "daemon.log")],
+                                       env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src")))
+        for _ in range(600):
+            if os.path.exists(self.socket):
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("pycni daemon did not start")
+
+    def close(self) -> None:
+        self.daemon.terminate()
+        try:
+            self.daemon.wait(20)
+        except subprocess.TimeoutExpired:
+            self.daemon.kill()
+            self.daemon.wait()
+        self.daemon_ns.delete()
+
+    def conf(self, network: str, node: EtcdNode, ipam: str, subnet: str) -> dict[str, Any]:
+        if ipam == "cluster-ipam":
+            section: dict[str, Any] = {"type": "cluster-ipam", "etcdEndpoints": self.cluster.endpoints,
+                                       "nodeName": node.name, "ranges": [[{"subnet": subnet}]]}
+        else:
+            section = {"type": "host-local", "ranges": [[{"subnet": subnet}]],
+                       "dataDir": os.path.join(self.tmp, "host-local", node.name)}
+        return {"cniVersion": "1.0.0", "name": network, "type": "macvlan", "master": node.ifname, "mode": "bridge",
+                "ipam": section}
+
+    def call(self, variant: str, node: EtcdNode, command: str, conf: dict[str, Any], cid: str,
+             pod: Namespace) -> tuple[float, dict[str, Any]]:
+        """One plugin invocation from inside ``node`` (timed without any ``ip netns exec``)."""
+        go = variant == "go"
+        env = {"PATH": PATH_ENV, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": pod.path,
+               "CNI_IFNAME": "eth0", "CNI_PATH": GO if go else self.shims,
+               "PYCNI_SOCKET": self.socket if variant == "daemon" else "off"}
+        exe = os.path.join(GO if go else self.shims, "macvlan")
+        with netns.enter(node.ns.path):
+            t = time.perf_counter()
+            proc = subprocess.run([exe], input=json.dumps(conf).encode(), env=env, capture_output=True)
+            elapsed = time.perf_counter() - t
+        if proc.returncode != 0:
+            raise RuntimeError(f"{variant} {command} {cid}: {proc.stdout!r} {proc.stderr!r}")
+        return elapsed, (json.loads(proc.stdout) if proc.stdout.strip() else {})
+
+
+def store(cluster: EtcdCluster, network: str, node: str) -> ClusterStore:
+    return ClusterStore(cluster.client(timeout=30), network, node)
+
+
+def leaks(cluster: EtcdCluster, network: str) -> int:
+    s = store(cluster, network, "node1")
+    return len(s.handles()) + sum(len(b.allocations) for b in s.blocks())
+
+
+# ---- (A) -------------------------------------------------------------------------------------------
+
+def case_cycle(b: Bench, rounds: int) -> list[Row]:
+    node = b.cluster.nodes[0]
+    variants = [("go", "host-local"), ("oneshot", "host-local"), ("oneshot", "cluster-ipam"),
+                ("daemon", "host-local"), ("daemon", "cluster-ipam")]
+    confs = {v: b.conf(f"cyc{i}", node, v[1], f"10.{100 + i}.0.0/16") for i, v in enumerate(variants)}
+    times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
+    for r in range(rounds + 1):
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        for v in order:
+            pod = new_namespace("pycni-bc")
+            try:
+                t_add, _ = b.call(v[0], node, "ADD", confs[v], f"cyc{r}", pod)
+                t_del, _ = b.call(v[0], node, "DEL", confs[v], f"cyc{r}", pod)
+            finally:
+                pod.delete()
+            if r:
+                times[v].append(t_add + t_del)
+    med = {v: statistics.median(xs) for v, xs in times.items()}
+    out: list[Row] = [(f"(A) macvlan+{ipam} ADD+DEL, {'Go' if var == 'go' else 'ours ' + var}", med[(var, ipam)],
+                       "s") for var, ipam in variants]
+    for var in ("oneshot", "daemon"):
+        out.append((f"(A) ratio cluster-ipam / host-local, ours {var} (target <= 1.3)",
+                    med[(var, "cluster-ipam")] / med[(var, "host-local")], "x"))
+    return out
+
+
+# ---- (B) -------------------------------------------------------------------------------------------
+
+def case_parallel(b: Bench, per_node: int, variant: str) -> list[Row]:
+    network = f"par{variant}"
+    subnet = "10.110.0.0/16" if variant == "oneshot" else "10.111.0.0/16"
+    jobs = [(n, i) for n in range(3) for i in range(per_node)]
+    pods = {j: new_namespace("pycni-bc") for j in jobs}
+    try:
+        def add(j: tuple[int, int]) -> tuple[float, str]:
+            node = b.cluster.nodes[j[0]]
+            t, res = b.call(variant, node, "ADD", b.conf(network, node, "cluster-ipam", subnet), f"p{j[0]}-{j[1]}",
+                            pods[j])
+            return t, res["ips"][0]["address"]
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            results = list(pool.map(add, jobs))
+        wall = time.perf_counter() - start
+        lat = sorted(t for t, _ in results)
+        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+        dups = len(results) - len({ip for _, ip in results})
+
+        def delete(j: tuple[int, int]) -> float:
+            node = b.cluster.nodes[j[0]]
+            return b.call(variant, node, "DEL", b.conf(network, node, "cluster-ipam", subnet), f"p{j[0]}-{j[1]}",
+                          pods[j])[0]
+
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            list(pool.map(delete, jobs))
+        leaked = leaks(b.cluster, network)
+    finally:
+        for pod in pods.values():
+            pod.delete()
+    tag = f"(B) 3 nodes x {per_node} parallel ADDs, ours {variant}"
+    return [(f"{tag}: wall", wall, "s"), (f"{tag}: p99 ADD", p99, "s"), (f"{tag}: duplicates", dups, "n"),
+            (f"{tag}: leaked after DEL", leaked, "n")]
+
+
+# ---- (C) -------------------------------------------------------------------------------------------
+
+def case_many(b: Bench, total: int) -> list[Row]:
+    network = "many"
+    subnet = "10.120.0.0/16"
+    rs = [parse_range_set([{"subnet": subnet}])]
+    per_thread = total // 12
+    lost = []
+
+    def worker(node: int, k: int) -> list[str]:
+        s = store(b.cluster, network, f"node{node + 1}")
+        out = []
+        for i in range(per_thread):
+            got = s.assign(f"m{node}-{k}-{i}", "eth0", rs, [])
+            out.append(str(got[0].ip))
+        lost.append(s.lost_races)
+        s.etcd.close()
+        return out
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        futs = [pool.submit(worker, n, k) for n in range(3) for k in range(4)]
+        ips = [ip for f in futs for ip in f.result()]
+    wall = time.perf_counter() - start
+    dups = len(ips) - len(set(ips))
+    # a one-shot ADD+DEL with the /16 that full (node2 has blocks with room left or claims a new one)
+    node = b.cluster.nodes[1]
+    conf = b.conf(network, node, "cluster-ipam", subnet)
+    samples = []
+    for r in range(5):
+        pod = new_namespace("pycni-bc")
+        try:
+            samples.append(b.call("oneshot", node, "ADD", conf, f"late{r}", pod)[0])
+            b.call("oneshot", node, "DEL", conf, f"late{r}", pod)
+        finally:
+            pod.delete()
+    full_add = statistics.median(samples)
+    # release everything, in parallel per node
+    def release(node: int, k: int) -> None:
+        s = store(b.cluster, network, f"node{node + 1}")
+        for i in range(per_thread):
+            s.release(f"m{node}-{k}-{i}", "eth0")
+        s.etcd.close()
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        for f in [pool.submit(release, n, k) for n in range(3) for k in range(4)]:
+            f.result()
+    leaked = leaks(b.cluster, network)
+    n = per_thread * 12
+    return [(f"(C) {n} allocations in a /16, 3 nodes x 4 threads: wall", wall, "s"),
+            ("(C) allocations per second", n / wall, "n"), ("(C) lost races retried", sum(lost), "n"),
+            (f"(C) one-shot macvlan+cluster-ipam ADD with {n} taken", full_add, "s"), ("(C) duplicates", dups, "n"),
+            ("(C) leaked after release", leaked, "n")]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--parallel", type=int, default=64, help="ADDs per node in (B)")
+    p.add_argument("--allocations", type=int, default=10000, help="allocations in (C)")
+    p.add_argument("--only", default="A,B,C")
+    opts = p.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench: needs root (it creates network namespaces)")
+    tmp = tempfile.mkdtemp(prefix="pycni-bench-cluster-")
+    rows: list[Row] = []
+    started = time.perf_counter()
+    try:
+        with EtcdCluster(subnet="10.232.0.0/24", prefix="pycni-bc") as cluster:
+            b = Bench(cluster, tmp)
+            try:
+                cases: list[tuple[str, Callable[[], list[Row]]]] = [
+                    ("A", lambda: case_cycle(b, opts.rounds)),
+                    ("B", lambda: case_parallel(b, opts.parallel, "oneshot") + case_parallel(b, opts.parallel,
+                                                                                              "daemon")),
+                    ("C", lambda: case_many(b, opts.allocations))]
+                for name, fn in cases:
+                    if name in opts.only.split(","):
+                        log(f"case ({name})")
+                        rows.extend(fn())
+            finally:
+                b.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\ncluster-ipam bench ({opts.rounds} rounds, medians; run took {time.perf_counter() - started:.0f} s)")
+    width = max(len(r[0]) for r in rows)
+    for case, value, unit in rows:
+        shown = f"{value * 1000:.0f} ms" if unit == "s" else f"{value:.2f}" if unit == "x" else f"{value:.0f}"
+        print(f"{case.ljust(width)}  {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
