@@ -6,6 +6,7 @@
     pycni install-plugins --dir DIR [TYPE...]
     pycni plugin TYPE                       run one of our plugins in this process
     pycni daemon [--socket PATH]            serve installed plugin shims with warm imports
+    pycni node [status | remove NAME] ...   the node agent routing pod blocks between nodes (etcd)
     pycni ipam list|check NETWORK           cluster-ipam allocations in etcd (JSON lines) / consistency
     pycni ipam release NETWORK --ip IP      free one cluster-ipam address
 
@@ -232,6 +233,12 @@ def cmd_daemon(opts: argparse.Namespace) -> int:
     return server.run(opts)
 
 
+def cmd_node(opts: argparse.Namespace) -> int:
+    from pycni.cluster import node
+
+    return node.main(opts)
+
+
 def _cluster_ipam(opts: argparse.Namespace) -> Any:
     """The cluster-ipam settings of NETWORK (its first plugin whose ipam.type is cluster-ipam)."""
     from pycni.plugins.ipam.cluster_ipam import parse_conf_dict
@@ -400,6 +407,15 @@ def _parser() -> argparse.ArgumentParser:
 
     add_arguments(sp)
     sp.set_defaults(fn=cmd_daemon)
+
+    sp = sub.add_parser("node", help="the node agent: route pod blocks between nodes (foreground; SIGTERM stops "
+                        "it); also `node status`, `node remove NAME`",
+                        description="Register this node in etcd and keep its routes to every other node's "
+                        "address blocks (cluster-ipam's affinities) converged. See docs/cluster.md.")
+    from pycni.cluster.node import add_arguments as node_arguments
+
+    node_arguments(sp)
+    sp.set_defaults(fn=cmd_node)
     return p
 
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
+IFA_F_NODAD = 0x02
 IFA_F_DADFAILED = 0x08
 IFA_F_TENTATIVE = 0x40
 RT_SCOPE_UNIVERSE = 0
@@ -66,14 +67,19 @@ def list_addrs(name: str | int | None = None, family: int | None = None) -> list
         return [Addr.from_msg(m) for m in msgs]
 
 
-def add_addr(name: str | int, address: IPInterface | str, *, exist_ok: bool = False) -> None:
-    """Add ``address`` (with its prefix) to the link; IPv4 gets the broadcast ``ip`` would give."""
+def add_addr(name: str | int, address: IPInterface | str, *, exist_ok: bool = False, nodad: bool = False) -> None:
+    """Add ``address`` (with its prefix) to the link; IPv4 gets the broadcast ``ip`` would give.
+
+    ``nodad`` skips IPv6 duplicate address detection, for a link with no one else to clash with.
+    """
     addr = ipaddress.ip_interface(address) if isinstance(address, str) else address
     with rtnl() as sock:
         index = require_index(sock, name)
         kw: dict[str, Any] = {"index": index, "address": str(addr.ip), "prefixlen": addr.network.prefixlen}
         if addr.version == 4 and addr.network.prefixlen < 31:
             kw["broadcast"] = str(addr.network.broadcast_address)
+        if nodad and addr.version == 6:
+            kw["flags"] = IFA_F_NODAD
         with kernel_errors(f"failed to add IP addr {addr} to {name!r}", ignore=(errno.EEXIST,) if exist_ok else ()):
             sock.addr("add", **kw)
 

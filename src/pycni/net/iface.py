@@ -23,7 +23,7 @@ from pycni.spec.types import Result
 DAD_SETTLE_TIMEOUT = 5.0
 
 
-def _enable_ipv6(ifname: str) -> None:
+def enable_ipv6(ifname: str) -> None:
     """Turn IPv6 on for lo and ``ifname`` and keep addresses across link down, as the reference before adding IPv6."""
     from pycni.net.sysctl import read_sysctl, write_sysctl
 
@@ -60,7 +60,7 @@ def configure_iface(ifname: str, result: Result) -> None:
             raise CNIError(INTERNAL, f"failed to add IP addr {ipc.address} to {ifname!r}: invalid interface index",
                            f"ips[].interface={idx} does not name {ifname!r} in the result's interfaces")
         if ipc.address.version == 6 and not ipv6_ready:
-            _enable_ipv6(ifname)
+            enable_ipv6(ifname)
             ipv6_ready = True
         _addr.add_addr(link.index, ipc.address)
         if ipc.gateway is not None:

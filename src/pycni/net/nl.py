@@ -45,17 +45,22 @@ NETLINK_GET_STRICT_CHK = 12
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_SETLINK = 16, 17, 18, 19
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
+RTM_NEWNEIGH, RTM_DELNEIGH, RTM_GETNEIGH = 28, 29, 30
 
 IFF_UP = 0x1
 RT_TABLE_MAIN = 254
 RT_SCOPE_NOWHERE = 255
 RTN_UNICAST = 1
 RTPROT_STATIC = 4
+RTNH_F_ONLINK = 4
+NUD_PERMANENT = 0x80
+NTF_SELF = 0x02
 
 _HDR = struct.Struct("=IHHII")        # nlmsghdr: len, type, flags, seq, pid
 _IFINFO = struct.Struct("=BxHiII")    # ifinfomsg: family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")     # ifaddrmsg: family, prefixlen, flags, scope, index
 _RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, proto, scope, type, flags
+_NDMSG = struct.Struct("=BxxxiHBB")   # ndmsg: family, (pad), ifindex, state, flags, type
 _NLA = struct.Struct("=HH")
 _RTNH = struct.Struct("=HBBi")        # rtnexthop: len, flags, hops, ifindex
 _U16 = struct.Struct("=H")
@@ -65,6 +70,7 @@ _I32 = struct.Struct("=i")
 _IFINFO_FIELDS = ("family", "ifi_type", "index", "flags", "change")
 _IFADDR_FIELDS = ("family", "prefixlen", "flags", "scope", "index")
 _RTMSG_FIELDS = ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags")
+_NDMSG_FIELDS = ("family", "ifindex", "state", "flags", "ndm_type")
 
 
 class NetlinkError(OSError):
@@ -95,6 +101,10 @@ def _u32(data: bytes) -> int:
 
 def _i32(data: bytes) -> int:
     return int(_I32.unpack_from(data)[0])
+
+
+def _be16(data: bytes) -> int:
+    return int.from_bytes(data[:2], "big")
 
 
 def _mac(data: bytes) -> str:
@@ -178,8 +188,12 @@ _MACVLAN_DATA = {1: ("IFLA_MACVLAN_MODE", _u32), 2: ("IFLA_MACVLAN_FLAGS", _u16)
 _IPVLAN_DATA = {1: ("IFLA_IPVLAN_MODE", _u16), 2: ("IFLA_IPVLAN_FLAGS", _u16)}
 _VLAN_DATA = {1: ("IFLA_VLAN_ID", _u16)}
 _VRF_DATA = {1: ("IFLA_VRF_TABLE", _u32)}
-_INFO_DATA = {"bridge": _BR_DATA, "macvlan": _MACVLAN_DATA, "macvtap": _MACVLAN_DATA, "ipvlan": _IPVLAN_DATA,
-              "vlan": _VLAN_DATA, "vrf": _VRF_DATA}
+_VXLAN_DATA: dict[int, tuple[str, Callable[[bytes], Any]]] = {
+    1: ("IFLA_VXLAN_ID", _u32), 3: ("IFLA_VXLAN_LINK", _u32), 4: ("IFLA_VXLAN_LOCAL", _ip),
+    7: ("IFLA_VXLAN_LEARNING", _u8), 15: ("IFLA_VXLAN_PORT", _be16)}
+_INFO_DATA: dict[str, Mapping[int, tuple[str, Callable[[bytes], Any]]]] = {
+    "bridge": _BR_DATA, "macvlan": _MACVLAN_DATA, "macvtap": _MACVLAN_DATA, "ipvlan": _IPVLAN_DATA,
+    "vlan": _VLAN_DATA, "vrf": _VRF_DATA, "vxlan": _VXLAN_DATA}
 _BRPORT = {1: ("IFLA_BRPORT_STATE", _u8), 4: ("IFLA_BRPORT_MODE", _u8), 8: ("IFLA_BRPORT_LEARNING", _u8),
            9: ("IFLA_BRPORT_UNICAST_FLOOD", _u8), 33: ("IFLA_BRPORT_ISOLATED", _u8)}
 _VRF_SLAVE = {1: ("IFLA_VRF_PORT_TABLE", _u32)}
@@ -246,10 +260,15 @@ _RTA: dict[int, tuple[str, Callable[[bytes], Any]]] = {
     9: ("RTA_MULTIPATH", _multipath), 15: ("RTA_TABLE", _u32), 16: ("RTA_MARK", _u32), 20: ("RTA_PREF", _u8),
 }
 
+_NDA: dict[int, tuple[str, Callable[[bytes], Any]]] = {
+    1: ("NDA_DST", _ip), 2: ("NDA_LLADDR", _mac), 8: ("NDA_IFINDEX", _u32), 9: ("NDA_MASTER", _u32),
+}
+
 _DECODERS: dict[int, tuple[struct.Struct, tuple[str, ...], dict[int, tuple[str, Callable[[bytes], Any]]]]] = {
     RTM_NEWLINK: (_IFINFO, _IFINFO_FIELDS, _IFLA), RTM_DELLINK: (_IFINFO, _IFINFO_FIELDS, _IFLA),
     RTM_NEWADDR: (_IFADDR, _IFADDR_FIELDS, _IFA), RTM_DELADDR: (_IFADDR, _IFADDR_FIELDS, _IFA),
     RTM_NEWROUTE: (_RTMSG, _RTMSG_FIELDS, _RTA), RTM_DELROUTE: (_RTMSG, _RTMSG_FIELDS, _RTA),
+    RTM_NEWNEIGH: (_NDMSG, _NDMSG_FIELDS, _NDA), RTM_DELNEIGH: (_NDMSG, _NDMSG_FIELDS, _NDA),
 }
 
 
@@ -311,6 +330,12 @@ _LINK_DATA: dict[str, dict[str, tuple[int, Callable[[int, Any], bytes]]]] = {
                "ipvlan_flags": (2, lambda k, v: _nla_u16(k, int(v)))},
     "vlan": {"vlan_id": (1, lambda k, v: _nla_u16(k, int(v)))},
     "vrf": {"vrf_table": (1, lambda k, v: _nla_u32(k, int(v)))},
+    # vxlan: VNI, underlay link, local (source) address, learning, UDP destination port (big-endian)
+    "vxlan": {"vxlan_id": (1, lambda k, v: _nla_u32(k, int(v))),
+              "vxlan_link": (3, lambda k, v: _nla_u32(k, int(v))),
+              "vxlan_local": (4, lambda k, v: _nla(k, _ip_bytes(str(v))[1])),
+              "vxlan_learning": (7, lambda k, v: _nla_u8(k, int(v))),
+              "vxlan_port": (15, lambda k, v: _nla(k, int(v).to_bytes(2, "big")))},
 }
 _LINK_DATA["macvtap"] = _LINK_DATA["macvlan"]
 
@@ -503,12 +528,15 @@ class IPRoute:
     # -- addresses --
 
     def addr(self, command: str, *, index: int, address: str, prefixlen: int, broadcast: str | None = None,
-             scope: int = 0) -> list[Msg]:
-        """``add`` or ``del`` one address (IFA_LOCAL = IFA_ADDRESS = ``address``) on link ``index``."""
+             scope: int = 0, flags: int = 0) -> list[Msg]:
+        """``add`` or ``del`` one address (IFA_LOCAL = IFA_ADDRESS = ``address``) on link ``index``;
+        ``flags`` are IFA_F_* (IFA_F_NODAD, say), sent as IFA_FLAGS."""
         family, raw = _ip_bytes(address)
         attrs = _nla(2, raw) + _nla(1, raw)
         if broadcast:
             attrs += _nla(4, _ip_bytes(broadcast)[1])
+        if flags:
+            attrs += _nla_u32(8, flags)
         body = _IFADDR.pack(family, prefixlen, 0, scope, index) + attrs
         if command == "add":
             return self.request(RTM_NEWADDR, body, NLM_F_CREATE | NLM_F_EXCL)
@@ -543,6 +571,7 @@ class IPRoute:
         scope = int(kw.pop("scope", RT_SCOPE_NOWHERE if deleting else 0))
         rtype = int(kw.pop("type", 0 if deleting else RTN_UNICAST))
         proto = int(kw.pop("proto", 0 if deleting else RTPROT_STATIC))
+        rflags = int(kw.pop("flags", 0))  # RTNH_F_ONLINK: the gateway is on the link, no covering route needed
         attrs = []
         if dst:
             attrs.append(_nla(1, _ip_bytes(dst)[1]))
@@ -563,7 +592,7 @@ class IPRoute:
         dst_len = int(kw.pop("dst_len", 0))
         if kw:
             raise TypeError(f"unsupported route keywords: {sorted(kw)}")
-        body = _RTMSG.pack(family, dst_len, 0, 0, table if table < 256 else 252, proto, scope, rtype, 0)
+        body = _RTMSG.pack(family, dst_len, 0, 0, table if table < 256 else 252, proto, scope, rtype, rflags)
         body += b"".join(attrs)
         if command == "add":
             return self.request(RTM_NEWROUTE, body, NLM_F_CREATE | NLM_F_EXCL)
@@ -590,6 +619,33 @@ class IPRoute:
         if table is None:
             return msgs
         return [m for m in msgs if m.get_attr("RTA_TABLE", m["table"]) == table]
+
+    # -- neighbours (ARP/NDP entries) and bridge/vxlan forwarding database entries --
+
+    def neigh(self, command: str, *, ifindex: int, lladdr: str | None = None, dst: str | None = None,
+              family: int | None = None, state: int = NUD_PERMANENT, flags: int = 0) -> list[Msg]:
+        """``add``, ``replace`` or ``del`` one neighbour on link ``ifindex``: an ARP/NDP entry
+        (``dst`` -> ``lladdr``) or, with ``family=AF_BRIDGE`` and ``flags=NTF_SELF``, an FDB entry
+        (``lladdr`` reached through the tunnel endpoint ``dst``)."""
+        fam = family if family is not None else (_ip_bytes(dst)[0] if dst else AF_INET)
+        attrs = b""
+        if dst:
+            attrs += _nla(1, _ip_bytes(dst)[1])
+        if lladdr:
+            attrs += _nla(2, _mac_bytes(lladdr))
+        body = _NDMSG.pack(fam, ifindex, state, flags, 0) + attrs
+        if command == "add":
+            return self.request(RTM_NEWNEIGH, body, NLM_F_CREATE | NLM_F_EXCL)
+        if command == "replace":
+            return self.request(RTM_NEWNEIGH, body, NLM_F_CREATE | NLM_F_REPLACE)
+        if command == "del":
+            return self.request(RTM_DELNEIGH, body)
+        raise ValueError(f"unsupported neigh command {command!r}")
+
+    def get_neighbours(self, family: int = AF_UNSPEC, ifindex: int | None = None) -> list[Msg]:
+        """Neighbour entries of ``family`` (AF_BRIDGE: the FDB), only link ``ifindex``'s when given."""
+        msgs = self.dump(RTM_GETNEIGH, _NDMSG.pack(family, 0, 0, 0, 0))
+        return msgs if ifindex is None else [m for m in msgs if m["ifindex"] == ifindex]
 
 
 __all__ = ["IPRoute", "Msg", "Attrs", "NetlinkError"]

@@ -33,6 +33,7 @@ RT_SCOPE_NOWHERE = 255  # as a delete filter: a route of any scope
 RTN_UNICAST = 1
 RTPROT_KERNEL = 2  # routes the kernel made itself (e.g. for an address's subnet)
 RTPROT_BOOT = 3  # what vishvananda/netlink (and so the Go plugins) stamp on routes they add
+RTNH_F_ONLINK = 4
 
 
 @record
@@ -120,17 +121,22 @@ def _describe(kw: dict[str, Any], dev: str | int | None) -> str:
 def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: str | int | None = None,
               table: int | None = None, priority: int | None = None, scope: int | None = None,
               mtu: int | None = None, advmss: int | None = None, exist_ok: bool = False,
-              replace: bool = False, src: IPAddress | str | None = None, exclusive: bool = True) -> None:
+              replace: bool = False, src: IPAddress | str | None = None, exclusive: bool = True,
+              proto: int = RTPROT_BOOT, onlink: bool = False) -> None:
     """Add (or with ``replace``, replace) a route; ``dev`` is a link name or index; ``src`` the prefsrc.
 
     ``exclusive=False`` adds it beside a route of the same destination and metric through another
     gateway or link (see :meth:`pycni.net.nl.IPRoute.route`'s ``create``) instead of failing.
+    ``proto`` marks who owns the route (a daemon that reconciles routes picks its own number and
+    touches no other); ``onlink`` says the gateway is on ``dev`` though no route covers it.
     """
     with rtnl() as sock:
         oif = _oif(sock, dev)
-        kw = _spec(dst, gw, oif, table, priority, scope, mtu, advmss, proto=RTPROT_BOOT)
+        kw = _spec(dst, gw, oif, table, priority, scope, mtu, advmss, proto=proto)
         if src is not None:
             kw["prefsrc"] = str(src)
+        if onlink:
+            kw["flags"] = RTNH_F_ONLINK
         with kernel_errors(f"failed to add route '{_describe(kw, dev)}'", ignore=(errno.EEXIST,) if exist_ok else ()):
             sock.route("replace" if replace else "add" if exclusive else "create", **kw)
 
@@ -141,14 +147,16 @@ def replace_route(dst: IPNetwork | str, **kw: Any) -> None:
 
 
 def del_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: str | int | None = None,
-              table: int | None = None, priority: int | None = None, scope: int | None = None) -> bool:
-    """Delete a matching route; True when one was removed. Idempotent."""
+              table: int | None = None, priority: int | None = None, scope: int | None = None,
+              proto: int | None = None) -> bool:
+    """Delete a matching route (only one marked ``proto``, when given); True when one was removed.
+    Idempotent."""
     with rtnl() as sock:
         try:
             oif = _oif(sock, dev)
         except CNIError:
             return False
-        kw = _spec(dst, gw, oif, table, priority, scope)
+        kw = _spec(dst, gw, oif, table, priority, scope, proto=proto)
         with kernel_errors(f"failed to delete route '{_describe(kw, dev)}'",
                            ignore=(errno.ESRCH, errno.ENOENT, errno.ENODEV)) as refused:
             sock.route("del", **kw)

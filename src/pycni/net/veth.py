@@ -45,8 +45,10 @@ class VethPair:
 
 
 def setup_veth(container_netns: str, ifname: str, *, mtu: int = 0, mac: str = "",
-               host_name: str = "", master: int | None = None) -> VethPair:
+               host_name: str = "", master: int | None = None, host_mac: str = "") -> VethPair:
     """Create a veth pair: ``ifname`` in ``container_netns``, the host end here (up).
+
+    ``mac`` is the container end's MAC, ``host_mac`` the host end's (both random when empty).
 
     With no ``host_name`` a random one is chosen and retried on a clash. A clash on the
     container side (``ifname`` exists there) is an error, as in the reference.
@@ -59,12 +61,13 @@ def setup_veth(container_netns: str, ifname: str, *, mtu: int = 0, mac: str = ""
     """
     target = netns.open_netns(container_netns)
     try:
-        return _setup(target, container_netns, ifname, mtu, mac, host_name, master)
+        return _setup(target, container_netns, ifname, mtu, mac, host_name, master, host_mac)
     finally:
         os.close(target)
 
 
-def _create(sock: Any, host: str, ifname: str, target: int, mtu: int, mac: str, up: bool) -> None:
+def _create(sock: Any, host: str, ifname: str, target: int, mtu: int, mac: str, up: bool,
+            host_mac: str = "") -> None:
     """RTM_NEWLINK for the pair: ``host`` here, ``ifname`` born (down) in the namespace open at
     ``target``. Up at creation saves a separate set-up request: each RTNL round trip costs more
     as a bridge fills."""
@@ -75,6 +78,8 @@ def _create(sock: Any, host: str, ifname: str, target: int, mtu: int, mac: str, 
         peer["mtu"] = mtu
     if mac:
         peer["address"] = mac
+    if host_mac:
+        kw["address"] = host_mac
     sock.link("add", **kw)
 
 
@@ -85,15 +90,16 @@ def _container_has(container_netns: str, ifname: str) -> bool:
 
 
 def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, host_name: str,
-           master: int | None) -> VethPair:
+           master: int | None, host_mac: str = "") -> VethPair:
     """:func:`setup_veth` with the container namespace open; retries random host names that clash."""
-    if mac:
-        _check_mac(mac)
+    for m in (mac, host_mac):
+        if m:
+            _check_mac(m)
     for _ in range(MAX_NAME_TRIES):
         host = host_name or random_veth_name()
         with rtnl() as sock:
             with kernel_errors("failed to make veth pair", ignore=(errno.EEXIST,)) as refused:
-                _create(sock, host, ifname, target, mtu, mac, up=master is None)
+                _create(sock, host, ifname, target, mtu, mac, up=master is None, host_mac=host_mac)
             if refused.ignored is not None:
                 if not host_name and lookup_msg(sock, host) is not None and not _container_has(
                         container_netns, ifname):

@@ -26,6 +26,7 @@ PLUGIN_MODULES: dict[str, str] = {
     "host-device": "pycni.plugins.main.host_device",
     "dummy": "pycni.plugins.main.dummy",
     "tap": "pycni.plugins.main.tap",
+    "routed": "pycni.plugins.main.routed",
     # ipam
     "host-local": "pycni.plugins.ipam.host_local",
     "static": "pycni.plugins.ipam.static",

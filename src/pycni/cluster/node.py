@@ -1,0 +1,648 @@
+"""``pycni node``: the agent that routes every node's pod blocks to that node.
+
+cluster-ipam records which node owns which address block (``P/ipam/affinity/<node>/...``);
+each agent registers its node (``P/nodes/<name>``, bound to a lease it keeps alive) and
+programs its own kernel so that every other registered node's blocks are reachable:
+
+- **host-gw**: ``<block> via <node's underlay IP>`` — the nodes share an L2 underlay.
+- **vxlan**: one vxlan device; per remote node a permanent neighbour entry (its VTEP address
+  -> its VTEP MAC), an FDB entry (that MAC -> its underlay IP) and ``<block> via <VTEP
+  address> dev <vxlan> onlink``, as flannel lays it out. The VTEP address of a node is its
+  underlay IP: unique by construction, and neighbour tables are per device, so the entry on
+  the vxlan device never meets the underlay's own ARP entry for the same address.
+
+Routes the agent makes carry their own route protocol number (:data:`RTPROT_PYCNI`), which is
+how it tells its routes from anyone else's: convergence removes only those. The kernel state
+is derived from etcd alone (a full read at start and after any broken watch, then the watch's
+events, and a periodic full read), and applied as a diff, so a restarted agent changes
+nothing that is already right. The data plane does not depend on the agent: it leaves its
+routes when it stops, and its registration stays until the lease lapses (``--ttl``), so an
+agent restarted within the TTL disturbs no one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import sys
+import time
+
+from pycni.record import field, record
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a process ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+    from pycni.cluster.etcd import Etcd
+
+RTPROT_PYCNI = 94  # our routes' protocol (``ip route show proto 94``); not one iproute2 names
+DEFAULT_PREFIX = "/pycni"
+DEFAULT_TTL = 60
+DEFAULT_VXLAN_DEVICE = "pycni.vxlan"
+DEFAULT_VNI = 4096
+DEFAULT_VXLAN_PORT = 4789
+RESYNC_SECONDS = 30.0  # a full read now and then, whatever the watch said
+
+
+@record
+class NodeInfo:
+    """A registered node, as ``P/nodes/<name>`` says."""
+
+    name: str
+    underlay_ips: list[str] = field(default_factory=list)  # the first is "underlayIP"
+    vtep_mac: str = ""
+
+    def underlay(self, version: int) -> str:
+        """Its underlay address of IP ``version``, '' when it registered none."""
+        return next((ip for ip in self.underlay_ips if ipaddress.ip_address(ip).version == version), "")
+
+    def to_json(self) -> str:
+        obj: dict[str, Any] = {"name": self.name, "underlayIP": self.underlay_ips[0],
+                               "underlayIPs": self.underlay_ips}
+        if self.vtep_mac:
+            obj["vtepMAC"] = self.vtep_mac
+            obj["vtepIP"] = self.underlay(4)
+        return json.dumps(obj, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, name: str, text: str) -> NodeInfo | None:
+        try:
+            obj = json.loads(text)
+            ips = obj.get("underlayIPs") or [obj["underlayIP"]]
+            for ip in ips:
+                ipaddress.ip_address(ip)
+            return cls(name=str(obj.get("name") or name), underlay_ips=[str(i) for i in ips],
+                       vtep_mac=str(obj.get("vtepMAC") or ""))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+@record
+class Hop:
+    """Where a block goes: its gateway, the device for an onlink hop ('' : the kernel's choice)."""
+
+    gw: str
+    dev: str = ""
+    node: str = ""
+
+
+@record
+class Plan:
+    """What the kernel should hold: block routes, and for vxlan the peers behind the device."""
+
+    routes: dict[str, Hop] = field(default_factory=dict)          # block CIDR -> hop
+    peers: dict[str, NodeInfo] = field(default_factory=dict)      # vxlan: node name -> info
+    skipped: list[str] = field(default_factory=list)              # why a block has no route
+
+
+# ---- the view of etcd ---------------------------------------------------------------------------
+
+
+class ClusterView:
+    """Nodes and block affinities under the prefix, kept current from a full read plus watch events."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix.rstrip("/")
+        self.nodes: dict[str, NodeInfo] = {}
+        self.affinity: dict[str, tuple[str, str]] = {}  # affinity key -> (block CIDR, node)
+        self.handles: dict[str, tuple[str, list[str]]] = {}  # handle key -> (node, addresses)
+
+    @property
+    def nodes_prefix(self) -> str:
+        return f"{self.prefix}/nodes/"
+
+    @property
+    def affinity_prefix(self) -> str:
+        return f"{self.prefix}/ipam/affinity/"
+
+    @property
+    def handles_prefix(self) -> str:
+        return f"{self.prefix}/ipam/handles/"
+
+    def load(self, etcd: Etcd) -> int:
+        """A full read of the three prefixes at one revision; returns it."""
+        from pycni.cluster.etcd import op_get
+
+        res = etcd.txn([], [op_get(p, prefix=True)
+                            for p in (self.nodes_prefix, self.affinity_prefix, self.handles_prefix)])
+        self.nodes, self.affinity, self.handles = {}, {}, {}
+        for kvs in res.responses:
+            for kv in kvs:
+                self.put(kv.key, kv.value)
+        return res.revision
+
+    def put(self, key: str, value: str) -> bool:
+        """Apply one key's new value; True when it is one the agent cares about."""
+        if key.startswith(self.nodes_prefix):
+            name = key[len(self.nodes_prefix):]
+            info = NodeInfo.from_json(name, value)
+            if info is None:
+                self.nodes.pop(name, None)
+            else:
+                self.nodes[name] = info
+            return True
+        if key.startswith(self.affinity_prefix):
+            parsed = _affinity(key[len(self.affinity_prefix):], value)
+            if parsed is None:
+                self.affinity.pop(key, None)
+            else:
+                self.affinity[key] = parsed
+            return True
+        if key.startswith(self.handles_prefix):
+            held = _handle(value)
+            if held is None:
+                self.handles.pop(key, None)
+            else:
+                self.handles[key] = held
+            return True
+        return False
+
+    def delete(self, key: str) -> bool:
+        if key.startswith(self.nodes_prefix):
+            self.nodes.pop(key[len(self.nodes_prefix):], None)
+            return True
+        if key.startswith(self.affinity_prefix):
+            self.affinity.pop(key, None)
+            return True
+        if key.startswith(self.handles_prefix):
+            self.handles.pop(key, None)
+            return True
+        return False
+
+    def blocks(self) -> dict[str, str]:
+        """Block CIDR -> owning node."""
+        return {cidr: node for cidr, node in self.affinity.values()}
+
+
+def _affinity(rest: str, value: str) -> tuple[str, str] | None:
+    """(block, node) of an affinity key (``<node>/<network>/<cidr with - for />``) and its value."""
+    node, cidr = "", ""
+    try:
+        obj = json.loads(value)
+        node, cidr = str(obj.get("node") or ""), str(obj.get("cidr") or "")
+    except (ValueError, AttributeError):
+        pass
+    parts = rest.split("/")
+    if not node and parts:
+        node = parts[0]
+    if not cidr and len(parts) >= 3:
+        head, _, bits = parts[-1].rpartition("-")
+        cidr = f"{head}/{bits}"
+    try:
+        return str(ipaddress.ip_network(cidr)), node
+    except ValueError:
+        return None
+
+
+def _handle(value: str) -> tuple[str, list[str]] | None:
+    """(node, addresses) of a cluster-ipam handle."""
+    try:
+        obj = json.loads(value)
+        return str(obj["node"]), [str(ipaddress.ip_interface(t).ip) for t in obj.get("ips", ())]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def plan(view: ClusterView, me: str, mode: str, device: str) -> Plan:
+    """The kernel state etcd asks of node ``me``: every other registered node's blocks, and a
+    host route for each address a node borrowed from a block it does not own."""
+    out = Plan()
+    blocks = view.blocks()
+    for cidr, owner in sorted(blocks.items()):
+        if owner != me:  # our own pods have their /32 routes from the plugin
+            _route_to(out, view, cidr, owner, mode, device)
+    if view.handles:
+        nets = [(ipaddress.ip_network(c), o) for c, o in blocks.items()]
+        for node, ips in sorted(view.handles.values()):
+            if node == me:
+                continue
+            for ip in ips:
+                a = ipaddress.ip_address(ip)
+                holder = next((o for n, o in nets if n.version == a.version and a in n), None)
+                if holder is not None and holder != node:
+                    _route_to(out, view, f"{ip}/{a.max_prefixlen}", node, mode, device)
+    return out
+
+
+def _route_to(out: Plan, view: ClusterView, cidr: str, node: str, mode: str, device: str) -> None:
+    """Add the route to ``cidr`` on ``node`` to the plan (or say why there can be none)."""
+    info = view.nodes.get(node)
+    if info is None:
+        out.skipped.append(f"{cidr}: node {node} is not registered")
+        return
+    version = ipaddress.ip_network(cidr).version
+    if mode == "vxlan":
+        vtep = info.underlay(4)
+        if version != 4 or not vtep or not info.vtep_mac:
+            out.skipped.append(f"{cidr}: vxlan mode carries IPv4 to nodes with a VTEP "
+                               f"(node {node}: {info.underlay_ips}, VTEP MAC {info.vtep_mac or 'none'})")
+            return
+        out.routes[cidr] = Hop(gw=vtep, dev=device, node=node)
+        out.peers[node] = info
+    else:
+        gw = info.underlay(version)
+        if not gw:
+            out.skipped.append(f"{cidr}: node {node} registered no IPv{version} underlay address")
+            return
+        out.routes[cidr] = Hop(gw=gw, node=node)
+
+
+# ---- the kernel ---------------------------------------------------------------------------------
+
+
+@record
+class Programmed:
+    """What the kernel holds of ours: block routes (proto :data:`RTPROT_PYCNI`) and vxlan peers."""
+
+    routes: dict[str, Hop] = field(default_factory=dict)
+    neighbours: dict[str, str] = field(default_factory=dict)  # VTEP IP -> MAC, on the vxlan device
+    fdb: dict[str, str] = field(default_factory=dict)         # MAC -> underlay IP, on the vxlan device
+
+
+def read_kernel(device: str) -> Programmed:
+    from pycni.net import link, neigh, route
+    from pycni.net.nl import NUD_PERMANENT
+
+    out = Programmed()
+    # A hop's device is recorded when it is an overlay (a host-gw hop leaves the device to the
+    # kernel), so a route left over a vxlan device by the other mode is seen to differ.
+    overlays = {ln.index: ln.name for ln in link.list_links() if ln.kind == "vxlan"}
+    for r in route.list_routes(table=route.RT_TABLE_MAIN):
+        if r.proto == RTPROT_PYCNI:
+            out.routes[str(r.dst)] = Hop(gw=str(r.gw or ""), dev=overlays.get(r.oif or 0, ""))
+    if device and link.get_link(device) is not None:
+        for n in neigh.list_neighbours(device):
+            if n.state & NUD_PERMANENT and n.dst:
+                out.neighbours[n.dst] = n.lladdr
+        for n in neigh.list_neighbours(device, fdb=True):
+            if n.dst and n.lladdr and n.lladdr != "00:00:00:00:00:00":
+                out.fdb[n.lladdr] = n.dst
+    return out
+
+
+def converge(want: Plan, device: str, log: Any) -> int:
+    """Make the kernel hold exactly ``want`` of what is ours; one log line per change. Returns
+    the number of changes. A change the kernel refuses is logged and retried at the next pass."""
+    from pycni.net import neigh, route
+    from pycni.spec.errors import CNIError
+
+    have = read_kernel(device)
+    changes = 0
+    want_neigh = {info.underlay(4): info.vtep_mac for info in want.peers.values()}
+    want_fdb = {info.vtep_mac: info.underlay(4) for info in want.peers.values()}
+
+    def attempt(what: str, fn: Any, *args: Any, **kw: Any) -> None:
+        nonlocal changes
+        try:
+            fn(*args, **kw)
+        except CNIError as e:
+            log(f"FAILED {what}: {e.msg}: {e.details}")
+            return
+        changes += 1
+        log(what)
+
+    # Peers first (a route over the device needs its neighbour), routes, then stale peers.
+    for mac, remote in sorted(want_fdb.items()):
+        if have.fdb.get(mac) != remote:
+            attempt(f"fdb {mac} dst {remote} dev {device}", neigh.set_fdb, device, mac, remote)
+    for ip, mac in sorted(want_neigh.items()):
+        if have.neighbours.get(ip) != mac:
+            attempt(f"neighbour {ip} lladdr {mac} dev {device}", neigh.set_neighbour, device, ip, mac)
+    for cidr, hop in sorted(want.routes.items()):
+        cur = have.routes.get(cidr)
+        if cur is not None and cur.gw == hop.gw and cur.dev == hop.dev:
+            continue
+        verb = "add" if cur is None else "change"
+        dev = f" dev {hop.dev} onlink" if hop.dev else ""
+        attempt(f"route {verb} {cidr} via {hop.gw}{dev} (node {hop.node})", route.replace_route, cidr,
+                gw=hop.gw, dev=hop.dev or None, proto=RTPROT_PYCNI, onlink=bool(hop.dev))
+    for cidr, hop in sorted(have.routes.items()):
+        if cidr not in want.routes:
+            dev = f" dev {hop.dev}" if hop.dev else ""
+            attempt(f"route del {cidr} via {hop.gw}{dev}", route.del_route, cidr, gw=hop.gw or None,
+                    proto=RTPROT_PYCNI)
+    for ip in sorted(have.neighbours):
+        if ip not in want_neigh:
+            attempt(f"neighbour del {ip} dev {device}", neigh.del_neighbour, device, ip)
+    for mac, remote in sorted(have.fdb.items()):
+        if mac not in want_fdb:
+            attempt(f"fdb del {mac} dst {remote} dev {device}", neigh.del_fdb, device, mac, remote)
+    return changes
+
+
+# ---- the agent ----------------------------------------------------------------------------------
+
+
+@record
+class AgentOptions:
+    endpoints: list[str]
+    name: str
+    underlay_ips: list[str]
+    mode: str = "host-gw"
+    prefix: str = DEFAULT_PREFIX
+    ttl: int = DEFAULT_TTL
+    device: str = DEFAULT_VXLAN_DEVICE
+    vni: int = DEFAULT_VNI
+    port: int = DEFAULT_VXLAN_PORT
+    ca_cert: str = ""
+    cert: str = ""
+    key: str = ""
+    resync: float = RESYNC_SECONDS
+
+
+def vtep_mac(name: str) -> str:
+    """A stable, locally administered unicast MAC for node ``name``'s VTEP (same after a restart)."""
+    import hashlib
+
+    raw = hashlib.sha256(f"pycni-vtep\0{name}".encode()).digest()[:5]
+    return ":".join(f"{b:02x}" for b in (0x0E, *raw))
+
+
+def _underlay_link(ip: str) -> tuple[int, int]:
+    """(index, MTU) of the link holding the underlay address ``ip``."""
+    from pycni.net import addr, link
+    from pycni.spec.errors import INVALID_CONFIG, CNIError
+
+    want = ipaddress.ip_address(ip)
+    for a in addr.list_addrs():
+        if a.address.ip == want:
+            found = link.require_link(a.index)
+            return found.index, found.mtu
+    raise CNIError(INVALID_CONFIG, f"underlay address {ip} is not on any interface of this node",
+                   "give --underlay-ip an address this host holds (the one other nodes reach it on)")
+
+
+class Agent:
+    """One node's agent: registration, lease, watch, convergence (see the module docstring)."""
+
+    def __init__(self, opts: AgentOptions, out: Any = None) -> None:
+        self.opts = opts
+        self.view = ClusterView(opts.prefix)
+        self.out = out if out is not None else sys.stderr
+        self.stopping = False
+        self.lease = 0
+        self.mac = vtep_mac(opts.name) if opts.mode == "vxlan" else ""
+        self.device = opts.device if opts.mode == "vxlan" else ""
+        self.applied: Plan | None = None
+
+    def log(self, msg: str) -> None:
+        self.out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pycni node {self.opts.name}: {msg}\n")
+        self.out.flush()
+
+    def stop(self, *_: object) -> None:
+        self.stopping = True
+
+    def _client(self) -> Etcd:
+        from pycni.cluster.etcd import Etcd
+
+        return Etcd(self.opts.endpoints, timeout=5.0, attempt_timeout=2.0, ca_cert=self.opts.ca_cert,
+                    cert=self.opts.cert, key=self.opts.key)
+
+    def node_key(self) -> str:
+        return f"{self.view.prefix}/nodes/{self.opts.name}"
+
+    def setup_device(self) -> None:
+        """vxlan mode: the device, its MTU the underlay's less the encapsulation."""
+        if not self.device:
+            return
+        from pycni.net import vxlan
+
+        local = next((ip for ip in self.opts.underlay_ips if ipaddress.ip_address(ip).version == 4), "")
+        if not local:
+            from pycni.spec.errors import INVALID_CONFIG, CNIError
+
+            raise CNIError(INVALID_CONFIG, "vxlan mode needs an IPv4 --underlay-ip",
+                           f"got {', '.join(self.opts.underlay_ips)}")
+        index, mtu = _underlay_link(local)
+        spec = vxlan.VxlanSpec(name=self.device, vni=self.opts.vni, local=local, port=self.opts.port,
+                               mtu=mtu - vxlan.VXLAN_OVERHEAD_V4, mac=self.mac, underlay_index=index)
+        dev, made = vxlan.ensure_vxlan(spec)
+        self.mac = dev.mac
+        if made:
+            self.log(f"vxlan device {self.device} vni {self.opts.vni} port {self.opts.port} local {local} "
+                     f"mtu {dev.mtu} mac {dev.mac}")
+
+    def register(self, etcd: Etcd) -> None:
+        """Our key, bound to a fresh lease."""
+        self.lease = etcd.lease_grant(self.opts.ttl)
+        info = NodeInfo(name=self.opts.name, underlay_ips=list(self.opts.underlay_ips), vtep_mac=self.mac)
+        etcd.put(self.node_key(), info.to_json(), lease=self.lease)
+        self.log(f"registered {self.node_key()} ({info.to_json()}) with a {self.opts.ttl}s lease")
+
+    def keepalive(self, etcd: Etcd) -> None:
+        if self.lease and etcd.lease_keepalive(self.lease) > 0:
+            return
+        self.log("lease lapsed: registering again")
+        self.register(etcd)
+
+    def sync(self, etcd: Etcd) -> int:
+        """A full read, then converge (the kernel is read whatever the last plan was); returns
+        the revision read."""
+        rev = self.view.load(etcd)
+        self.apply(force=True)
+        return rev
+
+    def apply(self, force: bool = False) -> None:
+        """Converge to the current view; without ``force`` only when the plan changed (most
+        events — a pod's handle — change nothing the kernel holds)."""
+        want = plan(self.view, self.opts.name, self.opts.mode, self.device)
+        if not force and want == self.applied:
+            return
+        converge(want, self.device, self.log)
+        self.applied = want
+
+    def run(self) -> int:
+        """Until SIGTERM/SIGINT: register, then resync and watch, resyncing after any interruption."""
+        from pycni.cluster.etcd import EtcdError, WatchBroken
+
+        for ip in self.opts.underlay_ips:
+            _underlay_link(ip)  # refuse an address this host does not hold, before registering it
+        self.setup_device()
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        etcd = self._client()
+        self.log(f"starting: mode {self.opts.mode}, underlay {', '.join(self.opts.underlay_ips)}, "
+                 f"etcd {', '.join(self.opts.endpoints)}, prefix {self.view.prefix}")
+        pause = 0.5
+        try:
+            while not self.stopping:
+                try:
+                    if not self.lease:
+                        self.register(etcd)
+                    rev = self.sync(etcd)
+                    self._watch(etcd, rev)
+                    pause = 0.5
+                except WatchBroken as e:
+                    self.log(f"watch interrupted ({e}): resyncing")
+                except EtcdError as e:
+                    self.log(f"etcd: {e}: retrying in {pause:g}s")
+                    self._sleep(pause)
+                    pause = min(pause * 2, 5.0)
+        finally:
+            etcd.close()
+        self.log("stopped (routes left in place)")
+        return 0
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < end:
+            time.sleep(min(0.2, end - time.monotonic()))
+
+    def _watch(self, etcd: Etcd, rev: int) -> None:
+        """Follow events from ``rev`` + 1; keep the lease alive; a full read every ``resync`` seconds."""
+        interval = max(1.0, self.opts.ttl / 3)
+        next_keepalive = time.monotonic() + interval
+        next_resync = time.monotonic() + self.opts.resync
+        with etcd.watch(f"{self.view.prefix}/", prefix=True, start_revision=rev + 1) as w:
+            while not self.stopping:
+                now = time.monotonic()
+                if now >= next_keepalive:
+                    self.keepalive(etcd)
+                    next_keepalive = now + interval
+                if now >= next_resync:
+                    return  # the caller reads everything again
+                batch = w.next(timeout=min(1.0, max(0.05, next_keepalive - now)))
+                touched = False
+                drain_until = time.monotonic() + 0.05
+                while batch is not None:
+                    for ev in batch.events:
+                        if ev.type == "DELETE":
+                            touched |= self.view.delete(ev.kv.key)
+                        else:
+                            touched |= self.view.put(ev.kv.key, ev.kv.value)
+                    # take what is already queued before converging: a burst of claims is one pass
+                    batch = w.next(timeout=0.002) if time.monotonic() < drain_until else None
+                if touched:
+                    self.apply()
+
+
+# ---- operator commands --------------------------------------------------------------------------
+
+
+def status_lines(opts: AgentOptions, etcd: Etcd) -> tuple[list[str], bool]:
+    """What this node has programmed against what etcd asks of it; (lines, in sync)."""
+    view = ClusterView(opts.prefix)
+    view.load(etcd)
+    device = opts.device if opts.mode == "vxlan" else ""
+    want = plan(view, opts.name, opts.mode, device)
+    have = read_kernel(device)
+    me = view.nodes.get(opts.name)
+    lines = [f"node {opts.name}: {'registered ' + ', '.join(me.underlay_ips) if me else 'NOT registered'}; "
+             f"mode {opts.mode}; etcd: {len(view.nodes)} nodes, {len(view.blocks())} blocks"]
+    ok = me is not None
+    for cidr, hop in sorted(want.routes.items()):
+        cur = have.routes.get(cidr)
+        dev = f" dev {hop.dev} onlink" if hop.dev else ""
+        state = "programmed" if cur is not None and cur.gw == hop.gw and cur.dev == hop.dev else (
+            "MISSING" if cur is None else f"DIFFERS (kernel: via {cur.gw})")
+        ok &= state == "programmed"
+        lines.append(f"route {cidr} via {hop.gw}{dev} (node {hop.node}): {state}")
+    for cidr, hop in sorted(have.routes.items()):
+        if cidr not in want.routes:
+            ok = False
+            lines.append(f"route {cidr} via {hop.gw}: EXTRA (etcd no longer asks for it)")
+    for info in sorted(want.peers.values(), key=lambda i: i.name):
+        vtep = info.underlay(4)
+        good = have.neighbours.get(vtep) == info.vtep_mac and have.fdb.get(info.vtep_mac) == vtep
+        ok &= good
+        lines.append(f"vtep {info.name} {vtep} {info.vtep_mac}: {'programmed' if good else 'MISSING'}")
+    for cidr, owner in sorted(view.blocks().items()):
+        if owner == opts.name:
+            lines.append(f"block {cidr}: this node's")
+    lines.extend(f"skipped {s}" for s in want.skipped)
+    return lines, ok
+
+
+def remove_node(etcd: Etcd, prefix: str, name: str) -> bool:
+    """Delete node ``name``'s registration and revoke its lease: every agent drops its routes."""
+    key = f"{prefix.rstrip('/')}/nodes/{name}"
+    kv = etcd.get(key)
+    if kv is None:
+        return False
+    if kv.lease:
+        etcd.lease_revoke(kv.lease)
+    etcd.delete(key)
+    return True
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+
+def add_arguments(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("action", nargs="?", default="run", choices=("run", "status", "remove"),
+                    help="run the agent (default), print status, or remove node NAME for good")
+    sp.add_argument("target", nargs="?", metavar="NAME", help="the node to remove")
+    sp.add_argument("--etcd-endpoints", default=os.environ.get("PYCNI_ETCD_ENDPOINTS", ""),
+                    help="etcd client URLs, comma-separated (default: $PYCNI_ETCD_ENDPOINTS)")
+    sp.add_argument("--etcd-prefix", default=DEFAULT_PREFIX, help=f"key prefix (default {DEFAULT_PREFIX})")
+    sp.add_argument("--etcd-ca-cert", default="", help="CA certificate for https endpoints")
+    sp.add_argument("--etcd-cert", default="", help="client certificate")
+    sp.add_argument("--etcd-key", default="", help="client key")
+    sp.add_argument("--node-name", default="", help="this node's name (default: the host name)")
+    sp.add_argument("--underlay-ip", default="",
+                    help="the address other nodes reach this one on; IPv4 and IPv6 comma-separated")
+    sp.add_argument("--mode", default="host-gw", choices=("host-gw", "vxlan"), help="how blocks reach nodes")
+    sp.add_argument("--ttl", type=int, default=DEFAULT_TTL,
+                    help=f"registration lease in seconds: how long a silent node keeps its routes "
+                         f"(default {DEFAULT_TTL})")
+    sp.add_argument("--vxlan-device", default=DEFAULT_VXLAN_DEVICE, help="vxlan device name")
+    sp.add_argument("--vxlan-vni", type=int, default=DEFAULT_VNI, help=f"VNI (default {DEFAULT_VNI})")
+    sp.add_argument("--vxlan-port", type=int, default=DEFAULT_VXLAN_PORT,
+                    help=f"UDP port (default {DEFAULT_VXLAN_PORT})")
+
+
+def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
+    """Validated options; CNIError 7 naming the flag for anything wrong."""
+    import socket
+
+    from pycni.spec.errors import INVALID_CONFIG, CNIError
+
+    endpoints = [e.strip() for e in ns.etcd_endpoints.split(",") if e.strip()]
+    if not endpoints:
+        raise CNIError(INVALID_CONFIG, "--etcd-endpoints is required", "e.g. --etcd-endpoints http://10.0.0.1:2379")
+    for ep in endpoints:
+        if not ep.startswith(("http://", "https://")):
+            raise CNIError(INVALID_CONFIG, f"invalid etcd endpoint {ep!r}", "endpoints are http:// or https:// URLs")
+    ips = [i.strip() for i in ns.underlay_ip.split(",") if i.strip()]
+    for ip in ips:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise CNIError(INVALID_CONFIG, f"invalid --underlay-ip {ip!r}", "give an IP address") from None
+    if need_underlay and not ips:
+        raise CNIError(INVALID_CONFIG, "--underlay-ip is required", "the address other nodes reach this one on")
+    if ns.ttl < 2:
+        raise CNIError(INVALID_CONFIG, "--ttl must be at least 2 seconds", f"got {ns.ttl}")
+    if not 0 < ns.vxlan_vni < 1 << 24 or not 0 < ns.vxlan_port < 65536 or not 0 < len(ns.vxlan_device) < 16:
+        raise CNIError(INVALID_CONFIG, "invalid vxlan settings",
+                       "--vxlan-vni 1..16777215, --vxlan-port 1..65535, --vxlan-device up to 15 characters")
+    return AgentOptions(endpoints=endpoints, name=ns.node_name or socket.gethostname(), underlay_ips=ips,
+                        mode=ns.mode, prefix=ns.etcd_prefix or DEFAULT_PREFIX, ttl=ns.ttl, device=ns.vxlan_device,
+                        vni=ns.vxlan_vni, port=ns.vxlan_port, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert,
+                        key=ns.etcd_key)
+
+
+def main(ns: argparse.Namespace) -> int:
+    """``pycni node [run|status|remove NAME] ...``; etcd out of reach is CNIError 11."""
+    from pycni.cluster.etcd import Etcd, EtcdUnavailable
+    from pycni.spec.errors import INVALID_CONFIG, TRY_AGAIN, CNIError
+
+    opts = options(ns, need_underlay=ns.action == "run")
+    try:
+        if ns.action == "run":
+            return Agent(opts).run()
+        with Etcd(opts.endpoints, timeout=5.0, ca_cert=opts.ca_cert, cert=opts.cert, key=opts.key) as etcd:
+            if ns.action == "remove":
+                if not ns.target:
+                    raise CNIError(INVALID_CONFIG, "pycni node remove needs the node's NAME")
+                found = remove_node(etcd, opts.prefix, ns.target)
+                print(f"node {ns.target}: {'removed' if found else 'not registered'}")
+                return 0
+            lines, in_sync = status_lines(opts, etcd)
+            print("\n".join(lines))
+            return 0 if in_sync else 3
+    except EtcdUnavailable as e:
+        raise CNIError(TRY_AGAIN, "etcd unavailable", str(e)) from None

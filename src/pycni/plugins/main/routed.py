@@ -1,0 +1,279 @@
+"""routed: a veth per pod and nothing but routes (Calico's per-pod dataplane).
+
+Unlike ptp, no address on the host end and no subnet anywhere: the pod holds its addresses
+as /32 (/128) and sends everything to a made-up next hop, 169.254.1.1 (IPv4) or the host
+end's link-local address (IPv6), on a link route. The host end carries a fixed MAC
+(``ee:ee:ee:ee:ee:ee``, so its link-local address is known in advance), answers ARP for any
+address by proxy (NDP likewise), and the host reaches the pod by one route per pod address.
+Any IPAM works; with ``cluster-ipam`` and ``pycni node`` the pod is reachable from every node.
+
+The host end is named from the container ID and interface (``rtd`` + 12 hex digits of a hash),
+so DEL finds it without any state; its alias records the owner, which tells a stale link of
+ours (removed and made again) from an unlikely hash collision (the next name is tried).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pycni import invoke, ipam, netconf
+from pycni.record import field, record
+from pycni.rollback import Rollback
+from pycni.skel import CmdArgs, Plugin, load_conf, run_plugin
+from pycni.spec import errors as E
+from pycni.spec.errors import CNIError
+from pycni.spec.types import DNS, Interface, IPConfig, Result, Route
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
+
+HOST_MAC = "ee:ee:ee:ee:ee:ee"
+GATEWAY_V4 = ipaddress.IPv4Address("169.254.1.1")
+GATEWAY_V6 = ipaddress.IPv6Address("fe80::ecee:eeff:feee:eeee")  # EUI-64 link-local of HOST_MAC
+HOST_PREFIX = "rtd"
+NAME_TRIES = 4  # names per (container, ifname): the hash, then salted hashes on a collision
+ALIAS_PREFIX = "pycni-routed:"
+
+
+@record
+class RoutedConf:
+    """A validated ``routed`` configuration (everything checked before anything is made)."""
+
+    conf: dict[str, Any]  # the whole config, as handed to IPAM
+    ipam_type: str
+    mtu: int = 0          # 0: the kernel's default
+    dns: DNS = field(default_factory=DNS)
+
+
+def parse_conf(args: CmdArgs) -> RoutedConf:
+    """The config as a :class:`RoutedConf`: IPAM required, ``mtu`` one the kernel takes, ``dns``,
+    runtimeConfig and args well-formed."""
+    raw = args.conf()
+    netconf.runtime_config(raw)
+    netconf.args_cni(raw)
+    mtu = netconf.get_int(raw, "mtu", minimum=0, maximum=netconf.MAX_MTU)
+    if 0 < mtu < 68:
+        raise netconf.invalid("mtu", f"0 (the default) or from 68 to {netconf.MAX_MTU}", mtu)
+    return RoutedConf(conf=raw, ipam_type=ipam.require_ipam(raw, "routed"), mtu=mtu,
+                      dns=DNS.from_dict(netconf.get_dict(raw, "dns")))
+
+
+def check_for_add(rc: RoutedConf, args: CmdArgs) -> None:
+    """What ADD must find before making anything: the IPAM plugin on CNI_PATH, the netns, a free
+    CNI_IFNAME."""
+    from pycni.net import link
+
+    invoke.find_in_path(rc.ipam_type, args.cni_path)
+    link.check_container_ifname(args.netns, args.ifname)
+
+
+def host_names(container_id: str, ifname: str) -> list[str]:
+    """The host-end names this attachment may use, in order (15 characters, IFNAMSIZ - 1)."""
+    import hashlib
+
+    names = []
+    for n in range(NAME_TRIES):
+        seed = f"{container_id}\0{ifname}" + (f"\0{n}" if n else "")
+        names.append(HOST_PREFIX + hashlib.sha256(seed.encode()).hexdigest()[:12])
+    return names
+
+
+def owner_tag(container_id: str, ifname: str) -> str:
+    """The host end's alias: which attachment owns it."""
+    return f"{ALIAS_PREFIX}{container_id}/{ifname}"
+
+
+def _link_alias(name: str) -> str | None:
+    """The alias of link ``name``, None when there is no such link."""
+    from pycni.net import link
+
+    with link.rtnl() as sock:
+        msg = link.lookup_msg(sock, name)
+        return None if msg is None else str(msg.get_attr("IFLA_IFALIAS") or "")
+
+
+def _claim_host_name(container_id: str, ifname: str) -> str:
+    """A free host-end name for this attachment; a stale link of its own (an earlier ADD that
+    left it) is removed, a link owned by anyone else is skipped."""
+    from pycni.net import link
+
+    tag = owner_tag(container_id, ifname)
+    for name in host_names(container_id, ifname):
+        alias = _link_alias(name)
+        if alias is None:
+            return name
+        if alias == tag:
+            link.delete_link(name)
+            return name
+    raise CNIError(E.INTERNAL, f"routed: no free host interface name for {container_id}/{ifname}",
+                   f"{', '.join(host_names(container_id, ifname))} all exist and belong to other containers")
+
+
+def find_host_end(container_id: str, ifname: str) -> str | None:
+    """The host end made for this attachment, None when there is none."""
+    tag = owner_tag(container_id, ifname)
+    for name in host_names(container_id, ifname):
+        alias = _link_alias(name)
+        if alias is None:
+            continue  # a later salted name may still be ours if this one was freed since
+        if alias == tag:
+            return name
+    return None
+
+
+def _gateway(version: int) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return GATEWAY_V4 if version == 4 else GATEWAY_V6
+
+
+def _host_addresses(result: Result) -> list[IPConfig]:
+    """The pod's addresses as host routes (/32, /128) with the fixed next hop as gateway."""
+    out = []
+    for ipc in result.ips:
+        bits = ipc.address.max_prefixlen
+        out.append(IPConfig(address=ipaddress.ip_interface(f"{ipc.address.ip}/{bits}"),
+                            gateway=_gateway(ipc.address.version), interface=1))
+    return out
+
+
+def _pod_routes(result: Result, versions: set[int]) -> list[Route]:
+    """A default route per family in use, then IPAM's other routes, all via the fixed next hop."""
+    routes = [Route(dst=ipaddress.ip_network("0.0.0.0/0" if v == 4 else "::/0"), gw=_gateway(v))
+              for v in sorted(versions)]
+    for r in result.routes:
+        if r.dst.prefixlen == 0 or r.dst.version not in versions:
+            continue
+        routes.append(Route(dst=r.dst, gw=_gateway(r.dst.version), mtu=r.mtu, advmss=r.advmss,
+                            priority=r.priority, table=r.table))
+    return routes
+
+
+def _setup_host_end(name: str, versions: set[int], undo: Rollback) -> None:
+    """Forwarding on (off again if the ADD fails and it was off), proxy ARP / NDP on the host end
+    (before the pod end is up, so its link-local address is born with DAD off, usable at once)."""
+    from pycni.net import sysctl
+
+    for version in sorted(versions):
+        if sysctl.enable_forwarding(version):
+            undo.push(sysctl.disable_forwarding, version)
+    if 4 in versions:
+        sysctl.write_sysctl(f"net/ipv4/conf/{name}/proxy_arp", "1")
+        sysctl.try_write_sysctl(f"net/ipv4/neigh/{name}/proxy_delay", "0")
+        sysctl.write_sysctl(f"net/ipv4/conf/{name}/forwarding", "1")
+    if 6 in versions:
+        sysctl.write_sysctl(f"net/ipv6/conf/{name}/accept_dad", "0")
+        sysctl.write_sysctl(f"net/ipv6/conf/{name}/proxy_ndp", "1")
+        sysctl.write_sysctl(f"net/ipv6/conf/{name}/forwarding", "1")
+
+
+def _setup_pod(netns_path: str, ifname: str, ips: list[IPConfig], routes: list[Route]) -> None:
+    """Addresses, permanent neighbours for the next hops, link routes and the pod's routes."""
+    from pycni.net import addr, iface, link, neigh, netns, route
+
+    versions = {i.address.version for i in ips}
+    with netns.enter(netns_path):
+        index = link.require_link(ifname).index
+        if 6 in versions:
+            iface.enable_ipv6(ifname)
+        for ipc in ips:
+            # No DAD: the only other party on this link is our host end.
+            addr.add_addr(index, ipc.address, nodad=True)
+        link.set_up(index, ifname)
+        for v in sorted(versions):
+            gw = _gateway(v)
+            # Known in advance, so no ARP/NDP: the pod reaches its next hop even where proxy ARP
+            # would stay silent (a host with no route to 169.254.1.1 answers no ARP for it).
+            neigh.set_neighbour(index, str(gw), HOST_MAC)
+            if v == 4:
+                route.add_route(f"{gw}/32", dev=index, scope=route.RT_SCOPE_LINK)
+        for r in routes:
+            src = next((i.address.ip for i in ips if i.address.version == r.dst.version), None)
+            route.add_route(r.dst, gw=r.gw, dev=index, src=src, mtu=r.mtu or None, advmss=r.advmss or None,
+                            priority=r.priority or None, table=r.table)
+
+
+def cmd_add(args: CmdArgs) -> Result:
+    from pycni.net import link, route, veth
+
+    rc = parse_conf(args)
+    check_for_add(rc, args)
+    with Rollback() as undo:
+        result = ipam.add(rc.conf, args)
+        undo.push(ipam.delete, rc.conf, args)
+        ips = _host_addresses(result)
+        versions: set[int] = {i.address.version for i in ips}
+        host = _claim_host_name(args.container_id, args.ifname)
+        pair = veth.setup_veth(args.netns, args.ifname, mtu=rc.mtu, host_name=host, host_mac=HOST_MAC)
+        undo.push(link.delete_link, host)  # the host routes go with it
+        link.set_alias(host, owner_tag(args.container_id, args.ifname))
+        _setup_host_end(host, versions, undo)
+        routes = _pod_routes(result, versions)
+        _setup_pod(args.netns, args.ifname, ips, routes)
+        for ipc in ips:
+            # replace: a route left to this address by a pod that died uncleanly must not block this one
+            route.add_route(ipc.address.network, dev=pair.host.index, scope=route.RT_SCOPE_LINK, replace=True)
+        out = Result(cni_version=result.cni_version, ips=ips, routes=routes, dns=result.dns,
+                     interfaces=[Interface(name=host, mac=HOST_MAC),
+                                 Interface(name=args.ifname, mac=pair.container.mac, sandbox=args.netns)])
+        if not rc.dns.is_empty():
+            out.dns = rc.dns  # the plugin's own DNS settings win over IPAM's, as in the reference
+    return out
+
+
+def cmd_del(args: CmdArgs) -> None:
+    from pycni.net import link, netns
+
+    conf = load_conf(args.stdin_data)
+    ipam.delete(conf, args)
+    host = find_host_end(args.container_id, args.ifname)
+    if host is not None:
+        link.delete_link(host)  # the pod end and the host routes go with it
+    elif args.netns and netns.netns_exists(args.netns):
+        with netns.enter(args.netns):
+            found = link.get_link(args.ifname)
+            if found is not None and found.kind == "veth":
+                link.delete_link(found.index)
+
+
+def cmd_check(args: CmdArgs) -> None:
+    from pycni.net import link, netns, route, sysctl, verify
+
+    rc = parse_conf(args)
+    netns.check_netns(args.netns)
+    ipam.check(rc.conf, args)
+    prev = netconf.require_prev_result(rc.conf, "routed")
+    verify.container_link(prev, args.ifname, args.netns, kind="veth", label="routed")
+    host = find_host_end(args.container_id, args.ifname)
+    if host is None:
+        raise CNIError(E.INTERNAL, f"routed: host interface for {args.container_id}/{args.ifname} not found",
+                       f"expected one of {', '.join(host_names(args.container_id, args.ifname))}")
+    found = link.require_link(host)
+    installed = route.list_routes(dev=found.index)
+    for ipc in prev.ips:
+        if ipc.address.version == 4 and sysctl.read_sysctl(f"net/ipv4/conf/{host}/proxy_arp") != "1":
+            raise CNIError(E.INTERNAL, f"routed: proxy ARP is off on {host}", "the pod cannot reach its next hop")
+        want = ipaddress.ip_network(f"{ipc.address.ip}/{ipc.address.max_prefixlen}")
+        if not any(r.dst == want for r in installed):
+            raise CNIError(E.INTERNAL, f"routed: host route to {want} via {host} not found",
+                           "the host no longer routes to the pod")
+
+
+def cmd_gc(args: CmdArgs) -> None:
+    """GC belongs to IPAM: it releases what ``cni.dev/valid-attachments`` omits (host ends die
+    with their pods' namespaces)."""
+    conf = load_conf(args.stdin_data)
+    netconf.valid_attachments(conf)
+    ipam.gc(conf, args)
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """Ready when IPAM is (cluster-ipam: when etcd answers)."""
+    ipam.status(load_conf(args.stdin_data), args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
+                about="pycni routed: a veth per pod, host routes and proxy ARP (Calico's dataplane)")
+
+
+def main() -> None:
+    run_plugin(PLUGIN)
