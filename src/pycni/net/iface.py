@@ -4,7 +4,10 @@ Runs in the calling thread's netns (the container's, normally). The order is the
 reference's: addresses of the IPs whose ``interface`` index names this interface (enabling
 IPv6 on it and on lo first when an IPv6 address is coming), link up, wait for IPv6 DAD to
 settle when there is an IPv6 gateway, then routes (a route without a gateway goes via the
-first gateway of its family, as in the reference).
+first gateway of its family, as in the reference). Routes are added beside any the namespace
+already holds for the same destination (not exclusively), as the reference's: a container on
+two networks keeps both default routes — IPv4 as two routes, IPv6 as one multipath route — and
+deleting either network's interface leaves the other's working.
 """
 
 from __future__ import annotations
@@ -74,4 +77,4 @@ def configure_iface(ifname: str, result: Result) -> None:
         if gw is None:
             gw = v4gw if r.dst.version == 4 else v6gw
         _route.add_route(r.dst, gw=gw, dev=link.index, priority=r.priority or None, table=r.table,
-                         scope=r.scope, mtu=r.mtu or None, advmss=r.advmss or None)
+                         scope=r.scope, mtu=r.mtu or None, advmss=r.advmss or None, exclusive=False)

@@ -526,7 +526,13 @@ class IPRoute:
     # -- routes --
 
     def route(self, command: str, **kw: Any) -> list[Msg]:
-        """``add``, ``replace`` or ``del`` one route (pyroute2's keywords: dst, dst_len, gateway, oif…)."""
+        """``add``, ``create``, ``replace`` or ``del`` one route (pyroute2's keywords: dst, dst_len, gateway, oif…).
+
+        ``add`` fails with EEXIST when a route of the same destination and metric exists;
+        ``create`` (NLM_F_CREATE alone, what Go's netlink.RouteAddEcmp sends) puts the route beside
+        it — IPv4 keeps both, IPv6 joins routes with gateways into one multipath route — and fails
+        only on an identical route.
+        """
         kw = dict(kw)
         deleting = command == "del"
         dst = kw.pop("dst", None)
@@ -561,6 +567,8 @@ class IPRoute:
         body += b"".join(attrs)
         if command == "add":
             return self.request(RTM_NEWROUTE, body, NLM_F_CREATE | NLM_F_EXCL)
+        if command == "create":
+            return self.request(RTM_NEWROUTE, body, NLM_F_CREATE)
         if command == "replace":
             return self.request(RTM_NEWROUTE, body, NLM_F_CREATE | NLM_F_REPLACE)
         if deleting:

@@ -2,7 +2,9 @@
 
 Defaults follow vishvananda/netlink as the Go plugins use it: a route is added with scope
 universe and the main table unless told otherwise, and adding an identical route fails with
-"file exists" unless ``exist_ok``.
+"file exists" unless ``exist_ok``. Routes from an IPAM result go in with ``exclusive=False``, as
+Go's ``ipam.ConfigureIface`` adds them (netlink.RouteAddEcmp): a container on several networks
+gets each network's default route, where an exclusive add would refuse the second.
 """
 
 from __future__ import annotations
@@ -115,15 +117,19 @@ def _describe(kw: dict[str, Any], dev: str | int | None) -> str:
 def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: str | int | None = None,
               table: int | None = None, priority: int | None = None, scope: int | None = None,
               mtu: int | None = None, advmss: int | None = None, exist_ok: bool = False,
-              replace: bool = False, src: IPAddress | str | None = None) -> None:
-    """Add (or with ``replace``, replace) a route; ``dev`` is a link name or index; ``src`` the prefsrc."""
+              replace: bool = False, src: IPAddress | str | None = None, exclusive: bool = True) -> None:
+    """Add (or with ``replace``, replace) a route; ``dev`` is a link name or index; ``src`` the prefsrc.
+
+    ``exclusive=False`` adds it beside a route of the same destination and metric through another
+    gateway or link (see :meth:`pycni.net.nl.IPRoute.route`'s ``create``) instead of failing.
+    """
     with rtnl() as sock:
         oif = _oif(sock, dev)
         kw = _spec(dst, gw, oif, table, priority, scope, mtu, advmss, proto=RTPROT_BOOT)
         if src is not None:
             kw["prefsrc"] = str(src)
         try:
-            sock.route("replace" if replace else "add", **kw)
+            sock.route("replace" if replace else "add" if exclusive else "create", **kw)
         except Exception as e:
             if not is_netlink_error(e):
                 raise
