@@ -271,6 +271,34 @@ def test_podman_swap_plugins_under_live_containers(podman: RuntimeHost, outside_
     assert_clean(host, ["10.91.4."])
 
 
+def test_podman_daemon_on_default_socket(podman: RuntimeHost) -> None:
+    """With ``pycni daemon`` on its default socket, podman's plugin calls reach it with no
+    environment set: the ADD from ``podman run`` and the DEL from conmon's ``podman container
+    cleanup`` (conmon filters the environment) when a container exits on its own."""
+    host = podman
+    log = "/run/pycni-daemon.log"
+    host.popen(["sh", "-c", f"echo $$ > /run/pycni-daemon.pid; exec {PYCNI} daemon --debug --log-file {log}"],
+               host.scratch / "daemon.out")
+    try:
+        host.sh("for i in $(seq 300); do [ -S /run/pycni/pycni.sock ] && exit 0; sleep 0.1; done; exit 1")
+        host.podman("network", "create", "--subnet", "10.91.5.0/24", "dnet")
+        run_httpd(host, "dweb", "--network", "dnet", "-p", "8083:80")
+        assert fetch(host, f"http://{HOST_IP}:8083/") == "pycni\n"
+        host.podman("run", "-d", "--name", "brief", "--network", "dnet", "-p", "8084:80", IMAGE, "sleep", "1")
+        host.podman("wait", "brief")
+        host.sh("for i in $(seq 100); do [ -z \"$(ls /var/lib/cni/results | grep -v dweb)\" ] && exit 0; "
+                "sleep 0.1; done; exit 1", check=False)
+        served = host.sh(f"cat {log}")
+        brief = host.podman("inspect", "-f", "{{.Id}}", "brief")
+        assert re.search(rf"bridge ADD {brief}", served) and re.search(rf"bridge DEL {brief}", served), served
+        assert re.search(r"portmap DEL", served), served
+        host.podman("rm", "-f", "-t", "0", "dweb", "brief")
+        host.podman("network", "rm", "dnet")
+        assert_clean(host, ["10.91.5.", "8083", "8084"])
+    finally:
+        host.sh("kill $(cat /run/pycni-daemon.pid); rm -f /run/pycni-daemon.pid", check=False)
+
+
 # ---- containerd (ctr run --cni) --------------------------------------------------------------
 
 CTR_CONFLIST = """{
