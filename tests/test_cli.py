@@ -148,7 +148,8 @@ def test_install_plugins_and_plugin_verb(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     shim = tmp_path / "bin" / name
     assert proc.stdout.strip() == str(shim)
-    assert os.access(shim, os.X_OK) and shim.read_text().startswith(f"#!{sys.executable} -IS\n")
+    assert os.access(shim, os.X_OK) and shim.read_text().startswith("#!/bin/sh\n# pycni plugin ")
+    assert f"exec '{sys.executable}' -IS \"$0\" \"$@\"" in shim.read_text()
     for cmd in ([str(shim)], [*PYCNI, "plugin", name]):
         ver = subprocess.run(cmd, input='{"cniVersion":"1.0.0"}', env={"CNI_COMMAND": "VERSION"},
                              capture_output=True, text=True, timeout=60)

@@ -215,3 +215,61 @@ def test_one_shot_in_process_delegation_matches_exec(go_libcni_tool: str, shims:
         host.run([*cmd, "del"], env=env)
         assert not list((tmp_path / inproc / "ipam" / "dm").glob("10.*"))
     assert out["1"] == out["0"]
+
+
+# ---- finding the daemon without any environment (runtimes such as conmon filter it) ---------------------
+
+def host_local_conf(tmp_path: Path, name: str) -> bytes:
+    return json.dumps({"cniVersion": "1.0.0", "name": name, "ipam": {
+        "type": "host-local", "subnet": "10.90.0.0/24", "dataDir": str(tmp_path / "ipam")}}).encode()
+
+
+def cni_only_env(command: str, cid: str, cni_path: str) -> list[str]:
+    """`env -i` and the CNI_* variables: no PATH, no PYCNI_SOCKET, nothing else."""
+    return ["env", "-i", f"CNI_COMMAND={command}", f"CNI_CONTAINERID={cid}", "CNI_NETNS=/nonexistent",
+            "CNI_IFNAME=eth0", f"CNI_PATH={cni_path}"]
+
+
+def test_baked_socket_serves_an_empty_environment(daemon: Daemon, tmp_path: Path,
+                                                   netns_factory: Callable[[], Namespace]) -> None:
+    """`install-plugins --socket PATH` bakes the daemon's socket in: found with no PYCNI_SOCKET at all."""
+    host = netns_factory()
+    (exe,) = install(str(tmp_path / "baked"), ["host-local"], daemon=True, socket=daemon.sock)
+    conf = host_local_conf(tmp_path, "baked")
+    added = host.run([*cni_only_env("ADD", "envless1", str(tmp_path / "baked")), exe], input=conf)
+    assert json.loads(added.stdout)["ips"][0]["address"] == "10.90.0.2/24"
+    host.run([*cni_only_env("DEL", "envless1", str(tmp_path / "baked")), exe], input=conf)
+    assert daemon.requests() == ["host-local ADD envless1", "host-local DEL envless1"]
+    assert not (tmp_path / "ipam" / "baked" / "10.90.0.2").exists()
+    # PYCNI_SOCKET still wins when a runtime passes it: "off" runs in-process, not served
+    host.run(["env", "-i", "PYCNI_SOCKET=off", *cni_only_env("ADD", "envless2", str(tmp_path / "baked"))[2:], exe],
+             input=conf)
+    assert "host-local ADD envless2" not in daemon.requests()
+
+
+def test_default_socket_serves_an_empty_environment(tmp_path: Path, netns_factory: Callable[[], Namespace]) -> None:
+    """The default socket is the contract: a daemon started with no options serves executables installed
+    with none, whatever their environment. Run in private mount and PID namespaces with a tmpfs on /run,
+    so the machine's /run/pycni is never touched and the daemon dies with the test."""
+    host = netns_factory()
+    (exe,) = install(str(tmp_path / "bin"), ["host-local"], daemon=True)
+    conf = tmp_path / "conf.json"
+    conf.write_bytes(host_local_conf(tmp_path, "dflt"))
+    log = tmp_path / "daemon.log"
+    add = " ".join(cni_only_env("ADD", "dflt1", str(tmp_path / "bin")))
+    delete = " ".join(cni_only_env("DEL", "dflt1", str(tmp_path / "bin")))
+    script = f"""set -e
+mount -t tmpfs pycni-test-run /run
+env -i {sys.executable} -m pycni.daemon --debug --workers 1 --log-file {log} &
+i=0; until [ -S /run/pycni/pycni.sock ]; do i=$((i+1)); [ $i -lt 600 ]; sleep 0.05; done
+{add} {exe} < {conf} > {tmp_path / "added.json"}
+{delete} {exe} < {conf}
+kill -TERM $!; wait $!
+"""
+    proc = host.run(["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--mount-proc",
+                     "--kill-child", "sh", "-c", script], timeout=120)
+    assert proc.returncode == 0
+    assert json.loads((tmp_path / "added.json").read_text())["ips"][0]["address"] == "10.90.0.2/24"
+    served = re.findall(r"DEBUG (\S+ \S+ \S+) \(pid", log.read_text())
+    assert served == ["host-local ADD dflt1", "host-local DEL dflt1"]
+    assert not (tmp_path / "ipam" / "dflt" / "10.90.0.2").exists()

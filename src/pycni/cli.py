@@ -195,9 +195,16 @@ def cmd_install_plugins(opts: argparse.Namespace) -> int:
 
     try:
         written = registry.install(opts.dir, opts.names or None, python=opts.python,
-                                   daemon=not opts.direct and registry.daemon_shims_available())
+                                   daemon=not opts.direct and registry.daemon_shims_available(),
+                                   socket=opts.socket, force=opts.force)
     except KeyError as e:
         raise UsageError(7, "cannot install plugins", str(e.args[0])) from None
+    except ValueError as e:
+        raise UsageError(7, "cannot install plugins", str(e)) from None
+    except registry.ForeignExecutable as e:
+        raise UsageError(5, f"refusing to replace executables that pycni did not write in {opts.dir}",
+                         f"{', '.join(e.paths)} (another implementation's plugin?); nothing was written; "
+                         "move them away, or pass --force to replace them") from None
     except OSError as e:
         raise UsageError(5, f"cannot write plugins to {opts.dir}", e.strerror or str(e)) from None
     for path in written:
@@ -280,7 +287,13 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("install-plugins", help="write plugin executables into a CNI bin directory")
     sp.add_argument("--dir", required=True, help="target directory (e.g. /opt/cni/bin)")
     sp.add_argument("--python", help="interpreter for the executables (default: this one)")
-    sp.add_argument("--direct", action="store_true", help="never forward to a pycni daemon")
+    how = sp.add_mutually_exclusive_group()
+    how.add_argument("--direct", action="store_true", help="never forward to a pycni daemon")
+    how.add_argument("--socket", metavar="PATH",
+                     help="the daemon's socket, baked into the executables (default: $PYCNI_SOCKET at run "
+                     "time, else /run/pycni/pycni.sock); runtimes that filter the environment still find it")
+    sp.add_argument("--force", action="store_true",
+                    help="replace executables that pycni did not write (e.g. the Go plugins); refused otherwise")
     sp.add_argument("names", nargs="*", metavar="TYPE", help="plugin types (default: all)")
     sp.set_defaults(fn=cmd_install_plugins)
 

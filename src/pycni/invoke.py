@@ -152,22 +152,12 @@ def _delegate_env(args: CmdArgs, command: str) -> dict[str, str]:
 # In-process delegation: inside the daemon (PYCNI_IN_DAEMON=1) or a one-shot shim process
 # (PYCNI_INPROC_DELEGATE=1), a delegate that is one of our generated executables runs through
 # skel.dispatch here instead of in a new interpreter; the result is the same, the start-up is not.
-_SHIM_HEADER = "# pycni plugin "
-
-
 def _our_plugin_module(path: str) -> str | None:
     """The module behind ``path`` when it is an executable written by ``pycni install-plugins``."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(512).decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
-    if len(head) < 2 or not head[0].startswith("#!") or not head[1].startswith(_SHIM_HEADER):
-        return None
-    name = head[1][len(_SHIM_HEADER):].split(":", 1)[0].strip().strip("'\"")
-    from pycni.plugins.registry import PLUGIN_MODULES
+    from pycni.plugins.registry import PLUGIN_MODULES, shim_type
 
-    return PLUGIN_MODULES.get(name)
+    name = shim_type(path)
+    return PLUGIN_MODULES.get(name) if name else None
 
 
 def _run_delegate(path: str, netconf: bytes, env: Mapping[str, str]) -> bytes:

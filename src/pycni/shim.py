@@ -1,7 +1,9 @@
 """What an installed plugin executable runs: forward to the daemon if one listens, else run here.
 
-The executables written by ``pycni install-plugins`` call :func:`main` with their CNI type.
-With a daemon on ``PYCNI_SOCKET`` (default /run/pycni/pycni.sock) the request — environment,
+The executables written by ``pycni install-plugins`` call :func:`main` with their CNI type
+(their sh front has answered VERSION already, unless its input was unusual). With a daemon on
+the socket — ``$PYCNI_SOCKET``, else the one baked in by ``install-plugins --socket``, else
+/run/pycni/pycni.sock, so a runtime that filters the environment still finds it — the request — environment,
 stdin, and implicitly this process's network namespace, which the daemon learns from the
 socket's peer credentials — is served there with warm imports, and stdout, stderr and the exit
 code are relayed byte for byte. With no daemon listening the plugin runs in this process.
@@ -150,7 +152,8 @@ def _run_here(module: str, stdin: bytes) -> tuple[int, bytes, bytes]:
     return outcome.exit_code, outcome.stdout, outcome.stderr
 
 
-def main(plugin_type: str, module: str) -> None:
+def main(plugin_type: str, module: str, socket: str | None = None) -> None:
+    """Serve one invocation of ``plugin_type``; ``socket`` is the daemon's, baked in at install."""
     command = os.environ.get("CNI_COMMAND", "")
     if len(sys.argv) > 1 or (not command and (sys.stdin is None or sys.stdin.isatty())):
         import importlib
@@ -159,7 +162,7 @@ def main(plugin_type: str, module: str) -> None:
         importlib.import_module(module).main()
         return
     stdin = _read_stdin()
-    sock_path = os.environ.get("PYCNI_SOCKET") or "/run/pycni/pycni.sock"
+    sock_path = os.environ.get("PYCNI_SOCKET") or socket or "/run/pycni/pycni.sock"  # protocol.DEFAULT_SOCKET
     answer = None
     if sock_path != "off" and command != "VERSION":
         answer = _forward(sock_path, plugin_type, stdin)

@@ -2,9 +2,11 @@
 // pycni's plugins and on-disk cache can be checked against the real thing.
 //
 //	gocnitool -confdir DIR -net NAME -path DIR[:DIR] -cachedir DIR \
-//	          -cid ID -netns PATH -ifname IF [-args K=V;K=V] [-cap JSON] add|check|del|cached
+//	          -cid ID -netns PATH -ifname IF [-args K=V;K=V] [-cap JSON] add|check|del|cached|validate|version
 //
-// add and cached print the result JSON on stdout. Any failure prints a CNI error object
+// add and cached print the result JSON on stdout; validate runs libcni's ValidateNetworkList
+// (VERSION of every plugin, as podman does before using a network) and prints the
+// capabilities; version prints {"type": [supported versions]} from libcni's GetVersionInfo. Any failure prints a CNI error object
 // ({"code", "msg", "details"}) on stdout, the plain error on stderr, and exits 1.
 package main
 
@@ -60,7 +62,7 @@ func main() {
 	capArgs := flag.String("cap", "", "capability args as a JSON object")
 	flag.Parse()
 	if flag.NArg() != 1 {
-		fail(fmt.Errorf("one command expected (add, check, del, cached), got %v", flag.Args()))
+		fail(fmt.Errorf("one command expected (add, check, del, cached, validate, version), got %v", flag.Args()))
 	}
 	list, err := libcni.LoadConfList(*confDir, *netName)
 	if err != nil {
@@ -92,6 +94,22 @@ func main() {
 		if err == nil && result == nil {
 			err = fmt.Errorf("no cached result for %s/%s/%s", *netName, *cid, *ifname)
 		}
+	case "validate":
+		var caps []string
+		if caps, err = cni.ValidateNetworkList(ctx, list); err == nil {
+			fmt.Println(strings.Join(caps, ","))
+		}
+	case "version":
+		supported := map[string][]string{}
+		for _, p := range list.Plugins {
+			info, verr := cni.GetVersionInfo(ctx, p.Network.Type)
+			if verr != nil {
+				fail(verr)
+			}
+			supported[p.Network.Type] = info.SupportedVersions()
+		}
+		data, _ := json.Marshal(supported)
+		fmt.Println(string(data))
 	default:
 		err = fmt.Errorf("unknown command %q", flag.Arg(0))
 	}
