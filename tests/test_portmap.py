@@ -23,6 +23,8 @@ import pytest
 from netns_util import Namespace
 
 from pycni.plugins.meta import portmap
+from pycni.plugins.meta.portmap import iptables as pm_ipt
+from pycni.plugins.meta.portmap import nftables as pm_nft
 from pycni.skel import Outcome, dispatch
 
 HOST_IP = "192.168.77.1"
@@ -172,13 +174,10 @@ def ipt_nat(t: Topo) -> str:
 
 
 def our_nft_objects(t: Topo) -> str:
-    """Per-container map and set elements left in our table (empty when all is clean).
-
-    Only the shared container_nets sets (the networks' subnets) may keep elements.
-    """
+    """Map and set elements left in our table (empty when all is clean: every element belongs
+    to one container, none to a network)."""
     listing = json.loads(t.host.run(["nft", "-j", "list", "ruleset"]).stdout)["nftables"]
-    left = [f"{o['set'].get('name')}: {o['set']['elem']}" for o in listing
-            if "set" in o and o["set"].get("elem") and not o["set"]["name"].startswith("container_nets")]
+    left = [f"{o['set'].get('name')}: {o['set']['elem']}" for o in listing if "set" in o and o["set"].get("elem")]
     left += [f"{o['map'].get('name')}: {o['map']['elem']}" for o in listing if "map" in o and o["map"].get("elem")]
     return "\n".join(left)
 
@@ -250,7 +249,7 @@ def test_snat_false_disables_hairpin_masquerade(topo_factory: Callable[[int], To
     assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
     # No hairpin elements: the container reaching itself through the host port is not
     # masqueraded, so its reply bypasses the NAT and the connection fails.
-    targets = t.host.run(["nft", "list", "set", "inet", portmap.NFT_TABLE, "targets4"]).stdout
+    targets = t.host.run(["nft", "list", "set", "inet", pm_nft.NFT_TABLE, "masq4"]).stdout
     assert "10.88.0.10" not in targets
     assert connect(t.containers[0], HOST_IP, 8080).startswith("ERR")
     ok(call(t, "DEL", 0, nc))
@@ -332,7 +331,7 @@ def test_check_detects_missing_rules_nftables(topo_factory: Callable[[int], Topo
     nc = conf(t, 0, WEB)
     ok(call(t, "ADD", 0, nc))
     ok(call(t, "CHECK", 0, nc))
-    t.host.run(["nft", "delete", "element", "inet", portmap.NFT_TABLE, "hostports4", "{ tcp . 8080 }"])
+    t.host.run(["nft", "delete", "element", "inet", pm_nft.NFT_TABLE, "hostports4", "{ tcp . 8080 }"])
     e = err(call(t, "CHECK", 0, nc))
     assert "8080" in e.get("details", "")
     ok(call(t, "DEL", 0, nc))
@@ -349,10 +348,7 @@ def test_check_detects_missing_rules_iptables(topo_factory: Callable[[int], Topo
     nc = conf(t, 0, WEB, "iptables")
     ok(call(t, "ADD", 0, nc))
     ok(call(t, "CHECK", 0, nc))
-    chain = portmap.dnat_chain_name(portmap.PortMapConf(
-        name="testnet", cni_version="1.0.0", backend="iptables", snat=True, masq_all=False, mark_masq_bit=13,
-        external_set_mark_chain=None, conditions_v4=[], conditions_v6=[], mappings=[], prev=None,
-        container_id="ctr-0"))
+    chain = pm_ipt.dnat_chain_name("testnet", "ctr-0")
     t.host.run(["iptables", "-t", "nat", "-F", chain])
     err(call(t, "CHECK", 0, nc))
     ok(call(t, "DEL", 0, nc))
@@ -365,7 +361,7 @@ def test_no_mappings_passes_prev_result_through(topo_factory: Callable[[int], To
         result = ok(call(t, "ADD", 0, nc))
         assert result["ips"] == t.prev_result(0)["ips"]
         assert result["interfaces"] == t.prev_result(0)["interfaces"]
-    assert portmap.NFT_TABLE not in ruleset(t)
+    assert pm_nft.NFT_TABLE not in ruleset(t)
 
 
 def test_result_converted_to_config_version(topo_factory: Callable[[int], Topo]) -> None:
@@ -405,7 +401,7 @@ def test_invalid_config(topo_factory: Callable[[int], Topo], extra: dict[str, An
     e = err(call(t, "ADD", 0, nc))
     assert e["code"] == 7, e
     assert needle in e["msg"] + e.get("details", ""), e
-    assert portmap.NFT_TABLE not in ruleset(t)
+    assert pm_nft.NFT_TABLE not in ruleset(t) and "CNI-" not in ipt_nat(t)
 
 
 def test_not_chained_and_bad_json(topo_factory: Callable[[int], Topo]) -> None:
@@ -426,7 +422,7 @@ def test_bad_nft_conditions_roll_back(topo_factory: Callable[[int], Topo]) -> No
     nc = conf(t, 0, WEB, conditionsV4=["ip frobnicate 1"])
     e = err(call(t, "ADD", 0, nc))
     assert e["code"] == 7 and "frobnicate" in e["details"]
-    assert portmap.NFT_TABLE not in ruleset(t)  # one transaction: nothing half-made
+    assert pm_nft.NFT_TABLE not in ruleset(t)  # one transaction: nothing half-made
 
 
 def test_nft_conditions_restrict_mapping(topo_factory: Callable[[int], Topo]) -> None:
@@ -685,33 +681,27 @@ def test_container_addresses_picked_as_the_reference_does() -> None:
                     {"address": "fd00::5/64"}]}                        # no interface: taken
     raw = {"cniVersion": "1.0.0", "name": "n", "type": "portmap", "prevResult": prev}
     args = CmdArgs(command="ADD", container_id="c", ifname="eth0", stdin_data=json.dumps(raw).encode())
-    c = portmap.parse_config(args)
+    c = portmap.parse_conf(args)
     assert str(c.cont_v4) == "10.0.2.5/24" and str(c.cont_v6) == "fd00::5/64"
-    assert c.backend == "nftables" and c.snat and c.mark_masq_bit == 13
+    assert c.backend == "iptables" and c.auto and c.snat and c.mark_masq_bit == 13  # the reference's default
 
 
-def test_overlapping_subnets_merge_into_the_wider(topo_factory: Callable[[int], Topo]) -> None:
-    """Two networks' subnets that overlap end as the wider one in the shared set, as auto-merge
-    did (the set has no auto-merge: with it every ADD made nft fetch every element of the table)."""
+def test_no_per_network_leftovers_once_every_container_is_gone(topo_factory: Callable[[int], Topo]) -> None:
+    """Two networks with overlapping subnets (earlier versions kept their subnets in a shared
+    set forever): once their containers are deleted, no element of either is left."""
     t = topo_factory(2)
 
-    def with_prefix(i: int, plen: int) -> dict[str, Any]:
-        c = conf(t, i, WEB if i == 0 else [{"hostPort": 8081, "containerPort": 80, "protocol": "tcp"}])
+    def on(i: int, plen: int, net: str) -> dict[str, Any]:
+        c = conf(t, i, WEB if i == 0 else [{"hostPort": 8081, "containerPort": 80, "protocol": "tcp"}], name=net)
         c["prevResult"]["ips"][0]["address"] = f"{t.cip(i)}/{plen}"
         return c
 
-    def nets4() -> list[Any]:
-        listing = json.loads(t.host.run(["nft", "-j", "list", "set", "inet", portmap.NFT_TABLE,
-                                          portmap.NETS[4]]).stdout)["nftables"]
-        return [o["set"].get("elem", []) for o in listing if "set" in o][0]
-
-    ok(call(t, "ADD", 0, with_prefix(0, 24)))
-    assert nets4() == [{"prefix": {"addr": "10.88.0.0", "len": 24}}]
-    ok(call(t, "ADD", 1, with_prefix(1, 16)))  # wider: replaces the /24
-    assert nets4() == [{"prefix": {"addr": "10.88.0.0", "len": 16}}]
-    ok(call(t, "ADD", 0, with_prefix(0, 25), container_id="ctr-0b"))  # narrower: already covered
-    assert nets4() == [{"prefix": {"addr": "10.88.0.0", "len": 16}}]
-    assert "auto-merge" not in ruleset(t)
-    for i, cid in ((0, "ctr-0"), (1, "ctr-1"), (0, "ctr-0b")):
-        ok(call(t, "DEL", i, with_prefix(i, 24), container_id=cid))
+    t.serve(0, 80, "c0")
+    ok(call(t, "ADD", 0, on(0, 24, "net-a")))
+    ok(call(t, "ADD", 1, on(1, 16, "net-b")))
+    assert connect(t.containers[0], HOST_IP, 8080) == "c0 10.88.0.1"  # hairpin: masqueraded
+    assert "10.88.0.0/24 . 10.88.0.10" in ruleset(t) and "10.88.0.0/16 . 10.88.0.11" in ruleset(t)
+    ok(call(t, "DEL", 0, on(0, 24, "net-a")))
+    ok(call(t, "DEL", 1, {**on(1, 16, "net-b"), "runtimeConfig": {}}))
     assert our_nft_objects(t) == ""
+    assert "10.88." not in ruleset(t)

@@ -184,6 +184,53 @@ def split_rule(line: str) -> list[str]:
     return parts[2:] if parts[:1] == ["-A"] else parts
 
 
+# Long option spellings iptables prints in their short form (``-S`` output), for canonical().
+_ALIASES = {"--source": "-s", "--destination": "-d", "--protocol": "-p", "--jump": "-j", "--goto": "-g",
+            "--match": "-m", "--in-interface": "-i", "--out-interface": "-o", "--destination-ports": "--dports",
+            "--source-ports": "--sports", "--destination-port": "--dport", "--source-port": "--sport"}
+_ANY = ("0.0.0.0/0", "::/0")
+
+
+def _with_prefix(addr: str) -> str:
+    if "/" in addr:
+        return addr
+    return addr + ("/128" if ":" in addr else "/32")
+
+
+def canonical(rule: Sequence[str]) -> tuple[tuple[str, ...], ...]:
+    """``rule``'s arguments in a form that does not depend on how they were spelt, so a rule as
+    written compares equal to the same rule as ``-S`` prints it (which reorders ``-s``/``-d``/``-p``,
+    loads ``-m tcp`` implicitly, writes ``127.0.0.1/32`` and leaves out ``-s 0.0.0.0/0``).
+
+    Lets a check compare a whole chain's listing at once instead of one ``-C`` process per rule.
+    """
+    groups: list[list[str]] = []
+    negate = False
+    for arg in rule:
+        if arg == "!":
+            negate = True
+        elif arg.startswith("-") and len(arg) > 1 and not arg[1].isdigit():
+            groups.append([("!" if negate else "") + _ALIASES.get(arg, arg)])
+            negate = False
+        elif groups:
+            groups[-1].append(arg)
+        else:
+            groups.append([arg])
+    out = []
+    for g in groups:
+        flag = g[0]
+        if flag == "-m":
+            continue  # a match module is implied by its options
+        if flag in ("-s", "-d", "!-s", "!-d") and len(g) == 2:
+            if flag in ("-s", "-d") and g[1] in _ANY:
+                continue
+            g[1] = _with_prefix(g[1])
+        elif flag == "-p" and len(g) == 2:
+            g[1] = g[1].lower()
+        out.append(tuple(g))
+    return tuple(sorted(out))
+
+
 # Binaries found usable, by identity: see usable().
 _usable: set[tuple[bool, str, int, int, int]] = set()
 
