@@ -16,7 +16,6 @@ installs them).
 
 from __future__ import annotations
 
-import contextlib
 import re
 import subprocess
 import sys
@@ -45,15 +44,6 @@ def need(*binaries: str) -> None:
         reason = f"runtime binaries not installed: {', '.join(absent)} (bash scripts/setup installs them)"
         print(f"SKIP: {reason}", file=sys.stderr)
         pytest.skip(reason)
-
-
-@contextlib.contextmanager
-def known_defect(what: str, branch: str) -> Iterator[None]:
-    """Expected failure of one step until ``branch`` lands its fix: xfail there, pass otherwise."""
-    try:
-        yield
-    except AssertionError as e:
-        pytest.xfail(f"{what} (fix on branch {branch!r}): {str(e)[:400]}")
 
 
 @pytest.fixture(scope="session")
@@ -166,8 +156,7 @@ def interfaces(host: RuntimeHost) -> list[str]:
 def assert_clean(host: RuntimeHost, needles: list[str]) -> None:
     assert interfaces(host) == ["lo", "uplink0"], "interfaces left on the host"
     assert state_leftovers(host) == []
-    with known_defect("portmap keeps deleted networks' container_nets elements", "portmap"):
-        assert rule_leftovers(host, needles) == []
+    assert rule_leftovers(host, needles) == []
 
 
 # ---- podman ----------------------------------------------------------------------------------
@@ -257,8 +246,7 @@ def test_podman_swap_plugins_under_live_containers(podman: RuntimeHost, outside_
 
     install(then)  # the operator replaces /opt/cni/bin under live containers
     host.podman("rm", "-f", "-t", "0", "old", "old2")
-    with known_defect(f"{then}'s DEL leaves {first}'s port mappings", "portmap"):
-        assert rule_leftovers(host, ["10.91.4.", "8081", "8082"]) == []
+    assert rule_leftovers(host, ["10.91.4.", "8081", "8082"]) == []
 
     run_httpd(host, "new", "--network", "swapnet", "-p", "8081:80")
     new_ip = container_ip(host, "new")
@@ -349,19 +337,18 @@ def test_ctr_run_cni(ctr_host: RuntimeHost) -> None:
         assert proc.wait(60) == 128 + 9, (host.scratch / f"ctr-run-{name}.log").read_text()
     assert host.ctr("containers", "list", "-q") == ""
     assert state_leftovers(host) == []
-    with known_defect("portmap keeps deleted networks' container_nets elements", "portmap"):
-        assert rule_leftovers(host, ["10.91.8."]) == []
+    assert rule_leftovers(host, ["10.91.8."]) == []
     assert [i for i in interfaces(host) if i not in ("lo", "ctr0")] == []
 
 
 def wait_ctr_ip(host: RuntimeHost, name: str, proc: subprocess.Popen[bytes]) -> str:
-    """The task's eth0 address, once ``ctr run`` has started it and its network is set up."""
+    """The task's eth0 address, once ``ctr run`` has set up its network and started it (an
+    exec into a task still "CREATED" would start it behind ctr's back)."""
     deadline = time.monotonic() + 60
-    while True:
-        out = host.ctr("tasks", "exec", "--exec-id", f"ip-{name}", name, "ip", "-4", "-o", "addr", "show", "eth0",
-                       check=False)
-        if out.split()[3:4] and "/" in out.split()[3]:
-            return out.split()[3].split("/")[0]
+    while not any(line.split()[:1] == [name] and line.split()[-1] == "RUNNING"
+                  for line in host.ctr("tasks", "list", check=False).splitlines()):
         assert proc.poll() is None, (host.scratch / f"ctr-run-{name}.log").read_text()
-        assert time.monotonic() < deadline, f"{name}: no address on eth0: {out}"
-        time.sleep(0.1)
+        assert time.monotonic() < deadline, f"{name}: task not running"
+        time.sleep(0.05)
+    out = host.ctr("tasks", "exec", "--exec-id", f"ip-{name}", name, "ip", "-4", "-o", "addr", "show", "eth0")
+    return out.split()[3].split("/")[0]
