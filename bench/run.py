@@ -276,7 +276,9 @@ def paired(rounds: int, variants: list[str], step: Callable[[str, int], float],
 def fmt(x: float | None, unit: str) -> str:
     if x is None:
         return "-"
-    return f"{x * 1000:.0f} ms" if unit == "s" else f"{x:.2f}"
+    if unit == "s":
+        return f"{x * 1000:.1f} ms" if x < 0.01 else f"{x * 1000:.0f} ms"
+    return f"{x:.2f}"
 
 
 def table(rows: list[Row]) -> str:

@@ -16,6 +16,7 @@ installs them).
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -352,3 +353,55 @@ def wait_ctr_ip(host: RuntimeHost, name: str, proc: subprocess.Popen[bytes]) -> 
         time.sleep(0.05)
     out = host.ctr("tasks", "exec", "--exec-id", f"ip-{name}", name, "ip", "-4", "-o", "addr", "show", "eth0")
     return out.split()[3].split("/")[0]
+
+
+# ---- the harness itself ----------------------------------------------------------------------
+
+def processes_in(pidns: str) -> dict[int, str]:
+    """Host PIDs (and their command names) of every process in the PID namespace ``pidns``
+    or in one nested in it (containers run in their own)."""
+    found: dict[int, str] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            status = (proc / "status").read_text()
+            if os.readlink(proc / "ns" / "pid") == pidns or _nested(status, proc, pidns):
+                found[int(proc.name)] = (proc / "comm").read_text().strip()
+        except OSError:
+            continue
+    return found
+
+
+def _nested(status: str, proc: Path, pidns: str) -> bool:
+    """A process in a child namespace of ``pidns``: its parent chain reaches that namespace."""
+    ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    for _ in range(16):
+        if ppid <= 1:
+            return False
+        if os.readlink(f"/proc/{ppid}/ns/pid") == pidns:
+            return True
+        ppid = int(next(line.split()[1] for line in Path(f"/proc/{ppid}/status").read_text().splitlines()
+                        if line.startswith("PPid:")))
+    return False
+
+
+def test_runtime_host_close_kills_every_runtime_process(tmp_path: Path, busybox_tar: Path) -> None:
+    """Closing a host with podman, conmon, containerd, its shims and containers running (as
+    after a failed test) leaves none of them alive."""
+    need("podman", "runc", "conmon", "containerd", "ctr", "nsenter", "unshare")
+    host = RuntimeHost(tmp_path)
+    try:
+        host.install_ours(PYCNI)
+        host.podman_import(busybox_tar)
+        host.podman("run", "-d", "--name", "left", IMAGE, "sleep", "100000")
+        host.start_containerd()
+        pidns = os.readlink(f"/proc/{host.pid}/ns/pid")
+        running = processes_in(pidns)
+        names = set(running.values())
+        assert {"conmon", "containerd", "sleep"} <= names, names
+    finally:
+        host.close()
+    alive = {pid: name for pid, name in processes_in(pidns).items()}
+    assert alive == {}, alive
+    assert not Path(host.ns.path).exists()
