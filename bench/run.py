@@ -16,7 +16,8 @@ of it is removed at the end, on Ctrl-C and on SIGTERM. Needs root.
 Cases: (a) bridge+host-local+portmap ADD+DEL cycle, (b) the same with ptp and macvlan,
 (c) 32 containers ADDed in parallel, (d) host-local allocation with many addresses already
 reserved in a /16, (e) ADD latency of the Nth container on one bridge (N port mappings
-present) against the 1st.
+present) against the 1st, (v) VERSION: the plugin exec'd alone, and libcni's
+ValidateNetworkList of podman's default chain (what podman asks before every use of a network).
 """
 
 from __future__ import annotations
@@ -276,9 +277,9 @@ def paired(rounds: int, variants: list[str], step: Callable[[str, int], float],
 def fmt(x: float | None, unit: str) -> str:
     if x is None:
         return "-"
-    if unit == "s":
-        return f"{x * 1000:.1f} ms" if x < 0.01 else f"{x * 1000:.0f} ms"
-    return f"{x:.2f}"
+    if unit == "s" and x < 0.01:  # short calls (VERSION): keep decimals
+        return f"{x * 1000:.2f} ms"
+    return f"{x * 1000:.0f} ms" if unit == "s" else f"{x:.2f}"
 
 
 def table(rows: list[Row]) -> str:
@@ -517,11 +518,58 @@ def case_scale(env: Env, n: int, rounds: int, workers: int) -> list[Row]:
     return rows
 
 
+def case_version(env: Env, rounds: int, calls: int = 50) -> list[Row]:
+    """(v) VERSION, which runtimes ask of every plugin before using a network: per call, the
+    bridge executable spawned with the stdin the Go libcni sends (no runtime in the timing),
+    then the Go libcni's ValidateNetworkList over podman's default chain (4 plugins)."""
+    stdin_file = os.path.join(env.tmp, "version-stdin.json")
+    with open(stdin_file, "w") as f:
+        f.write('{"cniVersion":"1.0.0"}')
+    variants = {v.name: v for v in env.variants()}
+
+    def spawn_version(v: str, r: int) -> float:
+        exe = os.path.join(variants[v].cni_path, "bridge")
+        envb = {**variants[v].env(), "CNI_COMMAND": "VERSION", "CNI_NETNS": "dummy", "CNI_IFNAME": "dummy",
+                "CNI_PATH": "dummy"}
+        total = 0.0
+        with open(stdin_file, "rb") as stdin, open(os.devnull, "wb") as out:
+            for _ in range(calls):
+                stdin.seek(0)
+                actions = [(os.POSIX_SPAWN_DUP2, stdin.fileno(), 0), (os.POSIX_SPAWN_DUP2, out.fileno(), 1)]
+                t = time.perf_counter()
+                pid = os.posix_spawn(exe, [exe], envb, file_actions=actions)
+                _, status = os.waitpid(pid, 0)
+                total += time.perf_counter() - t
+                if status != 0:
+                    raise RuntimeError(f"{v} VERSION failed (status {status:#x})")
+        return total / calls
+
+    conf_dir = conflist(os.path.join(env.tmp, "version", "net.d"), "podman", [
+        {"type": "bridge", "bridge": "cni-podman0", "isGateway": True, "ipMasq": True, "hairpinMode": True,
+         "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16", "gateway": "10.88.0.1"}]]}},
+        {"type": "portmap", "capabilities": {"portMappings": True}}, {"type": "firewall"}, {"type": "tuning"}])
+
+    def validate(v: str, r: int) -> float:
+        cmd = [env.tool, "-confdir", conf_dir, "-net", "podman", "-path", variants[v].cni_path, "validate"]
+        total = 0.0
+        for _ in range(calls // 5):
+            t = time.perf_counter()
+            proc = subprocess.run(cmd, env=variants[v].env(), capture_output=True)
+            total += time.perf_counter() - t
+            if proc.returncode != 0:
+                raise RuntimeError(f"{v} validate failed: {proc.stdout!r} {proc.stderr!r}")
+        return total / (calls // 5)
+
+    names = list(variants)
+    return [Row("(v) VERSION of bridge, spawned alone", "s", paired(rounds, names, spawn_version), "<= 1.0"),
+            Row("(v) libcni ValidateNetworkList, 4 plugins", "s", paired(rounds, names, validate))]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer rounds and smaller sizes (a couple of minutes)")
     p.add_argument("--rounds", type=int, help="measured rounds per case (default 9, quick 3)")
-    p.add_argument("--only", default="a,b,c,d,e", help="comma-separated cases to run (default: all)")
+    p.add_argument("--only", default="a,b,c,d,e,v", help="comma-separated cases to run (default: all)")
     p.add_argument("--parallel", type=int, default=32, help="containers in case (c) (default 32)")
     p.add_argument("--reserved", type=int, help="addresses taken in case (d) (default 20000; full: 60000)")
     p.add_argument("--containers", type=int, help="containers on the bridge in case (e) (default 200; full: 1000)")
@@ -561,6 +609,9 @@ def main(argv: list[str] | None = None) -> int:
         if "e" in only:
             log(f"(e) {containers} containers on one bridge")
             rows.extend(case_scale(env, containers, rounds, opts.fill_workers))
+        if "v" in only:
+            log("(v) VERSION")
+            rows.extend(case_version(env, rounds))
     print()
     print(f"pycni vs Go reference plugins (both under the Go libcni), medians; ratio = ours / Go; "
           f"{rounds} rounds; our ipMasqBackend: {MASQ_BACKEND or 'default'}; "
