@@ -129,7 +129,9 @@ def run_idle(host: RuntimeHost, name: str, *opts: str) -> str:
 
 
 def rule_leftovers(host: RuntimeHost, needles: list[str]) -> list[str]:
-    """Rules, chains and set elements of containers or networks still on the host."""
+    """Rules, chains and set elements of containers or networks still on the host: lines that
+    name a per-container chain or one of ``needles`` (a network's address prefix: every DNAT,
+    masquerade, firewall rule and map element of a container carries its address)."""
     dump = host.sh("iptables-save 2>/dev/null; ip6tables-save 2>/dev/null; nft list ruleset 2>/dev/null",
                    check=False)
     return [line.strip() for line in dump.splitlines()
@@ -247,7 +249,7 @@ def test_podman_swap_plugins_under_live_containers(podman: RuntimeHost, outside_
 
     install(then)  # the operator replaces /opt/cni/bin under live containers
     host.podman("rm", "-f", "-t", "0", "old", "old2")
-    assert rule_leftovers(host, ["10.91.4.", "8081", "8082"]) == []
+    assert rule_leftovers(host, ["10.91.4."]) == []
 
     run_httpd(host, "new", "--network", "swapnet", "-p", "8081:80")
     new_ip = container_ip(host, "new")
@@ -283,7 +285,7 @@ def test_podman_daemon_on_default_socket(podman: RuntimeHost) -> None:
         assert re.search(r"portmap DEL", served), served
         host.podman("rm", "-f", "-t", "0", "dweb", "brief")
         host.podman("network", "rm", "dnet")
-        assert_clean(host, ["10.91.5.", "8083", "8084"])
+        assert_clean(host, ["10.91.5."])
     finally:
         host.sh("kill $(cat /run/pycni-daemon.pid); rm -f /run/pycni-daemon.pid", check=False)
 
