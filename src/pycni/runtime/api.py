@@ -22,7 +22,7 @@ from pycni.record import field, record
 from pycni.runtime import cache as _cache
 from pycni.runtime import conf as _conf
 from pycni.runtime.conf import NetworkConfig, NetworkConfigList, go_json, sorted_keys
-from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_ENV, UNKNOWN_CONTAINER, CNIError
+from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, UNKNOWN_CONTAINER, CNIError
 from pycni.spec.types import Result
 from pycni.spec.validate import validate_container_id, validate_interface_name, validate_network_name
 from pycni.spec.version import greater_than_or_equal
@@ -187,14 +187,9 @@ class CNI:
                      capability_args: Mapping[str, Any] | None = None) -> RuntimeConf:
         """A :class:`RuntimeConf`; ``args`` as CNI_ARGS text, pairs or a mapping."""
         if isinstance(args, str):  # CNI_ARGS text, "K=V;K=V"
-            parsed = []
-            for kv in filter(None, args.split(";")):
-                key, sep, value = kv.partition("=")
-                if not sep or not key:
-                    raise CNIError(INVALID_ENV, f"invalid CNI_ARGS pair {kv!r}",
-                                   "CNI_ARGS must be KEY=VALUE pairs separated by ';'")
-                parsed.append((key, value))
-            args = parsed
+            from pycni.cniargs import runtime_args
+
+            args = runtime_args(args)
         pairs = list(args.items()) if isinstance(args, Mapping) else [(str(k), str(v)) for k, v in args or ()]
         return RuntimeConf(container_id=container_id, netns=netns, ifname=ifname, args=pairs,
                            capability_args=dict(capability_args or {}))
