@@ -217,7 +217,9 @@ def test_unwritable_cache_dir_is_io_error(env: Env) -> None:
     env.rt.cache_dir = str(blocker)
     with pytest.raises(CNIError) as e:
         env.rt.add(env.network(), "ctr1", "/ns", "eth0")
-    assert e.value.code == IO_FAILURE and "cached result" in e.value.msg
+    # refused before any plugin runs: the in-flight marker lives in the cache dir too
+    assert e.value.code == IO_FAILURE and "in flight" in e.value.msg and str(blocker) in e.value.details
+    assert env.calls() == []
 
 
 # ---- interop with the Go libcni --------------------------------------------------------------

@@ -113,13 +113,73 @@ def test_list_shows_networks_plugins_errors_and_shadowing(tmp_path: Path) -> Non
     (tmp_path / "30-c.conflist").write_text("not json")
     (tmp_path / "40-old.conf").write_text(json.dumps({"cniVersion": "0.3.1", "name": "old", "type": "macvlan"}))
     proc = run(["list", "--conf-dir", str(tmp_path)])
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # a broken file is listed, and the exit status says so
     out = proc.stdout
     assert f"net1  cniVersion=1.0.0  {tmp_path / '10-a.conflist'}\n" in out
     assert "    - portmap  capabilities: portMappings" in out
     assert f"{tmp_path / '20-b.conflist'}  (shadowed" in out
     assert f"{tmp_path / '30-c.conflist'}: ERROR " in out and "(code 6)" in out
     assert "old  cniVersion=0.3.1" in out and "    - macvlan" in out
+
+
+def test_list_exit_status(tmp_path: Path) -> None:
+    assert_one_line_error(run(["list", "--conf-dir", str(tmp_path / "missing")]), 5, str(tmp_path / "missing"))
+    (tmp_path / "10-a.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": "net1",
+                                                       "plugins": [{"type": "bridge"}]}))
+    assert run(["list", "--conf-dir", str(tmp_path)]).returncode == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run(["list", "--conf-dir", str(empty)])
+    assert proc.returncode == 0 and "no network configurations" in proc.stdout
+
+
+def test_help_version_and_demo_verb() -> None:
+    proc = run(["--version"])
+    assert proc.returncode == 0 and proc.stdout.startswith("pycni ")
+    top = run(["--help"])
+    assert top.returncode == 0
+    for name in ("CNI_ARGS", "CAP_ARGS", "PYCNI_SOCKET", "PYCNI_DEBUG", "NETCONFPATH", "CNI_PATH", "demo",
+                 "throwaway namespace"):
+        assert name in top.stdout, name
+    verbs = ("add", "check", "del", "gc", "status", "validate", "list", "version", "install-plugins", "plugin",
+             "daemon", "demo")
+    for verb in verbs:
+        sub = run([verb, "--help"])
+        assert sub.returncode == 0, (verb, sub.stderr)
+        description = sub.stdout.split("\n\n")[1]  # usage, then the description paragraph
+        assert not description.startswith(("positional", "options")), (verb, sub.stdout)
+
+
+def test_debug_shows_the_failing_plugins_stderr(tmp_path: Path) -> None:
+    plugin = tmp_path / "bin" / "noisy"
+    plugin.parent.mkdir()
+    plugin.write_text("#!/bin/sh\necho 'noisy: the thing that went wrong' >&2\n"
+                      "echo '{\"code\": 5, \"msg\": \"noisy failed\"}'\nexit 1\n")
+    plugin.chmod(0o755)
+    (tmp_path / "n.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": "n",
+                                                     "plugins": [{"type": "noisy"}]}))
+    env = {"NETCONFPATH": str(tmp_path), "CNI_PATH": str(plugin.parent)}
+    quiet = run(["add", "n", "/x", "--cache-dir", str(tmp_path / "cache")], env)
+    assert_one_line_error(quiet, 5, "noisy failed")
+    loud = run(["add", "n", "/x", "--cache-dir", str(tmp_path / "cache")], dict(env, PYCNI_DEBUG="1"))
+    assert loud.returncode == 1 and "noisy: the thing that went wrong" in loud.stderr
+    assert "Traceback" not in loud.stderr
+
+
+def test_plugin_without_privileges_says_what_it_needs(host_ns: Namespace, container_ns: Namespace,
+                                                      tmp_path: Path) -> None:
+    """EPERM from the kernel names the missing privilege (run as nobody, in a throwaway host namespace)."""
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "bridge", "bridge": "br-eperm",
+                       "ipam": {"type": "host-local", "subnet": "10.99.0.0/24", "dataDir": str(tmp_path)}})
+    env = {"PATH": os.environ["PATH"], "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0",
+           "CNI_NETNS": container_ns.path, "CNI_PATH": str(tmp_path)}
+    proc = subprocess.run(["ip", "netns", "exec", host_ns.name, "setpriv", "--reuid=65534", "--regid=65534",
+                           "--clear-groups", *PYCNI, "plugin", "bridge"],
+                          input=conf, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc
+    err = json.loads(proc.stdout)
+    assert "needs root or CAP_NET_ADMIN" in err.get("details", ""), err
+    assert "br-eperm" not in host_ns.run(["ip", "link"]).stdout
 
 
 def test_validate_with_go_plugins(tmp_path: Path) -> None:

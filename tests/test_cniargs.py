@@ -63,3 +63,14 @@ def test_bad_ignore_unknown_value() -> None:
     with pytest.raises(CNIError) as ei:
         load_cni_args("IgnoreUnknown=maybe;X=1", [])
     assert "IgnoreUnknown=maybe" in ei.value.msg
+
+
+def test_runtime_args_are_cnitools() -> None:
+    from pycni.cniargs import runtime_args
+
+    assert runtime_args("") == []
+    assert runtime_args("A=1;B=x=y;A=2;") == [("A", "1"), ("B", "x=y"), ("A", "2")]
+    for raw in ("A=1;B", "=1", "A=", "A=1;;=2"):
+        with pytest.raises(CNIError) as e:
+            runtime_args(raw)
+        assert e.value.code == E.INVALID_ENV

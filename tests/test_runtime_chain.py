@@ -210,24 +210,80 @@ def test_check_refusals(env: Env) -> None:
     assert env.calls() == []
 
 
-def test_add_failure_wraps_plugin_error_and_caches_nothing(env: Env) -> None:
+def test_add_failure_wraps_plugin_error_deletes_the_chain_and_caches_nothing(env: Env) -> None:
     net = env.network([{"type": "p1"}, {"type": "p2", "fail": {"ADD": 117}}, {"type": "p3"}])
     with pytest.raises(CNIError) as e:
         env.rt.add(net, "ctr1", "/ns", "eth0")
     assert e.value.code == 117
     assert e.value.msg == 'plugin type="p2" failed (add): p2 says no'
     assert e.value.details == "because the test said so"
-    assert [c["plugin"] for c in env.calls()] == ["p1", "p2"]
+    calls = env.calls()
+    # The chain is DELeted in reverse before the error returns (as CRI runtimes do), with what
+    # p1 had made as prevResult, so a retry starts from nothing.
+    assert [(c["plugin"], c["command"]) for c in calls] == [
+        ("p1", "ADD"), ("p2", "ADD"), ("p3", "DEL"), ("p2", "DEL"), ("p1", "DEL")]
+    assert all(c["conf"]["prevResult"]["interfaces"] == [{"name": "p1"}] for c in calls[2:])
+    assert env.rt.get_cached_result(net, "ctr1", "eth0") is None
+    assert not os.listdir(env.cache / "pycni-adding")  # no in-flight marker left
+
+
+def test_add_failure_whose_clean_up_fails_caches_the_partial_result(env: Env) -> None:
+    net = env.network([{"type": "p1", "fail": {"DEL": 11}}, {"type": "p2", "fail": {"ADD": 117}}, {"type": "p3"}])
+    with pytest.raises(CNIError) as e:
+        env.rt.add(net, "ctr1", "/ns", "eth0")
+    assert e.value.code == 117 and "p2 says no" in e.value.msg
+    assert "cleaning up after the failed ADD also failed" in e.value.details and "p1 says no" in e.value.details
+    cached = env.rt.get_cached_result(net, "ctr1", "eth0")
+    assert cached is not None and [i.name for i in cached.interfaces] == ["p1"]
+    env.calls()
+    net = env.network([{"type": "p1"}, {"type": "p2"}, {"type": "p3"}])
+    env.rt.delete(net, "ctr1", "/ns", "eth0")  # the retry finds what is left and succeeds
+    assert [c["plugin"] for c in env.calls()] == ["p3", "p2", "p1"]
     assert env.rt.get_cached_result(net, "ctr1", "eth0") is None
 
 
-def test_del_failure_keeps_cache(env: Env) -> None:
-    net = env.network([{"type": "p1", "fail": {"DEL": 11}}, {"type": "p2"}])
+def test_del_failure_runs_every_plugin_reports_all_and_keeps_cache(env: Env) -> None:
+    net = env.network([{"type": "p1", "fail": {"DEL": 11}}, {"type": "p2"}, {"type": "p3", "fail": {"DEL": 5}}])
     env.rt.add(net, "ctr1", "/ns", "eth0")
+    env.calls()
     with pytest.raises(CNIError) as e:
         env.rt.delete(net, "ctr1", "/ns", "eth0")
-    assert e.value.code == 11 and "(delete)" in e.value.msg
+    assert e.value.code == 5  # the first failure's code (p3 runs first)
+    assert 'type="p3" failed (delete)' in e.value.msg and 'type="p1" failed (delete)' in e.value.msg
+    assert [c["plugin"] for c in env.calls()] == ["p3", "p2", "p1"]
     assert env.rt.get_cached_result(net, "ctr1", "eth0") is not None
+
+
+def test_gc_keeps_an_attachment_whose_add_is_in_flight(env: Env) -> None:
+    from pycni.runtime import cache
+
+    net = env.network(version="1.1.0")
+    env.rt.add(net, "done", "/ns", "eth0")
+    env.rt.add(net, "busy", "/ns", "eth0")  # a cache entry from an earlier life, being re-added now
+    env.calls()
+    with cache.adding(str(env.cache), "fakenet", "busy", "eth0"):
+        env.rt.gc(net, [])
+    calls = env.calls()
+    assert [(c["plugin"], c["command"], c["env"].get("CNI_CONTAINERID")) for c in calls if c["command"] == "DEL"] \
+        == [("p3", "DEL", "done"), ("p2", "DEL", "done"), ("p1", "DEL", "done")]
+    gcs = [c for c in calls if c["command"] == "GC"]
+    assert all(c["conf"]["cni.dev/valid-attachments"] == [{"containerID": "busy", "ifname": "eth0"}] for c in gcs)
+    assert [a.container_id for a in env.rt.cached_attachments()] == ["busy"]
+    assert cache.in_flight(str(env.cache)) == set()
+
+
+def test_in_flight_marker_of_a_dead_add_is_stale(env: Env, tmp_path: Path) -> None:
+    import subprocess
+
+    from pycni.runtime import cache
+
+    code = ("import os, sys; from pycni.runtime import cache\n"
+            f"with cache.adding({str(env.cache)!r}, 'fakenet', 'dead', 'eth0'):\n"
+            "    os.kill(os.getpid(), 9)\n")
+    subprocess.run([sys.executable, "-c", code], check=False)
+    assert len(os.listdir(env.cache / "pycni-adding")) == 1
+    assert cache.in_flight(str(env.cache)) == set()  # nobody holds it: stale, and removed
+    assert os.listdir(env.cache / "pycni-adding") == []
 
 
 def test_missing_plugin_fails_before_anything_runs(env: Env) -> None:
@@ -303,7 +359,8 @@ def test_gc_without_valid_list_and_old_versions(env: Env) -> None:
     env.rt.gc(net)
     gcs = env.calls()
     assert [c["command"] for c in gcs] == ["GC", "GC", "GC"]
-    assert all("cni.dev/valid-attachments" not in c["conf"] for c in gcs)
+    # an explicit empty list: a plugin refuses a GC without one (code 7) rather than guess
+    assert all(c["conf"]["cni.dev/valid-attachments"] == [] for c in gcs)
 
 
 def test_gc_disabled_and_errors_collected(env: Env) -> None:

@@ -9,13 +9,16 @@
     pycni node [status | remove NAME] ...   the node agent routing pod blocks between nodes (etcd)
     pycni ipam list|check NETWORK           cluster-ipam allocations in etcd (JSON lines) / consistency
     pycni ipam release NETWORK --ip IP      free one cluster-ipam address
+    pycni demo                              the end-to-end demo, in throwaway namespaces
 
 Environment as cnitool: NETCONFPATH (default /etc/cni/net.d), CNI_PATH, CNI_IFNAME (default
 eth0), CNI_ARGS (``K=V;K=V``), CAP_ARGS (JSON object of capability args). Without
 ``--container-id`` the ID is cnitool's: ``cnitool-`` + the first 10 bytes of the SHA-512 of
 the absolute netns path in hex, so either tool deletes what the other added.
 
-Errors are one line on stderr, ``pycni: <msg>: <details> (code N)``, and exit status 1.
+Errors are one line on stderr, ``pycni: <msg>: <details> (code N)``, and exit status 1;
+usage errors are CNI errors too (code 4 for the environment, 6 for undecodable input).
+``PYCNI_DEBUG=1`` adds a failing plugin's stderr and, for internal errors, the traceback.
 The runtime is imported per verb to keep start-up short.
 """
 
@@ -27,19 +30,13 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from pycni.cniargs import runtime_args
+from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, IO_FAILURE, UNKNOWN_CONTAINER, CNIError
+
 if TYPE_CHECKING:
     from pycni.runtime import CNI, NetworkConfigList
-    from pycni.spec.errors import CNIError
 
 DEFAULT_NETCONFPATH = "/etc/cni/net.d"
-
-
-class UsageError(Exception):
-    """Bad command-line or environment input, reported with a spec code."""
-
-    def __init__(self, code: int, msg: str, details: str = "") -> None:
-        super().__init__(msg)
-        self.code, self.msg, self.details = code, msg, details
 
 
 def cnitool_container_id(netns: str) -> str:
@@ -52,19 +49,6 @@ def cnitool_container_id(netns: str) -> str:
     return "cnitool-" + hashlib.sha512(path.encode()).hexdigest()[:20]
 
 
-def parse_cni_args(raw: str) -> list[tuple[str, str]]:
-    """CNI_ARGS as cnitool reads it: ``K=V`` pairs split on ';' (empty pairs are skipped)."""
-    pairs = []
-    for pair in raw.split(";"):
-        if not pair:
-            continue
-        key, sep, value = pair.partition("=")
-        if not sep or not key or not value:
-            raise UsageError(4, f"invalid CNI_ARGS pair {pair!r}", "CNI_ARGS must be KEY=VALUE pairs separated by ';'")
-        pairs.append((key, value))
-    return pairs
-
-
 def parse_cap_args(raw: str) -> dict[str, Any]:
     """CAP_ARGS: a JSON object of capability name -> value."""
     import json
@@ -74,10 +58,10 @@ def parse_cap_args(raw: str) -> dict[str, Any]:
     try:
         obj = json.loads(raw)
     except ValueError as e:
-        raise UsageError(6, "invalid CAP_ARGS", f"{e}; CAP_ARGS must be a JSON object, "
-                         "e.g. '{\"portMappings\": [...]}'") from None
+        raise CNIError(DECODE_FAILURE, "invalid CAP_ARGS", f"{e}; CAP_ARGS must be a JSON object, "
+                       "e.g. '{\"portMappings\": [...]}'") from None
     if not isinstance(obj, dict):
-        raise UsageError(6, "invalid CAP_ARGS", f"expected a JSON object, got {type(obj).__name__}")
+        raise CNIError(DECODE_FAILURE, "invalid CAP_ARGS", f"expected a JSON object, got {type(obj).__name__}")
     return obj
 
 
@@ -102,7 +86,7 @@ def _attachment(opts: argparse.Namespace) -> dict[str, Any]:
     if netns.startswith("//"):
         netns = "/" + netns.lstrip("/")
     return {"container_id": opts.container_id or cnitool_container_id(opts.netns), "netns": netns,
-            "ifname": ifname, "args": parse_cni_args(os.environ.get("CNI_ARGS", "")),
+            "ifname": ifname, "args": runtime_args(os.environ.get("CNI_ARGS", "")),
             "capability_args": parse_cap_args(os.environ.get("CAP_ARGS", ""))}
 
 
@@ -139,7 +123,7 @@ def cmd_gc(opts: argparse.Namespace) -> int:
         for item in opts.valid:
             cid, sep, ifname = item.rpartition(":")
             if not sep or not cid or not ifname:
-                raise UsageError(4, f"invalid --valid attachment {item!r}", "use CONTAINERID:IFNAME")
+                raise CNIError(INVALID_ENV, f"invalid --valid attachment {item!r}", "use CONTAINERID:IFNAME")
             valid.append((cid, ifname))
     rt.gc(net, valid)
     return 0
@@ -163,25 +147,32 @@ def cmd_validate(opts: argparse.Namespace) -> int:
 
 
 def cmd_list(opts: argparse.Namespace) -> int:
+    """Every configuration and its plugins; exit 1 when the directory is missing or a file is broken."""
     rt = _runtime(opts)
+    if not os.path.isdir(rt.conf_dir):
+        raise CNIError(IO_FAILURE, f"no configuration directory {rt.conf_dir}",
+                       "set NETCONFPATH or --conf-dir to the directory holding .conflist/.conf files")
     files = rt.networks()
     if not files:
         print(f"no network configurations in {rt.conf_dir}")
         return 0
+    status = 0
     for item in files:
         if item.network is None:
             assert item.error is not None
             print(f"{item.path}: ERROR {_error_line(item.error)}")
+            status = 1
             continue
         net = item.network
         note = "  (shadowed: an earlier file defines this name)" if item.shadowed else ""
         print(f"{net.name}  cniVersion={net.cni_version}  {item.path}{note}")
         if item.error is not None:
             print(f"    ERROR {_error_line(item.error)}")
+            status = 1
         for p in net.plugins:
             caps = p.enabled_capabilities()
             print(f"    - {p.type}" + (f"  capabilities: {', '.join(caps)}" if caps else ""))
-    return 0
+    return status
 
 
 def cmd_version(opts: argparse.Namespace) -> int:
@@ -201,15 +192,15 @@ def cmd_install_plugins(opts: argparse.Namespace) -> int:
                                    daemon=not opts.direct and registry.daemon_shims_available(),
                                    socket=opts.socket, force=opts.force)
     except KeyError as e:
-        raise UsageError(7, "cannot install plugins", str(e.args[0])) from None
+        raise CNIError(INVALID_CONFIG, "cannot install plugins", str(e.args[0])) from None
     except ValueError as e:
-        raise UsageError(7, "cannot install plugins", str(e)) from None
+        raise CNIError(INVALID_CONFIG, "cannot install plugins", str(e)) from None
     except registry.ForeignExecutable as e:
-        raise UsageError(5, f"refusing to replace executables that pycni did not write in {opts.dir}",
+        raise CNIError(IO_FAILURE, f"refusing to replace executables that pycni did not write in {opts.dir}",
                          f"{', '.join(e.paths)} (another implementation's plugin?); nothing was written; "
                          "move them away, or pass --force to replace them") from None
     except OSError as e:
-        raise UsageError(5, f"cannot write plugins to {opts.dir}", e.strerror or str(e)) from None
+        raise CNIError(IO_FAILURE, f"cannot write plugins to {opts.dir}", e.strerror or str(e)) from None
     for path in written:
         print(path)
     return 0
@@ -220,7 +211,7 @@ def cmd_plugin(opts: argparse.Namespace) -> int:
 
     mods = registry.available()
     if opts.type not in mods:
-        raise UsageError(7, f"unknown plugin type {opts.type!r}", f"available: {', '.join(sorted(mods))}")
+        raise CNIError(INVALID_CONFIG, f"unknown plugin type {opts.type!r}", f"available: {', '.join(sorted(mods))}")
     from pycni.skel import run_plugin
 
     run_plugin(registry.load(opts.type))  # exits
@@ -248,7 +239,7 @@ def _cluster_ipam(opts: argparse.Namespace) -> Any:
         ipam = plugin.raw.get("ipam")
         if isinstance(ipam, dict) and ipam.get("type") == "cluster-ipam":
             return parse_conf_dict({"name": net.name, "ipam": ipam}, need_ranges=False)
-    raise UsageError(7, f"network {net.name!r} does not use cluster-ipam",
+    raise CNIError(INVALID_CONFIG, f"network {net.name!r} does not use cluster-ipam",
                      f"none of its plugins ({', '.join(p.type for p in net.plugins)}) has \"ipam\": "
                      "{\"type\": \"cluster-ipam\", ...}")
 
@@ -285,13 +276,13 @@ def cmd_ipam_release(opts: argparse.Namespace) -> int:
     try:
         ip = ipaddress.ip_address(opts.ip)
     except ValueError:
-        raise UsageError(7, f"invalid --ip {opts.ip!r}", "give one address, e.g. --ip 10.90.0.5") from None
+        raise CNIError(INVALID_CONFIG, f"invalid --ip {opts.ip!r}", "give one address, e.g. --ip 10.90.0.5") from None
     cfg = _cluster_ipam(opts)
     with session(cfg) as store:
         block = next((b.cidr for b in store.blocks() if b.cidr.version == ip.version and ip in b.cidr), None)
         owner = store.release_ip(ip, block) if block is not None else None
     if owner is None:
-        raise UsageError(3, f"{ip} is not allocated in network {cfg.name}",
+        raise CNIError(UNKNOWN_CONTAINER, f"{ip} is not allocated in network {cfg.name}",
                          "`pycni ipam list NETWORK` shows what is allocated")
     print(f"released {ip} (held by {owner})")
     return 0
@@ -314,10 +305,36 @@ def cmd_ipam_check(opts: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(opts: argparse.Namespace) -> int:
+    from pycni import demo
+
+    return demo.main(opts.demo_args)
+
+
 # ---- argument parsing and the entry point ----------------------------------------------------
 
+ENVIRONMENT_HELP = """\
+environment:
+  NETCONFPATH   network configuration directory (default /etc/cni/net.d)
+  CNI_PATH      plugin search path, ':'-separated
+  CNI_IFNAME    interface name for add/check/del (default eth0)
+  CNI_ARGS      extra arguments for the plugins, KEY=VALUE;KEY=VALUE (as cnitool)
+  CAP_ARGS      capability arguments, a JSON object, e.g. '{"portMappings": [...]}'
+  PYCNI_SOCKET  the daemon's socket for installed plugins (default /run/pycni/pycni.sock; 'off' never forwards)
+  PYCNI_DEBUG   1: show a failing plugin's stderr, and tracebacks of internal errors
+
+add/check/del/gc change the network of the machine they run on (bridges, routes, firewall
+rules in the namespace you run them in); try them inside a throwaway namespace first:
+  ip netns add host && ip netns exec host pycni add NETWORK /var/run/netns/ctr
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pycni", description="Run CNI networks and plugins (cnitool-compatible).")
+    from pycni import __version__
+
+    p = argparse.ArgumentParser(prog="pycni", description="Run CNI networks and plugins (cnitool-compatible).",
+                                epilog=ENVIRONMENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"pycni {__version__}")
     sub = p.add_subparsers(dest="verb", metavar="VERB")
     sub.required = True
 
@@ -349,26 +366,34 @@ def _parser() -> argparse.ArgumentParser:
     common(sp)
     sp.set_defaults(fn=cmd_gc)
 
-    sp = sub.add_parser("status", help="ask every plugin of NETWORK whether it can serve ADD (spec 1.1)")
+    text = "ask every plugin of NETWORK whether it can serve ADD (spec 1.1)"
+    sp = sub.add_parser("status", help=text, description=text + "; exit 1 with the first plugin's error.")
     sp.add_argument("network", metavar="NETWORK")
     sp.add_argument("netns", metavar="NETNS", nargs="?", help="ignored (cnitool takes it)")
     sp.add_argument("-i", "--ifname", help=argparse.SUPPRESS)
     common(sp)
     sp.set_defaults(fn=cmd_status)
 
-    sp = sub.add_parser("validate", help="check NETWORK's plugins exist and speak its version")
+    text = "check NETWORK's plugins exist and speak its version"
+    sp = sub.add_parser("validate", help=text, description=text + "; print the capabilities it enables.")
     sp.add_argument("network", metavar="NETWORK")
     common(sp)
     sp.set_defaults(fn=cmd_validate)
 
-    sp = sub.add_parser("list", help="list networks and their plugins")
+    sp = sub.add_parser("list", help="list networks and their plugins",
+                        description="List every configuration file, its network and plugins; exit 1 when the "
+                        "directory is missing or a file is broken.")
     common(sp)
     sp.set_defaults(fn=cmd_list)
 
-    sp = sub.add_parser("version", help="print pycni's version and the CNI versions it speaks")
+    text = "print pycni's version and the CNI versions it speaks"
+    sp = sub.add_parser("version", help=text, description=text + ".")
     sp.set_defaults(fn=cmd_version)
 
-    sp = sub.add_parser("install-plugins", help="write plugin executables into a CNI bin directory")
+    sp = sub.add_parser("install-plugins", help="write plugin executables into a CNI bin directory",
+                        description="Write one executable per plugin type (named as its CNI type) into --dir. "
+                        "They run this interpreter and this installation of pycni: with an editable install "
+                        "they follow the clone.")
     sp.add_argument("--dir", required=True, help="target directory (e.g. /opt/cni/bin)")
     sp.add_argument("--python", help="interpreter for the executables (default: this one)")
     how = sp.add_mutually_exclusive_group()
@@ -381,7 +406,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("names", nargs="*", metavar="TYPE", help="plugin types (default: all)")
     sp.set_defaults(fn=cmd_install_plugins)
 
-    sp = sub.add_parser("plugin", help="run plugin TYPE in this process (CNI_COMMAND etc. from the env)")
+    text = "run plugin TYPE in this process (CNI_COMMAND etc. from the env)"
+    sp = sub.add_parser("plugin", help=text, description=text + ", reading the config on stdin, as an "
+                        "installed executable would.")
     sp.add_argument("type", metavar="TYPE")
     sp.set_defaults(fn=cmd_plugin)
 
@@ -416,21 +443,27 @@ def _parser() -> argparse.ArgumentParser:
 
     node_arguments(sp)
     sp.set_defaults(fn=cmd_node)
+
+
+    text = "run the end-to-end demo in throwaway namespaces (needs root)"
+    sp = sub.add_parser("demo", help=text, description=text + ": two containers on a bridge network, a "
+                        "ping, a page through a mapped port, then everything removed. Options: see "
+                        "`pycni demo -- --help`.")
+    sp.add_argument("demo_args", nargs=argparse.REMAINDER, metavar="...", help="options of the demo")
+    sp.set_defaults(fn=cmd_demo)
     return p
 
 
-def _error_line(e: CNIError | UsageError) -> str:
+def _error_line(e: CNIError) -> str:
     return f"{e.msg}: {e.details} (code {e.code})" if e.details else f"{e.msg} (code {e.code})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pycni`` and ``python -m pycni``; returns (and exits with) the status."""
     opts = _parser().parse_args(argv)
-    from pycni.spec.errors import CNIError
-
     try:
         status = int(opts.fn(opts))
-    except (CNIError, UsageError) as e:
+    except CNIError as e:
         sys.stderr.write(f"pycni: {_error_line(e)}\n")
         status = 1
     except KeyboardInterrupt:

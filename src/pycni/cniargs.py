@@ -1,8 +1,10 @@
 """CNI_ARGS: ``K=V;K=V`` pairs, with the ``IgnoreUnknown`` convention. Stdlib only.
 
-Parsing follows Go's types.LoadArgs: every ';'-separated piece must be exactly one
+Two sides, one module. A plugin reads CNI_ARGS as Go's types.LoadArgs does
+(:func:`parse_cni_args`, :func:`load_cni_args`): every ';'-separated piece must be exactly one
 ``K=V`` (no empty pieces, no second '='), keys are case-sensitive, a repeated key keeps its
-last value, and booleans are 1/0/true/false in any case.
+last value, and booleans are 1/0/true/false in any case. A runtime builds CNI_ARGS from what
+its user typed as cnitool does (:func:`runtime_args`).
 """
 
 from __future__ import annotations
@@ -68,3 +70,24 @@ def load_cni_args(raw: str, known: Iterable[str]) -> dict[str, str]:
         raise CNIError(INVALID_ENV, f"ARGS: unknown args [{listed}]",
                        "pass IgnoreUnknown=1 in CNI_ARGS to let plugins skip keys they do not know")
     return out
+
+
+def runtime_args(raw: str) -> list[tuple[str, str]]:
+    """A runtime's CNI_ARGS text as ordered pairs (code 4 when malformed).
+
+    cnitool's rules, a little wider: each piece is ``KEY=VALUE`` with a non-empty key and
+    value; the value may itself hold '=' (split at the first); empty pieces (a trailing ';')
+    are skipped. Pairs are passed on as given, repeated keys included: whether a plugin
+    accepts them is the plugin's side (:func:`load_cni_args`).
+    """
+    pairs = []
+    for piece in raw.split(";"):
+        if not piece:
+            continue
+        key, sep, value = piece.partition("=")
+        if not sep or not key or not value:
+            raise CNIError(INVALID_ENV, f"invalid CNI_ARGS pair {piece!r}",
+                           "CNI_ARGS must be KEY=VALUE pairs separated by ';', each with a non-empty key "
+                           "and value")
+        pairs.append((key, value))
+    return pairs

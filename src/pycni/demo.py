@@ -1,7 +1,7 @@
 """The main job, end to end: attach two fresh namespaces to a network and prove it works.
 
-``python -m pycni.demo [--conf-dir conf/net.d] [--network pycni-demo]`` (what ``scripts/demo``
-runs) installs our plugins into a temporary directory, creates throwaway namespaces — one
+``pycni demo`` (or ``python -m pycni.demo [--conf-dir conf/net.d] [--network pycni-demo]``, what
+``scripts/demo`` runs) installs our plugins into a temporary directory, creates throwaway namespaces — one
 plays the host, two play containers — attaches both containers through the pycni runtime
 (bridge + host-local + tuning + portmap, as shipped in conf/net.d), prints the results, pings
 container to container, fetches a page from a server in one container through a mapped host
@@ -191,7 +191,9 @@ def run(conf_dir: str, network: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pycni demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--conf-dir", default="conf/net.d", help="where the network config lives")
+    parser.add_argument("--conf-dir", default=os.path.join(os.path.dirname(__file__), "demo_net.d"),
+                        help="where the network config lives (default: the demo network shipped with pycni, "
+                        "also at conf/net.d in the repository)")
     parser.add_argument("--network", default="pycni-demo", help="network name to attach to")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:

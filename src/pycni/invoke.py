@@ -78,6 +78,11 @@ def exec_plugin(plugin_path: str, stdin: bytes, env: Mapping[str, str], timeout:
                 continue
             raise CNIError(E.IO_FAILURE, f"cannot execute plugin {plugin_path!r}", str(e)) from None
     if proc.returncode != 0:
+        if env.get("PYCNI_DEBUG") and proc.stderr:
+            import sys
+
+            sys.stderr.buffer.write(b"--- stderr of %s:\n%s\n" % (name.encode(), proc.stderr.rstrip()))
+            sys.stderr.flush()
         raise _error_from_output(plugin_path, proc.returncode, proc.stdout, proc.stderr)
     return proc.stdout
 

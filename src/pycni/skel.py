@@ -254,15 +254,35 @@ def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes) -> Outcome:
             out = (json.dumps(result.to_dict(cni_version), indent=4) + "\n").encode()
         return Outcome(0, out)
     except CNIError as e:
+        if _lacks_privilege(e) and PRIVILEGE_HINT not in e.details:
+            e = CNIError(e.code, e.msg, f"{e.details}; {PRIVILEGE_HINT}" if e.details else PRIVILEGE_HINT,
+                         e.cni_version)
         return Outcome(1, (e.to_json(cni_version or None) + "\n").encode())
     except (Exception, SystemExit) as e:  # noqa: BLE001 - no traceback ever reaches the runtime
         err = CNIError(E.INTERNAL, str(e) or type(e).__name__, type(e).__name__)
+        if _lacks_privilege(e):
+            err.details = f"{err.details}; {PRIVILEGE_HINT}"
         debug = b""
         if env.get("PYCNI_DEBUG"):
             import traceback
 
             debug = traceback.format_exc().encode()
         return Outcome(1, (err.to_json(cni_version or None) + "\n").encode(), debug)
+
+
+PRIVILEGE_HINT = "the plugin needs root or CAP_NET_ADMIN (and CAP_SYS_ADMIN to enter network namespaces)"
+
+
+def _lacks_privilege(e: BaseException) -> bool:
+    """Was ``e`` caused by EPERM or EACCES from the kernel (also behind a ``raise ... from None``)?"""
+    seen: BaseException | None = e
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in (1, 13):  # EPERM, EACCES
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _version(plugin: Plugin, stdin: bytes) -> Outcome:

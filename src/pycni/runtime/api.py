@@ -22,7 +22,7 @@ from pycni.record import field, record
 from pycni.runtime import cache as _cache
 from pycni.runtime import conf as _conf
 from pycni.runtime.conf import NetworkConfig, NetworkConfigList, go_json, sorted_keys
-from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_ENV, UNKNOWN_CONTAINER, CNIError
+from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, UNKNOWN_CONTAINER, CNIError
 from pycni.spec.types import Result
 from pycni.spec.validate import validate_container_id, validate_interface_name, validate_network_name
 from pycni.spec.version import greater_than_or_equal
@@ -119,6 +119,14 @@ def build_config(name: str, cni_version: str, plugin: NetworkConfig, prev_result
     return go_json({k: out[k] for k in sorted(out)})
 
 
+def _joined(errors: Sequence[CNIError]) -> CNIError:
+    """Several errors as one: the first one's code, every message and detail in order."""
+    first = errors[0]
+    if len(errors) == 1:
+        return first
+    return CNIError(first.code, "; ".join(e.msg for e in errors), "; ".join(e.details for e in errors if e.details))
+
+
 def _wrap(plugin: NetworkConfig, op: str, e: CNIError) -> CNIError:
     """A plugin's error with the plugin and operation named in front, as libcni reports it."""
     return CNIError(e.code, f"plugin {plugin.describe()} failed ({op}): {e.msg}", e.details, e.cni_version)
@@ -179,40 +187,65 @@ class CNI:
                      capability_args: Mapping[str, Any] | None = None) -> RuntimeConf:
         """A :class:`RuntimeConf`; ``args`` as CNI_ARGS text, pairs or a mapping."""
         if isinstance(args, str):  # CNI_ARGS text, "K=V;K=V"
-            parsed = []
-            for kv in filter(None, args.split(";")):
-                key, sep, value = kv.partition("=")
-                if not sep or not key:
-                    raise CNIError(INVALID_ENV, f"invalid CNI_ARGS pair {kv!r}",
-                                   "CNI_ARGS must be KEY=VALUE pairs separated by ';'")
-                parsed.append((key, value))
-            args = parsed
+            from pycni.cniargs import runtime_args
+
+            args = runtime_args(args)
         pairs = list(args.items()) if isinstance(args, Mapping) else [(str(k), str(v)) for k, v in args or ()]
         return RuntimeConf(container_id=container_id, netns=netns, ifname=ifname, args=pairs,
                            capability_args=dict(capability_args or {}))
 
     def add_rt(self, net: Network, rt: RuntimeConf) -> Result:
-        """:meth:`add` with a prepared :class:`RuntimeConf` (libcni's AddNetworkList)."""
+        """:meth:`add` with a prepared :class:`RuntimeConf` (libcni's AddNetworkList).
+
+        When a plugin fails, the whole chain is DELeted (in reverse, with the partial result
+        as prevResult) before the error is returned, as CRI runtimes do, so a retry starts
+        clean. If that DEL fails too, the partial result is cached for a later DEL or GC and
+        both errors are reported.
+        """
         chain = _chain(net)
         self._validate_attachment(chain, rt)
         paths = [self._find(p) for p in chain.plugins]
-        result: Result | None = None
-        for plugin, path in zip(chain.plugins, paths, strict=True):
-            stdin = build_config(chain.name, chain.version, plugin, result, rt)
+        with _cache.adding(self.cache_dir, chain.name, rt.container_id, rt.ifname):
+            result: Result | None = None
+            for plugin, path in zip(chain.plugins, paths, strict=True):
+                stdin = build_config(chain.name, chain.version, plugin, result, rt)
+                try:
+                    out = invoke.exec_with_result(path, stdin, self._env("ADD", rt), self.timeout)
+                    result = self._as_version(out, chain.version)
+                except CNIError as e:
+                    raise self._undo_add(chain, rt, result, _wrap(plugin, "add", e)) from None
+            assert result is not None  # a chain has at least one plugin
             try:
-                out = invoke.exec_with_result(path, stdin, self._env("ADD", rt), self.timeout)
-                result = self._as_version(out, chain.version)
-            except CNIError as e:
-                raise _wrap(plugin, "add", e) from None
-        assert result is not None  # a chain has at least one plugin
+                self._cache(chain, rt, result)
+            except CNIError as e:  # an attachment nobody can find again must not stay
+                raise self._undo_add(chain, rt, result, e) from None
+        return result
+
+    def _undo_add(self, chain: _Chain, rt: RuntimeConf, partial: Result | None, error: CNIError) -> CNIError:
+        """DEL the chain after a failed ADD; the ADD's error, with the DEL's appended if it failed."""
+        failures = self._run_each(chain, reversed(chain.plugins), "DEL", "delete", rt, partial, keep_going=True)
+        if not failures:
+            return error
+        try:
+            self._cache(chain, rt, partial)  # so that DEL or GC can finish the clean-up later
+        except CNIError:
+            pass  # reported below; the cache is what failed in the first place
+        return CNIError(error.code, error.msg, "; ".join(
+            [error.details] * bool(error.details)
+            + [f"cleaning up after the failed ADD also failed: {e.msg}" for e in failures]), error.cni_version)
+
+    def _cache(self, chain: _Chain, rt: RuntimeConf, result: Result | None) -> None:
         _cache.write_entry(self.cache_dir, _cache.CacheEntry(
             network_name=chain.name, container_id=rt.container_id, ifname=rt.ifname, config=chain.bytes,
             netns=rt.netns, cni_args=list(rt.args), capability_args=dict(rt.capability_args),
-            result=result.to_dict(chain.version)))
-        return result
+            result=result.to_dict(chain.version) if result is not None else None))
 
     def delete_rt(self, net: Network, rt: RuntimeConf) -> None:
-        """:meth:`delete` with a prepared :class:`RuntimeConf` (libcni's DelNetworkList)."""
+        """:meth:`delete` with a prepared :class:`RuntimeConf` (libcni's DelNetworkList).
+
+        Unlike libcni, a plugin's failure does not stop the walk: every plugin's DEL runs, the
+        errors are reported together, and the cache entry is kept so a retry still has it.
+        """
         chain = _chain(net)
         self._validate_attachment(chain, rt)
         cached: Result | None = None
@@ -222,7 +255,9 @@ class CNI:
             except CNIError:  # an unreadable entry must not block DEL (as newer libcni)
                 _cache.delete_entry(self.cache_dir, chain.name, rt.container_id, rt.ifname)
                 cached = None
-        self._run_each(chain, reversed(chain.plugins), "DEL", "delete", rt, cached)
+        failures = self._run_each(chain, reversed(chain.plugins), "DEL", "delete", rt, cached, keep_going=True)
+        if failures:
+            raise _joined(failures)
         _cache.delete_entry(self.cache_dir, chain.name, rt.container_id, rt.ifname)
 
     def check_rt(self, net: Network, rt: RuntimeConf) -> None:
@@ -243,16 +278,21 @@ class CNI:
         self._run_each(chain, chain.plugins, "CHECK", "check", rt, cached)
 
     def _run_each(self, chain: _Chain, plugins: Iterable[NetworkConfig], command: str, op: str,
-                  rt: RuntimeConf, prev: Result | None) -> None:
-        """Exec ``command`` for each plugin in turn with ``prev`` as prevResult; the first failure
-        stops the walk, reported as libcni does (see :func:`_wrap`)."""
+                  rt: RuntimeConf, prev: Result | None, keep_going: bool = False) -> list[CNIError]:
+        """Exec ``command`` for each plugin in turn with ``prev`` as prevResult; errors reported as
+        libcni does (see :func:`_wrap`). The first failure stops the walk and is raised, unless
+        ``keep_going``: then every plugin runs and the failures are returned."""
+        failures: list[CNIError] = []
         for plugin in plugins:
             try:
                 path = self._find(plugin)
                 stdin = build_config(chain.name, chain.version, plugin, prev, rt)
                 invoke.exec_plugin(path, stdin, self._env(command, rt), self.timeout)
             except CNIError as e:
-                raise _wrap(plugin, op, e) from None
+                if not keep_going:
+                    raise _wrap(plugin, op, e) from None
+                failures.append(_wrap(plugin, op, e))
+        return failures
 
     # ---- network-wide operations ------------------------------------------------------------
     def gc(self, net: NetworkConfigList,
@@ -260,8 +300,10 @@ class CNI:
         """Spec 1.1 GC: DEL cached attachments not in ``valid_attachments``, then GC each plugin.
 
         ``None`` (what cnitool passes) means no attachment is known valid: all cached ones of
-        this network are deleted and plugins get no ``cni.dev/valid-attachments`` key.
-        Errors are collected and raised together; ``disableGC`` makes this a no-op.
+        this network are deleted and plugins get an empty ``cni.dev/valid-attachments`` (libcni
+        omits the key, which a plugin cannot tell from a runtime that forgot it). Attachments
+        whose ADD is in flight (see :func:`pycni.runtime.cache.adding`) are always kept and
+        listed. Errors are collected and raised together; ``disableGC`` makes this a no-op.
         """
         chain = _chain(net)
         if chain.disable_gc:
@@ -270,6 +312,10 @@ class CNI:
         if valid_attachments is not None:
             valid = [a if isinstance(a, GCAttachment) else GCAttachment(*a) for a in valid_attachments]
         keep = {(a.container_id, a.ifname) for a in valid or ()}
+        # An attachment whose ADD is running now is not stale, listed or not.
+        adding = [(cid, ifname) for network, cid, ifname in _cache.in_flight(self.cache_dir)
+                  if network == chain.name and (cid, ifname) not in keep]
+        keep.update(adding)
         errors: list[CNIError] = []
         for entry in _cache.list_entries(self.cache_dir):
             if entry.network_name != chain.name or (entry.container_id, entry.ifname) in keep:
@@ -282,11 +328,11 @@ class CNI:
                 errors.append(CNIError(e.code, f"failed to delete stale attachment {rt.container_id} "
                                        f"{rt.ifname}: {e.msg}", e.details))
         if greater_than_or_equal(chain.version, "1.1.0"):
-            extra: dict[str, Any] = {}
-            if valid is not None:
-                listed = [a.to_dict() for a in valid]
-                # libcni sets both keys: the spec's name and the one it used before (#1101)
-                extra = {"cni.dev/valid-attachments": listed, "cni.dev/attachments": listed}
+            # Always an explicit list (cnitool's "nothing is valid" is []): a plugin must never
+            # have to guess what a missing key means.
+            listed = [a.to_dict() for a in valid or ()] + [GCAttachment(*a).to_dict() for a in adding]
+            # libcni sets both keys: the spec's name and the one it used before (#1101)
+            extra = {"cni.dev/valid-attachments": listed, "cni.dev/attachments": listed}
             for plugin in chain.plugins:
                 try:
                     stdin = build_config(chain.name, chain.version, plugin, extra=extra)
@@ -294,9 +340,7 @@ class CNI:
                 except CNIError as e:
                     errors.append(_wrap(plugin, "gc", e))
         if errors:
-            first = errors[0]
-            raise CNIError(first.code, "; ".join(e.msg for e in errors),
-                           "; ".join(e.details for e in errors if e.details))
+            raise _joined(errors)
 
     def status(self, net: NetworkConfigList) -> None:
         """Spec 1.1 STATUS of every plugin; raises the first plugin's error (e.g. code 50)."""

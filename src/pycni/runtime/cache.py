@@ -14,8 +14,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
+import fcntl
+import hashlib
 import json
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pycni import statefile
@@ -25,6 +31,9 @@ from pycni.spec.errors import DECODE_FAILURE, IO_FAILURE, CNIError
 
 DEFAULT_CACHE_DIR = "/var/lib/cni"
 CACHE_KIND = "cniCacheV1"
+# Beside libcni's results/ (which Go runtimes read), one marker per ADD in flight: GC must not
+# take an attachment that is being added for a stale one.
+IN_FLIGHT_DIR = "pycni-adding"
 
 
 @record
@@ -149,3 +158,82 @@ def list_entries(cache_dir: str, container_id: str = "") -> list[CacheEntry]:
             continue
         out.append(entry)
     return out
+
+
+def _in_flight_path(cache_dir: str, network: str, container_id: str, ifname: str) -> str:
+    digest = hashlib.sha256(f"{network}\0{container_id}\0{ifname}".encode()).hexdigest()[:32]
+    return os.path.join(cache_dir or DEFAULT_CACHE_DIR, IN_FLIGHT_DIR, digest)
+
+
+@contextmanager
+def adding(cache_dir: str, network: str, container_id: str, ifname: str) -> Iterator[None]:
+    """Mark an ADD in flight for the body: an flock on a marker naming the attachment.
+
+    The lock dies with the process, so a runtime killed mid-ADD leaves a marker that
+    :func:`in_flight` recognises as stale (and removes).
+    """
+    path = _in_flight_path(cache_dir, network, container_id, ifname)
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        # Locked and named before it becomes visible, so in_flight never sees it unlocked.
+        fd, tmp = tempfile.mkstemp(prefix=".", dir=directory)
+    except OSError as e:
+        raise CNIError(IO_FAILURE, "failed to mark the ADD in flight",
+                       f"writing {directory}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps([network, container_id, ifname]).encode())
+        os.rename(tmp, path)
+    except OSError as e:
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise CNIError(IO_FAILURE, "failed to mark the ADD in flight",
+                       f"writing {directory}: {e.strerror or e}") from None
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def in_flight(cache_dir: str) -> set[tuple[str, str, str]]:
+    """(network, containerID, ifname) of every ADD running now; stale markers are removed."""
+    directory = os.path.join(cache_dir or DEFAULT_CACHE_DIR, IN_FLIGHT_DIR)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return set()
+    busy: set[tuple[str, str, str]] = set()
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    continue
+                data = os.read(fd, 1 << 20)
+                try:
+                    network, container_id, ifname = json.loads(data)
+                except (ValueError, TypeError):
+                    continue  # the holder has not written its name yet: it is not ours to judge
+                busy.add((str(network), str(container_id), str(ifname)))
+                continue
+            try:
+                os.unlink(path)  # nobody holds it: its ADD died
+            except OSError:
+                pass
+        finally:
+            os.close(fd)
+    return busy
