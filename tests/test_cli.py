@@ -166,16 +166,26 @@ def test_debug_shows_the_failing_plugins_stderr(tmp_path: Path) -> None:
     assert "Traceback" not in loud.stderr
 
 
-def test_plugin_without_privileges_says_what_it_needs(host_ns: Namespace, container_ns: Namespace,
-                                                      tmp_path: Path) -> None:
+def test_plugin_without_privileges_says_what_it_needs(host_ns: Namespace, container_ns: Namespace) -> None:
     """EPERM from the kernel names the missing privilege (run as nobody, in a throwaway host namespace)."""
-    conf = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "bridge", "bridge": "br-eperm",
-                       "ipam": {"type": "host-local", "subnet": "10.99.0.0/24", "dataDir": str(tmp_path)}})
-    env = {"PATH": os.environ["PATH"], "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0",
-           "CNI_NETNS": container_ns.path, "CNI_PATH": str(tmp_path)}
-    proc = subprocess.run(["ip", "netns", "exec", host_ns.name, "setpriv", "--reuid=65534", "--regid=65534",
-                           "--clear-groups", *PYCNI, "plugin", "bridge"],
-                          input=conf, env=env, capture_output=True, text=True, timeout=60)
+    import tempfile
+
+    from pycni.plugins.registry import install
+
+    public = tempfile.mkdtemp(prefix="pycni-eperm-")  # nobody must reach the plugins: not under pytest's 0700 tmp
+    try:
+        os.chmod(public, 0o755)
+        install(os.path.join(public, "bin"), ["bridge", "host-local"])
+        conf = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "bridge", "bridge": "br-eperm",
+                           "ipam": {"type": "host-local", "subnet": "10.99.0.0/24",
+                                    "dataDir": os.path.join(public, "ipam")}})
+        env = {"PATH": os.environ["PATH"], "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0",
+               "CNI_NETNS": container_ns.path, "CNI_PATH": os.path.join(public, "bin")}
+        proc = subprocess.run(["ip", "netns", "exec", host_ns.name, "setpriv", "--reuid=65534", "--regid=65534",
+                               "--clear-groups", *PYCNI, "plugin", "bridge"],
+                              input=conf, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
     assert proc.returncode == 1, proc
     err = json.loads(proc.stdout)
     assert "needs root or CAP_NET_ADMIN" in err.get("details", ""), err

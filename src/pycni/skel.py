@@ -129,8 +129,9 @@ def prev_result(conf: Mapping[str, Any]) -> Result | None:
 MAX_CONTAINER_ID = 255
 
 
-def _check_container_id(value: str) -> None:
-    validate_container_id(value)
+def _check_new_container_id(value: str) -> None:
+    """ADD refuses an over-long ID before anything is made; DEL, CHECK and GC still accept one, so
+    an attachment another implementation made with it can be cleaned up."""
     if len(value) > MAX_CONTAINER_ID:
         raise CNIError(E.INVALID_ENV, "containerID too long",
                        f"CNI_CONTAINERID is {len(value)} characters; at most {MAX_CONTAINER_ID} are accepted")
@@ -139,7 +140,7 @@ def _check_container_id(value: str) -> None:
 # The variables skel reads, in the Go reference's order (error messages list them in it).
 _ENV_ORDER = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
 _VALIDATORS: dict[str, Callable[[str], None]] = {
-    "CNI_CONTAINERID": _check_container_id,
+    "CNI_CONTAINERID": validate_container_id,
     "CNI_IFNAME": validate_interface_name,
 }
 
@@ -155,6 +156,8 @@ def _cmd_args(command: str, env: Mapping[str, str], stdin: bytes) -> CmdArgs:
                 missing.append(name)
         elif name in required and name in _VALIDATORS:
             _VALIDATORS[name](value)
+            if name == "CNI_CONTAINERID" and command == "ADD":
+                _check_new_container_id(value)
     if missing:
         raise CNIError(E.INVALID_ENV, f"required env variables [{','.join(missing)}] missing",
                        f"the runtime must set {', '.join(missing)} for CNI_COMMAND={command or '(unset)'}")

@@ -300,10 +300,10 @@ class CNI:
         """Spec 1.1 GC: DEL cached attachments not in ``valid_attachments``, then GC each plugin.
 
         ``None`` (what cnitool passes) means no attachment is known valid: all cached ones of
-        this network are deleted and plugins get an empty ``cni.dev/valid-attachments`` (libcni
-        omits the key, which a plugin cannot tell from a runtime that forgot it). Attachments
-        whose ADD is in flight (see :func:`pycni.runtime.cache.adding`) are always kept and
-        listed. Errors are collected and raised together; ``disableGC`` makes this a no-op.
+        this network are deleted and, as libcni, plugins get no ``cni.dev/valid-attachments`` —
+        which ours refuse (code 7) rather than free what other runtimes hold. Attachments whose
+        ADD is in flight (see :func:`pycni.runtime.cache.adding`) are always kept, and listed.
+        Errors are collected and raised together; ``disableGC`` makes this a no-op.
         """
         chain = _chain(net)
         if chain.disable_gc:
@@ -328,11 +328,12 @@ class CNI:
                 errors.append(CNIError(e.code, f"failed to delete stale attachment {rt.container_id} "
                                        f"{rt.ifname}: {e.msg}", e.details))
         if greater_than_or_equal(chain.version, "1.1.0"):
-            # Always an explicit list (cnitool's "nothing is valid" is []): a plugin must never
-            # have to guess what a missing key means.
-            listed = [a.to_dict() for a in valid or ()] + [GCAttachment(*a).to_dict() for a in adding]
-            # libcni sets both keys: the spec's name and the one it used before (#1101)
-            extra = {"cni.dev/valid-attachments": listed, "cni.dev/attachments": listed}
+            extra: dict[str, Any] = {}
+            if valid is not None:
+                # In-flight ADDs are listed too: a plugin must not free what is being set up.
+                listed = [a.to_dict() for a in valid] + [GCAttachment(*a).to_dict() for a in adding]
+                # libcni sets both keys: the spec's name and the one it used before (#1101)
+                extra = {"cni.dev/valid-attachments": listed, "cni.dev/attachments": listed}
             for plugin in chain.plugins:
                 try:
                     stdin = build_config(chain.name, chain.version, plugin, extra=extra)
