@@ -184,8 +184,10 @@ def install(target_dir: str, names: list[str] | None = None, python: str | None 
     unknown = [n for n in selected if n not in mods]
     if unknown:
         raise KeyError(f"unknown or unavailable plugin(s) {unknown}; available: {sorted(mods)}")
-    if socket is not None and (not daemon or not os.path.isabs(socket)):
-        raise ValueError(f"a daemon socket must be an absolute path, for executables that forward: {socket!r}")
+    if socket is not None and (not daemon or not os.path.isabs(socket) or "\n" in socket or "\0" in socket
+                               or len(socket.encode()) > 107):  # sun_path holds 108 bytes with the NUL
+        raise ValueError(f"a daemon socket must be an absolute path of at most 107 bytes on one line, for "
+                         f"executables that forward: {socket!r}")
     targets = [os.path.join(target_dir, name) for name in selected]
     if not force:
         foreign = [p for p in targets if os.path.lexists(p) and shim_type(p) is None]
