@@ -160,6 +160,16 @@ def test_host_device_refuses_loopback_before_touching_it(host_ns: Namespace, con
     assert e["code"] == 7 and "lo" in e["msg"], e
 
 
+def test_host_device_that_cannot_move_is_left_as_it_was(host_ns: Namespace, container_ns: Namespace,
+                                                          plugin_dir: str, tmp_path: Path) -> None:
+    """A bridge is local to its namespace: the kernel refuses the move, and the device stays up with its address."""
+    host_ns.run(["ip", "link", "add", "hdbr0", "type", "bridge"])
+    host_ns.run(["ip", "addr", "add", "192.168.6.1/24", "dev", "hdbr0"])
+    host_ns.run(["ip", "link", "set", "hdbr0", "up"])
+    e = refused(host_device.PLUGIN, host_ns, container_ns, _hostdev(tmp_path, device="hdbr0"), plugin_dir, tmp_path)
+    assert "failed to move" in e["msg"], e
+
+
 # ---- tap -----------------------------------------------------------------------------------------
 def test_tap_at_010_leaves_no_tap(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
                                   tmp_path: Path) -> None:
