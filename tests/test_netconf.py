@@ -96,7 +96,7 @@ def test_container_mac_refusals_name_the_source() -> None:
 # ---- prevResult ----------------------------------------------------------------------------------
 def test_require_prev_result() -> None:
     err = _code(netconf.require_prev_result, {"cniVersion": "1.0.0"}, "vrf")
-    assert err.code == INVALID_CONFIG and err.msg.startswith("vrf: ")
+    assert err.code == INVALID_CONFIG and err.msg == "Required prevResult missing" and "vrf" in err.details
     prev = {"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/24"}]}
     got = netconf.require_prev_result({"cniVersion": "1.0.0", "prevResult": prev}, "vrf")
     assert str(got.ips[0].address) == "10.0.0.2/24"

@@ -12,27 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pycni import invoke
+from pycni.netconf import ipam_type
 from pycni.skel import CmdArgs
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import Result
 
+__all__ = ["ipam_type", "require_ipam", "locate", "add", "delete", "check", "gc", "status"]
+
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
     from typing import Any
-
-
-def ipam_type(conf: Mapping[str, Any]) -> str:
-    """The IPAM plugin type named by the config, '' when there is no IPAM section."""
-    ipam = conf.get("ipam")
-    if ipam is None:
-        return ""
-    if not isinstance(ipam, dict):
-        raise CNIError(E.INVALID_CONFIG, "\"ipam\" must be a JSON object", f"got {ipam!r}")
-    t = ipam.get("type", "")
-    if not isinstance(t, str):
-        raise CNIError(E.INVALID_CONFIG, "\"ipam.type\" must be a string", f"got {t!r}")
-    return t
 
 
 def require_ipam(conf: Mapping[str, Any], plugin: str) -> str:

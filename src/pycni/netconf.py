@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pycni.spec.errors import INVALID_CONFIG, CNIError
+from pycni.spec.errors import INCOMPATIBLE_VERSION, INVALID_CONFIG, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pycni.spec.types import Result
 
 VALID_ATTACHMENTS = "cni.dev/valid-attachments"
+MAX_MTU = 65535  # the kernel's ETH_MAX_MTU: no link here takes more
 # The name libcni also sets, from before the spec fixed it (containernetworking/cni#1101).
 OLD_ATTACHMENTS = "cni.dev/attachments"
 
@@ -104,6 +105,11 @@ def get_dict(conf: Mapping[str, Any], key: str, default: dict[str, Any] | None =
     return value
 
 
+def ipam_type(conf: Mapping[str, Any]) -> str:
+    """The IPAM plugin type named by the config, '' when there is no IPAM section."""
+    return get_str(get_dict(conf, "ipam"), "type", label="ipam.type")
+
+
 def runtime_config(conf: Mapping[str, Any]) -> dict[str, Any]:
     """``runtimeConfig`` (what the runtime passes for the plugin's capabilities), checked."""
     return get_dict(conf, "runtimeConfig")
@@ -153,6 +159,16 @@ def container_mac(conf: Mapping[str, Any], cni_args: str, *, config_key: bool = 
     return check_mac(mac, where) if mac else ""
 
 
+def require_ip_result(cni_version: str, has_ips: bool, plugin: str) -> None:
+    """Code 1 before ADD makes anything when its result will have no address but the config's
+    version (0.1.0, 0.2.0) has results that are nothing but addresses: the conversion would fail
+    after the interface exists (the reference fails there, leaving it)."""
+    if not has_ips and cni_version in ("0.1.0", "0.2.0"):
+        raise CNIError(INCOMPATIBLE_VERSION, f"{plugin}: cniVersion {cni_version} cannot carry this result",
+                       f"a {cni_version} result is IP addresses only and this config assigns none (no ipam); "
+                       "use cniVersion 0.3.0 or later, or add an ipam section")
+
+
 def prev_result(conf: Mapping[str, Any]) -> Result | None:
     """The chained ``prevResult`` parsed at the config's version (code 6 when malformed), or None."""
     from pycni.skel import prev_result as parse
@@ -164,7 +180,7 @@ def require_prev_result(conf: Mapping[str, Any], plugin: str) -> Result:
     """The ``prevResult`` a chained plugin (or CHECK) cannot work without; code 7 when absent."""
     prev = prev_result(conf)
     if prev is None:
-        raise CNIError(INVALID_CONFIG, f"{plugin}: Required prevResult missing",
+        raise CNIError(INVALID_CONFIG, "Required prevResult missing",  # the reference's words
                        f"{plugin} needs the result of the plugins before it (prevResult)")
     return prev
 
@@ -196,6 +212,6 @@ def valid_attachments(conf: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-__all__ = ["get_int", "get_bool", "get_str", "get_list", "get_dict", "runtime_config", "args_cni",
-           "is_colon_mac", "check_mac", "container_mac", "prev_result", "require_prev_result",
+__all__ = ["get_int", "get_bool", "get_str", "get_list", "get_dict", "ipam_type", "runtime_config", "args_cni",
+           "is_colon_mac", "check_mac", "container_mac", "prev_result", "require_prev_result", "require_ip_result",
            "valid_attachments", "invalid", "VALID_ATTACHMENTS"]

@@ -184,6 +184,14 @@ def require_free_ifname(ifname: str, netns_path: str) -> None:
                        f"{netns_path} already has an interface named {ifname!r}; choose another CNI_IFNAME")
 
 
+def check_container_ifname(netns_path: str, ifname: str) -> None:
+    """Before an ADD makes anything: the container namespace opens and has no ``ifname`` yet."""
+    from pycni.net import netns
+
+    with netns.enter(netns_path):
+        require_free_ifname(ifname, netns_path)
+
+
 def list_links() -> list[Link]:
     """Every link in the calling thread's namespace."""
     with rtnl() as sock:
