@@ -384,7 +384,18 @@ def cmd_check(args: CmdArgs) -> None:
     check_ingress_policy(conf, conf.result)
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+def cmd_gc(args: CmdArgs) -> None:
+    """Nothing to collect: the rules are per address and leave with DEL; the list is still checked."""
+    parse_conf(args)
+    netconf.valid_attachments(args.conf())
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """Ready: the backend's tools are looked up when used."""
+    parse_conf(args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
                 versions=tuple(v for v in ALL_VERSIONS if greater_than_or_equal(v, "0.4.0")),
                 about="pycni firewall: allow container traffic through iptables or nftables forwarding")
 

@@ -292,7 +292,18 @@ def cmd_check(args: CmdArgs) -> None:
                 raise CNIError(PLUGIN_SPECIFIC, f"no default route via {gw} in table {found[0].table}")
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+def cmd_gc(args: CmdArgs) -> None:
+    """Nothing to collect: rules and tables live in the container's namespace; the list is still checked."""
+    parse_conf(args)
+    netconf.valid_attachments(args.conf())
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """Always ready."""
+    parse_conf(args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
                 about="pycni sbr: source-based routing tables for a container interface")
 
 

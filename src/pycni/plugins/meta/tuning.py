@@ -209,12 +209,12 @@ def parse_conf(args: CmdArgs, allowlist_file: str = ALLOWLIST_FILE) -> TuningCon
     """Decode and check the whole configuration before anything is touched.
 
     DEL reads only ``dataDir``: it restores what ADD saved, and nothing else in the config
-    (nor bad CNI_ARGS) may keep it from doing so.
+    (nor bad CNI_ARGS) may keep it from doing so. GC and STATUS (no interface) read no more.
     """
     raw = _load(args.stdin_data)
     conf = TuningConf(cni_version=config_version(raw))
     conf.data_dir = netconf.get_str(raw, "dataDir") or DEFAULT_DATA_DIR
-    if args.command == "DEL":
+    if args.command not in ("ADD", "CHECK"):
         return conf
     sysctls = _sysctl_map(raw.get("sysctl"), "sysctl")
     _link_attrs(conf, raw, "")
@@ -442,7 +442,19 @@ def cmd_check(args: CmdArgs) -> None:
                            f"current value is {link.txqlen}")
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+def cmd_gc(args: CmdArgs) -> None:
+    """Nothing to collect by attachment (saved originals are per container, in a directory other
+    networks share); the list is still checked."""
+    parse_conf(args)
+    netconf.valid_attachments(args.conf())
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """Always ready."""
+    parse_conf(args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
                 about="CNI tuning plugin (pycni): net sysctls and interface attributes in the container")
 
 
