@@ -360,31 +360,41 @@ def test_gc_without_valid_attachments_is_refused_and_frees_nothing(tmp_path: Pat
 
 def test_gc_through_bridge_without_valid_attachments_frees_nothing(netns_factory: Callable[[], Any],
                                                                    plugin_dir: str, tmp_path: Path) -> None:
-    """bridge delegates GC to host-local: our runtime's GC with no list is refused by host-local."""
+    """bridge delegates GC to host-local: a GC that reaches it without the list (a runtime that
+    sends none, as cnitool's libcni may) is refused and frees nothing; with the list it frees
+    exactly the attachments not on it."""
     from runtimes import write_conflist
 
+    from pycni import invoke
     from pycni.runtime import CNI
     from pycni.spec.errors import CNIError
 
     host, c1, c2 = netns_factory(), netns_factory(), netns_factory()
     data_dir = tmp_path / "ipam"
-    write_conflist(tmp_path / "net.d", "gcnet", [{"type": "bridge", "bridge": "gcbr0", "ipam": {
-        "type": "host-local", "subnet": "10.84.0.0/24", "dataDir": str(data_dir)}}], version="1.1.0")
-    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin"), "PYCNI_SOCKET": "off"}
-    # Two runtimes (two caches) share the network: each knows only its own attachment.
-    rt_a, rt_b = (CNI(conf_dir=str(tmp_path / "net.d"), plugin_path=[plugin_dir], cache_dir=str(tmp_path / c),
-                      env=env) for c in ("cache-a", "cache-b"))
-    net = rt_a.load_network("gcnet")
+    bridge = {"type": "bridge", "bridge": "gcbr0",
+              "ipam": {"type": "host-local", "subnet": "10.84.0.0/24", "dataDir": str(data_dir)}}
+    write_conflist(tmp_path / "net.d", "gcnet", [bridge], version="1.1.0")
+    base = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin"), "PYCNI_SOCKET": "off"}
+    rt = CNI(conf_dir=str(tmp_path / "net.d"), plugin_path=[plugin_dir], cache_dir=str(tmp_path / "cache"), env=base)
+    net = rt.load_network("gcnet")
+    gc_env = invoke.plugin_env(base, "GC", path=plugin_dir)
+    conf = {"cniVersion": "1.1.0", "name": "gcnet", **bridge}
     with host.enter():
-        rt_a.add(net, "a", c1.path)
-        rt_b.add(net, "b", c2.path)
-        with pytest.raises(CNIError) as e:
-            rt_a.gc(net)  # cached "a" is deleted; then the plugins get no valid-attachments list
-        assert e.value.code == 7 and "GC needs 'cni.dev/valid-attachments'" in e.value.msg
-        assert ip_files(data_dir, "gcnet") == {"10.84.0.3": b"b\r\neth0"}
-        rt_a.gc(net, [("b", "eth0")])
-        assert ip_files(data_dir, "gcnet") == {"10.84.0.3": b"b\r\neth0"}
-        rt_b.delete(net, "b", c2.path)
+        rt.add(net, "a", c1.path)
+        rt.add(net, "b", c2.path)
+        before = ip_files(data_dir, "gcnet")
+        assert sorted(before.values()) == [b"a\r\neth0", b"b\r\neth0"]
+        for missing in ({}, {"cni.dev/valid-attachments": None}):
+            with pytest.raises(CNIError) as e:
+                invoke.exec_plugin(os.path.join(plugin_dir, "bridge"), json.dumps({**conf, **missing}).encode(),
+                                   gc_env)
+            assert e.value.code == 7 and "valid-attachments" in e.value.msg
+            assert ip_files(data_dir, "gcnet") == before
+        listed = {**conf, "cni.dev/valid-attachments": [{"containerID": "b", "ifname": "eth0"}]}
+        invoke.exec_plugin(os.path.join(plugin_dir, "bridge"), json.dumps(listed).encode(), gc_env)
+        assert sorted(ip_files(data_dir, "gcnet").values()) == [b"b\r\neth0"]
+        rt.delete(net, "a", c1.path)
+        rt.delete(net, "b", c2.path)
     assert ip_files(data_dir, "gcnet") == {}
 
 
