@@ -355,6 +355,8 @@ def cmd_add(args: CmdArgs) -> Result:
             previous = _read_backup(path)
             # A repeated ADD keeps the first originals (the true ones) and anything saved before.
             saved = {**_originals(conf, link), **(previous or {})}
+            if not os.path.isdir(conf.data_dir):
+                undo.push(_remove_dir, conf.data_dir)  # made by this ADD: goes with it (after the file)
             _write_backup(path, saved)
             if previous is None:
                 undo.push(statefile.remove, path)
@@ -372,6 +374,14 @@ def cmd_add(args: CmdArgs) -> Result:
             if iface.name == args.ifname:
                 iface.mac = conf.mac
     return result
+
+
+def _remove_dir(path: str) -> None:
+    """Remove the directory ``path`` if it is empty (another container's saved file keeps it)."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _remove(path: str) -> None:
