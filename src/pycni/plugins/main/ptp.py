@@ -123,7 +123,7 @@ def cmd_add(args: CmdArgs) -> Result:
         if n.ip_masq:
             addrs = [i.address for i in result.ips]
             backend = n.masq_backend()
-            undo.push(masq.teardown_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
+            undo.push(masq.undo_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
             masq.setup_ip_masq(backend, n.name, args.container_id, args.ifname, addrs)
         if not n.dns.is_empty():
             result.dns = n.dns  # the plugin's own DNS settings win over IPAM's, as in the reference
