@@ -201,13 +201,6 @@ def _remove_unused_bridge(name: str) -> None:
     link.delete_link_quietly(name)
 
 
-def _quiet_del(plugin: str, data: bytes, args: CmdArgs) -> None:
-    try:
-        invoke.delegate_del(plugin, data, args)
-    except CNIError:
-        pass
-
-
 def cmd_add(args: CmdArgs) -> Result:
     """Save the merged delegate config, then delegate ADD; a failed ADD is undone and forgotten."""
     conf = parse_conf(args)
@@ -228,7 +221,7 @@ def cmd_add(args: CmdArgs) -> Result:
         bridge = _new_bridge(delegate)
         if bridge:
             undo.push(_remove_unused_bridge, bridge)
-        undo.push(_quiet_del, delegate["type"], data, args)
+        undo.push(invoke.delegate_del, delegate["type"], data, args)
         return invoke.delegate_add(delegate["type"], data, args)
 
 
