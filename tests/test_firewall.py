@@ -151,7 +151,7 @@ def lab(host_ns: Any, netns_factory: Any, tmp_path: Any) -> dict[str, Any]:
 
 
 def reaches_outside(ns: Any) -> bool:
-    return ns.run(["ping", "-c1", "-W1", OUTSIDE_IP], check=False).returncode == 0
+    return ns.run(["ping", "-c2", "-i0.3", "-W2", OUTSIDE_IP], check=False).returncode == 0  # any reply
 
 
 def test_iptables_backend_forwarding(lab: dict[str, Any]) -> None:
@@ -276,3 +276,19 @@ def test_isolated_policy_drops_intra_bridge(netns_factory: Any) -> None:
     host.run(["iptables", "-w", "-D", "CNI-ISOLATION-STAGE-1", "1"])
     rc, e = run_fw(host, "CHECK", conf, "c1", cont.path)
     assert rc == 1 and "CNI-ISOLATION-STAGE-1" in e["msg"]
+
+
+@pytest.mark.parametrize("attachments,code", [("absent", 7), (None, 7), ([{}], 7), ([{"containerID": 1}], 7),
+                                              ([], 0), ([{"containerID": "c1", "ifname": "eth0"}], 0)])
+def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: int) -> None:
+    """Nothing to collect, but GC refuses a missing or malformed list as every plugin does; STATUS answers."""
+    conf: dict[str, Any] = {"cniVersion": "1.1.0", "name": "gcnet", "type": "firewall"}
+    if attachments != "absent":
+        conf["cni.dev/valid-attachments"] = attachments
+    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}
+    out = dispatch(fw.PLUGIN, env, json.dumps(conf).encode())
+    assert out.exit_code == (1 if code else 0), out.stdout
+    if code:
+        assert json.loads(out.stdout)["code"] == code
+    out = dispatch(fw.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
+    assert out.exit_code == 0, out.stdout

@@ -295,3 +295,29 @@ def test_gc_without_a_valid_list_removes_nothing(tmp_path: Path, attachments: ob
     assert dispatch(flannel.PLUGIN, {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"},
                     json.dumps(conf).encode()).exit_code == 0
     assert os.listdir(data) == []
+
+
+def test_gc_through_the_delegate_frees_what_is_not_listed(netns_factory: Callable[[], Namespace], plugin_dir: str,
+                                                          tmp_path: Path) -> None:
+    """GC reaches host-local through the bridge delegate with flannel's list: the attachment not on
+    it loses its address and its saved config; without a list nothing changes."""
+    node, c1, c2 = netns_factory(), netns_factory(), netns_factory()
+    conf = json.loads(conf_bytes(tmp_path, write_env(tmp_path), delegate={"bridge": "cni-flgc"}))
+    conf["cniVersion"] = "1.1.0"
+    data = json.dumps(conf).encode()
+    for cid, ctr in (("ctr-1", c1), ("ctr-2", c2)):
+        run_flannel(node, plugin_dir, "ADD", ctr, cid, data)
+    ipam_dir = tmp_path / "ipam" / "flnet"
+
+    def state() -> tuple[list[bytes], list[str]]:
+        held = sorted(p.read_bytes() for p in ipam_dir.iterdir() if p.name[0].isdigit())
+        return held, sorted(os.listdir(tmp_path / "flannel-data"))
+
+    assert state() == ([b"ctr-1\r\neth0", b"ctr-2\r\neth0"], ["ctr-1", "ctr-2"])
+    with pytest.raises(CNIError) as e:
+        run_flannel(node, plugin_dir, "GC", None, "", data)
+    assert e.value.code == 7
+    assert state() == ([b"ctr-1\r\neth0", b"ctr-2\r\neth0"], ["ctr-1", "ctr-2"])
+    listed = json.dumps({**conf, "cni.dev/valid-attachments": [{"containerID": "ctr-1", "ifname": "eth0"}]})
+    run_flannel(node, plugin_dir, "GC", None, "", listed.encode())
+    assert state() == ([b"ctr-1\r\neth0"], ["ctr-1"])

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, NamedTuple
 
 from pycni import netconf
 from pycni.record import record
@@ -30,6 +29,10 @@ from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import IPConfig, Result
 from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 PRIV_CHAIN = "CNI-FORWARD"
 DEFAULT_ADMIN_CHAIN = "CNI-ADMIN"
@@ -339,7 +342,8 @@ def check_ingress_policy(conf: FirewallConf, result: Result) -> None:
 
 
 # ---- handlers --------------------------------------------------------------------------------
-class Backend(NamedTuple):
+@record(frozen=True)
+class Backend:
     """How one ``backend`` value adds, deletes and checks a container's forwarding rules."""
 
     add: Callable[[FirewallConf, Result, Rollback], None]
@@ -380,7 +384,18 @@ def cmd_check(args: CmdArgs) -> None:
     check_ingress_policy(conf, conf.result)
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+def cmd_gc(args: CmdArgs) -> None:
+    """Nothing to collect: the rules are per address and leave with DEL; the list is still checked."""
+    parse_conf(args)
+    netconf.valid_attachments(args.conf())
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """Ready: the backend's tools are looked up when used."""
+    parse_conf(args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
                 versions=tuple(v for v in ALL_VERSIONS if greater_than_or_equal(v, "0.4.0")),
                 about="pycni firewall: allow container traffic through iptables or nftables forwarding")
 

@@ -21,8 +21,6 @@ import ipaddress
 from functools import partial
 
 from pycni import netconf
-from pycni.net.route import RT_SCOPE_LINK, RT_TABLE_MAIN
-from pycni.net.rule import RESERVED_TABLES
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
@@ -49,6 +47,8 @@ def parse_conf(args: CmdArgs) -> SbrConf:
     raw = args.conf()
     conf = SbrConf(config_version(raw), netconf.prev_result(raw))
     if raw.get("table") is not None:
+        from pycni.net.rule import RESERVED_TABLES  # net/ only where used: VERSION loads none of it
+
         table = netconf.get_int(raw, "table")
         if not 0 < table < 2**32 or table in RESERVED_TABLES:
             raise CNIError(INVALID_CONFIG, f"invalid routing table {table}",
@@ -131,7 +131,7 @@ def _source_table(conf: SbrConf, undo: Rollback, ip: IPConfig, index: int, table
 
 def do_routes(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: Rollback) -> None:
     """Per-address tables with default and copied routes, then clear the main table."""
-    from pycni.net import link, rule
+    from pycni.net import link, route, rule
 
     used = rule.tables_in_use()
     table = rule.next_free_table(FIRST_TABLE, used)
@@ -156,12 +156,12 @@ def do_routes(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: Rollback) -
     if conf.add_source_hints:
         for ip in ips:
             hint = rule.RawRoute(family=ip.address.version, dst=ip.address.network, oif=lk.index,
-                                 prefsrc=str(ip.address.ip), scope=RT_SCOPE_LINK, proto=3)
+                                 prefsrc=str(ip.address.ip), scope=route.RT_SCOPE_LINK, proto=3)
             try:
                 rule.put_route(hint)
             except CNIError:
                 pass  # as the reference: a hint that cannot be set is not fatal
-        doomed = [r for r in routes if r.scope != RT_SCOPE_LINK]
+        doomed = [r for r in routes if r.scope != route.RT_SCOPE_LINK]
     else:
         doomed = routes
     for r in doomed:
@@ -240,7 +240,7 @@ def cmd_add(args: CmdArgs) -> Result:
 
 def cmd_del(args: CmdArgs) -> None:
     """Remove the rules sourced from the interface's addresses and its routes in their tables."""
-    from pycni.net import addr, link, netns, rule
+    from pycni.net import addr, link, netns, route, rule
 
     conf = parse_conf(args)
     if not args.netns or not netns.netns_exists(args.netns):
@@ -260,9 +260,9 @@ def cmd_del(args: CmdArgs) -> None:
             tables.add(r.table)
         if conf.table is not None and not conf.vrfname:
             return  # with "table" the routes there are the administrator's, not ours
-        for t in tables - {RT_TABLE_MAIN}:
-            for route in rule.link_routes(lk.index, t):
-                rule.remove_route(route)
+        for t in tables - {route.RT_TABLE_MAIN}:
+            for rt in rule.link_routes(lk.index, t):
+                rule.remove_route(rt)
 
 
 def cmd_check(args: CmdArgs) -> None:
@@ -292,7 +292,18 @@ def cmd_check(args: CmdArgs) -> None:
                 raise CNIError(PLUGIN_SPECIFIC, f"no default route via {gw} in table {found[0].table}")
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+def cmd_gc(args: CmdArgs) -> None:
+    """Nothing to collect: rules and tables live in the container's namespace; the list is still checked."""
+    parse_conf(args)
+    netconf.valid_attachments(args.conf())
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """Always ready."""
+    parse_conf(args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
                 about="pycni sbr: source-based routing tables for a container interface")
 
 
