@@ -803,3 +803,26 @@ def test_check_many_mappings(topo_factory: Callable[[int], Topo], backend: str) 
     assert "30999" in err(call(t, "CHECK", 0, missing))["details"]
     ok(call(t, "DEL", 0, nc))
     assert our_nft_objects(t) == "" and "CNI-DN-" not in ipt_nat(t)
+
+
+def test_default_backend_falls_back_to_nftables_where_iptables_is_unusable(
+        topo_factory: Callable[[int], Topo], plugin_dir: str) -> None:
+    """No backend key: iptables, as the reference; where iptables cannot work (here: every
+    xtables tool made to fail, in a private mount namespace) nftables instead, as the reference."""
+    t = topo_factory(1)
+    t.serve(0, 80, "c0")
+    nc = conf(t, 0, WEB)
+    nc.pop("backend")
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "ctr-0", "CNI_NETNS": t.containers[0].path,
+           "CNI_IFNAME": "eth0", "CNI_PATH": plugin_dir, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    legacy = "/usr/sbin/xtables-legacy-multi"
+    broken = ("mount --bind /bin/false /usr/sbin/xtables-nft-multi && "
+              f"{{ [ ! -e {legacy} ] || mount --bind /bin/false {legacy}; }} && "
+              f"exec ip netns exec {t.host.name} {plugin_dir}/portmap")
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", broken],
+                          input=json.dumps(nc), env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "10.88.0.10 . 80" in ruleset(t) and "CNI-DN-" not in ipt_nat(t)
+    assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
+    ok(call(t, "DEL", 0, conf(t, 0, WEB, "iptables")))  # DEL cleans every layout
+    assert our_nft_objects(t) == ""
