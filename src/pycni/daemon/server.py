@@ -241,7 +241,7 @@ class Daemon:
         os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
         if _socket_answers(path):
             raise _already_serving(path)
-        self._take_claim(self.stop_timeout + 5 if claim_wait is None else claim_wait)
+        self._take_claim(self.stop_timeout + 5 if claim_wait is None else claim_wait, probe=True)
         try:
             state = _socket_answers(path)
             if state:
@@ -268,15 +268,15 @@ class Daemon:
         name = sock.getsockname()
         if isinstance(name, str) and name:
             self.socket_path = name
-        self._take_claim(self.stop_timeout + 5)
+        self._take_claim(self.stop_timeout + 5, probe=False)  # held: our predecessor's workers finishing
         self._sock, self._owned = sock, None
         log.info("pycni daemon: serving %s passed by systemd (socket activation)", self.socket_path)
 
-    def _take_claim(self, wait: float) -> None:
+    def _take_claim(self, wait: float, probe: bool) -> None:
         claim = SocketClaim(self.socket_path)
         deadline = time.monotonic() + wait
         while not claim.try_acquire():
-            if self._owned is None and self._sock is None and _socket_answers(self.socket_path):
+            if probe and _socket_answers(self.socket_path):
                 raise _already_serving(self.socket_path)
             if time.monotonic() >= deadline:
                 raise Refused(f"pycni daemon pid {claim.holder()} still holds {claim.path} without answering on "
