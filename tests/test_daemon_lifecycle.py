@@ -267,3 +267,40 @@ def test_refuses_to_start_without_privileges(how: list[str], start: Callable[...
         import shutil
 
         shutil.rmtree(open_dir)
+
+
+# ---- the documented systemd units --------------------------------------------------------------
+
+def test_documented_units_use_the_default_socket_and_verify(tmp_path: Path) -> None:
+    """docs/daemon.md's units: the default socket, the daemon's own bounds, and systemd accepts them."""
+    import re
+    import shutil
+
+    from pycni.daemon import protocol, server
+
+    doc = (Path(__file__).parent.parent / "docs" / "daemon.md").read_text()
+    units = {m.group(1): m.group(2) for m in re.finditer(r"```ini\n# /etc/systemd/system/(\S+)\n(.*?)```", doc, re.S)}
+    assert set(units) == {"pycni.socket", "pycni.service"}
+
+    def setting(unit: str, key: str) -> list[str]:
+        return re.findall(rf"^{key}=(.*)$", units[unit], re.M)
+
+    assert setting("pycni.socket", "ListenStream") == [protocol.DEFAULT_SOCKET]
+    assert setting("pycni.socket", "Accept") == ["no"]
+    exec_start = setting("pycni.service", "ExecStart")
+    assert len(exec_start) == 1 and exec_start[0].endswith(" daemon")  # no --socket: the one passed
+    assert setting("pycni.service", "KillMode") == ["mixed"]
+    assert setting("pycni.service", "RestartPreventExitStatus") == [str(server.EXIT_REFUSED)]
+    worst_stop = server.STOP_TIMEOUT + server.STOP_GRACE + 2  # see Daemon._stop_workers
+    assert float(setting("pycni.service", "TimeoutStopSec")[0]) >= 2 * worst_stop
+    assert setting("pycni.service", "RuntimeDirectory") == []  # would remove the socket's directory
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        print("systemd-analyze not installed: units checked by content only")
+        return
+    true = shutil.which("true") or "/bin/true"
+    for name, text in units.items():
+        (tmp_path / name).write_text(text.replace(exec_start[0].split()[0], true))
+    proc = subprocess.run([analyze, "verify", "--man=no", *(str(tmp_path / n) for n in units)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr.strip() == "", proc.stderr
