@@ -65,6 +65,22 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
+def running_with(arg: str) -> list[int]:
+    """Live processes with ``arg`` in their command line (a daemon's socket path names its processes)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if arg.encode() not in f.read().split(b"\0"):
+                        continue
+            except OSError:
+                continue
+            if alive(int(name)):
+                out.append(int(name))
+    return out
+
+
 def wait_until(cond: object, what: str, timeout: float = WAIT) -> None:
     """Poll ``cond()`` every 20 ms until true; AssertionError naming ``what`` after ``timeout``."""
     for _ in range(int(timeout * 50)):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_proc import WAIT, DaemonProc, alive, children_of, request, wait_until
+from daemon_proc import WAIT, DaemonProc, alive, children_of, request, running_with, wait_until
 from netns_util import Namespace
 
 from pycni.daemon import protocol
@@ -200,6 +200,24 @@ def test_kill_9_at_random_points_leaves_nothing_after_del(setup: Setup) -> None:
               ", ".join(f"{p} {code}" + (f" ({out['code']})" if code else "") for p, code, out in steps))
         setup.del_chain(cid, ctr, port)
         setup.assert_nothing_left([ctr])
+
+
+def test_kill_9_of_the_main_process_while_it_replaces_a_worker(tmp_path: Path) -> None:
+    """A worker forked just before the main process dies (maybe before its prctl) does not stay."""
+    rng = random.Random(SEED + 3)
+    for trial in range(max(2, TRIALS // 2)):
+        sock = str(tmp_path / f"r{trial}.sock")
+        d = DaemonProc(sock, tmp_path / f"r{trial}.log", "--workers", "2")
+        try:
+            d.ready(workers=2)
+            os.kill(d.workers[0], signal.SIGKILL)  # the main process forks a replacement within 0.2 s
+            time.sleep(rng.uniform(0, 0.3))
+            os.kill(d.pid, signal.SIGKILL)
+            d.proc.wait(WAIT)
+            wait_until(lambda sock=sock: running_with(sock) == [], "every process of the daemon to exit")
+        finally:
+            d.workers = running_with(sock)
+            d.reap()
 
 
 # ---- silent and garbage clients ----------------------------------------------------------------

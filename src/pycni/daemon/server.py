@@ -242,6 +242,8 @@ class Daemon:
         if _socket_answers(path):
             raise _already_serving(path)
         self._take_claim(self.stop_timeout + 5 if claim_wait is None else claim_wait, probe=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bound = False
         try:
             state = _socket_answers(path)
             if state:
@@ -249,16 +251,19 @@ class Daemon:
             if state is False:
                 log.info("replacing the stale socket %s", path)
                 os.unlink(path)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             old = os.umask(0o177)
             try:
                 sock.bind(path)
             finally:
                 os.umask(old)
+            bound = True
             os.chmod(path, 0o600)
             sock.listen(128)
             st = os.lstat(path)
         except BaseException:
+            sock.close()
+            if bound:
+                os.unlink(path)
             self._release()
             raise
         self._sock, self._owned = sock, (st.st_dev, st.st_ino)
