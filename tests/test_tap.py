@@ -55,7 +55,7 @@ def test_tap_layer2_on_a_bridge_in_the_container(host_ns: Namespace, container_n
     assert details(container_ns, "tap0")["master"] == "br-vm"
 
 
-@pytest.mark.parametrize("extra,text", [({"owner": -1}, "\"owner\" must be"), ({"bridge": "missing-br"},
+@pytest.mark.parametrize("extra,text", [({"owner": -1}, "'owner' must be"), ({"bridge": "missing-br"},
                                                                                   "bridge 'missing-br' not found")])
 def test_bad_config(host_ns: Namespace, container_ns: Namespace, plugin_dir: str, tmp_path: Path,
                     extra: dict[str, Any], text: str) -> None:

@@ -1,38 +1,28 @@
-"""IPAM delegation and rollback for interface plugins (what Go's pkg/ipam is for). Stdlib only.
+"""IPAM delegation for interface plugins (what Go's pkg/ipam is for). Stdlib only.
 
 An interface plugin hands its whole configuration to the IPAM plugin named in ``ipam.type``
 (found on CNI_PATH), uses the addresses it returns, and must give them back if anything
-after that fails. :class:`Rollback` collects undo steps so an ADD that fails at any point
-leaves nothing behind.
+after that fails (push :func:`delete` on a :class:`pycni.rollback.Rollback`). GC and STATUS
+are the IPAM plugin's answer: an interface plugin owns no other state a GC could release,
+and it cannot serve ADD when its IPAM cannot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from types import TracebackType
+from collections.abc import Mapping
 
 from pycni import invoke
+from pycni.netconf import ipam_type
 from pycni.skel import CmdArgs
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import Result
 
+__all__ = ["ipam_type", "require_ipam", "locate", "add", "delete", "check", "gc", "status"]
+
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
     from typing import Any
-
-
-def ipam_type(conf: Mapping[str, Any]) -> str:
-    """The IPAM plugin type named by the config, '' when there is no IPAM section."""
-    ipam = conf.get("ipam")
-    if ipam is None:
-        return ""
-    if not isinstance(ipam, dict):
-        raise CNIError(E.INVALID_CONFIG, "\"ipam\" must be a JSON object", f"got {ipam!r}")
-    t = ipam.get("type", "")
-    if not isinstance(t, str):
-        raise CNIError(E.INVALID_CONFIG, "\"ipam.type\" must be a string", f"got {t!r}")
-    return t
 
 
 def require_ipam(conf: Mapping[str, Any], plugin: str) -> str:
@@ -65,30 +55,20 @@ def check(conf: Mapping[str, Any], args: CmdArgs) -> None:
         invoke.delegate_check(ipam_type(conf), args.stdin_data, args)
 
 
-class Rollback:
-    """Undo steps for a half-done ADD, run newest first when the ``with`` body raises.
+def locate(conf: Mapping[str, Any], args: CmdArgs) -> str:
+    """The IPAM plugin's path on CNI_PATH ('' without an IPAM section): look before making anything,
+    so a missing IPAM plugin is refused up front rather than after the interface exists."""
+    t = ipam_type(conf)
+    return invoke.find_in_path(t, args.cni_path) if t else ""
 
-        with Rollback() as undo:
-            res = ipam.add(conf, args); undo.push(ipam.delete, conf, args)
-            ...   # anything that raises from here undoes the IPAM reservation
-    """
 
-    def __init__(self) -> None:
-        self._steps: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+def gc(conf: Mapping[str, Any], args: CmdArgs) -> None:
+    """Run IPAM GC when the config has an IPAM section (it releases what valid-attachments omits)."""
+    if ipam_type(conf):
+        invoke.delegate_gc(ipam_type(conf), args.stdin_data, args)
 
-    def push(self, fn: Callable[..., Any], *fn_args: Any) -> None:
-        """Undo with ``fn(*fn_args)`` if the block fails."""
-        self._steps.append((fn, fn_args))
 
-    def __enter__(self) -> Rollback:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc_type is not None:
-            for fn, fn_args in reversed(self._steps):
-                try:
-                    fn(*fn_args)
-                except Exception:  # noqa: BLE001 - the original error is the one to report
-                    pass
-        self._steps.clear()
+def status(conf: Mapping[str, Any], args: CmdArgs) -> None:
+    """Run IPAM STATUS when the config has an IPAM section: its error is the plugin's answer."""
+    if ipam_type(conf):
+        invoke.delegate_status(ipam_type(conf), args.stdin_data, args)

@@ -29,7 +29,9 @@ TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin 
 if TYPE_CHECKING:
     from typing import Any
 
-INTERNAL_ERROR = E.INTERNAL  # what the Go reference reports for errors that are not CNI errors
+# Deprecated spelling of pycni.spec.errors.INTERNAL (999), kept only until branches that still
+# import it are merged; new code imports INTERNAL from pycni.spec.errors.
+INTERNAL_ERROR = E.INTERNAL
 
 # Which environment variables each command requires (spec: "Parameters").
 REQUIRED_ENV: dict[str, tuple[str, ...]] = {
@@ -98,6 +100,9 @@ def load_conf(data: bytes | str) -> dict[str, Any]:
         conf = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise CNIError(E.DECODE_FAILURE, "error unmarshalling network config", str(e)) from None
+    except RecursionError:
+        raise CNIError(E.DECODE_FAILURE, "error unmarshalling network config",
+                       "JSON nested too deeply to decode") from None
     if not isinstance(conf, dict):
         raise CNIError(E.DECODE_FAILURE, "error unmarshalling network config",
                        f"expected a JSON object, got {type(conf).__name__}")
@@ -119,10 +124,22 @@ def prev_result(conf: Mapping[str, Any]) -> Result | None:
     return Result.from_dict(raw, config_version(conf))
 
 
+# Longest CNI_CONTAINERID a plugin accepts: the longest file name, since several plugins (and the
+# runtime's cache) name files after it. Go sets no limit but then fails, or leaks, part-way.
+MAX_CONTAINER_ID = 255
+
+
+def _check_container_id(value: str) -> None:
+    validate_container_id(value)
+    if len(value) > MAX_CONTAINER_ID:
+        raise CNIError(E.INVALID_ENV, "containerID too long",
+                       f"CNI_CONTAINERID is {len(value)} characters; at most {MAX_CONTAINER_ID} are accepted")
+
+
 # The variables skel reads, in the Go reference's order (error messages list them in it).
 _ENV_ORDER = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
 _VALIDATORS: dict[str, Callable[[str], None]] = {
-    "CNI_CONTAINERID": validate_container_id,
+    "CNI_CONTAINERID": _check_container_id,
     "CNI_IFNAME": validate_interface_name,
 }
 

@@ -34,8 +34,8 @@ from pycni.daemon import protocol
 from pycni.daemon.options import READ_TIMEOUT, STOP_TIMEOUT
 from pycni.net import netns
 from pycni.plugins.registry import PLUGIN_MODULES
-from pycni.skel import INTERNAL_ERROR, Outcome, Plugin, dispatch
-from pycni.spec.errors import INVALID_ENV, TRY_AGAIN, CNIError
+from pycni.skel import Outcome, Plugin, dispatch
+from pycni.spec.errors import INTERNAL, INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIError
 
 log = logging.getLogger("pycni.daemon")
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -560,7 +560,7 @@ class Daemon:
     def handle(self, name: str, env: dict[str, str], stdin: bytes, peer_pid: int) -> Outcome:
         """Run one invocation in the network namespace of process ``peer_pid``."""
         if name not in PLUGIN_MODULES:
-            return _error_outcome(CNIError(4, "malformed daemon request", f"unknown plugin {name!r}"))
+            return _error_outcome(CNIError(INVALID_ENV, "malformed daemon request", f"unknown plugin {name!r}"))
         env = dict(env)
         # A request from a plugin this daemon is already serving (a delegate it had to exec,
         # e.g. one of ours called by a Go plugin) must not wait for its parent's container lock.
@@ -569,12 +569,12 @@ class Daemon:
         try:
             plugin = self._plugin(name)
         except Exception as e:  # noqa: BLE001
-            return _error_outcome(CNIError(INTERNAL_ERROR, f"plugin {name} failed to load", str(e)))
+            return _error_outcome(CNIError(INTERNAL, f"plugin {name} failed to load", str(e)))
         # Pin the caller's namespace now: the pid could exit and be reused while we wait.
         try:
             ns_fd = os.open(f"/proc/{peer_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
-            return _error_outcome(CNIError(5, "cannot find the caller's network namespace", str(e)))
+            return _error_outcome(CNIError(IO_FAILURE, "cannot find the caller's network namespace", str(e)))
         try:
             key = env.get("CNI_CONTAINERID") or ""
             locked = key and not nested
@@ -590,7 +590,7 @@ class Daemon:
         except CNIError as e:
             return _error_outcome(e)
         except Exception as e:  # noqa: BLE001
-            return _error_outcome(CNIError(INTERNAL_ERROR, str(e) or type(e).__name__, "pycni daemon"))
+            return _error_outcome(CNIError(INTERNAL, str(e) or type(e).__name__, "pycni daemon"))
         finally:
             os.close(ns_fd)
 

@@ -6,10 +6,11 @@ import errno
 import ipaddress
 import time
 
-from pycni.net.link import INTERNAL, is_netlink_error, netlink_errno, require_index, rtnl
+from pycni.net.errors import kernel_errors
+from pycni.net.link import require_index, rtnl
 from pycni.net.nl import AF_INET, AF_INET6, AF_UNSPEC
 from pycni.record import record
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
@@ -73,14 +74,8 @@ def add_addr(name: str | int, address: IPInterface | str, *, exist_ok: bool = Fa
         kw: dict[str, Any] = {"index": index, "address": str(addr.ip), "prefixlen": addr.network.prefixlen}
         if addr.version == 4 and addr.network.prefixlen < 31:
             kw["broadcast"] = str(addr.network.broadcast_address)
-        try:
+        with kernel_errors(f"failed to add IP addr {addr} to {name!r}", ignore=(errno.EEXIST,) if exist_ok else ()):
             sock.addr("add", **kw)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            if exist_ok and netlink_errno(e) == errno.EEXIST:
-                return
-            raise CNIError(INTERNAL, f"failed to add IP addr {addr} to {name!r}", str(e)) from None
 
 
 def del_addr(name: str | int, address: IPInterface | str) -> bool:
@@ -91,15 +86,10 @@ def del_addr(name: str | int, address: IPInterface | str) -> bool:
             index = require_index(sock, name)
         except CNIError:
             return False
-        try:
+        with kernel_errors(f"failed to remove IP addr {addr} from {name!r}",
+                           ignore=(errno.EADDRNOTAVAIL, errno.ENOENT, errno.ENODEV, errno.ESRCH)) as refused:
             sock.addr("del", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            if netlink_errno(e) in (errno.EADDRNOTAVAIL, errno.ENOENT, errno.ENODEV, errno.ESRCH):
-                return False
-            raise CNIError(INTERNAL, f"failed to remove IP addr {addr} from {name!r}", str(e)) from None
-        return True
+        return refused.ignored is None
 
 
 def settle_addresses(name: str, timeout: float = 5.0) -> None:

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import errno
 
+from pycni.net.errors import kernel_errors
 from pycni.net.link import (
     IFF_PROMISC,
-    INTERNAL,
     Link,
     ipr,
-    is_netlink_error,
     lookup_msg,
-    netlink_errno,
     require_index,
     require_msg,
     rtnl,
+    setlink,
 )
 from pycni.record import field, record
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
@@ -41,13 +40,8 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
             kw["mtu"] = mtu
         if vlan_filtering:
             kw["br_vlan_filtering"] = 1
-        try:
+        with kernel_errors(f"could not add {name!r}", ignore=(errno.EEXIST,)):
             sock.link("add", **kw)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            if netlink_errno(e) != errno.EEXIST:
-                raise CNIError(INTERNAL, f"could not add {name!r}", str(e)) from None
         msg = lookup_msg(sock, name)
         if msg is None:
             raise CNIError(INTERNAL, f"could not lookup {name!r}", "the bridge vanished right after creation")
@@ -55,19 +49,14 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
         if link.kind != "bridge":
             raise CNIError(INTERNAL, f"{name!r} already exists but is not a bridge",
                            f"link {name!r} is of kind {link.kind or 'unknown'!r}; pick another bridge name")
-        try:
-            if promisc:
-                sock.link("set", index=link.index, flags=IFF_PROMISC, change=IFF_PROMISC)
-        except Exception as e:
-            raise CNIError(INTERNAL, f"could not set promiscuous mode on {name!r}", str(e)) from None
+        if promisc:
+            setlink(sock, f"could not set promiscuous mode on {name!r}", index=link.index, flags=IFF_PROMISC,
+                    change=IFF_PROMISC)
     from pycni.net.sysctl import try_write_sysctl
 
     try_write_sysctl(f"net/ipv6/conf/{name}/accept_ra", "0")  # IPv6 disabled: nothing to own
     with rtnl() as sock:
-        try:
-            sock.link("set", index=link.index, state="up")
-        except Exception as e:
-            raise CNIError(INTERNAL, f"could not set {name!r} up", str(e)) from None
+        setlink(sock, f"could not set {name!r} up", index=link.index, state="up")
         return Link.from_msg(lookup_msg(sock, link.index))
 
 
@@ -109,12 +98,8 @@ def set_port(name: str | int, *, hairpin: bool | None = None, isolated: bool | N
         return
     with rtnl() as sock:
         index = require_index(sock, name)  # an index is taken as it is: no lookup
-        try:
+        with kernel_errors(f"failed to set bridge port flags {kw} on {name!r}"):
             sock.brport("set", index=index, **kw)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            raise CNIError(INTERNAL, f"failed to set bridge port flags {kw} on {name!r}", str(e)) from None
 
 
 def get_port(name: str | int) -> PortInfo | None:
@@ -161,12 +146,8 @@ def _port_vlan(cmd: str, name: str | int, vid: int, pvid: bool, untagged: bool) 
     flags = (BRIDGE_VLAN_INFO_PVID if pvid else 0) | (BRIDGE_VLAN_INFO_UNTAGGED if untagged else 0)
     with ipr() as sock:
         msg = require_msg(sock, name)
-        try:
+        with kernel_errors(f"failed to {cmd} vlan {vid} on interface {name!r}"):
             sock.vlan_filter(cmd, index=int(msg["index"]), vlan_info={"vid": vid, "flags": flags})
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            raise CNIError(INTERNAL, f"failed to {cmd} vlan {vid} on interface {name!r}", str(e)) from None
 
 
 def port_vlans(name: str | int) -> dict[int, int]:

@@ -24,10 +24,10 @@ take a ``sock`` (:func:`lookup_msg`, :func:`link_index`…) accept either.
 from __future__ import annotations
 
 import errno
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from pycni.net.errors import is_netlink_error, kernel_errors
 from pycni.net.nl import IPRoute as _NlIPRoute
 from pycni.record import record
 from pycni.spec.errors import INTERNAL, CNIError
@@ -59,30 +59,6 @@ def ipr() -> Iterator[Any]:
         yield sock
     finally:
         sock.close()
-
-
-def netlink_errno(exc: BaseException) -> int | None:
-    """The errno of a netlink refusal (ours, pyroute2's, or any OSError), else None."""
-    code = getattr(exc, "code", None)
-    if isinstance(code, int):
-        return code
-    if isinstance(exc, OSError):
-        return exc.errno
-    return None
-
-
-def is_netlink_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a kernel refusal (to report as a CNIError) rather than a bug."""
-    if isinstance(exc, OSError):  # pycni.net.nl.NetlinkError is one
-        return True
-    exceptions = sys.modules.get("pyroute2.netlink.exceptions")  # not loaded: cannot be pyroute2's
-    return exceptions is not None and isinstance(exc, exceptions.NetlinkError)
-
-
-def is_colon_mac(mac: str) -> bool:
-    """Whether ``mac`` is six colon-separated hex pairs (0a:58:0a:f4:00:05), the form configs use."""
-    parts = mac.split(":")
-    return len(parts) == 6 and all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts)
 
 
 @record
@@ -140,17 +116,10 @@ def lookup_msg(sock: Any, name: str | int) -> Any | None:
 
     The one lookup the net layer shares, for callers that need attributes :class:`Link` drops.
     """
-    try:
-        if isinstance(name, int):
-            msgs = sock.link("get", index=name)
-        else:
-            msgs = sock.link("get", ifname=name)
-    except Exception as e:
-        if is_netlink_error(e) and netlink_errno(e) in (errno.ENODEV, errno.ENOENT):
-            return None
-        raise
-    msgs = list(msgs)
-    return msgs[0] if msgs else None
+    with kernel_errors(f"failed to lookup {name!r}", ignore=(errno.ENODEV, errno.ENOENT)):
+        msgs = list(sock.link("get", index=name) if isinstance(name, int) else sock.link("get", ifname=name))
+        return msgs[0] if msgs else None
+    return None  # the kernel has no such link
 
 
 def not_found(name: str | int) -> CNIError:
@@ -215,6 +184,14 @@ def require_free_ifname(ifname: str, netns_path: str) -> None:
                        f"{netns_path} already has an interface named {ifname!r}; choose another CNI_IFNAME")
 
 
+def check_container_ifname(netns_path: str, ifname: str) -> None:
+    """Before an ADD makes anything: the container namespace opens and has no ``ifname`` yet."""
+    from pycni.net import netns
+
+    with netns.enter(netns_path):
+        require_free_ifname(ifname, netns_path)
+
+
 def list_links() -> list[Link]:
     """Every link in the calling thread's namespace."""
     with rtnl() as sock:
@@ -232,7 +209,7 @@ def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None,
     with rtnl() as sock:
         msg = require_msg(sock, name)
         index = int(msg["index"])
-        try:
+        with kernel_errors(f"failed to set attributes of link {name!r}"):
             # Order matters: rename needs the link down; state goes last so "up" sees the rest.
             if new_name is not None and new_name != msg.get_attr("IFLA_IFNAME"):
                 sock.link("set", index=index, ifname=new_name)
@@ -256,24 +233,14 @@ def set_link(name: str | int, *, up: bool | None = None, mtu: int | None = None,
                     sock.link("set", index=index, master=int(m["index"]))
             if up is not None:
                 sock.link("set", index=index, state="up" if up else "down")
-        except CNIError:
-            raise
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            raise CNIError(INTERNAL, f"failed to set attributes of link {name!r}", str(e)) from None
         after = lookup_msg(sock, index)
         return Link.from_msg(after)
 
 
 def setlink(sock: Any, failure: str, **kw: Any) -> None:
     """One RTM_SETLINK (``kw`` as for ``sock.link("set")``); a netlink error becomes CNIError 999 ``failure``."""
-    try:
+    with kernel_errors(failure):
         sock.link("set", **kw)
-    except Exception as e:
-        if not is_netlink_error(e):
-            raise
-        raise CNIError(INTERNAL, failure, str(e)) from None
 
 
 def set_up(index: int, name: str = "") -> None:
@@ -317,13 +284,9 @@ def delete_link(name: str | int) -> bool:
         msg = lookup_msg(sock, name)
         if msg is None:
             return False
-        try:
+        with kernel_errors(f"failed to delete link {name!r}", ignore=(errno.ENODEV, errno.ENOENT)) as refused:
             sock.link("del", index=int(msg["index"]))
-        except OSError as e:
-            if e.errno in (errno.ENODEV, errno.ENOENT):
-                return False
-            raise CNIError(INTERNAL, f"failed to delete link {name!r}", str(e)) from None
-        return True
+        return refused.ignored is None
 
 
 def move_link_to_netns(name: str | int, netns_fd: int, new_name: str | None = None) -> None:
@@ -333,12 +296,8 @@ def move_link_to_netns(name: str | int, netns_fd: int, new_name: str | None = No
         kw: dict[str, Any] = {"index": int(msg["index"]), "net_ns_fd": netns_fd}
         if new_name:
             kw["ifname"] = new_name
-        try:
+        with kernel_errors(f"failed to move link {name!r} to another netns"):
             sock.link("set", **kw)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            raise CNIError(INTERNAL, f"failed to move link {name!r} to another netns", str(e)) from None
 
 
 def get_alias(name: str | int) -> str:
@@ -352,10 +311,6 @@ def set_alias(name: str | int, alias: str) -> None:
     """Set the link's alias (IFLA_IFALIAS); see :func:`get_alias`."""
     with rtnl() as sock:
         msg = require_msg(sock, name)
-        try:
+        with kernel_errors(f"failed to set alias of {name!r}"):
             sock.link("set", index=int(msg["index"]), ifalias=alias)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            raise CNIError(INTERNAL, f"failed to set alias of {name!r}", str(e)) from None
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import errno
 import ipaddress
 
-from pycni.net.link import INTERNAL, is_netlink_error, netlink_errno, require_index, rtnl
+from pycni.net.errors import kernel_errors
+from pycni.net.link import require_index, rtnl
 from pycni.net.nl import AF_INET, AF_INET6
 from pycni.record import record
 from pycni.spec.errors import CNIError
@@ -26,7 +27,9 @@ RT_TABLE_MAIN = 254
 RT_TABLE_LOCAL = 255
 RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_LINK = 253
+RT_SCOPE_NOWHERE = 255  # as a delete filter: a route of any scope
 RTN_UNICAST = 1
+RTPROT_KERNEL = 2  # routes the kernel made itself (e.g. for an address's subnet)
 RTPROT_BOOT = 3  # what vishvananda/netlink (and so the Go plugins) stamp on routes they add
 
 
@@ -122,14 +125,8 @@ def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
         kw = _spec(dst, gw, oif, table, priority, scope, mtu, advmss, proto=RTPROT_BOOT)
         if src is not None:
             kw["prefsrc"] = str(src)
-        try:
+        with kernel_errors(f"failed to add route '{_describe(kw, dev)}'", ignore=(errno.EEXIST,) if exist_ok else ()):
             sock.route("replace" if replace else "add", **kw)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            if exist_ok and netlink_errno(e) == errno.EEXIST:
-                return
-            raise CNIError(INTERNAL, f"failed to add route '{_describe(kw, dev)}'", str(e)) from None
 
 
 def replace_route(dst: IPNetwork | str, **kw: Any) -> None:
@@ -146,15 +143,10 @@ def del_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
         except CNIError:
             return False
         kw = _spec(dst, gw, oif, table, priority, scope)
-        try:
+        with kernel_errors(f"failed to delete route '{_describe(kw, dev)}'",
+                           ignore=(errno.ESRCH, errno.ENOENT, errno.ENODEV)) as refused:
             sock.route("del", **kw)
-        except Exception as e:
-            if not is_netlink_error(e):
-                raise
-            if netlink_errno(e) in (errno.ESRCH, errno.ENOENT, errno.ENODEV):
-                return False
-            raise CNIError(INTERNAL, f"failed to delete route '{_describe(kw, dev)}'", str(e)) from None
-        return True
+        return refused.ignored is None
 
 
 def list_routes(family: int | None = None, *, table: int | None = RT_TABLE_MAIN,

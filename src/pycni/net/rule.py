@@ -15,10 +15,10 @@ import ipaddress
 import socket
 from typing import Any
 
+from pycni.net.errors import kernel_errors
 from pycni.net.link import ipr
 from pycni.net.route import RT_TABLE_MAIN
 from pycni.record import field, record
-from pycni.spec.errors import CNIError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 RESERVED_TABLES = frozenset({253, 254, 255})  # the kernel's default, main and local tables
@@ -75,35 +75,24 @@ def _kernel_default_pref(rules: list[Rule]) -> int:
 
 def add_rule(src: IPNetwork, table: int, priority: int | None = None) -> Rule:
     """``ip rule add from <src> table <table>``; returns the rule as added."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
     fam = src.version
     if priority is None:
         priority = _kernel_default_pref(list_rules(fam))
-    with ipr() as sock:
-        try:
-            sock.rule("add", family=_af(fam), table=table, src=str(src.network_address),
-                      src_len=src.prefixlen, priority=priority)
-        except NetlinkError as e:
-            raise CNIError(RULE_ERROR, f"failed to add rule from {src} table {table}", str(e)) from None
+    with ipr() as sock, kernel_errors(f"failed to add rule from {src} table {table}", code=RULE_ERROR):
+        sock.rule("add", family=_af(fam), table=table, src=str(src.network_address),
+                  src_len=src.prefixlen, priority=priority)
     return Rule(fam, priority, table, src)
 
 
 def del_rule(rule: Rule) -> bool:
     """Delete the rule matching ``rule`` (priority, table, source); False when it is gone."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
     kw: dict[str, Any] = {"family": _af(rule.family), "table": rule.table, "priority": rule.priority}
     if rule.src is not None:
         kw.update(src=str(rule.src.network_address), src_len=rule.src.prefixlen)
-    with ipr() as sock:
-        try:
-            sock.rule("del", **kw)
-        except NetlinkError as e:
-            if e.code in (errno.ENOENT, errno.ESRCH):
-                return False
-            raise CNIError(RULE_ERROR, f"failed to delete rule {rule}", str(e)) from None
-    return True
+    with ipr() as sock, kernel_errors(f"failed to delete rule {rule}", code=RULE_ERROR,
+                                      ignore=(errno.ENOENT, errno.ESRCH)) as refused:
+        sock.rule("del", **kw)
+    return refused.ignored is None
 
 
 def tables_in_use() -> set[int]:
@@ -186,27 +175,15 @@ def link_routes(index: int, table: int = RT_TABLE_MAIN) -> list[RawRoute]:
 
 def put_route(route: RawRoute, table: int | None = None, replace: bool = True) -> None:
     """(Re)create ``route``, optionally in another ``table`` (replace: no error if present)."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    with ipr() as sock:
-        try:
-            sock.route("replace" if replace else "add", **route.spec(table))
-        except NetlinkError as e:
-            raise CNIError(RULE_ERROR, f"failed to add route {route.dst} to table "
-                           f"{route.table if table is None else table}", str(e)) from None
+    with ipr() as sock, kernel_errors(f"failed to add route {route.dst} to table "
+                                      f"{route.table if table is None else table}", code=RULE_ERROR):
+        sock.route("replace" if replace else "add", **route.spec(table))
 
 
 def remove_route(route: RawRoute) -> bool:
     """Delete exactly ``route``; False when it was not there."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    with ipr() as sock:
-        try:
-            sock.route("del", **route.spec())
-        except NetlinkError as e:
-            if e.code in (errno.ESRCH, errno.ENOENT, errno.ENODEV):
-                return False
-            raise CNIError(RULE_ERROR, f"failed to delete route {route.dst} from table {route.table}",
-                           str(e)) from None
-    return True
+    with ipr() as sock, kernel_errors(f"failed to delete route {route.dst} from table {route.table}",
+                                      code=RULE_ERROR, ignore=(errno.ESRCH, errno.ENOENT, errno.ENODEV)) as refused:
+        sock.route("del", **route.spec())
+    return refused.ignored is None
 

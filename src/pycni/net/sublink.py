@@ -13,19 +13,18 @@ import errno
 import os
 
 from pycni.net import netns
+from pycni.net.errors import is_netlink_error, kernel_errors, netlink_errno
 from pycni.net.link import (
-    INTERNAL,
     Link,
     delete_link_quietly,
     get_link,
-    is_netlink_error,
     lookup_msg,
-    netlink_errno,
     require_free_ifname,
     rtnl,
+    setlink,
 )
 from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
@@ -84,28 +83,19 @@ def create_in_container(kind: str, container_netns: str, ifname: str, *, parent:
                 msg = lookup_msg(sock, tmp)
                 if msg is None:
                     raise CNIError(INTERNAL, f"failed to lookup new {kind} link", f"{tmp!r} vanished after creation")
-                sock.link("set", index=int(msg["index"]), ifname=ifname)
+                setlink(sock, f"failed to rename {kind} link to {ifname!r}", index=int(msg["index"]), ifname=ifname)
                 return Link.from_msg(lookup_msg(sock, int(msg["index"])))
-        except Exception as e:
+        except BaseException:
             delete_link_quietly(tmp)
-            if isinstance(e, CNIError):
-                raise
-            if is_netlink_error(e):
-                raise CNIError(INTERNAL, f"failed to rename {kind} link to {ifname!r}", str(e)) from None
             raise
 
 
 def _add(sock: Any, spec: dict[str, Any], kind: str) -> None:
     """RTM_NEWLINK with ``spec``; a kernel refusal becomes a CNIError naming ``kind``."""
-    try:
+    with kernel_errors(f"failed to create {kind} link", ignore=(errno.EOPNOTSUPP,)) as refused:
         sock.link("add", **spec)
-    except Exception as e:
-        if not is_netlink_error(e):
-            raise
-        code = netlink_errno(e)
-        if code == errno.EOPNOTSUPP:
-            raise kernel_lacks(kind) from None
-        raise CNIError(INTERNAL, f"failed to create {kind} link", str(e)) from None
+    if refused.ignored is not None:
+        raise kernel_lacks(kind)
 
 
 def kernel_supports(kind: str, **attrs: Any) -> bool:

@@ -154,13 +154,24 @@ def try_write_sysctl(key: str, value: str) -> bool:
     return True
 
 
-def enable_forwarding(version: int) -> None:
+def _forwarding_key(version: int) -> str:
+    return "net/ipv4/ip_forward" if version == 4 else "net/ipv6/conf/all/forwarding"
+
+
+def enable_forwarding(version: int) -> bool:
     """Turn on IPv4 (``version`` 4) or IPv6 forwarding here, as Go's ip.EnableIP4Forward/EnableIP6Forward:
-    no write when it is already on; an unreadable value is simply written."""
-    key = "net/ipv4/ip_forward" if version == 4 else "net/ipv6/conf/all/forwarding"
+    no write when it is already on; an unreadable value is simply written. True when this call
+    turned it on (a failed ADD then turns it off again with :func:`disable_forwarding`)."""
+    key = _forwarding_key(version)
     try:
         if read_sysctl(key).strip() == "1":
-            return
+            return False
     except CNIError:
         pass
     write_sysctl(key, "1")
+    return True
+
+
+def disable_forwarding(version: int) -> None:
+    """Undo :func:`enable_forwarding` (rollback of an ADD that turned it on)."""
+    write_sysctl(_forwarding_key(version), "0")

@@ -20,9 +20,10 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+from pycni.net.errors import kernel_errors
 from pycni.net.link import ipr, link_index
 from pycni.record import field, record
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import TRY_AGAIN, CNIError
 
 TIME_UNITS_PER_SEC = 1_000_000
 LATENCY_MS = 25
@@ -78,7 +79,7 @@ def run_tc(lines: Sequence[str], what: str) -> None:
     except FileNotFoundError:
         raise CNIError(TC_ERROR, "tc command not found", "install iproute2 (the `tc` tool)") from None
     except subprocess.TimeoutExpired:
-        raise CNIError(11, f"{what}: tc timed out", "try again") from None
+        raise CNIError(TRY_AGAIN, f"{what}: tc timed out", "try again") from None
     if proc.returncode != 0:
         raise CNIError(TC_ERROR, f"failed to {what}", (proc.stderr or proc.stdout).strip()[-1000:])
 
@@ -86,18 +87,14 @@ def run_tc(lines: Sequence[str], what: str) -> None:
 # ---- devices ---------------------------------------------------------------------------------
 def create_ifb(name: str, mtu: int) -> str:
     """Create an ifb device, up, with ``mtu``; return its MAC. Fails if ``name`` exists."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
     with ipr() as sock:
-        try:
+        with kernel_errors(f"failed to create ifb device {name!r}", code=TC_ERROR):
             sock.link("add", ifname=name, kind="ifb", mtu=mtu)
             idx = link_index(sock, name)
             if idx is None:
                 raise CNIError(TC_ERROR, f"ifb device {name!r} vanished after creation")
             sock.link("set", index=idx, state="up")
             msg = sock.link("get", index=idx)[0]
-        except NetlinkError as e:
-            raise CNIError(TC_ERROR, f"failed to create ifb device {name!r}", str(e)) from None
         return str(msg.get_attr("IFLA_ADDRESS") or "")
 
 
@@ -108,8 +105,6 @@ def add_tbf(dev: str, rate_bytes: int, burst_bytes: int) -> None:
     Over netlink, so the bucket is exactly the reference's (tc rounds the tick count
     differently); rates beyond 32 bits need TCA_TBF_RATE64, which only tc encodes.
     """
-    from pyroute2.netlink.exceptions import NetlinkError
-
     limit = tbf_limit(rate_bytes, burst_bytes)
     if rate_bytes > MAX_U32:
         run_tc([f"qdisc add dev {dev} root handle 1: tbf rate {rate_bytes}bps burst {burst_bytes} "
@@ -119,10 +114,8 @@ def add_tbf(dev: str, rate_bytes: int, burst_bytes: int) -> None:
         idx = link_index(sock, dev)
         if idx is None:
             raise CNIError(TC_ERROR, f"get host device: {dev} not found")
-        try:
+        with kernel_errors(f"failed to create tbf qdisc on {dev}", code=TC_ERROR):
             sock.tc("add", "tbf", idx, ROOT_HANDLE, rate=rate_bytes, burst=burst_bytes, limit=limit)
-        except NetlinkError as e:
-            raise CNIError(TC_ERROR, f"failed to create tbf qdisc on {dev}", str(e)) from None
 
 
 def _u32_match(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[str, int, str]:
@@ -167,8 +160,6 @@ def add_ingress_redirect(dev: str, ifb: str) -> None:
 
 def delete_qdisc(dev: str, ingress: bool = False) -> bool:
     """Remove the root (or ingress) qdisc of ``dev``; False when there was none or no ``dev``."""
-    from pyroute2.netlink.exceptions import NetlinkError
-
     with ipr() as sock:
         idx = link_index(sock, dev)
         if idx is None:
@@ -177,16 +168,13 @@ def delete_qdisc(dev: str, ingress: bool = False) -> bool:
             kind = q.get_attr("TCA_KIND")
             if ingress and kind == "ingress" or (not ingress and int(q["parent"]) == TC_H_ROOT
                                                  and kind in ("tbf", "htb")):
-                try:
+                with kernel_errors(f"failed to delete qdisc on {dev}", code=TC_ERROR,
+                                   ignore=(errno.ENOENT, errno.ENODEV, errno.EINVAL)) as refused:  # already gone
                     if ingress:
                         sock.tc("del", "ingress", idx, INGRESS_HANDLE)
                     else:
                         sock.tc("del", index=idx, handle=int(q["handle"]), parent=TC_H_ROOT)
-                except NetlinkError as e:
-                    if e.code in (errno.ENOENT, errno.ENODEV, errno.EINVAL):  # already gone
-                        return False
-                    raise CNIError(TC_ERROR, f"failed to delete qdisc on {dev}", str(e)) from None
-                return True
+                return refused.ignored is None
     return False
 
 

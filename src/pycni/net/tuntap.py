@@ -10,6 +10,7 @@ import fcntl
 import os
 import struct
 
+from pycni.net.errors import kernel_errors
 from pycni.spec.errors import INTERNAL, CNIError
 
 TUNSETIFF = 0x400454CA
@@ -30,13 +31,12 @@ def create_tap(name: str, *, multi_queue: bool = False, owner: int | None = None
     except OSError as e:
         raise CNIError(INTERNAL, "failed to open /dev/net/tun", f"{e}; is the tun module loaded?") from None
     try:
-        fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", name.encode(), flags))
-        if owner is not None:
-            fcntl.ioctl(fd, TUNSETOWNER, owner)
-        if group is not None:
-            fcntl.ioctl(fd, TUNSETGROUP, group)
-        fcntl.ioctl(fd, TUNSETPERSIST, 1)
-    except OSError as e:
-        raise CNIError(INTERNAL, f"failed to create tap {name!r}", str(e)) from None
+        with kernel_errors(f"failed to create tap {name!r}"):
+            fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", name.encode(), flags))
+            if owner is not None:
+                fcntl.ioctl(fd, TUNSETOWNER, owner)
+            if group is not None:
+                fcntl.ioctl(fd, TUNSETGROUP, group)
+            fcntl.ioctl(fd, TUNSETPERSIST, 1)
     finally:
         os.close(fd)

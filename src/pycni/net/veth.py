@@ -13,20 +13,18 @@ import errno
 import os
 
 from pycni.net import netns
+from pycni.net.errors import kernel_errors
 from pycni.net.link import (
-    INTERNAL,
     Link,
     delete_link_quietly,
-    is_colon_mac,
-    is_netlink_error,
     lookup_msg,
-    netlink_errno,
     rtnl,
     setlink,
 )
 from pycni.net.sysctl import try_write_sysctl
+from pycni.netconf import is_colon_mac
 from pycni.record import record
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, INVALID_CONFIG, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
@@ -94,20 +92,16 @@ def _setup(target: int, container_netns: str, ifname: str, mtu: int, mac: str, h
     for _ in range(MAX_NAME_TRIES):
         host = host_name or random_veth_name()
         with rtnl() as sock:
-            try:
+            with kernel_errors("failed to make veth pair", ignore=(errno.EEXIST,)) as refused:
                 _create(sock, host, ifname, target, mtu, mac, up=master is None)
-            except Exception as e:
-                if not is_netlink_error(e):
-                    raise
-                if netlink_errno(e) == errno.EEXIST:
-                    if not host_name and lookup_msg(sock, host) is not None and not _container_has(
-                            container_netns, ifname):
-                        continue  # our random host name was taken: pick another
-                    raise CNIError(INTERNAL,
-                                   f"container veth name ({ifname!r}) peer provided ({host!r}) already exists",
-                                   f"an interface named {ifname!r} already exists in {container_netns} "
-                                   f"(or {host!r} in the host); choose another CNI_IFNAME") from None
-                raise CNIError(INTERNAL, "failed to make veth pair", str(e)) from None
+            if refused.ignored is not None:
+                if not host_name and lookup_msg(sock, host) is not None and not _container_has(
+                        container_netns, ifname):
+                    continue  # our random host name was taken: pick another
+                raise CNIError(INTERNAL,
+                               f"container veth name ({ifname!r}) peer provided ({host!r}) already exists",
+                               f"an interface named {ifname!r} already exists in {container_netns} "
+                               f"(or {host!r} in the host); choose another CNI_IFNAME")
         try:
             if master is not None:
                 _enslave(host, master)
@@ -148,5 +142,5 @@ def _read_back(name: str) -> Link:
 def _check_mac(mac: str) -> None:
     """Refuse a container MAC that is not six hex pairs before anything is made."""
     if not is_colon_mac(mac):
-        raise CNIError(7, f"invalid MAC address {mac!r}",
+        raise CNIError(INVALID_CONFIG, f"invalid MAC address {mac!r}",
                        "give a 6-byte MAC address in the form 0a:58:0a:f4:00:05")

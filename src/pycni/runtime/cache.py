@@ -16,9 +16,9 @@ import base64
 import binascii
 import json
 import os
-import tempfile
 from typing import Any
 
+from pycni import statefile
 from pycni.record import field, record
 from pycni.runtime.conf import go_json, sorted_keys
 from pycni.spec.errors import DECODE_FAILURE, IO_FAILURE, CNIError
@@ -73,25 +73,7 @@ def cache_file(cache_dir: str, network: str, container_id: str, ifname: str) -> 
 def write_entry(cache_dir: str, entry: CacheEntry) -> str:
     """Write ``entry`` atomically (0600, directories 0700); return its path."""
     path = cache_file(cache_dir, entry.network_name, entry.container_id, entry.ifname)
-    data = entry.to_json()
-    directory = os.path.dirname(path)
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-    except OSError as e:
-        raise CNIError(IO_FAILURE, f"failed to set network {entry.network_name!r} cached result",
-                       f"writing {path}: {e.strerror or e}") from None
+    statefile.write_bytes(path, entry.to_json(), failure=f"failed to set network {entry.network_name!r} cached result")
     return path
 
 
@@ -138,10 +120,9 @@ def read_entry(cache_dir: str, network: str, container_id: str, ifname: str) -> 
 def delete_entry(cache_dir: str, network: str, container_id: str, ifname: str) -> bool:
     """Remove the entry; False when there was none."""
     try:
-        os.unlink(cache_file(cache_dir, network, container_id, ifname))
-    except (OSError, CNIError):
+        return statefile.remove(cache_file(cache_dir, network, container_id, ifname))
+    except CNIError:
         return False
-    return True
 
 
 def list_entries(cache_dir: str, container_id: str = "") -> list[CacheEntry]:

@@ -39,6 +39,11 @@ def validate_interface_name(ifname: str) -> None:
     if size > IFNAMSIZ - 1:
         raise CNIError(INVALID_ENV, "interface name is too long",
                        f"{ifname!r} is {size} bytes; interface names must be less than {IFNAMSIZ} bytes")
+    try:
+        ifname.encode("utf-8")
+    except UnicodeEncodeError:  # os.environ holds a non-UTF-8 byte as a lone surrogate
+        raise CNIError(INVALID_ENV, "interface name is not valid UTF-8",
+                       f"{ifname!r} holds bytes that are not UTF-8; use an ASCII interface name") from None
     if ifname in (".", ".."):
         raise CNIError(INVALID_ENV, "interface name is . or ..", f"{ifname!r} is not a valid interface name")
     for ch in ifname:

@@ -16,13 +16,12 @@ from __future__ import annotations
 import ipaddress
 import time
 
-from pycni import invoke, skel
-from pycni.cniargs import load_cni_args
-from pycni.ipam import Rollback
+from pycni import invoke, ipam, netconf, skel
 from pycni.record import field, record
+from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, run_plugin
 from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import DNS, Interface, Result, Route
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -30,9 +29,9 @@ if TYPE_CHECKING:
     from typing import Any
 
     from pycni.net.link import Link
+    from pycni.net.veth import VethPair
 
 DEFAULT_BRIDGE = "cni0"
-INTERNAL = skel.INTERNAL_ERROR
 PORT_UP_RETRIES_MS = (0, 50, 500, 1000, 1000)  # the reference's wait for the bridge port
 
 
@@ -68,122 +67,92 @@ class BridgeConf:
         return self.vlan != 0 or self.vlan_trunk
 
 
-def _bad(msg: str, details: str = "") -> CNIError:
-    return CNIError(E.INVALID_CONFIG, msg, details)
-
-
-def _typed(conf: dict[str, Any], key: str, kind: type, default: Any) -> Any:
-    """``conf[key]`` checked against ``kind``; ``default`` when absent or null."""
-    value = conf.get(key, default)
-    if value is None:
-        return default
-    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        raise _bad(f"invalid {key!r} in network config",
-                   f"{key} must be a {'boolean' if kind is bool else kind.__name__}, got {value!r}")
-    return value
-
-
 def _vlan_trunk(items: Any) -> list[int]:
     """Expand ``vlanTrunk`` ([{id} | {minID, maxID}]) into a sorted list, checked as in Go."""
     if not isinstance(items, list):
-        raise _bad("invalid 'vlanTrunk' in network config", "vlanTrunk must be a list of {id} or {minID, maxID}")
+        raise netconf.invalid("vlanTrunk", "a list of {id} or {minID, maxID}", items)
     vids: set[int] = set()
 
     def vid(item: dict[str, Any], key: str) -> int:
         v = item[key]
         if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 4094:
-            raise _bad(f"incorrect trunk {key} parameter", f"{key} must be an integer in 1..4094, got {v!r}")
+            raise E.invalid_config(f"incorrect trunk {key} parameter",
+                                   f"{key} must be an integer in 1..4094, got {v!r}")
         return v
 
     for item in items:
         if not isinstance(item, dict):
-            raise _bad("invalid 'vlanTrunk' entry", f"expected an object, got {item!r}")
+            raise E.invalid_config("invalid 'vlanTrunk' entry", f"expected an object, got {item!r}")
         has_min, has_max = item.get("minID") is not None, item.get("maxID") is not None
         if has_min and has_max:
             lo, hi = vid(item, "minID"), vid(item, "maxID")
             if hi < lo:
-                raise _bad("minID is greater than maxID in trunk parameter", f"{item!r}")
+                raise E.invalid_config("minID is greater than maxID in trunk parameter", f"{item!r}")
             vids.update(range(lo, hi + 1))
         elif has_max:
-            raise _bad("minID and maxID should be configured simultaneously, minID is missing", f"{item!r}")
+            raise E.invalid_config("minID and maxID should be configured simultaneously, minID is missing", f"{item!r}")
         elif has_min:
-            raise _bad("minID and maxID should be configured simultaneously, maxID is missing", f"{item!r}")
+            raise E.invalid_config("minID and maxID should be configured simultaneously, maxID is missing", f"{item!r}")
         if item.get("id") is not None:
             vids.add(vid(item, "id"))
     return sorted(vids)
 
 
-def _check_mac(mac: str, where: str) -> str:
-    from pycni.net.link import is_colon_mac  # pycni.net is imported where used: VERSION needs none of it
-
-    if not is_colon_mac(mac):
-        raise _bad(f"invalid MAC address {mac!r} in {where}", "give a MAC address like 0a:58:0a:f4:00:05")
-    return mac.lower()
-
-
 def parse_conf(args: CmdArgs) -> BridgeConf:
     """The network config as a :class:`BridgeConf`; every value checked before we act."""
-    raw = args.conf()
-    version = skel.config_version(raw)
-    ipam = raw.get("ipam") or {}
-    if not isinstance(ipam, dict):
-        raise _bad("invalid 'ipam' in network config", "ipam must be an object with a 'type'")
-    ipam_type = ipam.get("type") or ""
-    if not isinstance(ipam_type, str):
-        raise _bad("invalid ipam type", f"ipam.type must be a string, got {ipam_type!r}")
-    n = BridgeConf(name=str(raw.get("name") or ""), cni_version=version, ipam_type=ipam_type,
-                   bridge=_typed(raw, "bridge", str, DEFAULT_BRIDGE) or DEFAULT_BRIDGE,
-                   is_gw=_typed(raw, "isGateway", bool, False),
-                   is_default_gw=_typed(raw, "isDefaultGateway", bool, False),
-                   force_address=_typed(raw, "forceAddress", bool, False), ip_masq=_typed(raw, "ipMasq", bool, False),
-                   ip_masq_backend=_typed(raw, "ipMasqBackend", str, None), mtu=_typed(raw, "mtu", int, 0),
-                   hairpin=_typed(raw, "hairpinMode", bool, False), promisc=_typed(raw, "promiscMode", bool, False),
-                   vlan=_typed(raw, "vlan", int, 0),
-                   preserve_default_vlan=_typed(raw, "preserveDefaultVlan", bool, False),
-                   macspoofchk=_typed(raw, "macspoofchk", bool, False),
-                   enable_dad=_typed(raw, "enabledad", bool, False),
-                   disable_container_interface=_typed(raw, "disableContainerInterface", bool, False),
-                   port_isolation=_typed(raw, "portIsolation", bool, False))
     from pycni.spec.validate import validate_interface_name
 
+    raw = args.conf()
+    get_bool = netconf.get_bool
+    n = BridgeConf(name=str(raw.get("name") or ""), cni_version=skel.config_version(raw),
+                   ipam_type=netconf.ipam_type(raw),
+                   bridge=netconf.get_str(raw, "bridge") or DEFAULT_BRIDGE,
+                   is_gw=get_bool(raw, "isGateway"), is_default_gw=get_bool(raw, "isDefaultGateway"),
+                   force_address=get_bool(raw, "forceAddress"), ip_masq=get_bool(raw, "ipMasq"),
+                   ip_masq_backend=netconf.get_str(raw, "ipMasqBackend") or None,
+                   mtu=netconf.get_int(raw, "mtu", minimum=0, maximum=netconf.MAX_MTU),
+                   hairpin=get_bool(raw, "hairpinMode"), promisc=get_bool(raw, "promiscMode"),
+                   preserve_default_vlan=get_bool(raw, "preserveDefaultVlan"),
+                   macspoofchk=get_bool(raw, "macspoofchk"), enable_dad=get_bool(raw, "enabledad"),
+                   disable_container_interface=get_bool(raw, "disableContainerInterface"),
+                   port_isolation=get_bool(raw, "portIsolation"))
     try:
         validate_interface_name(n.bridge)
     except CNIError as e:
-        raise _bad(f"invalid bridge name {n.bridge!r}", e.details or e.msg) from None
+        raise E.invalid_config(f"invalid bridge name {n.bridge!r}", e.details or e.msg) from None
+    n.vlan = netconf.get_int(raw, "vlan")
     if not 0 <= n.vlan <= 4094:
-        raise _bad(f"invalid VLAN ID {n.vlan} (must be between 0 and 4094)", "set vlan to 0 (none) or 1..4094")
-    if n.mtu < 0:
-        raise _bad(f"invalid MTU {n.mtu}", "mtu must be a positive number of bytes, or 0 for the default")
+        raise E.invalid_config(f"invalid VLAN ID {n.vlan} (must be between 0 and 4094)",
+                               "set vlan to 0 (none) or 1..4094")
     if raw.get("vlanTrunk") is not None:
         n.vlan_trunk = True
         n.vlans = _vlan_trunk(raw["vlanTrunk"])
     if n.ip_masq_backend not in (None, "iptables", "nftables"):
-        raise _bad(f"unknown ipmasq backend {n.ip_masq_backend!r}", "ipMasqBackend must be iptables or nftables")
+        raise E.invalid_config(f"unknown ipmasq backend {n.ip_masq_backend!r}",
+                               "ipMasqBackend must be iptables or nftables")
     if n.is_default_gw:
         n.is_gw = True
     # The container MAC: CNI_ARGS MAC, then args.cni.mac, then runtimeConfig.mac (last wins).
-    env_mac = load_cni_args(args.args, ["MAC"]).get("MAC", "")
-    if env_mac:
-        n.mac = _check_mac(env_mac, "CNI_ARGS")
-    a = raw.get("args")
-    if isinstance(a, dict) and isinstance(a.get("cni"), dict) and a["cni"].get("mac"):
-        n.mac = _check_mac(str(a["cni"]["mac"]), "args.cni.mac")
-    rc = raw.get("runtimeConfig")
-    if isinstance(rc, dict) and rc.get("mac"):
-        n.mac = _check_mac(str(rc["mac"]), "runtimeConfig.mac")
-    dns = raw.get("dns")
-    if isinstance(dns, dict) and any(dns.get(k) for k in ("nameservers", "search", "options", "domain")):
-        n.dns, n.dns_set = DNS.from_dict(dns), True
+    n.mac = netconf.container_mac(raw, args.args, from_args=True)
+    n.dns = DNS.from_dict(netconf.get_dict(raw, "dns"))
+    n.dns_set = not n.dns.is_empty()
     return n
 
 
-def check_for_add(n: BridgeConf) -> None:
-    """Combinations only ADD refuses (DEL must still clean up after such a config, as in Go)."""
+def check_for_add(n: BridgeConf, args: CmdArgs) -> None:
+    """What only ADD refuses (DEL must still clean up after such a config, as in Go), and what it
+    must find before making anything: the IPAM plugin on CNI_PATH, the netns, a free CNI_IFNAME."""
+    from pycni.net.link import check_container_ifname
+
     if n.ipam_type and n.disable_container_interface:
-        raise _bad("cannot use IPAM when DisableContainerInterface flag is set",
+        raise E.invalid_config("cannot use IPAM when DisableContainerInterface flag is set",
                    "drop ipam for an L2-only attachment, or drop disableContainerInterface")
     if n.hairpin and n.promisc:
-        raise _bad("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
+        raise E.invalid_config("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
+    netconf.require_ip_result(n.cni_version, bool(n.ipam_type), "bridge")
+    if n.ipam_type:
+        invoke.find_in_path(n.ipam_type, args.cni_path)
+    check_container_ifname(args.netns, args.ifname)
 
 
 # ---- ADD ---------------------------------------------------------------------------------------
@@ -211,13 +180,14 @@ def _calc_gateways(result: Result, n: BridgeConf) -> dict[int, list[Any]]:
     return gws
 
 
-def _ensure_addr(link_name: str, gw: Any, force: bool) -> None:
-    """Put gateway address ``gw`` on the bridge (or its VLAN interface), as Go's ensureAddr."""
+def _ensure_addr(link_name: str, gw: Any, force: bool) -> bool:
+    """Put gateway address ``gw`` on the bridge (or its VLAN interface), as Go's ensureAddr;
+    True when this call added it."""
     from pycni.net import addr, link
 
     for a in addr.list_addrs(link_name, gw.version):
         if a.address == gw:
-            return
+            return False
         overlap = a.address.network.overlaps(gw.network)
         if gw.version == 4 or overlap:
             if not force:
@@ -228,6 +198,37 @@ def _ensure_addr(link_name: str, gw: Any, force: bool) -> None:
     # Pin the bridge MAC, or it follows the lowest port MAC as ports come and go.
     current = link.require_link(link_name)
     link.set_link(link_name, mac=current.mac)
+    return True
+
+
+def _ensure_bridge(n: BridgeConf, undo: Rollback) -> Link:
+    """The bridge, made when missing; a failed ADD deletes a bridge it made (if no port joined since)."""
+    from pycni.net import bridge as br
+    from pycni.net import link
+
+    existed = link.get_link(n.bridge) is not None
+    bridge = br.ensure_bridge(n.bridge, mtu=n.mtu, promisc=n.promisc, vlan_filtering=n.vlan_filtering)
+    if not existed:
+        undo.push(_delete_if_unused, bridge.index, "")
+    return bridge
+
+
+def _delete_if_unused(index: int, port: str) -> None:
+    """Rollback: delete the bridge we made unless a port other than ``port`` (ours) is on it —
+    another ADD may have joined it meanwhile."""
+    from pycni.net import link
+
+    if all(li.master != index or li.name == port for li in link.list_links()):
+        link.delete_link(index)
+
+
+def _drop_gateway(name: str, gw: Any, port: str) -> None:
+    """Rollback: take the gateway address we added off a bridge no other port uses."""
+    from pycni.net import addr, link
+
+    found = link.get_link(name)
+    if found is not None and all(li.master != found.index or li.name == port for li in link.list_links()):
+        addr.del_addr(name, gw)
 
 
 def _setup_port(host: str | int, *, hairpin: bool, isolated: bool, vlan: int, vlans: list[int],
@@ -283,14 +284,12 @@ def default_masq_backend() -> str:
 
 
 def cmd_add(args: CmdArgs) -> Result:
-    from pycni.net import bridge as br
     from pycni.net import link, netns, spoofchk, veth
 
     n = parse_conf(args)
-    check_for_add(n)
-    netns.check_netns(args.netns)
-    bridge = br.ensure_bridge(n.bridge, mtu=n.mtu, promisc=n.promisc, vlan_filtering=n.vlan_filtering)
-    with Rollback() as undo:  # an ADD that fails part-way takes back what it made
+    check_for_add(n, args)
+    with Rollback() as undo:  # an ADD that fails part-way takes back what it made, host-wide too
+        bridge = _ensure_bridge(n, undo)
         pair = veth.setup_veth(args.netns, args.ifname, mtu=n.mtu, mac=n.mac, master=bridge.index)
         undo.push(lambda: link.delete_link(pair.host.name))
         _setup_port(pair.host.index, hairpin=n.hairpin, isolated=n.port_isolation, vlan=n.vlan,
@@ -304,7 +303,7 @@ def cmd_add(args: CmdArgs) -> Result:
             undo.push(lambda: spoofchk.teardown(refid))
             spoofchk.setup(pair.host.name, pair.container.mac, refid)
         if n.ipam_type:
-            _add_l3(args, n, result, bridge.mtu, pair.container.index, undo)
+            _add_l3(args, n, result, bridge.mtu, pair, undo)
         elif not n.disable_container_interface:
             with netns.enter(args.netns):
                 link.set_link(args.ifname, up=True)
@@ -319,13 +318,14 @@ def cmd_add(args: CmdArgs) -> Result:
         return result
 
 
-def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, container_index: int,
+def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, pair: VethPair,
             undo: Rollback) -> None:
     from pycni.net import iface, link, masq, netns
-    from pycni.net.sysctl import enable_forwarding, try_write_sysctl
+    from pycni.net.sysctl import disable_forwarding, enable_forwarding, try_write_sysctl
 
+    container_index = pair.container.index
     ipam_result = invoke.delegate_add(n.ipam_type, args.stdin_data, args)
-    undo.push(lambda: invoke.delegate_del(n.ipam_type, args.stdin_data, args))
+    undo.push(invoke.delegate_del, n.ipam_type, args.stdin_data, args)
     result.ips, result.routes, result.dns = ipam_result.ips, ipam_result.routes, ipam_result.dns
     if not result.ips:
         raise CNIError(INTERNAL, "IPAM plugin returned missing IP config",
@@ -335,7 +335,7 @@ def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, conta
     if n.ip_masq:
         backend = n.ip_masq_backend or default_masq_backend()
         addrs = [ipc.address for ipc in result.ips]
-        undo.push(lambda: masq.teardown_ip_masq(backend, n.name, args.container_id, args.ifname, addrs))
+        undo.push(masq.undo_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
         # Its iptables-restore process runs while the links are configured (the result is the
         # same in any order): each waits on something else, the RTNL lock or the xtables table.
         masq_job = _Background(masq.setup_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
@@ -358,10 +358,10 @@ def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, conta
                             vlan_if = Interface(name=vl.name, mac=vl.mac)
                             result.interfaces.append(vlan_if)
                         _ensure_addr(vl.name, gw, n.force_address)
-                    else:
-                        _ensure_addr(n.bridge, gw, n.force_address)
-                if gws[fam]:
-                    enable_forwarding(fam)
+                    elif _ensure_addr(n.bridge, gw, n.force_address):
+                        undo.push(_drop_gateway, n.bridge, gw, pair.host.name)
+                if gws[fam] and enable_forwarding(fam):
+                    undo.push(disable_forwarding, fam)
     finally:
         if masq_job is not None:
             masq_job.join()  # before any rollback tears its rules down
@@ -437,10 +437,7 @@ def cmd_check(args: CmdArgs) -> None:
     netns.check_netns(args.netns)
     if n.ipam_type:
         invoke.delegate_check(n.ipam_type, args.stdin_data, args)
-    raw = args.conf()
-    if raw.get("prevResult") is None:
-        raise _bad("Required prevResult missing", "CHECK needs the result of ADD as prevResult")
-    result = skel.prev_result(raw) or Result()
+    result = netconf.require_prev_result(args.conf(), "bridge")
     br_map = next((i for i in result.interfaces if i.name == n.bridge), None)
     cont_map = next((i for i in result.interfaces if i.name == args.ifname and i.sandbox == args.netns), None)
     # the bridge, in the host
@@ -518,15 +515,15 @@ def _check_ips_and_routes(ifname: str, result: Result) -> None:
 
 # ---- STATUS / GC -------------------------------------------------------------------------------
 def cmd_status(args: CmdArgs) -> None:
-    n = parse_conf(args)
-    if n.ipam_type:
-        invoke.delegate_status(n.ipam_type, args.stdin_data, args)
+    """The IPAM plugin's STATUS is ours."""
+    parse_conf(args)
+    ipam.status(args.conf(), args)
 
 
 def cmd_gc(args: CmdArgs) -> None:
-    n = parse_conf(args)
-    if n.ipam_type:
-        invoke.delegate_gc(n.ipam_type, args.stdin_data, args)
+    """The IPAM plugin's GC releases what ``cni.dev/valid-attachments`` does not list."""
+    parse_conf(args)
+    ipam.gc(args.conf(), args)
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, status=cmd_status, gc=cmd_gc,

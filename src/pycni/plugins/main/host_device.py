@@ -5,62 +5,86 @@ The device is found by ``device`` (name), ``hwaddr``, ``kernelpath`` (/sys/devic
 brought up, and configured by IPAM when there is one. Like the reference, the original name is
 kept in the link's alias, so either implementation can move it back. Unlike the reference, we
 also save its original state (up/down, MTU, addresses — the kernel drops addresses on a netns
-move) under ``dataDir`` and restore it on DEL, and a second DEL succeeds.
+move — and alias) under ``dataDir`` and restore it on DEL, and a second DEL succeeds. The host's
+loopback is refused before anything is touched, and the device is moved while still up, so a
+device the kernel will not move is left exactly as it was.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
-from pycni import ipam
+from pycni import ipam, netconf, statefile
 from pycni.net import netns
 from pycni.net.link import Link
-from pycni.skel import CmdArgs, Plugin, config_version, load_conf, prev_result, run_plugin
+from pycni.record import field, record
+from pycni.rollback import Rollback
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import DNS, Interface, Result
 from pycni.spec.validate import validate_container_id
 
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
+
 DEFAULT_DATA_DIR = "/var/lib/cni/host-device"
 SYS_BUS_PCI = "/sys/bus/pci/devices"
+IFF_LOOPBACK = 0x8
 
 
-def _conf(data: bytes) -> dict[str, Any]:
-    """The config, with runtimeConfig.deviceID as pciBusID and one way of finding the device required."""
-    conf = load_conf(data)
-    rc = conf.get("runtimeConfig") or {}
-    if isinstance(rc, dict) and rc.get("deviceID"):
-        conf["pciBusID"] = rc["deviceID"]
-    for key in ("device", "hwaddr", "kernelpath", "pciBusID", "dataDir"):
-        if key in conf and not isinstance(conf[key], str):
-            raise CNIError(E.INVALID_CONFIG, f"\"{key}\" must be a string", f"got {conf[key]!r}")
-    if not any(conf.get(k) for k in ("device", "hwaddr", "kernelpath", "pciBusID")):
+@record
+class HostDeviceConf:
+    """Which host device to move (one of device, hwaddr, kernelpath, pciBusID) and where its state is kept."""
+
+    name: str
+    cni_version: str
+    device: str = ""
+    hwaddr: str = ""
+    kernelpath: str = ""
+    pci_bus_id: str = ""  # runtimeConfig.deviceID when given
+    data_dir: str = DEFAULT_DATA_DIR
+    ipam_type: str = ""
+    dns: DNS = field(default_factory=DNS)
+
+
+def parse_conf(args: CmdArgs) -> HostDeviceConf:
+    """The config as a :class:`HostDeviceConf`; every key (and runtimeConfig, args, dns, ipam) checked."""
+    raw = args.conf()
+    get = netconf.get_str
+    netconf.args_cni(raw)
+    n = HostDeviceConf(name=str(raw.get("name") or ""), cni_version=config_version(raw), device=get(raw, "device"),
+                       hwaddr=get(raw, "hwaddr"), kernelpath=get(raw, "kernelpath"),
+                       pci_bus_id=get(raw, "pciBusID"), data_dir=get(raw, "dataDir") or DEFAULT_DATA_DIR,
+                       ipam_type=netconf.ipam_type(raw), dns=DNS.from_dict(netconf.get_dict(raw, "dns")))
+    device_id = netconf.get_str(netconf.runtime_config(raw), "deviceID", label="runtimeConfig.deviceID")
+    if device_id:
+        n.pci_bus_id = device_id
+    if not (n.device or n.hwaddr or n.kernelpath or n.pci_bus_id):
         raise CNIError(E.INVALID_CONFIG, 'specify either "device", "hwaddr", "kernelpath" or "pciBusID"',
                        "host-device needs to know which host interface to move into the container")
-    ipam.ipam_type(conf)
-    return conf
+    return n
 
 
-def find_host_device(conf: dict[str, Any]) -> str:
+def find_host_device(n: HostDeviceConf) -> str:
     """The host interface the config names (in the calling thread's netns)."""
     from pycni.net.link import get_link, list_links
 
-    if conf.get("device"):
-        if get_link(conf["device"]) is None:
-            raise CNIError(INTERNAL, f"failed to find host device: link {conf['device']!r} not found",
+    if n.device:
+        if get_link(n.device) is None:
+            raise CNIError(INTERNAL, f"failed to find host device: link {n.device!r} not found",
                            "check \"device\" against `ip link` on the host")
-        return str(conf["device"])
-    if conf.get("hwaddr"):
-        want = conf["hwaddr"].lower()
+        return n.device
+    if n.hwaddr:
+        want = n.hwaddr.lower()
         for link in list_links():
             if link.mac == want:
                 return link.name
-        raise CNIError(INTERNAL, f"failed to find host device: no interface has MAC {conf['hwaddr']}")
+        raise CNIError(INTERNAL, f"failed to find host device: no interface has MAC {n.hwaddr}")
     names = {link.name for link in list_links()}
-    if conf.get("kernelpath"):
-        path = conf["kernelpath"]
+    if n.kernelpath:
+        path = n.kernelpath
         if not os.path.isabs(path) or not path.startswith("/sys/devices/"):
             raise CNIError(E.INVALID_CONFIG,
                            f"kernel device path {path!r} must be absolute and begin with /sys/devices/")
@@ -73,7 +97,7 @@ def find_host_device(conf: dict[str, Any]) -> str:
             if entry in names:
                 return entry
         raise CNIError(INTERNAL, f"failed to find host device: no interface under {net_dir}")
-    pci = conf["pciBusID"]
+    pci = n.pci_bus_id
     net_dir = os.path.join(SYS_BUS_PCI, pci, "net")
     if not os.path.isdir(net_dir):
         import glob
@@ -88,45 +112,60 @@ def find_host_device(conf: dict[str, Any]) -> str:
     return entries[0]
 
 
-def _state_path(conf: dict[str, Any], args: CmdArgs) -> str:
+def _refuse_unmovable(found: Link) -> None:
+    """The host's loopback never leaves (the kernel would refuse anyway, after the reference took it down)."""
+    if found.flags & IFF_LOOPBACK or found.name == "lo":
+        raise CNIError(E.INVALID_CONFIG, f"cannot move loopback device {found.name!r} into a container",
+                       "host-device moves a real host interface; name another \"device\"")
+
+
+def _state_path(n: HostDeviceConf, args: CmdArgs) -> str:
     """Where the device's original state is saved (the container ID is checked: it names a file)."""
     validate_container_id(args.container_id)
-    return os.path.join(conf.get("dataDir") or DEFAULT_DATA_DIR, f"{args.container_id}-{args.ifname}.json")
-
-
-def _save_state(path: str, state: dict[str, Any]) -> None:
-    """Write what DEL restores, atomically (a crash leaves the old file or the new, never half)."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(state, f)
-    os.replace(tmp, path)
+    return os.path.join(n.data_dir, f"{args.container_id}-{args.ifname}.json")
 
 
 def _load_state(path: str) -> dict[str, Any] | None:
-    """What :func:`_save_state` wrote; None when missing or unreadable (DEL then restores nothing)."""
-    try:
-        with open(path) as f:
-            state = json.load(f)
-        return state if isinstance(state, dict) else None
-    except (OSError, ValueError):
-        return None
+    """What ADD saved; None when missing or unreadable (DEL then restores nothing)."""
+    state = statefile.read_json(path)
+    return state if isinstance(state, dict) else None
+
+
+def _new_dirs(path: str) -> list[str]:
+    """The directories above ``path`` that do not exist yet, deepest first (a rollback removes them)."""
+    out = []
+    d = os.path.dirname(path)
+    while d and d != os.path.dirname(d) and not os.path.isdir(d):
+        out.append(d)
+        d = os.path.dirname(d)
+    return out
+
+
+def _forget(path: str, made_dirs: list[str]) -> None:
+    """Rollback of the saved state: the file, then the directories made for it (if empty)."""
+    statefile.remove(path)
+    for d in made_dirs:
+        try:
+            os.rmdir(d)
+        except OSError:
+            break
 
 
 def _move_in(name: str, args: CmdArgs) -> Link:
-    """Move host link ``name`` into the container as CNI_IFNAME (alias = original name), up."""
+    """Move host link ``name`` into the container as CNI_IFNAME (alias = original name), up.
+
+    The move comes first, with the link as it is: when the kernel refuses it nothing has changed.
+    """
     from pycni.net import link
 
-    with netns.enter(args.netns):
-        link.require_free_ifname(args.ifname, args.netns)
     fd = netns.open_netns(args.netns)
     try:
-        link.set_link(name, up=False)
         link.move_link_to_netns(name, fd)
     finally:
         os.close(fd)
     with netns.enter(args.netns):
         try:
+            link.set_link(name, up=False)
             link.set_alias(name, name)
             link.set_link(name, new_name=args.ifname)
             return link.set_link(args.ifname, up=True)
@@ -159,13 +198,15 @@ def _move_out(args: CmdArgs, current_name: str) -> str | None:
 
 
 def _restore(name: str, state: dict[str, Any] | None) -> None:
-    """Give the host link back its saved MTU, addresses and up state (the netns move dropped them)."""
+    """Give the host link back its saved MTU, addresses, alias and up state (the netns move dropped them)."""
     from pycni.net import addr, link
 
     if not state:
         return
     if state.get("mtu"):
         link.set_link(name, mtu=int(state["mtu"]))
+    if "alias" in state:
+        link.set_alias(name, str(state["alias"]))
     for a in state.get("addresses", []):
         addr.add_addr(name, a, exist_ok=True)
     if state.get("up"):
@@ -174,23 +215,27 @@ def _restore(name: str, state: dict[str, Any] | None) -> None:
 
 def cmd_add(args: CmdArgs) -> Result:
     from pycni.net import addr, iface
-    from pycni.net.link import require_link
+    from pycni.net.link import check_container_ifname, get_alias, require_link
 
-    conf = _conf(args.stdin_data)
-    netns.check_netns(args.netns)
-    name = find_host_device(conf)
+    n = parse_conf(args)
+    conf = args.conf()
+    netconf.require_ip_result(n.cni_version, bool(n.ipam_type), "host-device")
+    ipam.locate(conf, args)
+    check_container_ifname(args.netns, args.ifname)
+    name = find_host_device(n)
     before = require_link(name)
-    state = {"name": name, "up": before.up, "mtu": before.mtu, "mac": before.mac,
+    _refuse_unmovable(before)
+    state = {"name": name, "up": before.up, "mtu": before.mtu, "mac": before.mac, "alias": get_alias(before.index),
              "addresses": [str(a.address) for a in addr.list_addrs(before.index) if a.scope == 0]}
-    path = _state_path(conf, args)
-    with ipam.Rollback() as undo:
-        _save_state(path, state)
-        undo.push(_forget, path)
+    path = _state_path(n, args)
+    with Rollback() as undo:
+        undo.push(_forget, path, _new_dirs(path))
+        statefile.write_json(path, state, failure="failed to save the host device's state")
         moved = _move_in(name, args)
         undo.push(_undo_move, args, state)
-        result = Result(cni_version=config_version(conf),
+        result = Result(cni_version=n.cni_version,
                         interfaces=[Interface(name=args.ifname, mac=moved.mac, sandbox=args.netns)])
-        if ipam.ipam_type(conf):
+        if n.ipam_type:
             ipam_result = ipam.add(conf, args)
             undo.push(ipam.delete, conf, args)
             result.ips, result.routes = ipam_result.ips, ipam_result.routes
@@ -198,16 +243,8 @@ def cmd_add(args: CmdArgs) -> Result:
                 ipc.interface = 0
             with netns.enter(args.netns):
                 iface.configure_iface(args.ifname, result)
-            result.dns = DNS.from_dict(conf.get("dns"))
+            result.dns = n.dns
     return result
-
-
-def _forget(path: str) -> None:
-    """Delete the saved state if it is there."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _undo_move(args: CmdArgs, state: dict[str, Any]) -> None:
@@ -218,32 +255,43 @@ def _undo_move(args: CmdArgs, state: dict[str, Any]) -> None:
 
 
 def cmd_del(args: CmdArgs) -> None:
-    conf = _conf(args.stdin_data)
-    ipam.delete(conf, args)  # first, and even without CNI_NETNS: never leak the reservation
+    n = parse_conf(args)
+    ipam.delete(args.conf(), args)  # first, and even without CNI_NETNS: never leak the reservation
     if not args.netns:
         return
-    path = _state_path(conf, args)
+    path = _state_path(n, args)
     state = _load_state(path)
     if netns.netns_exists(args.netns):
         name = _move_out(args, args.ifname)
         if name is not None:
             _restore(name, state)
-    _forget(path)  # moved back now, or already back (a second DEL), or gone with its namespace
+    statefile.remove(path)  # moved back now, or already back (a second DEL), or gone with its namespace
 
 
 def cmd_check(args: CmdArgs) -> None:
     from pycni.net import verify
 
-    conf = _conf(args.stdin_data)
+    parse_conf(args)
+    conf = args.conf()
     netns.check_netns(args.netns)
     ipam.check(conf, args)
-    prev = prev_result(conf)
-    if prev is None:
-        raise CNIError(E.INVALID_CONFIG, "Required prevResult missing", "CHECK needs the result of ADD")
+    prev = netconf.require_prev_result(conf, "host-device")
     verify.container_link(prev, args.ifname, args.netns)
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+def cmd_gc(args: CmdArgs) -> None:
+    """The IPAM plugin's GC releases what ``cni.dev/valid-attachments`` does not list."""
+    parse_conf(args)
+    ipam.gc(args.conf(), args)
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """The IPAM plugin's STATUS is ours."""
+    parse_conf(args)
+    ipam.status(args.conf(), args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
                 about="pycni host-device: moves a host interface into the container")
 
 

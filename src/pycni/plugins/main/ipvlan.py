@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pycni.plugins.main.sublink_base import LinkMode, SublinkPlugin, SublinkSpec
+from pycni.plugins.main._sublink import LinkMode, SublinkPlugin, SublinkSpec
 from pycni.skel import run_plugin
 
 # IFLA_IPVLAN_MODE values
@@ -24,7 +24,10 @@ def link_attrs(conf: Mapping[str, Any]) -> dict[str, Any]:
 
 SPEC = SublinkSpec(name="ipvlan", kind="ipvlan", link_attrs=link_attrs, check_link=MODE.check,
                    uses_prev_result_ips=True, about="pycni ipvlan: an ipvlan interface on a host link")
-PLUGIN = SublinkPlugin(SPEC).plugin()
+IMPL = SublinkPlugin(SPEC)
+parse_conf, cmd_add, cmd_del, cmd_check, cmd_gc, cmd_status = (IMPL.parse_conf, IMPL.add, IMPL.delete, IMPL.check,
+                                                                IMPL.gc, IMPL.status)
+PLUGIN = IMPL.plugin()
 
 
 def main() -> None:

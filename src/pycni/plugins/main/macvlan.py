@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pycni.plugins.main.sublink_base import LinkMode, SublinkPlugin, SublinkSpec
+from pycni.plugins.main._sublink import LinkMode, SublinkPlugin, SublinkSpec
 from pycni.skel import run_plugin
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -23,7 +23,10 @@ def link_attrs(conf: Mapping[str, Any]) -> dict[str, Any]:
 
 SPEC = SublinkSpec(name="macvlan", kind="macvlan", mac_configurable=True, link_attrs=link_attrs,
                    check_link=MODE.check, about="pycni macvlan: a macvlan interface on a host link")
-PLUGIN = SublinkPlugin(SPEC).plugin()
+IMPL = SublinkPlugin(SPEC)
+parse_conf, cmd_add, cmd_del, cmd_check, cmd_gc, cmd_status = (IMPL.parse_conf, IMPL.add, IMPL.delete, IMPL.check,
+                                                                IMPL.gc, IMPL.status)
+PLUGIN = IMPL.plugin()
 
 
 def main() -> None:

@@ -9,48 +9,66 @@ address and a host route to the container's address. ``ipMasq`` masquerades outb
 
 from __future__ import annotations
 
-from pycni import ipam
-from pycni.skel import CmdArgs, Plugin, load_conf, prev_result, run_plugin
+from pycni import invoke, ipam, netconf
+from pycni.record import field, record
+from pycni.rollback import Rollback
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import DNS, Interface, IPConfig, Result
 
-TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
-if TYPE_CHECKING:
-    from typing import Any
 
+@record
+class PtpConf:
+    """The ptp keys, checked: the IPAM section is required, masquerading optional."""
 
-def _conf(args: CmdArgs) -> dict[str, Any]:
-    """The config with IPAM, ``mtu`` and the masquerade keys checked before anything is made."""
-    conf = load_conf(args.stdin_data)
-    ipam.require_ipam(conf, "ptp")
-    mtu = conf.get("mtu", 0) or 0
-    if not isinstance(mtu, int) or isinstance(mtu, bool) or mtu < 0:
-        raise CNIError(E.INVALID_CONFIG, "\"mtu\" must be a non-negative integer", f"got {mtu!r}")
-    if not isinstance(conf.get("ipMasq", False), bool):
-        raise CNIError(E.INVALID_CONFIG, "\"ipMasq\" must be true or false", f"got {conf.get('ipMasq')!r}")
-    if conf.get("ipMasqBackend") is not None:
+    name: str
+    cni_version: str
+    ipam_type: str
+    mtu: int = 0
+    ip_masq: bool = False
+    ip_masq_backend: str = ""
+    dns: DNS = field(default_factory=DNS)
+
+    def masq_backend(self) -> str:
+        """``ipMasqBackend``, or the backend that works here."""
         from pycni.net import masq
 
-        if not isinstance(conf["ipMasqBackend"], str):
-            raise CNIError(E.INVALID_CONFIG, "\"ipMasqBackend\" must be a string", f"got {conf['ipMasqBackend']!r}")
-        masq.check_backend(conf["ipMasqBackend"])
-    return conf
+        return self.ip_masq_backend or masq.default_backend()
 
 
-def _masq_backend(conf: dict[str, Any]) -> str:
-    """The masquerade backend: ``ipMasqBackend`` or the one that works here."""
-    from pycni.net import masq
+def parse_conf(args: CmdArgs) -> PtpConf:
+    """The config as a :class:`PtpConf`, every key (and runtimeConfig, args) checked before anything is made."""
+    raw = args.conf()
+    netconf.runtime_config(raw)
+    netconf.args_cni(raw)
+    n = PtpConf(name=str(raw.get("name") or ""), cni_version=config_version(raw),
+                ipam_type=ipam.require_ipam(raw, "ptp"),
+                mtu=netconf.get_int(raw, "mtu", minimum=0, maximum=netconf.MAX_MTU),
+                ip_masq=netconf.get_bool(raw, "ipMasq"), ip_masq_backend=netconf.get_str(raw, "ipMasqBackend"),
+                dns=DNS.from_dict(netconf.get_dict(raw, "dns")))
+    return n
 
-    return str(conf.get("ipMasqBackend") or masq.default_backend())
+
+def check_for_add(n: PtpConf, args: CmdArgs) -> None:
+    """What ADD must find before making anything (DEL still cleans up after such a config): a known
+    masquerade backend, the IPAM plugin on CNI_PATH, the netns, a free CNI_IFNAME."""
+    from pycni.net import link, masq
+
+    if n.ip_masq_backend:
+        masq.check_backend(n.ip_masq_backend)
+    invoke.find_in_path(n.ipam_type, args.cni_path)
+    link.check_container_ifname(args.netns, args.ifname)
 
 
-def enable_forwarding(ips: list[IPConfig]) -> None:
-    """Turn on forwarding in the host namespace for the families in use (as ip.EnableForward)."""
+def enable_forwarding(ips: list[IPConfig], undo: Rollback) -> None:
+    """Turn on forwarding in the host namespace for the families in use (as ip.EnableForward);
+    a failed ADD turns off what it turned on."""
     from pycni.net import sysctl
 
     for version in sorted({i.address.version for i in ips}):
-        sysctl.enable_forwarding(version)
+        if sysctl.enable_forwarding(version):
+            undo.push(sysctl.disable_forwarding, version)
 
 
 def _setup_container(args: CmdArgs, result: Result) -> None:
@@ -65,7 +83,7 @@ def _setup_container(args: CmdArgs, result: Result) -> None:
             assert ipc.gateway is not None
             subnet = ipc.address.network
             bits = ipc.address.max_prefixlen
-            route.del_route(subnet, dev=index, scope=255)  # RT_SCOPE_NOWHERE: any scope, as the reference
+            route.del_route(subnet, dev=index, scope=route.RT_SCOPE_NOWHERE)  # any scope, as the reference
             route.add_route(f"{ipc.gateway}/{bits}", dev=index, scope=route.RT_SCOPE_LINK, src=ipc.address.ip)
             route.add_route(subnet, gw=ipc.gateway, dev=index, src=ipc.address.ip)
 
@@ -81,19 +99,20 @@ def _setup_host(host_veth: str, result: Result) -> None:
 
 
 def cmd_add(args: CmdArgs) -> Result:
-    from pycni.net import link, masq, netns, veth
+    from pycni.net import link, masq, veth
 
-    conf = _conf(args)
-    netns.check_netns(args.netns)
-    with ipam.Rollback() as undo:
+    n = parse_conf(args)
+    check_for_add(n, args)
+    conf = args.conf()
+    with Rollback() as undo:
         result = ipam.add(conf, args)
         undo.push(ipam.delete, conf, args)
         for ipc in result.ips:
             if ipc.gateway is None:
                 raise CNIError(E.INVALID_CONFIG, f"ptp: IPAM gave {ipc.address} no gateway",
                                "ptp routes everything through the gateway; configure one in the IPAM section")
-        enable_forwarding(result.ips)
-        pair = veth.setup_veth(args.netns, args.ifname, mtu=conf.get("mtu", 0) or 0)
+        enable_forwarding(result.ips, undo)
+        pair = veth.setup_veth(args.netns, args.ifname, mtu=n.mtu)
         undo.push(link.delete_link, pair.host.name)
         result.interfaces = [Interface(name=pair.host.name, mac=pair.host.mac),
                              Interface(name=args.ifname, mac=pair.container.mac, sandbox=args.netns)]
@@ -101,22 +120,21 @@ def cmd_add(args: CmdArgs) -> Result:
             ipc.interface = 1
         _setup_container(args, result)
         _setup_host(pair.host.name, result)
-        if conf.get("ipMasq"):
+        if n.ip_masq:
             addrs = [i.address for i in result.ips]
-            masq.setup_ip_masq(_masq_backend(conf), conf.get("name", ""), args.container_id, args.ifname, addrs)
-            undo.push(masq.teardown_ip_masq, _masq_backend(conf), conf.get("name", ""), args.container_id,
-                      args.ifname, addrs)
-        dns = DNS.from_dict(conf.get("dns"))
-        if not dns.is_empty():
-            result.dns = dns  # the plugin's own DNS settings win over IPAM's, as in the reference
+            backend = n.masq_backend()
+            undo.push(masq.undo_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
+            masq.setup_ip_masq(backend, n.name, args.container_id, args.ifname, addrs)
+        if not n.dns.is_empty():
+            result.dns = n.dns  # the plugin's own DNS settings win over IPAM's, as in the reference
     return result
 
 
 def cmd_del(args: CmdArgs) -> None:
     from pycni.net import addr, link, masq, netns
 
-    conf = load_conf(args.stdin_data)
-    ipam.delete(conf, args)
+    n = parse_conf(args)
+    ipam.delete(args.conf(), args)
     addresses = None
     if args.netns and netns.netns_exists(args.netns):
         with netns.enter(args.netns):
@@ -124,30 +142,40 @@ def cmd_del(args: CmdArgs) -> None:
             if found is not None:
                 addresses = [a.address for a in addr.list_addrs(found.index) if a.scope == 0]
                 link.delete_link(found.index)  # the host end goes with it
-    if conf.get("ipMasq"):
+    if n.ip_masq:
         # Even with the netns gone (addresses unknown) our masquerade chain is found by container ID.
         # Clean whichever backend holds it: a config changed since ADD must not block DEL.
-        masq.teardown_ip_masq(None, conf.get("name", ""), args.container_id, args.ifname, addresses or None)
+        masq.teardown_ip_masq(None, n.name, args.container_id, args.ifname, addresses or None)
 
 
 def cmd_check(args: CmdArgs) -> None:
     from pycni.net import netns, verify
 
-    conf = _conf(args)
+    n = parse_conf(args)
+    conf = args.conf()
     netns.check_netns(args.netns)
     ipam.check(conf, args)
-    prev = prev_result(conf)
-    if prev is None:
-        raise CNIError(E.INVALID_CONFIG, "ptp: Required prevResult missing", "CHECK needs the result of ADD")
+    prev = netconf.require_prev_result(conf, "ptp")
     verify.container_link(prev, args.ifname, args.netns, kind="veth", label="ptp")
-    if conf.get("ipMasq"):
+    if n.ip_masq:
         from pycni.net import masq
 
-        masq.check_ip_masq(_masq_backend(conf), conf.get("name", ""), args.container_id, args.ifname,
-                           [i.address for i in prev.ips])
+        masq.check_ip_masq(n.masq_backend(), n.name, args.container_id, args.ifname, [i.address for i in prev.ips])
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+def cmd_gc(args: CmdArgs) -> None:
+    """The IPAM plugin's GC releases what ``cni.dev/valid-attachments`` does not list."""
+    parse_conf(args)
+    ipam.gc(args.conf(), args)
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """The IPAM plugin's STATUS is ours."""
+    parse_conf(args)
+    ipam.status(args.conf(), args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
                 about="pycni ptp: a routed veth pair between the host and the container")
 
 

@@ -14,9 +14,10 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+from pycni import netconf
 from pycni.net import netns
 from pycni.net.link import Link
-from pycni.plugins.main.sublink_base import SublinkPlugin, SublinkSpec
+from pycni.plugins.main._sublink import SublinkPlugin, SublinkSpec
 from pycni.skel import CmdArgs, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
@@ -24,23 +25,16 @@ from pycni.spec.errors import INTERNAL, CNIError
 
 def _uint(conf: Mapping[str, Any], key: str) -> int | None:
     """A uid/gid key of the config, None when absent; CNIError 7 unless it fits 32 bits."""
-    value = conf.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**32:
-        raise CNIError(E.INVALID_CONFIG, f"\"{key}\" must be a uid/gid number", f"got {value!r}")
-    return value
+    return netconf.get_int(conf, key, minimum=0, maximum=2**32 - 1) if conf.get(key) is not None else None
 
 
 def validate(conf: Mapping[str, Any]) -> dict[str, Any]:
     """Check the tap keys before anything is made (the link_attrs hook: a tap takes no netlink attributes)."""
     _uint(conf, "owner")
     _uint(conf, "group")
-    if not isinstance(conf.get("multiQueue", False), bool):
-        raise CNIError(E.INVALID_CONFIG, "\"multiQueue\" must be true or false")
-    for key in ("bridge", "selinuxContext"):
-        if not isinstance(conf.get(key, ""), str):
-            raise CNIError(E.INVALID_CONFIG, f"\"{key}\" must be a string")
+    netconf.get_bool(conf, "multiQueue")
+    netconf.get_str(conf, "bridge")
+    netconf.get_str(conf, "selinuxContext")
     return {}
 
 
@@ -96,7 +90,10 @@ def _create_labelled(name: str, context: str, multi_queue: bool, owner: int | No
 
 SPEC = SublinkSpec(name="tap", kind="tun", needs_master=False, mac_configurable=True, link_attrs=validate,
                    create=create, about="pycni tap: a tap device in the container")
-PLUGIN = SublinkPlugin(SPEC).plugin()
+IMPL = SublinkPlugin(SPEC)
+parse_conf, cmd_add, cmd_del, cmd_check, cmd_gc, cmd_status = (IMPL.parse_conf, IMPL.add, IMPL.delete, IMPL.check,
+                                                                IMPL.gc, IMPL.status)
+PLUGIN = IMPL.plugin()
 
 
 def main() -> None:

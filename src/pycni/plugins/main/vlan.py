@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pycni.plugins.main.sublink_base import SublinkPlugin, SublinkSpec, link_info_data
+from pycni.plugins.main._sublink import SublinkPlugin, SublinkSpec, link_info_data
 from pycni.skel import run_plugin
 from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 
 
 def _vlan_id(conf: Mapping[str, Any]) -> int:
@@ -30,12 +30,15 @@ def check_link(conf: Mapping[str, Any], msg: Any) -> None:
     data = link_info_data(msg)
     have = data.get_attr("IFLA_VLAN_ID") if data is not None else None
     if have != _vlan_id(conf):
-        raise CNIError(999, f"error: Container interface vlan id {have} does not match expected {_vlan_id(conf)}")
+        raise CNIError(INTERNAL, f"error: Container interface vlan id {have} does not match expected {_vlan_id(conf)}")
 
 
 SPEC = SublinkSpec(name="vlan", kind="vlan", ipam_required=True, link_attrs=link_attrs, check_link=check_link,
                    about="pycni vlan: an 802.1Q VLAN interface on a host link")
-PLUGIN = SublinkPlugin(SPEC).plugin()
+IMPL = SublinkPlugin(SPEC)
+parse_conf, cmd_add, cmd_del, cmd_check, cmd_gc, cmd_status = (IMPL.parse_conf, IMPL.add, IMPL.delete, IMPL.check,
+                                                                IMPL.gc, IMPL.status)
+PLUGIN = IMPL.plugin()
 
 
 def main() -> None:

@@ -1,21 +1,23 @@
-"""The shared shape of macvlan, ipvlan, vlan and dummy: one link in the container, from a parent.
+"""The shared shape of macvlan, ipvlan, vlan, dummy and tap: one link in the container, from a parent.
 
-Each of those plugins declares a :class:`SublinkSpec` (netlink kind, how config keys become
-link attributes, what CHECK compares) and gets ADD / DEL / CHECK with the Go reference's
-behaviour: the parent (``master``) defaults to the interface of the default route, ``mtu``
-may not exceed the parent's, IPAM is delegated when configured (layer 3) or the link is just
-brought up (layer 2), and any failure rolls back both the link and the IPAM reservation.
-DEL is idempotent: a missing netns or interface is success.
+Not a plugin itself (hence the underscore): each of those plugins declares a :class:`SublinkSpec`
+(netlink kind, how config keys become link attributes, what CHECK compares) and gets
+``parse_conf`` / ADD / DEL / CHECK / GC / STATUS with the Go reference's behaviour: the parent
+(``master``) defaults to the interface of the default route, ``mtu`` may not exceed the
+parent's, IPAM is delegated when configured (layer 3) or the link is just brought up (layer 2),
+and any failure rolls back both the link and the IPAM reservation. Everything in the config is
+checked before the link is made. DEL is idempotent: a missing netns or interface is success.
+GC and STATUS are the IPAM plugin's answer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from pycni import ipam
-from pycni.cniargs import load_cni_args
+from pycni import invoke, ipam, netconf
 from pycni.record import field, record
-from pycni.skel import CmdArgs, Plugin, config_version, load_conf, prev_result
+from pycni.rollback import Rollback
+from pycni.skel import CmdArgs, Plugin, config_version
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import DNS, Interface, Result
@@ -70,75 +72,76 @@ def default_route_interface(in_netns: str | None = None) -> str:
     return find()
 
 
-def _mtu(conf: Mapping[str, Any]) -> int:
-    """The configured ``mtu`` (0: the parent's); CNIError 7 unless an integer."""
-    mtu = conf.get("mtu", 0) or 0
-    if not isinstance(mtu, int) or isinstance(mtu, bool):
-        raise CNIError(E.INVALID_CONFIG, "\"mtu\" must be an integer", f"got {mtu!r}")
-    return mtu
+@record
+class SublinkConf:
+    """One sublink plugin's config, checked; ``raw`` is the decoded JSON for the kind's own hooks."""
 
-
-def _mac(conf: Mapping[str, Any], args: CmdArgs) -> str:
-    """The container MAC: config, then CNI_ARGS MAC, then runtimeConfig.mac (last wins); lower case."""
-    from pycni.net.link import is_colon_mac
-
-    mac = str(conf.get("mac", "") or "")
-    env_mac = load_cni_args(args.args, ["MAC"]).get("MAC", "")
-    if env_mac:
-        mac = env_mac
-    rc = conf.get("runtimeConfig") or {}
-    if isinstance(rc, dict) and rc.get("mac"):
-        mac = str(rc["mac"])
-    if mac and not is_colon_mac(mac):
-        raise CNIError(E.INVALID_CONFIG, f"invalid args {mac} for MAC addr", "use the form 0a:58:0a:f4:00:05")
-    return mac.lower()
+    name: str
+    cni_version: str
+    ipam_type: str = ""
+    master: str = ""
+    link_in_container: bool = False
+    mtu: int = 0
+    mac: str = ""
+    dns: DNS = field(default_factory=DNS)
+    attrs: dict[str, Any] = field(default_factory=dict)  # extra netlink attributes of the kind
+    prev: Result | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 class SublinkPlugin:
-    """ADD / DEL / CHECK for one :class:`SublinkSpec`."""
+    """parse_conf and the handlers for one :class:`SublinkSpec`."""
 
     def __init__(self, spec: SublinkSpec) -> None:
         self.spec = spec
 
     def plugin(self) -> Plugin:
         """The :class:`Plugin` to hand to ``run_plugin``."""
-        return Plugin(add=self.add, delete=self.delete, check=self.check, about=self.spec.about)
+        return Plugin(add=self.add, delete=self.delete, check=self.check, gc=self.gc, status=self.status,
+                      about=self.spec.about)
 
     # ---- config -----------------------------------------------------------------------------
-    def _conf(self, args: CmdArgs) -> dict[str, Any]:
-        """The config, with IPAM and the kind's own keys checked before anything is made."""
-        conf = load_conf(args.stdin_data)
-        if self.spec.ipam_required:
-            ipam.require_ipam(conf, self.spec.name)
-        else:
-            ipam.ipam_type(conf)
-        self.spec.link_attrs(conf)  # validate early: nothing is made for a bad config
-        if not isinstance(conf.get("linkInContainer", False), bool):
-            raise CNIError(E.INVALID_CONFIG, "\"linkInContainer\" must be true or false",
-                           f"got {conf.get('linkInContainer')!r}")
-        mtu = conf.get("mtu", 0)
-        if mtu is not None and (not isinstance(mtu, int) or isinstance(mtu, bool) or mtu < 0):
-            raise CNIError(E.INVALID_CONFIG, "\"mtu\" must be a non-negative integer", f"got {mtu!r}")
-        return conf
+    def parse_conf(self, args: CmdArgs) -> SublinkConf:
+        """The config as a :class:`SublinkConf`: IPAM, the kind's own keys, MAC, runtimeConfig, args, dns,
+        prevResult — all checked before anything is made."""
+        raw = args.conf()
+        spec = self.spec
+        netconf.args_cni(raw)
+        netconf.runtime_config(raw)
+        n = SublinkConf(name=str(raw.get("name") or ""), cni_version=config_version(raw),
+                        ipam_type=ipam.require_ipam(raw, spec.name) if spec.ipam_required else netconf.ipam_type(raw),
+                        master=netconf.get_str(raw, "master"),
+                        link_in_container=netconf.get_bool(raw, "linkInContainer"),
+                        mtu=netconf.get_int(raw, "mtu", minimum=0, maximum=netconf.MAX_MTU),
+                        dns=DNS.from_dict(netconf.get_dict(raw, "dns")), attrs=spec.link_attrs(raw),
+                        prev=netconf.prev_result(raw), raw=raw)
+        if spec.mac_configurable:
+            n.mac = netconf.container_mac(raw, args.args, config_key=True)
+        return n
 
-    def _parent(self, conf: dict[str, Any], args: CmdArgs) -> Link | None:
+    def _check_for_add(self, n: SublinkConf, args: CmdArgs) -> None:
+        """What ADD must find before making anything: the IPAM plugin, the netns, a free CNI_IFNAME,
+        and a result the config's version can carry (0.1.0/0.2.0 results are addresses only)."""
+        from pycni.net.link import check_container_ifname
+
+        has_ips = bool(n.ipam_type) or (self.spec.uses_prev_result_ips and n.prev is not None and bool(n.prev.ips))
+        netconf.require_ip_result(n.cni_version, has_ips, self.spec.name)
+        if n.ipam_type:
+            invoke.find_in_path(n.ipam_type, args.cni_path)
+        check_container_ifname(args.netns, args.ifname)
+
+    def _parent(self, n: SublinkConf, args: CmdArgs) -> Link | None:
         """The ``master`` link (defaulted to the default-route link), with ``mtu`` checked against it."""
         from pycni.net import sublink
 
         if not self.spec.needs_master:
             return None
-        in_container = bool(conf.get("linkInContainer", False))
-        master = conf.get("master") or ""
-        if not isinstance(master, str):
-            raise CNIError(E.INVALID_CONFIG, "\"master\" must be a string", f"got {master!r}")
-        if not master:
-            master = default_route_interface(args.netns if in_container else None)
-            conf["master"] = master
-        parent = sublink.parent_link(master, args.netns, in_container)
-        mtu = _mtu(conf)
-        if mtu < 0 or mtu > parent.mtu:
-            raise CNIError(E.INVALID_CONFIG, f"invalid MTU {mtu}, must be [0, master MTU({parent.mtu})]",
-                           f"lower \"mtu\" to at most the MTU of {master!r}")
+        if not n.master:
+            n.master = default_route_interface(args.netns if n.link_in_container else None)
+        parent = sublink.parent_link(n.master, args.netns, n.link_in_container)
+        if n.mtu > parent.mtu:
+            raise CNIError(E.INVALID_CONFIG, f"invalid MTU {n.mtu}, must be [0, master MTU({parent.mtu})]",
+                           f"lower \"mtu\" to at most the MTU of {n.master!r}")
         return parent
 
     # ---- handlers ---------------------------------------------------------------------------
@@ -147,32 +150,29 @@ class SublinkPlugin:
         from pycni.net import netns, sublink
         from pycni.net.link import get_link
 
-        conf = self._conf(args)
-        netns.check_netns(args.netns)
-        parent = self._parent(conf, args)
-        mac = _mac(conf, args) if self.spec.mac_configurable else ""
-        attrs = self.spec.link_attrs(conf)
-        with ipam.Rollback() as undo:
+        n = self.parse_conf(args)
+        self._check_for_add(n, args)
+        parent = self._parent(n, args)
+        with Rollback() as undo:
             if self.spec.create is not None:
-                link = self.spec.create(conf, args, mac)
+                link = self.spec.create(n.raw, args, n.mac)
             else:
                 link = sublink.create_in_container(
                     self.spec.kind, args.netns, args.ifname, parent=parent.index if parent else None,
-                    link_in_container=bool(conf.get("linkInContainer", False)), mtu=_mtu(conf), mac=mac, **attrs)
+                    link_in_container=n.link_in_container, mtu=n.mtu, mac=n.mac, **n.attrs)
             undo.push(self._delete_link, args.netns, args.ifname)
-            result = Result(cni_version=config_version(conf),
+            result = Result(cni_version=n.cni_version,
                             interfaces=[Interface(name=args.ifname, mac=link.mac, sandbox=args.netns)])
-            prev = prev_result(conf)
-            if ipam.ipam_type(conf):
-                ipam_result = ipam.add(conf, args)
-                undo.push(ipam.delete, conf, args)
+            if n.ipam_type:
+                ipam_result = ipam.add(n.raw, args)
+                undo.push(ipam.delete, n.raw, args)
                 result.ips, result.routes = ipam_result.ips, ipam_result.routes
-            elif self.spec.uses_prev_result_ips and prev is not None and prev.ips:
-                result.ips, result.routes = prev.ips, prev.routes  # chained after an IPAM-only plugin
+            elif self.spec.uses_prev_result_ips and n.prev is not None and n.prev.ips:
+                result.ips, result.routes = n.prev.ips, n.prev.routes  # chained after an IPAM-only plugin
             for ipc in result.ips:
                 ipc.interface = 0
             self._configure(args, result)
-            result.dns = DNS.from_dict(conf.get("dns"))
+            result.dns = n.dns
         with netns.enter(args.netns):
             created = get_link(args.ifname)
             if created is not None:
@@ -204,8 +204,8 @@ class SublinkPlugin:
 
     def delete(self, args: CmdArgs) -> None:
         """DEL: release IPAM first (the reference's order), then the link."""
-        conf = load_conf(args.stdin_data)
-        ipam.delete(conf, args)
+        n = self.parse_conf(args)
+        ipam.delete(n.raw, args)
         if args.netns:
             self._delete_link(args.netns, args.ifname)
 
@@ -214,16 +214,22 @@ class SublinkPlugin:
         from pycni.net import netns, verify
         from pycni.net.link import ipr, lookup_msg
 
-        conf = self._conf(args)
+        n = self.parse_conf(args)
         netns.check_netns(args.netns)
-        ipam.check(conf, args)
-        prev = prev_result(conf)
-        if prev is None:
-            raise CNIError(E.INVALID_CONFIG, "required prevResult missing", "CHECK needs the result of ADD")
-        self._parent(conf, args)
+        ipam.check(n.raw, args)
+        prev = netconf.require_prev_result(n.raw, self.spec.name)
+        self._parent(n, args)
         verify.container_link(prev, args.ifname, args.netns, kind=self.spec.kind)
         with netns.enter(args.netns), ipr() as sock:
-            self.spec.check_link(conf, lookup_msg(sock, args.ifname))
+            self.spec.check_link(n.raw, lookup_msg(sock, args.ifname))
+
+    def gc(self, args: CmdArgs) -> None:
+        """GC: the IPAM plugin releases what ``cni.dev/valid-attachments`` does not list."""
+        ipam.gc(self.parse_conf(args).raw, args)
+
+    def status(self, args: CmdArgs) -> None:
+        """STATUS: the IPAM plugin's answer."""
+        ipam.status(self.parse_conf(args).raw, args)
 
 
 def link_info_data(msg: Any) -> Any:

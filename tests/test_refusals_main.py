@@ -1,0 +1,220 @@
+"""Refused input changes nothing (issue: reliability): the main plugins validate everything —
+config, args, runtimeConfig, CNI_ARGS, ifname, the IPAM section — before their first change,
+and roll back every change, host-wide ones included (bridge, ip_forward, nat chains), when a
+later step fails. Each case snapshots the host and the container namespace before and after."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from netns_util import Namespace
+from plugin_util import call, err
+
+from pycni.plugins.main import bridge, host_device, ptp, tap
+from pycni.skel import Plugin, dispatch
+
+SUBNET = "10.77.0.0/24"
+
+
+def snapshot(ns: Namespace) -> dict[str, Any]:
+    """Links (name, admin state, alias, addresses), routes, forwarding sysctls and nat rules of ``ns``."""
+    links = json.loads(ns.run(["ip", "-j", "addr", "show"]).stdout)
+    state = {
+        "links": sorted((x["ifname"], "UP" in x.get("flags", []), x.get("ifalias", ""),
+                         tuple(sorted(f"{a['local']}/{a['prefixlen']}" for a in x.get("addr_info", []))))
+                        for x in links),
+        "routes": ns.run(["ip", "route", "show", "table", "all"]).stdout,
+        "forward": ns.run(["sysctl", "-n", "net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"]).stdout,
+        "nft": ns.run(["nft", "list", "ruleset"], check=False).stdout,
+    }
+    ipt = ns.run(["iptables-save", "-t", "nat"], check=False)
+    state["iptables"] = "\n".join(line for line in ipt.stdout.splitlines() if not line.startswith(("#", ":")))
+    return state
+
+
+def files(d: Path, ipam_ran: bool = False) -> list[str]:
+    """The state files under ``d``; with ``ipam_ran``, not host-local's (its lock and last-reserved
+    marker stay after a release, as the reference's do)."""
+    found = sorted(str(p.relative_to(d)) for p in d.rglob("*")) if d.exists() else []
+    return [f for f in found if not (ipam_ran and f.startswith("ipam"))]
+
+
+def refused(plugin: Plugin, host: Namespace, ctr: Namespace, conf: dict[str, Any], cni_path: str,
+            data: Path, ipam_ran: bool = False, **kw: Any) -> dict[str, Any]:
+    """Run ADD; assert it fails and leaves host, container and ``data`` as they were."""
+    before = {"host": snapshot(host), "container": snapshot(ctr), "files": files(data, ipam_ran)}
+    e = err(call(plugin, host, "ADD", conf, ctr, cni_path, **kw))
+    after = {"host": snapshot(host), "container": snapshot(ctr), "files": files(data, ipam_ran)}
+    changed: dict[str, Any] = {}
+    for where, was in before.items():
+        now = after[where]
+        if was != now:
+            changed[where] = {k: (was[k], now[k]) for k in was if was[k] != now[k]} if isinstance(was, dict) \
+                else (was, now)
+    assert not changed, (e, changed)
+    if ipam_ran:
+        assert [f for f in files(data) if f.split("/")[-1][0].isdigit()] == [], "a reservation is left"
+    return e
+
+
+def ipam(data: Path, **extra: Any) -> dict[str, Any]:
+    return {"type": "host-local", "subnet": SUBNET, "dataDir": str(data / "ipam"), **extra}
+
+
+# ---- bridge --------------------------------------------------------------------------------------
+def _bridge(data: Path, **extra: Any) -> dict[str, Any]:
+    return {"cniVersion": "1.0.0", "name": "refnet", "type": "bridge", "bridge": "refbr0", "isGateway": True,
+            "ipMasq": True, "ipam": ipam(data), **extra}
+
+
+@pytest.mark.parametrize(("extra", "env", "code"), [
+    ({"runtimeConfig": "x"}, {}, 7),
+    ({"args": "x"}, {}, 7),
+    ({"args": {"cni": "x"}}, {}, 7),
+    ({"dns": []}, {}, None),
+    ({"mtu": 65536}, {}, 7),
+    ({"ipam": {"type": "host-local", "subnet": SUBNET, "gateway": "10.99.0.1"}}, {}, None),  # gateway outside
+    ({"ipam": {"type": "no-such-ipam"}}, {}, 7),
+    ({}, {"args": "FOO=1"}, 4),
+    ({}, {"container_id": "c" * 100_000}, 4),
+    ({}, {"ifname": "lo"}, None),
+])
+def test_bridge_refusal_changes_nothing(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                        tmp_path: Path, extra: dict[str, Any], env: dict[str, str],
+                                        code: int | None) -> None:
+    conf = _bridge(tmp_path, **extra)
+    e = refused(bridge.PLUGIN, host_ns, container_ns, conf, plugin_dir, tmp_path, **env)
+    if code is not None:
+        assert e["code"] == code, e
+
+
+def test_bridge_failure_after_the_bridge_exists_keeps_the_existing_bridge(host_ns: Namespace,
+                                                                          container_ns: Namespace, plugin_dir: str,
+                                                                          tmp_path: Path) -> None:
+    """A bridge that was there before the failed ADD is not ours to delete."""
+    host_ns.run(["ip", "link", "add", "refbr0", "type", "bridge"])
+    refused(bridge.PLUGIN, host_ns, container_ns, _bridge(tmp_path), plugin_dir, tmp_path, ifname="lo")
+
+
+@pytest.mark.parametrize("backend", ["iptables", "nftables"])
+def test_bridge_late_failure_rolls_back_everything(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                                   tmp_path: Path, backend: str) -> None:
+    """The bridge already holds another IPv4 address (no forceAddress): ADD fails at the gateway step,
+    after the veth, the reservation and the masquerade rules were made — all of them go."""
+    host_ns.run(["ip", "link", "add", "refbr0", "type", "bridge"])
+    host_ns.run(["ip", "addr", "add", "10.99.9.1/24", "dev", "refbr0"])
+    host_ns.run(["ip", "link", "set", "refbr0", "up"])
+    host_ns.run(["sysctl", "-qw", "net.ipv6.conf.refbr0.accept_ra=0"])  # as ADD leaves it on a bridge it uses
+    e = refused(bridge.PLUGIN, host_ns, container_ns, _bridge(tmp_path, ipMasqBackend=backend), plugin_dir, tmp_path,
+                ipam_ran=True)
+    assert "already has an IP address" in e["msg"], e
+
+
+# ---- ptp -----------------------------------------------------------------------------------------
+def _ptp(data: Path, **extra: Any) -> dict[str, Any]:
+    return {"cniVersion": "1.0.0", "name": "refnet", "type": "ptp", "ipMasq": True, "ipam": ipam(data), **extra}
+
+
+@pytest.mark.parametrize(("extra", "env"), [
+    ({"dns": []}, {}),
+    ({"mtu": 65536}, {}),
+    ({"runtimeConfig": "x"}, {}),
+    ({}, {"ifname": "lo"}),
+    ({}, {"container_id": "c" * 100_000}),
+])
+def test_ptp_refusal_changes_nothing(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                     tmp_path: Path, extra: dict[str, Any], env: dict[str, str]) -> None:
+    refused(ptp.PLUGIN, host_ns, container_ns, _ptp(tmp_path, **extra), plugin_dir, tmp_path, **env)
+
+
+# ---- host-device ---------------------------------------------------------------------------------
+def _hostdev(data: Path, **extra: Any) -> dict[str, Any]:
+    return {"cniVersion": "1.0.0", "name": "refnet", "type": "host-device", "device": "hd0",
+            "dataDir": str(data / "hd"), "ipam": ipam(data), **extra}
+
+
+@pytest.mark.parametrize(("extra", "env"), [
+    ({"args": "x"}, {}),
+    ({"runtimeConfig": "x"}, {}),
+    ({"dns": []}, {}),
+    ({"ipam": {"type": "host-local", "subnet": SUBNET, "gateway": "10.99.0.1"}}, {}),
+    ({}, {"args": "FOO=1"}),
+    ({}, {"ifname": "lo"}),
+])
+def test_host_device_refusal_changes_nothing(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                             tmp_path: Path, extra: dict[str, Any], env: dict[str, str]) -> None:
+    host_ns.run(["ip", "link", "add", "hd0", "type", "veth", "peer", "name", "hd0p"])
+    host_ns.run(["ip", "addr", "add", "192.168.5.1/24", "dev", "hd0"])
+    host_ns.run(["ip", "link", "set", "hd0", "up"])
+    refused(host_device.PLUGIN, host_ns, container_ns, _hostdev(tmp_path, **extra), plugin_dir, tmp_path, **env)
+
+
+def test_host_device_refuses_loopback_before_touching_it(host_ns: Namespace, container_ns: Namespace,
+                                                         plugin_dir: str, tmp_path: Path) -> None:
+    host_ns.run(["ip", "link", "set", "lo", "up"])
+    e = refused(host_device.PLUGIN, host_ns, container_ns, _hostdev(tmp_path, device="lo"), plugin_dir, tmp_path)
+    assert e["code"] == 7 and "lo" in e["msg"], e
+
+
+# ---- tap -----------------------------------------------------------------------------------------
+def test_tap_at_010_leaves_no_tap(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                  tmp_path: Path) -> None:
+    """A 0.1.0 config cannot hold tap's result (no interfaces): refused before the tap is made."""
+    if not os.path.exists("/dev/net/tun"):
+        pytest.skip("no /dev/net/tun here")
+    conf = {"cniVersion": "0.1.0", "name": "refnet", "type": "tap"}
+    e = refused(tap.PLUGIN, host_ns, container_ns, conf, plugin_dir, tmp_path)
+    assert e["code"] != 999, e
+
+
+@pytest.mark.parametrize("plugin", ["bridge", "host-device"])
+def test_l2_at_010_is_refused_before_anything(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                              tmp_path: Path, plugin: str) -> None:
+    """Without IPAM the result has no address, which a 0.1.0 result cannot carry: code 1, nothing made."""
+    if plugin == "bridge":
+        conf, impl = {"cniVersion": "0.1.0", "name": "refnet", "type": "bridge", "bridge": "refbr0"}, bridge.PLUGIN
+    else:
+        host_ns.run(["ip", "link", "add", "hd0", "type", "veth", "peer", "name", "hd0p"])
+        conf = {"cniVersion": "0.1.0", "name": "refnet", "type": "host-device", "device": "hd0",
+                "dataDir": str(tmp_path / "hd")}
+        impl = host_device.PLUGIN
+    assert refused(impl, host_ns, container_ns, conf, plugin_dir, tmp_path)["code"] == 1
+
+
+# ---- skel ----------------------------------------------------------------------------------------
+def _run(env: dict[str, str], stdin: bytes) -> dict[str, Any]:
+    out = dispatch(bridge.PLUGIN, env, stdin)
+    assert out.exit_code == 1
+    return json.loads(out.stdout)
+
+
+def _env(**kw: str) -> dict[str, str]:
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/none", "CNI_IFNAME": "eth0",
+           "CNI_PATH": "/nonexistent"}
+    env.update(kw)
+    return env
+
+
+def test_deeply_nested_json_is_a_decode_error() -> None:
+    assert _run(_env(), b"[" * 100_000 + b"]" * 100_000)["code"] == 6
+    assert _run(_env(), b'{"a":' * 100_000 + b"1" + b"}" * 100_000)["code"] == 6
+
+
+def test_non_utf8_ifname_is_an_env_error() -> None:
+    ifname = b"eth\xff".decode("utf-8", "surrogateescape")  # what os.environ holds for that byte
+    e = _run(_env(CNI_IFNAME=ifname), b'{"cniVersion":"1.0.0","name":"n","type":"bridge"}')
+    assert e["code"] == 4 and "UTF-8" in e["msg"], e
+
+
+def test_overlong_container_id_is_an_env_error() -> None:
+    e = _run(_env(CNI_CONTAINERID="c" * 256), b'{"cniVersion":"1.0.0","name":"n","type":"bridge"}')
+    assert e["code"] == 4 and "too long" in e["msg"], e
+    # 255 bytes (the longest a file name can be, which several plugins and the cache name after it) passes on
+    e = _run(_env(CNI_CONTAINERID="c" * 255), b'{"cniVersion":"1.0.0","name":"n","type":"bridge"}')
+    assert "too long" not in e["msg"], e
+
+
