@@ -304,3 +304,37 @@ def test_documented_units_use_the_default_socket_and_verify(tmp_path: Path) -> N
     proc = subprocess.run([analyze, "verify", "--man=no", *(str(tmp_path / n) for n in units)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr.strip() == "", proc.stderr
+
+
+# ---- a flood of connections --------------------------------------------------------------------
+
+def test_connections_beyond_the_limit_are_told_to_try_again(tmp_path: Path) -> None:
+    """Each open connection holds a thread (bounded in time); their number is bounded too."""
+    import threading
+
+    from pycni.daemon.server import Daemon
+
+    sock = str(tmp_path / "busy.sock")
+    daemon = Daemon(sock, preload=False, max_connections=4)
+    daemon.bind()
+    server = threading.Thread(target=daemon.serve_forever, daemon=True)
+    server.start()
+    silent: list[socket.socket] = []
+    try:
+        silent = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(4)]
+        for s in silent:
+            s.connect(sock)
+        wait_until(lambda: len(daemon._active) == 4, "the four silent connections to be taken")
+        code, out, _ = request(sock, "loopback", {"CNI_COMMAND": "VERSION"})
+        assert code == 1 and json.loads(out)["code"] == 11 and "busy" in json.loads(out)["msg"]
+        for s in silent:
+            s.close()
+        wait_until(lambda: not daemon._active, "the silent connections to be dropped")
+        code, out, _ = request(sock, "loopback", {"CNI_COMMAND": "VERSION"})
+        assert code == 0 and "supportedVersions" in json.loads(out)
+    finally:
+        for s in silent:
+            s.close()
+        daemon.stop()
+        server.join(WAIT)
+    assert not server.is_alive() and leftovers(tmp_path) == []

@@ -42,6 +42,7 @@ _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 STOP_GRACE = 1.0      # seconds a connection still sending its request gets once stopping
 _POLL = 0.25          # how often a blocked read looks at the stop flag
+MAX_CONNECTIONS = 512  # per process: beyond this a connection is answered "try again" at once
 EXIT_REFUSED = 3      # exit status of a daemon that refuses to start (see docs/daemon.md)
 SD_LISTEN_FDS_START = 3
 # Capabilities every request needs: setns into the caller's namespace, then links, addresses,
@@ -194,9 +195,12 @@ class Daemon:
     """Serves forwarded plugin invocations on a unix socket."""
 
     def __init__(self, socket_path: str = protocol.DEFAULT_SOCKET, preload: bool = True,
-                 read_timeout: float = READ_TIMEOUT, stop_timeout: float = STOP_TIMEOUT) -> None:
+                 read_timeout: float = READ_TIMEOUT, stop_timeout: float = STOP_TIMEOUT,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.socket_path = socket_path
         self.read_timeout, self.stop_timeout = read_timeout, stop_timeout
+        self.max_connections = max_connections
+        self._busy = False
         self.locks = ContainerLocks()
         self.plugins: dict[str, Plugin] = {}
         self._plugins_guard = threading.Lock()
@@ -343,11 +347,40 @@ class Daemon:
                 if self._stop.is_set():
                     break
                 raise
-            t = threading.Thread(target=self._serve_conn, args=(conn,), daemon=True)
             with self._active_guard:
-                self._active.add(t)
-            t.start()
+                busy = len(self._active) >= self.max_connections
+                if not busy:
+                    t = threading.Thread(target=self._serve_conn, args=(conn,), daemon=True)
+                    self._active.add(t)
+            if busy:
+                self._turn_away(conn)
+                continue
+            if self._busy:
+                log.info("pycni daemon pid %d: taking connections again", os.getpid())
+                self._busy = False
+            try:
+                t.start()
+            except RuntimeError as e:  # no thread to be had (limits): this one client is turned away
+                with self._active_guard:
+                    self._active.discard(t)
+                self._turn_away(conn, str(e))
         log.info("pycni daemon pid %d: no longer accepting", os.getpid())
+
+    def _turn_away(self, conn: socket.socket, why: str = "") -> None:
+        """Answer "try again" without reading the request (on the accepting thread: never blocks long)."""
+        if not self._busy:
+            log.warning("pycni daemon pid %d: %s; answering new connections \"try again\"", os.getpid(),
+                        why or f"{self.max_connections} connections open")
+            self._busy = True
+        outcome = _error_outcome(CNIError(TRY_AGAIN, "pycni daemon is busy",
+                                          why or f"{self.max_connections} connections open; retry"))
+        try:
+            conn.settimeout(0.1)
+            conn.sendall(protocol.encode_reply(outcome.exit_code, outcome.stdout, outcome.stderr))
+        except OSError:
+            pass
+        finally:
+            conn.close()
 
     def serve_workers(self, workers: int) -> None:
         """Serve from ``workers`` forked processes sharing the listening socket (one GIL each).
@@ -679,7 +712,8 @@ def run(opts: argparse.Namespace) -> int:
             daemon.bind()
     except Refused as e:
         sys.stderr.write(f"pycni daemon: {e}\n")
-        log.error("not starting: %s", e)
+        if opts.log_file:  # said once on stderr already when that is the log
+            log.error("not starting: %s", e)
         return EXIT_REFUSED
     except OSError as e:
         sys.stderr.write(f"pycni daemon: cannot listen on {opts.socket}: {e}\n")
