@@ -1,5 +1,5 @@
-"""Fault suite for daemon mode: bridge + host-local + portmap ADDs served through a `pycni daemon`
-that is killed with SIGKILL at random points, flooded with silent and garbage clients, or
+"""Fault suite for daemon mode: bridge (or ptp) + host-local + portmap ADDs served through a `pycni
+daemon` that is killed with SIGKILL at random points, flooded with silent and garbage clients, or
 stopped with SIGTERM under parallel load.
 
 What must hold: every plugin call answers a result or the spec's error JSON (never a hang or a
@@ -41,10 +41,10 @@ NET = "faults"
 class Setup:
     """Shims, a host namespace with its bridge network, and a daemon namespace."""
 
-    def __init__(self, tmp: Path, netns_factory: Callable[[], Namespace]) -> None:
-        self.tmp, self.new_ns = tmp, netns_factory
+    def __init__(self, tmp: Path, netns_factory: Callable[[], Namespace], main: str = "bridge") -> None:
+        self.tmp, self.new_ns, self.main = tmp, netns_factory, main
         self.bindir = tmp / "bin"
-        install(str(self.bindir), ["bridge", "host-local", "portmap"], daemon=True)
+        install(str(self.bindir), [main, "host-local", "portmap"], daemon=True)
         self.data_dir = tmp / "ipam"
         self.home, self.host = netns_factory(), netns_factory()
         self.sock = str(tmp / "run" / "pycni.sock")
@@ -57,10 +57,14 @@ class Setup:
         self.daemons.append(d)
         return d.ready(workers=workers if workers > 1 else 0)
 
-    def bridge_conf(self) -> dict[str, Any]:
-        return {"cniVersion": "1.0.0", "name": NET, "type": "bridge", "bridge": "cni-f", "isGateway": True,
-                "ipMasq": True, "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.77.0.0/24"}]],
+    def main_conf(self) -> dict[str, Any]:
+        """The main plugin's config: bridge (with a gateway and masquerading) or ptp."""
+        conf: dict[str, Any] = {"cniVersion": "1.0.0", "name": NET, "type": self.main, "ipMasq": True,
+                                "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.77.0.0/24"}]],
                                          "dataDir": str(self.data_dir), "routes": [{"dst": "0.0.0.0/0"}]}}
+        if self.main == "bridge":
+            conf.update(bridge="cni-f", isGateway=True)
+        return conf
 
     def portmap_conf(self, port: int, prev: dict[str, Any] | None) -> dict[str, Any]:
         conf: dict[str, Any] = {"cniVersion": "1.0.0", "name": NET, "type": "portmap",
@@ -90,9 +94,9 @@ class Setup:
         return proc.returncode, out
 
     def add_chain(self, cid: str, ctr: Namespace, port: int, sock: str) -> list[tuple[str, int, dict[str, Any]]]:
-        """bridge then portmap, stopping at the first error, as a runtime does."""
-        code, result = self.call("bridge", "ADD", self.bridge_conf(), cid, ctr, sock)
-        steps = [("bridge", code, result)]
+        """The main plugin then portmap, stopping at the first error, as a runtime does."""
+        code, result = self.call(self.main, "ADD", self.main_conf(), cid, ctr, sock)
+        steps = [(self.main, code, result)]
         if code == 0:
             code, out = self.call("portmap", "ADD", self.portmap_conf(port, result), cid, ctr, sock)
             steps.append(("portmap", code, out))
@@ -100,7 +104,7 @@ class Setup:
 
     def del_chain(self, cid: str, ctr: Namespace, port: int, sock: str = "off") -> None:
         """DEL in reverse order, one-shot unless ``sock`` says otherwise; each must succeed."""
-        for plugin, conf in (("portmap", self.portmap_conf(port, None)), ("bridge", self.bridge_conf())):
+        for plugin, conf in (("portmap", self.portmap_conf(port, None)), (self.main, self.main_conf())):
             code, out = self.call(plugin, "DEL", conf, cid, ctr, sock)
             assert code == 0, (plugin, out)
 
@@ -177,14 +181,24 @@ def _outcome(t: threading.Thread, box: list[Any]) -> Any:
 
 # ---- kill -9 at random points ------------------------------------------------------------------
 
-def test_kill_9_at_random_points_leaves_nothing_after_del(setup: Setup) -> None:
+@pytest.mark.parametrize("main", ["bridge", "ptp"])
+def test_kill_9_at_random_points_leaves_nothing_after_del(main: str, tmp_path: Path,
+                                                          netns_factory: Callable[[], Namespace]) -> None:
     """Kill points are a seeded fraction of how long a chain takes on a fresh daemon here.
 
     That time is measured once (after the first ADD, which also makes the bridge) and shrinks
     to what a trial's undisturbed chain took, so the points keep landing inside the chain on a
     loaded machine as on an idle one.
     """
-    rng = random.Random(SEED)
+    setup = Setup(tmp_path, netns_factory, main)
+    try:
+        _kill_trials(setup, random.Random(SEED))
+    finally:
+        for d in setup.daemons:
+            d.reap()
+
+
+def _kill_trials(setup: Setup, rng: random.Random) -> None:
     first = setup.start()
     setup.warm_up(first)
     assert first.terminate() == 0
