@@ -323,13 +323,14 @@ def test_sigterm_under_load(setup: Setup) -> None:
     chains = [_in_thread(lambda i=i: setup.add_chain(f"load{i}", ctrs[i], 8200 + i, setup.sock)) for i in range(n)]
     delay = rng.uniform(0, span)
     time.sleep(delay)
+    running = sum(t.is_alive() for t, _ in chains)
     d.proc.send_signal(signal.SIGTERM)
     workers = list(d.workers)
     assert d.wait() == 0
     assert not any(alive(w) for w in workers) and children_of(d.pid) == []
     outcomes = [_outcome(t, box) for t, box in chains]
     done = sum(1 for steps in outcomes if [code for _, code, _ in steps] == [0, 0])
-    print(f"seed {SEED + 2}: SIGTERM at {delay * 1000:.0f} ms, {done}/{n} chains completed, "
+    print(f"seed {SEED + 2}: SIGTERM at {delay * 1000:.0f} ms with {running} chains running, {done}/{n} completed, "
           f"errors: {sorted({out['code'] for steps in outcomes for _, code, out in steps if code})}")
     for i, ctr in enumerate(ctrs):
         setup.del_chain(f"load{i}", ctr, 8200 + i)
