@@ -102,7 +102,6 @@ class StripedFileLocks:
             yield
 
 
-
 class SocketClaim:
     """Who serves a socket path: an exclusive flock on ``<socket>.lock``, held for the daemon's life.
 
@@ -118,7 +117,8 @@ class SocketClaim:
 
     def try_acquire(self) -> bool:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # O_NOFOLLOW: the pid is written into it, so a planted symlink must not redirect that
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
