@@ -15,9 +15,16 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from pycni.daemon import protocol
+from pycni.daemon.server import missing_capabilities
 
 WAIT = 30.0  # upper bound for what should happen promptly (never a pass/fail on speed)
+
+# A daemon process refuses to start without these (tests that run one need root).
+needs_privileges = pytest.mark.skipif(bool(missing_capabilities()),
+                                      reason=f"a pycni daemon needs {', '.join(missing_capabilities())}")
 
 
 def request(sock_path: str, plugin: str, env: dict[str, str], stdin: bytes = b"",

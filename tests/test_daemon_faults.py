@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_proc import WAIT, DaemonProc, alive, children_of, request, running_with, wait_until
+from daemon_proc import WAIT, DaemonProc, alive, children_of, needs_privileges, request, running_with, wait_until
 from netns_util import Namespace
 
 from pycni.daemon import protocol
@@ -234,6 +234,7 @@ def _kill_trials(setup: Setup, rng: random.Random) -> None:
     print(f"{inside}/{TRIALS} kills landed while the chain ran")
 
 
+@needs_privileges
 def test_kill_9_of_the_main_process_while_it_replaces_a_worker(tmp_path: Path) -> None:
     """A worker forked just before the main process dies (maybe before its prctl) does not stay."""
     rng = random.Random(SEED + 3)

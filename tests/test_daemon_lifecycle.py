@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from daemon_proc import WAIT, DaemonProc, alive, answers, request, wait_until
+from daemon_proc import WAIT, DaemonProc, alive, answers, needs_privileges, request, wait_until
 from netns_util import Namespace
 
 from pycni.plugins.registry import install
@@ -51,6 +51,7 @@ def leftovers(directory: Path, keep: str = "") -> list[str]:
 
 # ---- one daemon per socket ---------------------------------------------------------------------
 
+@needs_privileges
 def test_second_daemon_refuses_a_live_socket(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     sock = str(tmp_path / "one.sock")
     first = start(sock, "--workers", "1").ready()
@@ -65,6 +66,7 @@ def test_second_daemon_refuses_a_live_socket(tmp_path: Path, start: Callable[...
     assert leftovers(tmp_path) == []  # socket and lock files gone
 
 
+@needs_privileges
 def test_stale_socket_is_replaced(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     sock = str(tmp_path / "stale.sock")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -74,6 +76,7 @@ def test_stale_socket_is_replaced(tmp_path: Path, start: Callable[..., DaemonPro
     assert d.terminate() == 0 and leftovers(tmp_path) == []
 
 
+@needs_privileges
 def test_what_is_not_a_socket_is_left_alone(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     path = tmp_path / "not-a-socket"
     path.write_text("precious\n")
@@ -83,6 +86,7 @@ def test_what_is_not_a_socket_is_left_alone(tmp_path: Path, start: Callable[...,
     assert path.read_text() == "precious\n"
 
 
+@needs_privileges
 def test_socket_it_does_not_own_is_not_unlinked(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     """Someone replaced the socket file while the daemon ran: on exit the daemon leaves it alone."""
     sock = str(tmp_path / "d.sock")
@@ -101,6 +105,7 @@ def test_socket_it_does_not_own_is_not_unlinked(tmp_path: Path, start: Callable[
 
 # ---- workers never outlive the main process ----------------------------------------------------
 
+@needs_privileges
 def test_workers_die_with_the_main_process(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     sock = str(tmp_path / "w.sock")
     private_tmp = tmp_path / "tmp"
@@ -142,6 +147,7 @@ def _closed_by_daemon(s: socket.socket) -> bytes:
     return data
 
 
+@needs_privileges
 def test_silent_and_stalled_clients_are_cut_off(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     sock = str(tmp_path / "t.sock")
     d = start(sock, "--workers", "2", "--read-timeout", "1").ready(workers=2)
@@ -162,6 +168,7 @@ def test_silent_and_stalled_clients_are_cut_off(tmp_path: Path, start: Callable[
     assert d.terminate() == 0
 
 
+@needs_privileges
 def test_sigterm_with_silent_clients_stops_promptly(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     """Connections that never send do not hold the shutdown (before: 30 s each, per worker)."""
     sock = str(tmp_path / "s.sock")
@@ -184,6 +191,7 @@ echo '{{"cniVersion": "1.0.0", "ips": [{{"address": "10.66.0.5/24", "gateway": "
 """
 
 
+@needs_privileges
 def test_request_in_flight_finishes_after_sigterm(tmp_path: Path, start: Callable[..., DaemonProc],
                                                   netns_factory: Callable[[], Namespace]) -> None:
     bindir = tmp_path / "bin"
@@ -224,6 +232,7 @@ ACTIVATE = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ['LISTEN_FD
             "os.environ['LISTEN_PID'] = str(os.getpid()); os.execv(sys.argv[2], sys.argv[2:])")
 
 
+@needs_privileges
 def test_socket_activation(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     """As systemd passes it (LISTEN_FDS=1, fd 3): served as is, never unlinked, never re-bound."""
     sock = str(tmp_path / "act.sock")
