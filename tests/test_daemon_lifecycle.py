@@ -192,7 +192,8 @@ echo '{{"cniVersion": "1.0.0", "ips": [{{"address": "10.66.0.5/24", "gateway": "
 
 
 @needs_privileges
-def test_request_in_flight_finishes_after_sigterm(tmp_path: Path, start: Callable[..., DaemonProc],
+@pytest.mark.parametrize("workers", [1, 2])
+def test_request_in_flight_finishes_after_sigterm(workers: int, tmp_path: Path, start: Callable[..., DaemonProc],
                                                   netns_factory: Callable[[], Namespace]) -> None:
     bindir = tmp_path / "bin"
     install(str(bindir), ["bridge"], daemon=True)
@@ -201,7 +202,8 @@ def test_request_in_flight_finishes_after_sigterm(tmp_path: Path, start: Callabl
     slow.chmod(0o755)
     home, host, ctr = netns_factory(), netns_factory(), netns_factory()
     sock = str(tmp_path / "f.sock")
-    d = start(sock, "--workers", "2", prefix=["ip", "netns", "exec", home.name]).ready(workers=2)
+    d = start(sock, "--workers", str(workers), prefix=["ip", "netns", "exec", home.name])
+    d.ready(workers=workers if workers > 1 else 0)
     conf = json.dumps({"cniVersion": "1.0.0", "name": "inflight", "type": "bridge", "bridge": "br-if",
                        "ipam": {"type": "slowipam"}})
     env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "if1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
