@@ -6,10 +6,11 @@ What must hold: every plugin call answers a result or the spec's error JSON (nev
 traceback), and a one-shot DEL then GC afterwards leave nothing of the attachment — no link, no
 address reservation, no nftables or iptables rule — compared with the host as it was after a
 complete ADD and DEL. (GC is needed for one point only: an ADD killed between creating its
-reservation file and writing the owner into it leaves an empty file no DEL can attribute.) Seeded (PYCNI_FAULT_SEED) and bounded (PYCNI_FAULT_TRIALS) for CI; the
-kill points are drawn from the time one chain takes through the daemon on this machine. The
-daemon runs in a namespace of its own and serves callers in throwaway "host" namespaces; its
-socket and the IPAM store are in temporary directories.
+reservation file and writing the owner into it leaves an empty file no DEL can attribute.)
+Seeded (PYCNI_FAULT_SEED) and bounded (PYCNI_FAULT_TRIALS) for CI; the kill points are drawn
+from the time one chain takes through the daemon on this machine. The daemon runs in a
+namespace of its own and serves callers in throwaway "host" namespaces; its socket and the
+IPAM store are in temporary directories.
 """
 
 from __future__ import annotations

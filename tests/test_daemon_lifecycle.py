@@ -353,3 +353,16 @@ def test_connections_beyond_the_limit_are_told_to_try_again(tmp_path: Path) -> N
         daemon.stop()
         server.join(WAIT)
     assert not server.is_alive() and leftovers(tmp_path) == []
+
+
+def test_socket_activation_variables_are_checked() -> None:
+    """LISTEN_* meant for another process are ignored; more than one socket is refused, clearly."""
+    from pycni.daemon.server import Refused, activated_socket
+
+    other = {"LISTEN_PID": str(os.getpid() + 1), "LISTEN_FDS": "1"}
+    assert activated_socket(other) is None and other["LISTEN_FDS"] == "1"  # not ours: left alone
+    assert activated_socket({}) is None
+    two = {"LISTEN_PID": str(os.getpid()), "LISTEN_FDS": "2", "LISTEN_FDNAMES": "a:b"}
+    with pytest.raises(Refused, match="exactly one ListenStream"):
+        activated_socket(two)
+    assert two == {}  # consumed: a process it starts must not take them for its own
