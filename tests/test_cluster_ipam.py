@@ -412,3 +412,20 @@ def test_stale_or_garbage_hint_is_harmless(up: EtcdCluster, bin_dir: str) -> Non
         ok(run(bin_dir, n1, "cluster-ipam", "DEL", c1, cid))
     s = store(cluster, "hint")
     assert [h["containerID"] for h in s.handles()] == ["h2"] and s.inconsistencies() == []
+
+
+def test_add_and_del_import_only_the_stdlib(up: EtcdCluster, bin_dir: str, tmp_path: Path) -> None:
+    """A one-shot cluster-ipam ADD/DEL against the real cluster loads no netlink, subprocess, runtime,
+    dataclasses, ssl (plain http endpoints) or http.client."""
+    from test_import_set import HEAVY, _heavy, _modules
+
+    empty = tmp_path / "empty.py"
+    empty.write_text("pass\n")
+    baseline = _modules(str(empty), {}, b"", tmp_path)
+    node = up.nodes[0]
+    conf = json.dumps(net_conf("imports", ipam_conf(up, node, ranges=[[{"subnet": "10.99.0.0/24"}]]))).encode()
+    for command in ("ADD", "DEL"):
+        env = dict(cni_env(command, None, bin_dir, container_id="imp"), CNI_NETNS="/var/run/netns/none")
+        mods = _modules(os.path.join(bin_dir, "cluster-ipam"), env, conf, tmp_path, node.ns)
+        assert "pycni.cluster.etcd" in mods
+        assert _heavy(mods - baseline, (*HEAVY, "ssl", "http", "email", "random")) == [], command
