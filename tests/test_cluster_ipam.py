@@ -431,3 +431,24 @@ def test_add_and_del_import_only_the_stdlib(up: EtcdCluster, bin_dir: str, tmp_p
         assert "pycni.cluster.etcd" in mods
         assert _heavy(mods - baseline, (*HEAVY, "ssl", "http", "email", "random", "socket", "selectors",
                                         "unicodedata", "encodings.idna")) == [], command
+
+
+def test_no_quorum_is_code_11_and_del_leaves_nothing(up: EtcdCluster, bin_dir: str) -> None:
+    """Two members of three down: the one left answers reads but cannot commit; code 11 within the bound.
+    Whatever a write that lost its answer may still commit later, the runtime's DEL releases."""
+    cluster = up
+    node = cluster.nodes[2]
+    conf = net_conf("quorum", ipam_conf(cluster, node, ranges=[[{"subnet": "10.89.0.0/24"}]]))
+    cluster.kill(0)
+    cluster.kill(1)
+    try:
+        start = time.monotonic()
+        code, out = run(bin_dir, node, "cluster-ipam", "ADD", conf, "q1")
+        elapsed = time.monotonic() - start
+        assert code != 0 and out["code"] == 11, out
+        assert elapsed < 2 * TIMEOUT + 15, f"ADD took {elapsed:.1f}s without quorum"
+    finally:
+        cluster.restart_all()
+    ok(run(bin_dir, node, "cluster-ipam", "DEL", conf, "q1"))
+    s = store(cluster, "quorum", node.name)
+    assert s.handles() == [] and all(not b.allocations for b in s.blocks())
