@@ -29,7 +29,7 @@ from pycni.plugins.registry import install
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs root and /usr/bin/etcd (Debian etcd-server)")
 
-TIMEOUT = 3  # etcdTimeout in the configs: the bound on a command when etcd does not answer
+TIMEOUT = 5  # etcdTimeout in the configs: the bound on a command when etcd does not answer
 LOCK_DIR = ""  # lockDir in the configs: a temporary directory (set by the module fixture below)
 
 

@@ -169,12 +169,15 @@ def parse_conf(args: CmdArgs) -> ClusterIpamConf:
 
 def client(cfg: ClusterIpamConf, timeout: float | None = None) -> Etcd:
     """The etcd client for this config, with the whole command's budget as its deadline."""
+    budget = timeout or cfg.timeout
+    # A third of the budget per attempt (at most 3 s): a member stuck without a leader (an election
+    # after the leader died, or no quorum) must not eat the whole budget before the others are tried.
     try:
-        etcd = Etcd(cfg.endpoints, timeout=timeout or cfg.timeout, attempt_timeout=min(3.0, timeout or cfg.timeout),
+        etcd = Etcd(cfg.endpoints, timeout=budget, attempt_timeout=max(0.5, min(3.0, budget / 3)),
                     ca_cert=cfg.ca_cert, cert=cfg.cert, key=cfg.key)
     except (OSError, ValueError) as e:
         raise _bad("cannot set up the etcd client", str(e)) from None
-    etcd.deadline = time.monotonic() + (timeout or cfg.timeout)
+    etcd.deadline = time.monotonic() + budget
     return etcd
 
 
