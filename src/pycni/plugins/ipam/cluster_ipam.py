@@ -12,8 +12,8 @@ stack); requested addresses come as host-local's (CNI_ARGS ``IP=``, ``args.cni.i
 runtimeConfig ``ips``). The design and the key layout are in :mod:`pycni.cluster.ipam`.
 The etcd calls of a command share one budget, ``etcdTimeout`` (seconds, default 8), and the
 wait for the node lock is bounded by it too: when no endpoint answers (or there is no quorum)
-the command fails with code 11 naming the endpoints, and nothing is allocated. ``nodeName`` defaults to the host name.
-Stdlib only (socket, json, binascii).
+the command fails with code 11 naming the endpoints, and nothing is allocated. ``nodeName``
+defaults to the host name. Stdlib only (``_socket``, ``json``, ``binascii``; ``ssl`` for https).
 """
 
 from __future__ import annotations
