@@ -51,11 +51,11 @@ PREFIX = "/pycni"
 RTMGRP_IPV4_ROUTE = 0x40
 
 
-def conf(b: Bench, kind: str, node: EtcdNode, network: str, subnet: str) -> dict[str, Any]:
+def conf(b: Bench, kind: str, node: EtcdNode, network: str, subnet: str, etcd_timeout: int = 8) -> dict[str, Any]:
     if kind == "routed":
         return {"cniVersion": "1.1.0", "name": network, "type": "routed",
                 "ipam": {"type": "cluster-ipam", "etcdEndpoints": b.cluster.endpoints, "etcdPrefix": PREFIX,
-                         "nodeName": node.name, "ranges": [[{"subnet": subnet}]]}}
+                         "nodeName": node.name, "ranges": [[{"subnet": subnet}]], "etcdTimeout": etcd_timeout}}
     return {"cniVersion": "1.0.0", "name": network, "type": "ptp",
             "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
                      "dataDir": os.path.join(b.tmp, "host-local", node.name)}}
@@ -230,8 +230,9 @@ def case_agent_load(b: Bench, agents: Agents, parallel: int) -> list[Row]:
     try:
         def run(command: str, j: tuple[int, int]) -> float:
             node = b.cluster.nodes[j[0]]
-            return call(b, "oneshot", node, command, conf(b, "routed", node, "load", "10.150.0.0/16"), f"l{j[1]}",
-                        pods[j])
+            # a hundred interpreters starting at once on a small machine: etcd answers late, not never
+            c = conf(b, "routed", node, "load", "10.150.0.0/16", etcd_timeout=120)
+            return call(b, "oneshot", node, command, c, f"l{j[1]}", pods[j])
 
         start_usage = agents.usage()
         t = time.perf_counter()
