@@ -14,7 +14,8 @@ for every variant) from inside node1's namespace. Cases:
 (B) 3 nodes x N parallel macvlan+cluster-ipam ADDs (one-shot, then daemon): wall time and
     the p99 of single ADD latencies; then duplicates (must be 0) and, after DEL of all,
     leaked handles/allocations (must be 0).
-(C) 10,000 allocations in a /16 from 3 nodes at once (in-process store, 4 threads per node):
+(C) 10,000 allocations in a /16 from 3 nodes at once (in-process store, 4 threads per node
+    taking turns on the node lock as the plugin does):
     wall, rate, lost races; a one-shot ADD's latency with the /16 that full, against empty;
     duplicates and, after releasing everything, leaks.
 """
@@ -41,6 +42,7 @@ from etcd_util import EtcdCluster, EtcdNode  # noqa: E402
 from netns_util import Namespace, new_namespace  # noqa: E402
 
 from pycni.cluster.ipam import ClusterStore  # noqa: E402
+from pycni.lockfile import flocked  # noqa: E402
 from pycni.net import netns  # noqa: E402
 from pycni.plugins.ipam.ranges import parse_range_set  # noqa: E402
 from pycni.plugins.registry import install  # noqa: E402
@@ -85,7 +87,8 @@ class Bench:
     def conf(self, network: str, node: EtcdNode, ipam: str, subnet: str) -> dict[str, Any]:
         if ipam == "cluster-ipam":
             section: dict[str, Any] = {"type": "cluster-ipam", "etcdEndpoints": self.cluster.endpoints,
-                                       "nodeName": node.name, "ranges": [[{"subnet": subnet}]]}
+                                       "nodeName": node.name, "ranges": [[{"subnet": subnet}]],
+                                       "lockDir": os.path.join(self.tmp, "locks")}
         else:
             section = {"type": "host-local", "ranges": [[{"subnet": subnet}]],
                        "dataDir": os.path.join(self.tmp, "host-local", node.name)}
@@ -195,9 +198,11 @@ def case_many(b: Bench, total: int) -> list[Row]:
 
     def worker(node: int, k: int) -> list[str]:
         s = store(b.cluster, network, f"node{node + 1}")
+        lock = os.path.join(b.tmp, "locks", f"{network}.node{node + 1}.lock")  # the plugin's node lock
         out = []
         for i in range(per_thread):
-            got = s.assign(f"m{node}-{k}-{i}", "eth0", rs, [])
+            with flocked(lock, create=True):
+                got = s.assign(f"m{node}-{k}-{i}", "eth0", rs, [])
             out.append(str(got[0].ip))
         lost.append(s.lost_races)
         s.etcd.close()
@@ -224,8 +229,10 @@ def case_many(b: Bench, total: int) -> list[Row]:
     # release everything, in parallel per node
     def release(node: int, k: int) -> None:
         s = store(b.cluster, network, f"node{node + 1}")
+        lock = os.path.join(b.tmp, "locks", f"{network}.node{node + 1}.lock")
         for i in range(per_thread):
-            s.release(f"m{node}-{k}-{i}", "eth0")
+            with flocked(lock, create=True):
+                s.release(f"m{node}-{k}-{i}", "eth0")
         s.etcd.close()
 
     with ThreadPoolExecutor(max_workers=12) as pool:

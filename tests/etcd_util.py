@@ -14,7 +14,7 @@ sockets are opened there, so test code in the root namespace can talk to the clu
 
 API::
 
-    with EtcdCluster(size=3, subnet="10.231.0.0/24") as cluster:   # starts and waits for a leader
+    with EtcdCluster(size=3, subnet="10.231.0.0/24", tls=False) as cluster:   # starts, waits for a leader
         cluster.endpoints            # ["http://10.231.0.1:2379", ...]
         cluster.nodes                # [EtcdNode(name="node1", ns=Namespace, ip="10.231.0.1", ifname="ul0"), ...]
         cluster.underlay             # Namespace holding the bridge (br0)
@@ -23,6 +23,7 @@ API::
         cluster.restart(0)           # start it again on its data dir
         cluster.kill_all(); cluster.restart_all(); cluster.wait_ready()
         cluster.connect              # the connect(host, port, timeout) factory client() uses
+        cluster.ca_cert, cluster.client_cert, cluster.client_key   # with tls=True: https, client certs required
     # on exit: members killed, namespaces deleted, data removed (also when the body raised)
 
 ``node.ns.run([...])`` runs a command in a node (e.g. a plugin, which then reaches etcd over the
@@ -41,6 +42,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from netns_util import Namespace, new_namespace
 
@@ -65,9 +67,11 @@ class EtcdNode:
     log_path: str
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
+    tls: bool = False
+
     @property
     def client_url(self) -> str:
-        return f"http://{self.ip}:2379"
+        return f"{'https' if self.tls else 'http'}://{self.ip}:2379"
 
     @property
     def peer_url(self) -> str:
@@ -80,8 +84,10 @@ class EtcdNode:
 
 class EtcdCluster:
     def __init__(self, size: int = 3, subnet: str = "10.231.0.0/24", prefix: str = "pycni-t",
-                 ifname: str = "ul0") -> None:
+                 ifname: str = "ul0", tls: bool = False) -> None:
         self.size = size
+        self.tls = tls  # https client URLs, client certificates required (see make_certs)
+        self.ca_cert = self.client_cert = self.client_key = ""
         self.net = ipaddress.ip_network(subnet)
         self.prefix = prefix
         self.ifname = ifname
@@ -114,16 +120,39 @@ class EtcdCluster:
         for i in range(self.size):
             ns = new_namespace(self.prefix)
             name = f"node{i + 1}"
-            node = EtcdNode(name=name, ns=ns, ip=str(hosts[i]), ifname=self.ifname,
+            node = EtcdNode(name=name, ns=ns, ip=str(hosts[i]), ifname=self.ifname, tls=self.tls,
                             data_dir=os.path.join(self.tmp, name), log_path=os.path.join(self.tmp, f"{name}.log"))
             self.nodes.append(node)
             ul.run(["ip", "link", "add", f"v{name}", "type", "veth", "peer", "name", self.ifname, "netns", ns.name])
             ul.run(["ip", "link", "set", f"v{name}", "master", "br0", "up"])
             ns.run(["ip", "addr", "add", f"{node.ip}/{self.net.prefixlen}", "dev", self.ifname])
             ns.run(["ip", "link", "set", self.ifname, "up"])
+        if self.tls:
+            self.make_certs()
         for i in range(self.size):
             self._spawn(i)
         self.wait_ready()
+
+    def make_certs(self) -> None:
+        """A throwaway CA, one server certificate for every member's address, one client certificate."""
+        d = os.path.join(self.tmp, "pki")
+        os.makedirs(d)
+
+        def ssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+        key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        ssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=pycni-test-ca")
+        sans = ",".join(f"IP:{n.ip}" for n in self.nodes)
+        for name, ext in (("server", f"subjectAltName={sans}\nextendedKeyUsage=serverAuth,clientAuth\n"),
+                          ("client", "extendedKeyUsage=clientAuth\n")):
+            with open(os.path.join(d, f"{name}.ext"), "w") as f:
+                f.write(ext)
+            ssl("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=pycni-{name}")
+            ssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext")
+        self.ca_cert = os.path.join(d, "ca.crt")
+        self.client_cert, self.client_key = os.path.join(d, "client.crt"), os.path.join(d, "client.key")
 
     def _spawn(self, i: int) -> None:
         node = self.nodes[i]
@@ -134,6 +163,10 @@ class EtcdCluster:
                "--initial-cluster", initial, "--initial-cluster-state", "new",
                "--initial-cluster-token", self.token, "--heartbeat-interval", "50",
                "--election-timeout", "500", "--logger", "zap", "--log-level", "warn"]
+        if self.tls:
+            pki = os.path.join(self.tmp, "pki")
+            cmd += ["--cert-file", os.path.join(pki, "server.crt"), "--key-file", os.path.join(pki, "server.key"),
+                    "--trusted-ca-file", self.ca_cert, "--client-cert-auth"]
         log = open(node.log_path, "ab")
         try:
             node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -192,8 +225,10 @@ class EtcdCluster:
         with self.underlay.enter():
             return socket.create_connection((host, port), timeout=timeout)
 
-    def client(self, endpoints: list[str] | None = None, **kw: float) -> Etcd:
-        return Etcd(endpoints or self.endpoints, connect=self.connect, **kw)  # type: ignore[arg-type]
+    def client(self, endpoints: list[str] | None = None, **kw: Any) -> Etcd:
+        if self.tls:
+            kw = {"ca_cert": self.ca_cert, "cert": self.client_cert, "key": self.client_key, **kw}
+        return Etcd(endpoints or self.endpoints, connect=self.connect, **kw)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until every running member serves a linearizable read (a leader is elected and known)."""

@@ -30,6 +30,13 @@ from pycni.plugins.registry import install
 pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs root and /usr/bin/etcd (Debian etcd-server)")
 
 TIMEOUT = 3  # etcdTimeout in the configs: the bound on a command when etcd does not answer
+LOCK_DIR = ""  # lockDir in the configs: a temporary directory (set by the module fixture below)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lock_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    global LOCK_DIR
+    LOCK_DIR = str(tmp_path_factory.mktemp("cluster-ipam-locks"))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +61,7 @@ def up(cluster: EtcdCluster) -> EtcdCluster:
 
 def ipam_conf(cluster: EtcdCluster, node: EtcdNode, **kw: Any) -> dict[str, Any]:
     c = {"type": "cluster-ipam", "etcdEndpoints": cluster.endpoints, "nodeName": node.name, "etcdTimeout": TIMEOUT,
-         "ranges": [[{"subnet": "10.90.0.0/16"}]]}
+         "lockDir": LOCK_DIR, "ranges": [[{"subnet": "10.90.0.0/16"}]]}
     c.update(kw)
     return c
 
@@ -159,9 +166,8 @@ def test_pods_on_three_nodes_through_member_failures(up: EtcdCluster, bin_dir: s
     assert elapsed < TIMEOUT + 15, f"ADD took {elapsed:.1f}s with etcd down"  # the bound, with a wide margin
     links = lost.run(["ip", "-o", "link", "show"]).stdout.splitlines()
     assert len(links) == 1 and ": lo:" in links[0], links
-    status, out = run(bin_dir, cluster.nodes[1], "cluster-ipam", "STATUS", net_conf(network, ipam_conf(
-        cluster, cluster.nodes[1])), "")
-    assert status != 0 and out["code"] == 50, out
+    status, out = run(bin_dir, cluster.nodes[1], "macvlan", "STATUS", conf0, "")  # the main plugin asks its IPAM
+    assert status != 0 and out["code"] == 50 and cluster.endpoints[0] in out["msg"], out
 
     # members back: the allocations are exactly the pods, consistent
     cluster.restart_all()
@@ -225,13 +231,15 @@ def test_gc_releases_exactly_the_forgotten(up: EtcdCluster, bin_dir: str) -> Non
     held = {f"a{i}": addresses(ok(run(bin_dir, n1, "cluster-ipam", "ADD", c1, f"a{i}")))[0] for i in range(5)}
     other = {f"b{i}": addresses(ok(run(bin_dir, n2, "cluster-ipam", "ADD", c2, f"b{i}")))[0] for i in range(2)}
     valid = [{"containerID": "a0", "ifname": "eth0"}, {"containerID": "a3", "ifname": "eth0"}]
-    ok(run(bin_dir, n1, "cluster-ipam", "GC", dict(c1, **{"cni.dev/valid-attachments": valid}), ""))
+    # GC reaches cluster-ipam through the main plugin, as a runtime sends it
+    main = net_conf(network, c1["ipam"], "macvlan", master="ul0", **{"cni.dev/valid-attachments": valid})
+    ok(run(bin_dir, n1, "macvlan", "GC", main, ""))
     s = store(cluster, network)
     left = {(h["containerID"], h["ips"][0].split("/")[0]) for h in s.handles()}
     assert left == {("a0", held["a0"]), ("a3", held["a3"])} | set(other.items())  # node2's untouched
     # a bad list is refused before anything is released
-    code, out = run(bin_dir, n1, "cluster-ipam", "GC", dict(c1, **{"cni.dev/valid-attachments": [{}]}), "")
-    assert code != 0 and out["code"] == 7
+    code, out = run(bin_dir, n1, "macvlan", "GC", dict(main, **{"cni.dev/valid-attachments": [{}]}), "")
+    assert code != 0 and out["code"] == 7, out
     assert len(s.handles()) == 4
 
 
@@ -258,7 +266,9 @@ def test_dual_stack_repeat_check_requested_del(up: EtcdCluster, bin_dir: str) ->
     # requested addresses: CNI_ARGS IP= and args.cni.ips; taken ones are refused, nothing kept
     got = ok(run(bin_dir, node, "cluster-ipam", "ADD", conf, "d2", args="IP=10.93.0.77"))
     assert addresses(got)[0] == "10.93.0.77"
-    got = ok(run(bin_dir, node, "cluster-ipam", "ADD", dict(conf, args={"cni": {"ips": ["fd93::99"]}}), "d3"))
+    # (and without a usable lockDir: the node lock is an optimisation, the transactions stay right)
+    unlocked = dict(conf, ipam=dict(conf["ipam"], lockDir="/proc/no-such-dir"), args={"cni": {"ips": ["fd93::99"]}})
+    got = ok(run(bin_dir, node, "cluster-ipam", "ADD", unlocked, "d3"))
     assert "fd93::99" in addresses(got)
     code, out = run(bin_dir, node, "cluster-ipam", "ADD", conf, "d4", args="IP=10.93.0.77")
     assert code != 0 and "10.93.0.77" in out["msg"] and "d2/eth0" in out["details"]
@@ -335,3 +345,48 @@ def test_cli_release_and_check(up: EtcdCluster, bin_dir: str, tmp_path: Path) ->
     problems = [json.loads(line) for line in proc.stdout.splitlines()]
     assert problems == [{"problem": "orphan allocation", "ip": str(blk.ip(200)), "block": str(blk.cidr),
                          "handle": "ghost/eth0"}]
+
+
+def test_tls_endpoints(bin_dir: str) -> None:
+    """etcdCACert/etcdCert/etcdKey: https endpoints that require a client certificate."""
+    with EtcdCluster(size=1, subnet="10.231.4.0/24", tls=True) as tls:
+        node = tls.nodes[0]
+        conf = net_conf("tlsnet", ipam_conf(tls, node, etcdCACert=tls.ca_cert, etcdCert=tls.client_cert,
+                                            etcdKey=tls.client_key, ranges=[[{"subnet": "10.96.0.0/24"}]]))
+        assert addresses(ok(run(bin_dir, node, "cluster-ipam", "ADD", conf, "t1"))) == ["10.96.0.2"]
+        ok(run(bin_dir, node, "cluster-ipam", "DEL", conf, "t1"))
+        # without the client certificate the member refuses the handshake: unavailable, code 11
+        bare = net_conf("tlsnet", ipam_conf(tls, node, etcdCACert=tls.ca_cert, etcdTimeout=1,
+                                            ranges=[[{"subnet": "10.96.0.0/24"}]]))
+        code, out = run(bin_dir, node, "cluster-ipam", "ADD", bare, "t2")
+        assert code != 0 and out["code"] == 11 and tls.endpoints[0] in out["msg"], out
+        # a CA file that does not exist is a config error
+        missing_ca = dict(conf, ipam=dict(conf["ipam"], etcdCACert="/nonexistent"))
+        code, out = run(bin_dir, node, "cluster-ipam", "ADD", missing_ca, "t3")
+        assert code != 0 and out["code"] == 7, out
+
+
+def test_through_the_daemon(up: EtcdCluster, tmp_path: Path, netns_factory: Callable[[], Namespace]) -> None:
+    """The same plugins served by a pycni daemon (handlers in-process, in the caller's namespace)."""
+    from plugin_util import daemon_in_thread
+
+    cluster = up
+    shims = tmp_path / "bin"
+    install(str(shims), daemon=True)
+    sock = str(tmp_path / "d.sock")
+    node = cluster.nodes[2]
+    conf = net_conf("dmn", ipam_conf(cluster, node, ranges=[[{"subnet": "10.97.0.0/24"}]]), "macvlan",
+                    master="ul0", mode="bridge")
+    pod = netns_factory()
+    with daemon_in_thread(sock):
+        def call(command: str, cid: str) -> tuple[int, dict[str, Any]]:
+            env = dict(cni_env(command, pod, str(shims), container_id=cid), PYCNI_SOCKET=sock)
+            proc = node.ns.run([str(shims / "macvlan")], check=False, input=json.dumps(conf), env=env)
+            return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+        first = ok(call("ADD", "dm1"))
+        assert addresses(first) == ["10.97.0.2"]
+        ok(call("DEL", "dm1"))
+        ok(call("DEL", "dm1"))
+    s = store(cluster, "dmn", node.name)
+    assert s.handles() == [] and all(not b.allocations for b in s.blocks())

@@ -14,15 +14,38 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def flocked(path: str, *, create: bool = False) -> Iterator[None]:
-    """Hold an exclusive flock on ``path`` for the body (creating the file, 0600, if ``create``)."""
+def flocked(path: str, *, create: bool = False, timeout: float | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` for the body (creating the file, 0600, if ``create``).
+
+    With ``timeout`` (seconds) give up with TimeoutError when the lock is still held by then
+    (polled: a blocking flock cannot be interrupted without signals, which threads cannot use).
+    """
     if create:
         os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     else:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if timeout is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            _poll_lock(fd, path, timeout)
         yield
     finally:
         os.close(fd)
+
+
+def _poll_lock(fd: int, path: str, timeout: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause > deadline:
+                raise TimeoutError(f"{path} still locked after {timeout:g}s") from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)

@@ -4,7 +4,7 @@ Config (the ``ipam`` section)::
 
     {"type": "cluster-ipam", "etcdEndpoints": ["http://10.0.0.1:2379"], "etcdPrefix": "/pycni",
      "nodeName": "node1", "blockSize": 26, "blockSizeV6": 122, "ranges": [[{"subnet": "10.90.0.0/16"}]],
-     "routes": [...], "strictAffinity": false, "etcdTimeout": 8,
+     "routes": [...], "strictAffinity": false, "etcdTimeout": 8, "lockDir": "/run/pycni/cluster-ipam",
      "etcdCACert": "...", "etcdCert": "...", "etcdKey": "..."}
 
 ``ranges`` is host-local's range-set syntax (one address per range set: several for dual
@@ -55,6 +55,10 @@ TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin 
 if TYPE_CHECKING:
     from typing import Any
 
+# Where this node's ADD/DEL/GC of one network queue behind each other (see _Session).
+DEFAULT_LOCK_DIR = "/run/pycni/cluster-ipam"
+
+
 @record
 class ClusterIpamConf:
     """Everything one invocation needs, checked before any etcd call."""
@@ -69,6 +73,7 @@ class ClusterIpamConf:
     requested: list[IPAddress] = field(default_factory=list)
     strict_affinity: bool = False
     timeout: float = DEFAULT_TIMEOUT
+    lock_dir: str = DEFAULT_LOCK_DIR
     ca_cert: str = ""
     cert: str = ""
     key: str = ""
@@ -119,6 +124,7 @@ def parse_conf_dict(conf: Mapping[str, Any], cni_args: str = "", *, need_ranges:
         raise netconf.invalid("ipam.etcdTimeout", "a number of seconds (0 < t <= 300)", timeout)
     cfg = ClusterIpamConf(name=name, endpoints=list(eps), prefix=prefix, node=node, block_sizes=(v4, v6),
                           strict_affinity=strict, timeout=float(timeout),
+                          lock_dir=netconf.get_str(ipam, "lockDir", DEFAULT_LOCK_DIR, label="ipam.lockDir"),
                           ca_cert=netconf.get_str(ipam, "etcdCACert", label="ipam.etcdCACert"),
                           cert=netconf.get_str(ipam, "etcdCert", label="ipam.etcdCert"),
                           key=netconf.get_str(ipam, "etcdKey", label="ipam.etcdKey"))
@@ -173,18 +179,44 @@ def client(cfg: ClusterIpamConf, timeout: float | None = None) -> Etcd:
 
 
 class _Session:
-    """The store for one command, with etcd failures mapped to CNI errors at this one boundary."""
+    """The store for one command, with etcd failures mapped to CNI errors at this one boundary.
 
-    def __init__(self, cfg: ClusterIpamConf, unavailable_code: int = TRY_AGAIN, timeout: float | None = None) -> None:
+    With ``lock``, the commands of this node that change this network take turns (a flock in
+    ``lockDir``, as calico-ipam's host lock): without it N parallel ADDs on a node race for the
+    same block and all but one retry, N times over. The lock is an optimisation, not what keeps
+    allocations right (the transactions' compares do): when the directory cannot be used the
+    command runs without it. Waiting for it counts against the command's budget.
+    """
+
+    def __init__(self, cfg: ClusterIpamConf, unavailable_code: int = TRY_AGAIN, timeout: float | None = None,
+                 lock: bool = False) -> None:
         self.cfg = cfg
         self.code = unavailable_code
         self.etcd = client(cfg, timeout)
         self.store = ClusterStore(self.etcd, cfg.name, cfg.node, cfg.prefix)
+        self._lock: Any = None
+        if lock and cfg.lock_dir:
+            from pycni.lockfile import flocked
+
+            self._lock = flocked(os.path.join(cfg.lock_dir, f"{cfg.name}.{cfg.node}.lock"), create=True,
+                                 timeout=max(0.0, (self.etcd.deadline or 0) - time.monotonic()))
 
     def __enter__(self) -> ClusterStore:
+        if self._lock is not None:
+            try:
+                self._lock.__enter__()
+            except TimeoutError:
+                self.etcd.close()
+                raise CNIError(TRY_AGAIN, f"cluster-ipam: other commands of node {self.cfg.node} on network "
+                               f"{self.cfg.name} held the node lock for the whole budget ({self.cfg.timeout:g}s)",
+                               f"lock file in {self.cfg.lock_dir}; try again") from None
+            except OSError:
+                self._lock = None  # no usable lock directory: transactions alone
         return self.store
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if self._lock is not None:
+            self._lock.__exit__(None, None, None)
         self.etcd.close()
         if isinstance(exc, EtcdUnavailable):
             raise CNIError(self.code, f"cluster-ipam: etcd unavailable: no endpoint of {', '.join(exc.endpoints)} "
@@ -198,8 +230,9 @@ class _Session:
             raise CNIError(code, f"cluster-ipam: {exc.msg}", exc.details) from None
 
 
-def session(cfg: ClusterIpamConf, unavailable_code: int = TRY_AGAIN, timeout: float | None = None) -> _Session:
-    return _Session(cfg, unavailable_code, timeout)
+def session(cfg: ClusterIpamConf, unavailable_code: int = TRY_AGAIN, timeout: float | None = None,
+            lock: bool = False) -> _Session:
+    return _Session(cfg, unavailable_code, timeout, lock)
 
 
 # ---- handlers -----------------------------------------------------------------------------------
@@ -208,7 +241,7 @@ def session(cfg: ClusterIpamConf, unavailable_code: int = TRY_AGAIN, timeout: fl
 def cmd_add(args: CmdArgs) -> Result:
     """One address per range set in one etcd transaction with the handle; the same again on a repeat."""
     cfg = parse_conf(args)
-    with session(cfg) as store:
+    with session(cfg, lock=True) as store:
         got = store.assign(args.container_id, args.ifname, cfg.range_sets, cfg.requested, cfg.block_sizes,
                            cfg.strict_affinity)
     if len(got) != len(cfg.range_sets):
@@ -222,7 +255,7 @@ def cmd_add(args: CmdArgs) -> Result:
 def cmd_del(args: CmdArgs) -> None:
     """Release the handle's addresses; nothing to release is success."""
     cfg = parse_conf(args)
-    with session(cfg) as store:
+    with session(cfg, lock=True) as store:
         store.release(args.container_id, args.ifname)
 
 
@@ -256,7 +289,7 @@ def cmd_gc(args: CmdArgs) -> None:
     conf = args.conf()
     cfg = parse_conf(args)
     valid = netconf.valid_attachments(conf)
-    with session(cfg) as store:
+    with session(cfg, lock=True) as store:
         store.gc(valid)
 
 
