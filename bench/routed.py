@@ -55,7 +55,8 @@ def conf(b: Bench, kind: str, node: EtcdNode, network: str, subnet: str, etcd_ti
     if kind == "routed":
         return {"cniVersion": "1.1.0", "name": network, "type": "routed",
                 "ipam": {"type": "cluster-ipam", "etcdEndpoints": b.cluster.endpoints, "etcdPrefix": PREFIX,
-                         "nodeName": node.name, "ranges": [[{"subnet": subnet}]], "etcdTimeout": etcd_timeout}}
+                         "nodeName": node.name, "ranges": [[{"subnet": subnet}]], "etcdTimeout": etcd_timeout,
+                         "lockDir": os.path.join(b.tmp, "locks")}}
     return {"cniVersion": "1.0.0", "name": network, "type": "ptp",
             "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
                      "dataDir": os.path.join(b.tmp, "host-local", node.name)}}

@@ -68,7 +68,7 @@ class Node:
         return {"cniVersion": "1.1.0", "name": network, "type": "routed", "mtu": self.env.pod_mtu,
                 "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.env.cluster.endpoints,
                          "etcdPrefix": self.env.prefix, "nodeName": self.name, "ranges": ranges,
-                         "blockSize": block, "etcdTimeout": 10}}
+                         "blockSize": block, "etcdTimeout": 10, "lockDir": str(self.env.tmp / "locks")}}
 
     def add_pod(self, name: str, conf: dict[str, Any] | None = None) -> dict[str, Any]:
         ns = new_namespace("pycni-t")
