@@ -108,10 +108,11 @@ class Env:
         return [(n, name, ns, r) for n in self.nodes for name, (ns, r) in n.pods.items()]
 
     def expected_routes(self, node: Node) -> int:
-        """Blocks of the other nodes, as etcd says (what ``node``'s agent must route; no borrowing)."""
+        """Every block, as etcd says: the other nodes' routed to them, ``node``'s own blackholed
+        (what its agent must program, without borrowing)."""
         with self.cluster.client() as etcd:
             kvs, _ = etcd.get_prefix(f"{self.prefix}/ipam/affinity/")
-        return sum(1 for kv in kvs if kv.json()["node"] != node.name)
+        return len(kvs)
 
     def converged(self) -> None:
         for n in self.nodes:
@@ -199,7 +200,11 @@ def test_host_gw_dual_stack_and_faults(cluster: EtcdCluster, tmp_path: Path, plu
         status = n1.ns.run([sys.executable, "-m", "pycni", "node", "status", "--etcd-endpoints",
                             ",".join(cluster.endpoints), "--etcd-prefix", env.prefix, "--node-name", n1.name,
                             "--mode", "host-gw"])
-        assert "MISSING" not in status.stdout and status.stdout.count(": programmed") == 4, status.stdout
+        assert "MISSING" not in status.stdout, status.stdout
+        assert status.stdout.count(": programmed") == env.expected_routes(n1) == 6, status.stdout
+        # its own blocks blackholed: an address without a pod goes nowhere, not out a default route
+        own = n1.ns.run(["ip", "route", "show", "proto", str(RTPROT_PYCNI), "type", "blackhole"]).stdout
+        assert own.count("blackhole") == 1 and "10.90." in own
         print("\n" + _iperf(env, n1, n2))
 
         # An agent SIGKILLed: the data plane goes on; a block claimed meanwhile (a new pod on

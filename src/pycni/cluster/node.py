@@ -82,11 +82,13 @@ class NodeInfo:
 
 @record
 class Hop:
-    """Where a block goes: its gateway, the device for an onlink hop ('' : the kernel's choice)."""
+    """Where a block goes: its gateway, the device for an onlink hop ('' : the kernel's choice);
+    or, with ``blackhole``, nowhere (this node's own blocks: only their pods' /32 routes lead on)."""
 
     gw: str
     dev: str = ""
     node: str = ""
+    blackhole: bool = False
 
 
 @record
@@ -212,7 +214,11 @@ def plan(view: ClusterView, me: str, mode: str, device: str) -> Plan:
     out = Plan()
     blocks = view.blocks()
     for cidr, owner in sorted(blocks.items()):
-        if owner != me:  # our own pods have their /32 routes from the plugin
+        if owner == me:
+            # Our pods have their /32 routes from the plugin; an address of our block without a
+            # pod is dropped here rather than sent on by a default route (and back: a loop).
+            out.routes[cidr] = Hop(gw="", node=me, blackhole=True)
+        else:
             _route_to(out, view, cidr, owner, mode, device)
     if view.handles:
         nets = [(ipaddress.ip_network(c), o) for c, o in blocks.items()]
@@ -272,7 +278,8 @@ def read_kernel(device: str) -> Programmed:
     overlays = {ln.index: ln.name for ln in link.list_links() if ln.kind == "vxlan"}
     for r in route.list_routes(table=route.RT_TABLE_MAIN):
         if r.proto == RTPROT_PYCNI:
-            out.routes[str(r.dst)] = Hop(gw=str(r.gw or ""), dev=overlays.get(r.oif or 0, ""))
+            out.routes[str(r.dst)] = Hop(gw=str(r.gw or ""), dev=overlays.get(r.oif or 0, ""),
+                                         blackhole=r.type == route.RTN_BLACKHOLE)
     if device and link.get_link(device) is not None:
         for n in neigh.list_neighbours(device):
             if n.state & NUD_PERMANENT and n.dst:
@@ -281,6 +288,17 @@ def read_kernel(device: str) -> Programmed:
             if n.dst and n.lladdr and n.lladdr != "00:00:00:00:00:00":
                 out.fdb[n.lladdr] = n.dst
     return out
+
+
+def _same(cur: Hop, want: Hop) -> bool:
+    """Whether the kernel's route already is the one wanted (the owner's name is not in the kernel)."""
+    return cur.blackhole == want.blackhole and cur.gw == want.gw and cur.dev == want.dev
+
+
+def describe(cidr: str, hop: Hop) -> str:
+    if hop.blackhole:
+        return f"blackhole {cidr}"
+    return f"{cidr} via {hop.gw}" + (f" dev {hop.dev} onlink" if hop.dev else "")
 
 
 def converge(want: Plan, device: str, log: Any) -> int:
@@ -313,16 +331,19 @@ def converge(want: Plan, device: str, log: Any) -> int:
             attempt(f"neighbour {ip} lladdr {mac} dev {device}", neigh.set_neighbour, device, ip, mac)
     for cidr, hop in sorted(want.routes.items()):
         cur = have.routes.get(cidr)
-        if cur is not None and cur.gw == hop.gw and cur.dev == hop.dev:
+        if cur is not None and _same(cur, hop):
             continue
         verb = "add" if cur is None else "change"
+        if hop.blackhole:
+            attempt(f"route {verb} blackhole {cidr} (this node's block)", route.replace_route, cidr,
+                    proto=RTPROT_PYCNI, type=route.RTN_BLACKHOLE)
+            continue
         dev = f" dev {hop.dev} onlink" if hop.dev else ""
         attempt(f"route {verb} {cidr} via {hop.gw}{dev} (node {hop.node})", route.replace_route, cidr,
                 gw=hop.gw, dev=hop.dev or None, proto=RTPROT_PYCNI, onlink=bool(hop.dev))
     for cidr, hop in sorted(have.routes.items()):
         if cidr not in want.routes:
-            dev = f" dev {hop.dev}" if hop.dev else ""
-            attempt(f"route del {cidr} via {hop.gw}{dev}", route.del_route, cidr, gw=hop.gw or None,
+            attempt(f"route del {describe(cidr, hop)}", route.del_route, cidr, gw=hop.gw or None,
                     proto=RTPROT_PYCNI)
     for ip in sorted(have.neighbours):
         if ip not in want_neigh:
@@ -535,23 +556,20 @@ def status_lines(opts: AgentOptions, etcd: Etcd) -> tuple[list[str], bool]:
     ok = me is not None
     for cidr, hop in sorted(want.routes.items()):
         cur = have.routes.get(cidr)
-        dev = f" dev {hop.dev} onlink" if hop.dev else ""
-        state = "programmed" if cur is not None and cur.gw == hop.gw and cur.dev == hop.dev else (
-            "MISSING" if cur is None else f"DIFFERS (kernel: via {cur.gw})")
+        state = "programmed" if cur is not None and _same(cur, hop) else (
+            "MISSING" if cur is None else f"DIFFERS (kernel: {describe(cidr, cur)})")
         ok &= state == "programmed"
-        lines.append(f"route {cidr} via {hop.gw}{dev} (node {hop.node}): {state}")
+        whose = "this node's block" if hop.blackhole else f"node {hop.node}"
+        lines.append(f"route {describe(cidr, hop)} ({whose}): {state}")
     for cidr, hop in sorted(have.routes.items()):
         if cidr not in want.routes:
             ok = False
-            lines.append(f"route {cidr} via {hop.gw}: EXTRA (etcd no longer asks for it)")
+            lines.append(f"route {describe(cidr, hop)}: EXTRA (etcd no longer asks for it)")
     for info in sorted(want.peers.values(), key=lambda i: i.name):
         vtep = info.underlay(4)
         good = have.neighbours.get(vtep) == info.vtep_mac and have.fdb.get(info.vtep_mac) == vtep
         ok &= good
         lines.append(f"vtep {info.name} {vtep} {info.vtep_mac}: {'programmed' if good else 'MISSING'}")
-    for cidr, owner in sorted(view.blocks().items()):
-        if owner == opts.name:
-            lines.append(f"block {cidr}: this node's")
     lines.extend(f"skipped {s}" for s in want.skipped)
     return lines, ok
 
