@@ -295,6 +295,17 @@ def test_vxlan_mode(cluster: EtcdCluster, tmp_path: Path, plugin_dir: str) -> No
         n3.pods[f"{n3.name}-tiny"][0].run(["ping", "-c", "1", "-W", "3", _addr(tiny[0], 4)])
         n3.del_pod(f"{n3.name}-tiny", n3.conf("tinynet", "10.91.0.0/26", 27))
         env.wait(lambda: f"{borrowed} via" not in n1.routes(), "the borrowed address's route gone with its pod")
+
+        # Blocks of one address: node1's blackhole for its block and its pod's route have the
+        # same prefix; the pod's (metric 0) must stay and win, whatever order they came in.
+        one = _addr(n1.add_pod("n1-one", n1.conf("onenet", "10.92.0.0/28", 32)), 4)
+        env.wait(lambda: f"{one} via {n1.etcd.ip}" in n2.routes(), "node2 routes node1's /32 block")
+        env.wait(lambda: f"blackhole {one} " in n1.routes(), "node1 blackholes its /32 block")
+        n2.pods[f"{n2.name}-tiny"][0].run(["ping", "-c", "1", "-W", "3", one])
+        n1.stop_agent(signal.SIGKILL)  # a restart's full convergence leaves the pod's route alone too
+        n1.start_agent()
+        n2.pods[f"{n2.name}-tiny"][0].run(["ping", "-c", "1", "-W", "3", one])
+        assert f"{one} dev rtd" in n1.ns.run(["ip", "route", "show", one]).stdout
         # a restart changes nothing that is right
         n1.stop_agent(signal.SIGKILL)
         n1.start_agent()

@@ -45,6 +45,9 @@ DEFAULT_VXLAN_DEVICE = "pycni.vxlan"
 DEFAULT_VNI = 4096
 DEFAULT_VXLAN_PORT = 4789
 RESYNC_SECONDS = 30.0  # a full read now and then, whatever the watch said
+# A blackhole's metric: above the kernel's default for IPv6 routes (1024), so a pod's own host
+# route to the same prefix (a block of one address: /32, /128) never collides with it and wins.
+BLACKHOLE_METRIC = 4096
 
 
 @record
@@ -336,7 +339,7 @@ def converge(want: Plan, device: str, log: Any) -> int:
         verb = "add" if cur is None else "change"
         if hop.blackhole:
             attempt(f"route {verb} blackhole {cidr} (this node's block)", route.replace_route, cidr,
-                    proto=RTPROT_PYCNI, type=route.RTN_BLACKHOLE)
+                    proto=RTPROT_PYCNI, type=route.RTN_BLACKHOLE, priority=BLACKHOLE_METRIC)
             continue
         dev = f" dev {hop.dev} onlink" if hop.dev else ""
         attempt(f"route {verb} {cidr} via {hop.gw}{dev} (node {hop.node})", route.replace_route, cidr,
@@ -344,7 +347,7 @@ def converge(want: Plan, device: str, log: Any) -> int:
     for cidr, hop in sorted(have.routes.items()):
         if cidr not in want.routes:
             attempt(f"route del {describe(cidr, hop)}", route.del_route, cidr, gw=hop.gw or None,
-                    proto=RTPROT_PYCNI)
+                    proto=RTPROT_PYCNI, priority=BLACKHOLE_METRIC if hop.blackhole else None)
     for ip in sorted(have.neighbours):
         if ip not in want_neigh:
             attempt(f"neighbour del {ip} dev {device}", neigh.del_neighbour, device, ip)
