@@ -450,15 +450,20 @@ class Agent:
                      f"mtu {dev.mtu} mac {dev.mac}")
 
     def register(self, etcd: Etcd) -> None:
-        """Our key, bound to a fresh lease."""
-        self.lease = etcd.lease_grant(self.opts.ttl)
+        """Our key, bound to a fresh lease (kept only once the key is written: a failure half-way
+        leaves the agent unregistered, to try again; the orphan lease just expires)."""
+        lease = etcd.lease_grant(self.opts.ttl)
         info = NodeInfo(name=self.opts.name, underlay_ips=list(self.opts.underlay_ips), vtep_mac=self.mac)
-        etcd.put(self.node_key(), info.to_json(), lease=self.lease)
+        etcd.put(self.node_key(), info.to_json(), lease=lease)
+        self.lease = lease
         self.log(f"registered {self.node_key()} ({info.to_json()}) with a {self.opts.ttl}s lease")
 
     def keepalive(self, etcd: Etcd) -> None:
+        """Renew the lease; one that lapsed anyway (etcd out of reach past the TTL, or revoked)
+        means registering again."""
         if self.lease and etcd.lease_keepalive(self.lease) > 0:
             return
+        self.lease = 0
         self.log("lease lapsed: registering again")
         self.register(etcd)
 
@@ -466,6 +471,7 @@ class Agent:
         """A full read, then converge (the kernel is read whatever the last plan was); returns
         the revision read."""
         rev = self.view.load(etcd)
+        self.setup_device()  # (again: someone may have deleted it)
         self.apply(force=True)
         return rev
 
@@ -481,6 +487,7 @@ class Agent:
     def run(self) -> int:
         """Until SIGTERM/SIGINT: register, then resync and watch, resyncing after any interruption."""
         from pycni.cluster.etcd import EtcdError, WatchBroken
+        from pycni.spec.errors import CNIError
 
         for ip in self.opts.underlay_ips:
             _underlay_link(ip)  # refuse an address this host does not hold, before registering it
@@ -501,8 +508,10 @@ class Agent:
                     pause = 0.5
                 except WatchBroken as e:
                     self.log(f"watch interrupted ({e}): resyncing")
-                except EtcdError as e:
-                    self.log(f"etcd: {e}: retrying in {pause:g}s")
+                    self._sleep(0.1)
+                except (EtcdError, CNIError) as e:
+                    self.log(f"{e.msg + ': ' + e.details if isinstance(e, CNIError) else 'etcd: ' + str(e)}: "
+                             f"retrying in {pause:g}s")
                     self._sleep(pause)
                     pause = min(pause * 2, 5.0)
         finally:
