@@ -148,18 +148,24 @@ def _pod_routes(result: Result, versions: set[int]) -> list[Route]:
     return routes
 
 
-def _setup_host_end(name: str, versions: set[int], undo: Rollback) -> None:
-    """Forwarding on (off again if the ADD fails and it was off), proxy ARP / NDP on the host end
-    (before the pod end is up, so its link-local address is born with DAD off, usable at once)."""
-    from pycni.net import sysctl
+def _setup_host_end(name: str, index: int, tag: str, versions: set[int], undo: Rollback) -> None:
+    """The owner alias; forwarding on (off again if the ADD fails and it was off); proxy ARP and
+    per-link forwarding in the same request as the alias (netlink: no /proc/sys walk, see
+    pycni.net.sysctl); proxy NDP on the host end, before the pod end is up, so its link-local
+    address is born with DAD off, usable at once."""
+    from pycni.net import link, sysctl
 
     for version in sorted(versions):
         if sysctl.enable_forwarding(version):
             undo.push(sysctl.disable_forwarding, version)
+    kw: dict[str, Any] = {"index": index, "ifalias": tag}
     if 4 in versions:
-        sysctl.write_sysctl(f"net/ipv4/conf/{name}/proxy_arp", "1")
+        kw["ipv4_devconf"] = {link.IPV4_DEVCONF_FORWARDING: 1, link.IPV4_DEVCONF_PROXY_ARP: 1}
+    with link.rtnl() as sock:
+        link.setlink(sock, f"failed to configure host interface {name!r}", **kw)
+    if 4 in versions:
+        # answer proxy ARP at once (the default delays replies by up to 0.8 s)
         sysctl.try_write_sysctl(f"net/ipv4/neigh/{name}/proxy_delay", "0")
-        sysctl.write_sysctl(f"net/ipv4/conf/{name}/forwarding", "1")
     if 6 in versions:
         sysctl.write_sysctl(f"net/ipv6/conf/{name}/accept_dad", "0")
         sysctl.write_sysctl(f"net/ipv6/conf/{name}/proxy_ndp", "1")
@@ -205,8 +211,7 @@ def cmd_add(args: CmdArgs) -> Result:
         host = _claim_host_name(args.container_id, args.ifname)
         pair = veth.setup_veth(args.netns, args.ifname, mtu=rc.mtu, host_name=host, host_mac=HOST_MAC)
         undo.push(link.delete_link, host)  # the host routes go with it
-        link.set_alias(host, owner_tag(args.container_id, args.ifname))
-        _setup_host_end(host, versions, undo)
+        _setup_host_end(host, pair.host.index, owner_tag(args.container_id, args.ifname), versions, undo)
         routes = _pod_routes(result, versions)
         _setup_pod(args.netns, args.ifname, ips, routes)
         for ipc in ips:
