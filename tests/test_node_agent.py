@@ -239,6 +239,18 @@ def test_host_gw_dual_stack_and_faults(cluster: EtcdCluster, tmp_path: Path, plu
         cluster.wait_ready()
         assert env.ping_all(4) == env.cross_pairs()
 
+        # The whole etcd cluster down and back: the data plane carries on meanwhile, the agents
+        # retry, resync from a full read, and follow a claim made after the restart.
+        cluster.kill_all()
+        assert env.ping_all(4) == env.cross_pairs()
+        cluster.restart_all()
+        with cluster.client() as etcd:
+            etcd.put(f"{env.prefix}/ipam/affinity/{n2.name}/podnet/10.90.201.0-26",
+                     json.dumps({"cidr": "10.90.201.0/26", "node": n2.name, "network": "podnet"}))
+        env.wait(lambda: "10.90.201.0/26 via" in n1.routes() and "10.90.201.0/26 via" in n3.routes(),
+                 "a claim after etcd's restart routed")
+        assert "resyncing" in n1.log_text() or "retrying" in n1.log_text()
+
         # node3's agent gone past its TTL (3 s): the others drop its blocks.
         n3_blocks = [ln.split()[0] for ln in n1.routes().splitlines() if f"via {n3.etcd.ip}" in ln]
         assert n3_blocks
@@ -272,6 +284,10 @@ def test_vxlan_mode(cluster: EtcdCluster, tmp_path: Path, plugin_dir: str) -> No
         assert dev["linkinfo"]["info_data"].get("learning") is False
         routes = n1.routes()
         assert f"via {n2.etcd.ip} dev pycni.vxlan onlink" in routes and "ul0" not in routes
+        status = n1.ns.run([sys.executable, "-m", "pycni", "node", "status", "--etcd-endpoints",
+                            ",".join(cluster.endpoints), "--etcd-prefix", env.prefix, "--node-name", n1.name,
+                            "--mode", "vxlan"]).stdout
+        assert status.count(": programmed") == 3 + 2 and "MISSING" not in status, status  # 3 blocks, 2 VTEPs
         fdb = n1.ns.run(["bridge", "fdb", "show", "dev", "pycni.vxlan"]).stdout
         assert f"dst {n2.etcd.ip}" in fdb and f"dst {n3.etcd.ip}" in fdb
         # pod blocks are not routed over the underlay directly: the kernel picks the vxlan device
