@@ -285,8 +285,8 @@ def test_vxlan_mode(cluster: EtcdCluster, tmp_path: Path, plugin_dir: str) -> No
         routes = n1.routes()
         assert f"via {n2.etcd.ip} dev pycni.vxlan onlink" in routes and "ul0" not in routes
         status = n1.ns.run([sys.executable, "-m", "pycni", "node", "status", "--etcd-endpoints",
-                            ",".join(cluster.endpoints), "--etcd-prefix", env.prefix, "--node-name", n1.name,
-                            "--mode", "vxlan"]).stdout
+                            ",".join(cluster.endpoints), "--etcd-prefix", env.prefix, "--node-name",
+                            n1.name]).stdout  # the mode as the node registered it
         assert status.count(": programmed") == 3 + 2 and "MISSING" not in status, status  # 3 blocks, 2 VTEPs
         fdb = n1.ns.run(["bridge", "fdb", "show", "dev", "pycni.vxlan"]).stdout
         assert f"dst {n2.etcd.ip}" in fdb and f"dst {n3.etcd.ip}" in fdb

@@ -559,12 +559,13 @@ def status_lines(opts: AgentOptions, etcd: Etcd) -> tuple[list[str], bool]:
     """What this node has programmed against what etcd asks of it; (lines, in sync)."""
     view = ClusterView(opts.prefix)
     view.load(etcd)
-    device = opts.device if opts.mode == "vxlan" else ""
-    want = plan(view, opts.name, opts.mode, device)
-    have = read_kernel(device)
     me = view.nodes.get(opts.name)
+    mode = opts.mode or ("vxlan" if me is not None and me.vtep_mac else "host-gw")  # as registered
+    device = opts.device if mode == "vxlan" else ""
+    want = plan(view, opts.name, mode, device)
+    have = read_kernel(device)
     lines = [f"node {opts.name}: {'registered ' + ', '.join(me.underlay_ips) if me else 'NOT registered'}; "
-             f"mode {opts.mode}; etcd: {len(view.nodes)} nodes, {len(view.blocks())} blocks"]
+             f"mode {mode}; etcd: {len(view.nodes)} nodes, {len(view.blocks())} blocks"]
     ok = me is not None
     for cidr, hop in sorted(want.routes.items()):
         cur = have.routes.get(cidr)
@@ -614,7 +615,8 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--node-name", default="", help="this node's name (default: the host name)")
     sp.add_argument("--underlay-ip", default="",
                     help="the address other nodes reach this one on; IPv4 and IPv6 comma-separated")
-    sp.add_argument("--mode", default="host-gw", choices=("host-gw", "vxlan"), help="how blocks reach nodes")
+    sp.add_argument("--mode", choices=("host-gw", "vxlan"),
+                    help="how blocks reach nodes (default host-gw; for status: the mode the node registered)")
     sp.add_argument("--ttl", type=int, default=DEFAULT_TTL,
                     help=f"registration lease in seconds: how long a silent node keeps its routes "
                          f"(default {DEFAULT_TTL})")
@@ -649,8 +651,10 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     if not 0 < ns.vxlan_vni < 1 << 24 or not 0 < ns.vxlan_port < 65536 or not 0 < len(ns.vxlan_device) < 16:
         raise CNIError(INVALID_CONFIG, "invalid vxlan settings",
                        "--vxlan-vni 1..16777215, --vxlan-port 1..65535, --vxlan-device up to 15 characters")
+    # no --mode: the agent runs host-gw; status goes by the mode the node registered ("")
+    mode = ns.mode or ("host-gw" if need_underlay else "")
     return AgentOptions(endpoints=endpoints, name=ns.node_name or socket.gethostname(), underlay_ips=ips,
-                        mode=ns.mode, prefix=ns.etcd_prefix or DEFAULT_PREFIX, ttl=ns.ttl, device=ns.vxlan_device,
+                        mode=mode, prefix=ns.etcd_prefix or DEFAULT_PREFIX, ttl=ns.ttl, device=ns.vxlan_device,
                         vni=ns.vxlan_vni, port=ns.vxlan_port, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert,
                         key=ns.etcd_key)
 
