@@ -267,16 +267,16 @@ def cmd_check(args: CmdArgs) -> None:
 
 
 def cmd_gc(args: CmdArgs) -> None:
-    """GC belongs to IPAM: it releases what ``cni.dev/valid-attachments`` omits (host ends die
-    with their pods' namespaces)."""
-    conf = load_conf(args.stdin_data)
-    netconf.valid_attachments(conf)
-    ipam.gc(conf, args)
+    """The IPAM plugin's GC releases what ``cni.dev/valid-attachments`` does not list (host ends
+    die with their pods' namespaces)."""
+    rc = parse_conf(args)
+    ipam.gc(rc.conf, args)
 
 
 def cmd_status(args: CmdArgs) -> None:
-    """Ready when IPAM is (cluster-ipam: when etcd answers)."""
-    ipam.status(load_conf(args.stdin_data), args)
+    """The IPAM plugin's STATUS is ours (cluster-ipam: whether etcd answers)."""
+    rc = parse_conf(args)
+    ipam.status(rc.conf, args)
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
