@@ -227,14 +227,14 @@ def test_host_gw_dual_stack_and_faults(cluster: EtcdCluster, tmp_path: Path, plu
         assert "route del" not in restart_log  # converging did not take down what was right
 
         # An etcd member lost: watches move to other members, no route changes anywhere.
-        logs = {n.name: n.log_text().count("route ") for n in env.nodes}
+        logs = {n.name: n.log_text().count(": route ") for n in env.nodes}
         routes = {n.name: n.routes() for n in env.nodes}
         cluster.kill(1)
         time.sleep(3)
         n1.add_pod("node1-during-loss")  # the cluster still works with two members
         env.converged()
         assert {n.name: n.routes() for n in env.nodes} == routes
-        assert {n.name: n.log_text().count("route ") for n in env.nodes} == logs
+        assert {n.name: n.log_text().count(": route ") for n in env.nodes} == logs
         cluster.restart(1)
         cluster.wait_ready()
         assert env.ping_all(4) == env.cross_pairs()
@@ -328,7 +328,7 @@ def test_vxlan_mode(cluster: EtcdCluster, tmp_path: Path, plugin_dir: str) -> No
         time.sleep(1)
         env.converged()
         tail = n1.log_text().split("starting:")[-1]
-        assert "route " not in tail and "fdb" not in tail and "vxlan device" not in tail
+        assert ": route " not in tail and ": fdb" not in tail and "vxlan device" not in tail
     finally:
         env.cleanup()
 
