@@ -171,7 +171,7 @@ def test_ipam_gc_and_status_delegate(tmp_path: Path) -> None:
     assert err.code == 50 and err.msg == "not ready"
     assert log.read_text().split() == ["GC", "STATUS"]
     assert ipam.locate(conf, _args(tmp_path, "ADD", conf)) == str(fake)
-    no_ipam = {"cniVersion": "1.1.0", "name": "n", "type": "x"}
+    no_ipam = {"cniVersion": "1.1.0", "name": "n", "type": "x", netconf.VALID_ATTACHMENTS: []}
     ipam.gc(no_ipam, _args(tmp_path, "GC", no_ipam))  # nothing to ask: success
     ipam.status(no_ipam, _args(tmp_path, "STATUS", no_ipam))
     assert ipam.locate(no_ipam, _args(tmp_path, "ADD", no_ipam)) == ""

@@ -151,7 +151,7 @@ def test_ifname_clash_is_refused(lan: tuple[Namespace, Namespace], container_ns:
 @pytest.mark.parametrize("plugin,extra,text", [
     (ipvlan.PLUGIN, {"mode": "l4"}, "unknown ipvlan mode"),
     (vlan.PLUGIN, {"vlanId": 4095}, "invalid VLAN ID 4095"),
-    (vlan.PLUGIN, {"vlanId": "5"}, "invalid VLAN ID"),
+    (vlan.PLUGIN, {"vlanId": "5"}, "'vlanId' must be an integer"),
 ])
 def test_bad_mode_or_id_is_config_error(lan: tuple[Namespace, Namespace], container_ns: Namespace,
                                         plugin_dir: str, tmp_path: Path, plugin: Plugin, extra: dict[str, Any],

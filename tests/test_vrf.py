@@ -10,7 +10,8 @@ import pytest
 from netns_util import Namespace
 from plugin_util import call, err, ok
 
-from pycni.plugins.main import vrf
+from pycni.plugins.meta import vrf
+from pycni.skel import CmdArgs
 from pycni.spec.errors import CNIError
 
 
@@ -29,7 +30,8 @@ def conf(container: Namespace, **extra: Any) -> dict[str, Any]:
                                       ({"vrfname": "b", "table": "7"}, "invalid vrf table")])
 def test_config_errors(raw: dict[str, Any], text: str) -> None:
     with pytest.raises(CNIError) as e:
-        vrf.parse(json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "vrf", **raw}).encode())
+        vrf.parse_conf(CmdArgs("ADD", stdin_data=json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "vrf",
+                                                              **raw}).encode()))
     assert e.value.code == 7 and text in e.value.msg
 
 

@@ -29,7 +29,9 @@ TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin 
 if TYPE_CHECKING:
     from typing import Any
 
-INTERNAL_ERROR = E.INTERNAL  # what the Go reference reports for errors that are not CNI errors
+# Deprecated spelling of pycni.spec.errors.INTERNAL (999), kept only until branches that still
+# import it are merged; new code imports INTERNAL from pycni.spec.errors.
+INTERNAL_ERROR = E.INTERNAL
 
 # Which environment variables each command requires (spec: "Parameters").
 REQUIRED_ENV: dict[str, tuple[str, ...]] = {

@@ -26,8 +26,8 @@ from contextlib import contextmanager, nullcontext
 from pycni.daemon import protocol
 from pycni.net import netns
 from pycni.plugins.registry import PLUGIN_MODULES
-from pycni.skel import INTERNAL_ERROR, Outcome, Plugin, dispatch
-from pycni.spec.errors import CNIError
+from pycni.skel import Outcome, Plugin, dispatch
+from pycni.spec.errors import INTERNAL, INVALID_ENV, IO_FAILURE, CNIError
 
 log = logging.getLogger("pycni.daemon")
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -252,14 +252,14 @@ class Daemon:
                     protocol.recv_frame(conn)
                 except (OSError, ValueError):
                     pass
-                outcome = _error_outcome(CNIError(4, "permission denied",
+                outcome = _error_outcome(CNIError(INVALID_ENV, "permission denied",
                                                   "only root or the daemon's user may use the pycni daemon"))
             else:
                 try:
                     name, stdin, env = protocol.decode_request(protocol.recv_frame(conn))
                 except (ValueError, UnicodeDecodeError) as e:
                     log.warning("malformed request from pid %d: %s", pid, e)
-                    outcome = _error_outcome(CNIError(4, "malformed daemon request", str(e)))
+                    outcome = _error_outcome(CNIError(INVALID_ENV, "malformed daemon request", str(e)))
                 else:
                     outcome = self.handle(name, env, stdin, pid)
             conn.sendall(protocol.encode_reply(outcome.exit_code, outcome.stdout, outcome.stderr))
@@ -273,7 +273,7 @@ class Daemon:
     def handle(self, name: str, env: dict[str, str], stdin: bytes, peer_pid: int) -> Outcome:
         """Run one invocation in the network namespace of process ``peer_pid``."""
         if name not in PLUGIN_MODULES:
-            return _error_outcome(CNIError(4, "malformed daemon request", f"unknown plugin {name!r}"))
+            return _error_outcome(CNIError(INVALID_ENV, "malformed daemon request", f"unknown plugin {name!r}"))
         env = dict(env)
         # A request from a plugin this daemon is already serving (a delegate it had to exec,
         # e.g. one of ours called by a Go plugin) must not wait for its parent's container lock.
@@ -282,12 +282,12 @@ class Daemon:
         try:
             plugin = self._plugin(name)
         except Exception as e:  # noqa: BLE001
-            return _error_outcome(CNIError(INTERNAL_ERROR, f"plugin {name} failed to load", str(e)))
+            return _error_outcome(CNIError(INTERNAL, f"plugin {name} failed to load", str(e)))
         # Pin the caller's namespace now: the pid could exit and be reused while we wait.
         try:
             ns_fd = os.open(f"/proc/{peer_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
-            return _error_outcome(CNIError(5, "cannot find the caller's network namespace", str(e)))
+            return _error_outcome(CNIError(IO_FAILURE, "cannot find the caller's network namespace", str(e)))
         try:
             key = env.get("CNI_CONTAINERID") or ""
             locked = key and not nested
@@ -303,7 +303,7 @@ class Daemon:
         except CNIError as e:
             return _error_outcome(e)
         except Exception as e:  # noqa: BLE001
-            return _error_outcome(CNIError(INTERNAL_ERROR, str(e) or type(e).__name__, "pycni daemon"))
+            return _error_outcome(CNIError(INTERNAL, str(e) or type(e).__name__, "pycni daemon"))
         finally:
             os.close(ns_fd)
 

@@ -7,10 +7,10 @@ import ipaddress
 import time
 
 from pycni.net.errors import kernel_errors
-from pycni.net.link import INTERNAL, require_index, rtnl
+from pycni.net.link import require_index, rtnl
 from pycni.net.nl import AF_INET, AF_INET6, AF_UNSPEC
 from pycni.record import record
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:

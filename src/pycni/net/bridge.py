@@ -7,7 +7,6 @@ import errno
 from pycni.net.errors import kernel_errors
 from pycni.net.link import (
     IFF_PROMISC,
-    INTERNAL,
     Link,
     ipr,
     lookup_msg,
@@ -17,7 +16,7 @@ from pycni.net.link import (
     setlink,
 )
 from pycni.record import field, record
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:

@@ -14,8 +14,7 @@ import ipaddress
 from pycni.net import addr as _addr
 from pycni.net import link as _link
 from pycni.net import route as _route
-from pycni.net.link import INTERNAL
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import Result
 
 DAD_SETTLE_TIMEOUT = 5.0

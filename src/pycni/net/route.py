@@ -27,8 +27,10 @@ RT_TABLE_MAIN = 254
 RT_TABLE_LOCAL = 255
 RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_LINK = 253
+RT_SCOPE_NOWHERE = 255  # as a delete filter: a route of any scope
 RTN_UNICAST = 1
 RTN_BLACKHOLE = 6
+RTPROT_KERNEL = 2  # routes the kernel made itself (e.g. for an address's subnet)
 RTPROT_BOOT = 3  # what vishvananda/netlink (and so the Go plugins) stamp on routes they add
 RTNH_F_ONLINK = 4
 

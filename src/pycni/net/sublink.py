@@ -15,7 +15,6 @@ import os
 from pycni.net import netns
 from pycni.net.errors import is_netlink_error, kernel_errors, netlink_errno
 from pycni.net.link import (
-    INTERNAL,
     Link,
     delete_link_quietly,
     get_link,
@@ -25,7 +24,7 @@ from pycni.net.link import (
     setlink,
 )
 from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:

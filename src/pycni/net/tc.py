@@ -23,7 +23,7 @@ from typing import Any
 from pycni.net.errors import kernel_errors
 from pycni.net.link import ipr, link_index
 from pycni.record import field, record
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import TRY_AGAIN, CNIError
 
 TIME_UNITS_PER_SEC = 1_000_000
 LATENCY_MS = 25
@@ -79,7 +79,7 @@ def run_tc(lines: Sequence[str], what: str) -> None:
     except FileNotFoundError:
         raise CNIError(TC_ERROR, "tc command not found", "install iproute2 (the `tc` tool)") from None
     except subprocess.TimeoutExpired:
-        raise CNIError(11, f"{what}: tc timed out", "try again") from None
+        raise CNIError(TRY_AGAIN, f"{what}: tc timed out", "try again") from None
     if proc.returncode != 0:
         raise CNIError(TC_ERROR, f"failed to {what}", (proc.stderr or proc.stdout).strip()[-1000:])
 

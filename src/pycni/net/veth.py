@@ -15,7 +15,6 @@ import os
 from pycni.net import netns
 from pycni.net.errors import kernel_errors
 from pycni.net.link import (
-    INTERNAL,
     Link,
     delete_link_quietly,
     lookup_msg,
@@ -25,7 +24,7 @@ from pycni.net.link import (
 from pycni.net.sysctl import try_write_sysctl
 from pycni.netconf import is_colon_mac
 from pycni.record import record
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, INVALID_CONFIG, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
@@ -149,5 +148,5 @@ def _read_back(name: str) -> Link:
 def _check_mac(mac: str) -> None:
     """Refuse a container MAC that is not six hex pairs before anything is made."""
     if not is_colon_mac(mac):
-        raise CNIError(7, f"invalid MAC address {mac!r}",
+        raise CNIError(INVALID_CONFIG, f"invalid MAC address {mac!r}",
                        "give a 6-byte MAC address in the form 0a:58:0a:f4:00:05")

@@ -24,7 +24,6 @@ PLUGIN_MODULES: dict[str, str] = {
     "host-device": "pycni.plugins.main.host_device",
     "dummy": "pycni.plugins.main.dummy",
     "tap": "pycni.plugins.main.tap",
-    "vrf": "pycni.plugins.main.vrf",
     "routed": "pycni.plugins.main.routed",
     # ipam
     "host-local": "pycni.plugins.ipam.host_local",
@@ -38,6 +37,7 @@ PLUGIN_MODULES: dict[str, str] = {
     "firewall": "pycni.plugins.meta.firewall",
     "sbr": "pycni.plugins.meta.sbr",
     "flannel": "pycni.plugins.meta.flannel",
+    "vrf": "pycni.plugins.meta.vrf",
 }
 
 

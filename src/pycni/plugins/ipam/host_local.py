@@ -31,9 +31,10 @@ from pycni.plugins.ipam.ranges import (
 )
 from pycni.plugins.ipam.store import DEFAULT_DATA_DIR, Store
 from pycni.record import field, record
-from pycni.skel import INTERNAL_ERROR, CmdArgs, Plugin, config_version, prev_result, run_plugin
+from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import (
     INCOMPATIBLE_VERSION,
+    INTERNAL,
     INVALID_CONFIG,
     IO_FAILURE,
     PLUGIN_NOT_AVAILABLE,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 # Allocation failures the reference reports with its catch-all code; kept for compatibility.
-ALLOCATION_FAILED = INTERNAL_ERROR
+ALLOCATION_FAILED = INTERNAL
 VALID_ATTACHMENTS = "cni.dev/valid-attachments"
 
 

@@ -67,10 +67,6 @@ class BridgeConf:
         return self.vlan != 0 or self.vlan_trunk
 
 
-def _bad(msg: str, details: str = "") -> CNIError:
-    return CNIError(E.INVALID_CONFIG, msg, details)
-
-
 def _vlan_trunk(items: Any) -> list[int]:
     """Expand ``vlanTrunk`` ([{id} | {minID, maxID}]) into a sorted list, checked as in Go."""
     if not isinstance(items, list):
@@ -80,22 +76,23 @@ def _vlan_trunk(items: Any) -> list[int]:
     def vid(item: dict[str, Any], key: str) -> int:
         v = item[key]
         if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 4094:
-            raise _bad(f"incorrect trunk {key} parameter", f"{key} must be an integer in 1..4094, got {v!r}")
+            raise E.invalid_config(f"incorrect trunk {key} parameter",
+                                   f"{key} must be an integer in 1..4094, got {v!r}")
         return v
 
     for item in items:
         if not isinstance(item, dict):
-            raise _bad("invalid 'vlanTrunk' entry", f"expected an object, got {item!r}")
+            raise E.invalid_config("invalid 'vlanTrunk' entry", f"expected an object, got {item!r}")
         has_min, has_max = item.get("minID") is not None, item.get("maxID") is not None
         if has_min and has_max:
             lo, hi = vid(item, "minID"), vid(item, "maxID")
             if hi < lo:
-                raise _bad("minID is greater than maxID in trunk parameter", f"{item!r}")
+                raise E.invalid_config("minID is greater than maxID in trunk parameter", f"{item!r}")
             vids.update(range(lo, hi + 1))
         elif has_max:
-            raise _bad("minID and maxID should be configured simultaneously, minID is missing", f"{item!r}")
+            raise E.invalid_config("minID and maxID should be configured simultaneously, minID is missing", f"{item!r}")
         elif has_min:
-            raise _bad("minID and maxID should be configured simultaneously, maxID is missing", f"{item!r}")
+            raise E.invalid_config("minID and maxID should be configured simultaneously, maxID is missing", f"{item!r}")
         if item.get("id") is not None:
             vids.add(vid(item, "id"))
     return sorted(vids)
@@ -122,15 +119,17 @@ def parse_conf(args: CmdArgs) -> BridgeConf:
     try:
         validate_interface_name(n.bridge)
     except CNIError as e:
-        raise _bad(f"invalid bridge name {n.bridge!r}", e.details or e.msg) from None
+        raise E.invalid_config(f"invalid bridge name {n.bridge!r}", e.details or e.msg) from None
     n.vlan = netconf.get_int(raw, "vlan")
     if not 0 <= n.vlan <= 4094:
-        raise _bad(f"invalid VLAN ID {n.vlan} (must be between 0 and 4094)", "set vlan to 0 (none) or 1..4094")
+        raise E.invalid_config(f"invalid VLAN ID {n.vlan} (must be between 0 and 4094)",
+                               "set vlan to 0 (none) or 1..4094")
     if raw.get("vlanTrunk") is not None:
         n.vlan_trunk = True
         n.vlans = _vlan_trunk(raw["vlanTrunk"])
     if n.ip_masq_backend not in (None, "iptables", "nftables"):
-        raise _bad(f"unknown ipmasq backend {n.ip_masq_backend!r}", "ipMasqBackend must be iptables or nftables")
+        raise E.invalid_config(f"unknown ipmasq backend {n.ip_masq_backend!r}",
+                               "ipMasqBackend must be iptables or nftables")
     if n.is_default_gw:
         n.is_gw = True
     # The container MAC: CNI_ARGS MAC, then args.cni.mac, then runtimeConfig.mac (last wins).
@@ -146,10 +145,10 @@ def check_for_add(n: BridgeConf, args: CmdArgs) -> None:
     from pycni.net.link import check_container_ifname
 
     if n.ipam_type and n.disable_container_interface:
-        raise _bad("cannot use IPAM when DisableContainerInterface flag is set",
+        raise E.invalid_config("cannot use IPAM when DisableContainerInterface flag is set",
                    "drop ipam for an L2-only attachment, or drop disableContainerInterface")
     if n.hairpin and n.promisc:
-        raise _bad("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
+        raise E.invalid_config("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
     netconf.require_ip_result(n.cni_version, bool(n.ipam_type), "bridge")
     if n.ipam_type:
         invoke.find_in_path(n.ipam_type, args.cni_path)
@@ -336,7 +335,7 @@ def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, pair:
     if n.ip_masq:
         backend = n.ip_masq_backend or default_masq_backend()
         addrs = [ipc.address for ipc in result.ips]
-        undo.push(lambda: masq.teardown_ip_masq(backend, n.name, args.container_id, args.ifname, addrs))
+        undo.push(masq.undo_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
         # Its iptables-restore process runs while the links are configured (the result is the
         # same in any order): each waits on something else, the RTNL lock or the xtables table.
         masq_job = _Background(masq.setup_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)

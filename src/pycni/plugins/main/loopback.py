@@ -7,42 +7,51 @@ prevResult through unchanged. DEL succeeds when there is no netns at all.
 
 from __future__ import annotations
 
-from pycni import skel
-from pycni.skel import CmdArgs, Plugin, run_plugin
+from pycni import netconf
+from pycni.record import record
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import Interface, IPConfig, Result
 
 LOOPBACK = "lo"
 LOOPBACK_MAC = "00:00:00:00:00:00"
 
 
-def parse_conf(args: CmdArgs) -> tuple[dict, Result | None]:
-    """The config and its prevResult (parsed, so a bad one fails before we touch anything)."""
+@record
+class LoopbackConf:
+    """Nothing to configure but the version and, when chained, the prevResult to pass through."""
+
+    name: str
+    cni_version: str
+    prev: Result | None = None
+
+
+def parse_conf(args: CmdArgs) -> LoopbackConf:
+    """The config as a :class:`LoopbackConf` (prevResult parsed, so a bad one fails before we touch anything)."""
     conf = args.conf()
     try:
-        prev = skel.prev_result(conf)
+        prev = netconf.prev_result(conf)
     except CNIError as e:
         raise CNIError(E.DECODE_FAILURE, "failed to parse prevResult", e.details or e.msg) from None
-    return conf, prev
+    return LoopbackConf(name=str(conf.get("name") or ""), cni_version=config_version(conf), prev=prev)
 
 
 def cmd_add(args: CmdArgs) -> Result:
     from pycni.net import addr, link, netns
 
-    conf, prev = parse_conf(args)
+    n = parse_conf(args)
     with netns.enter(args.netns):
         lo = link.set_link(LOOPBACK, up=True)
         v4 = addr.list_addrs(lo.index, 4)
         v6 = addr.list_addrs(lo.index, 6)
     for a in (*v4, *v6):
         if not a.address.ip.is_loopback:
-            raise CNIError(skel.INTERNAL_ERROR,
-                           f"loopback interface found with non-loopback address {str(a.address.ip)!r}",
+            raise CNIError(INTERNAL, f"loopback interface found with non-loopback address {str(a.address.ip)!r}",
                            "lo carries an address outside 127.0.0.0/8 and ::1; remove it or use another netns")
-    if prev is not None:
-        return prev
-    result = Result(cni_version=skel.config_version(conf),
+    if n.prev is not None:
+        return n.prev
+    result = Result(cni_version=n.cni_version,
                     interfaces=[Interface(name=LOOPBACK, mac=LOOPBACK_MAC, sandbox=args.netns)])
     for found in (v4, v6):
         if found:
@@ -67,13 +76,23 @@ def cmd_check(args: CmdArgs) -> None:
     with netns.enter(args.netns):
         lo = link.get_link(LOOPBACK)
     if lo is None:
-        raise CNIError(skel.INTERNAL_ERROR, "Link not found", f"no {LOOPBACK} in {args.netns}")
+        raise CNIError(INTERNAL, "Link not found", f"no {LOOPBACK} in {args.netns}")
     if not lo.up:
-        raise CNIError(skel.INTERNAL_ERROR, "loopback interface is down",
+        raise CNIError(INTERNAL, "loopback interface is down",
                        f"{LOOPBACK} in {args.netns} is down; run ADD again to bring it up")
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+def cmd_gc(args: CmdArgs) -> None:
+    """Nothing to collect: lo lives and dies with its namespace."""
+    parse_conf(args)
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """Always ready."""
+    parse_conf(args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
                 about="CNI loopback plugin (pycni): brings up lo in the container")
 
 

@@ -83,7 +83,7 @@ def _setup_container(args: CmdArgs, result: Result) -> None:
             assert ipc.gateway is not None
             subnet = ipc.address.network
             bits = ipc.address.max_prefixlen
-            route.del_route(subnet, dev=index, scope=255)  # RT_SCOPE_NOWHERE: any scope, as the reference
+            route.del_route(subnet, dev=index, scope=route.RT_SCOPE_NOWHERE)  # any scope, as the reference
             route.add_route(f"{ipc.gateway}/{bits}", dev=index, scope=route.RT_SCOPE_LINK, src=ipc.address.ip)
             route.add_route(subnet, gw=ipc.gateway, dev=index, src=ipc.address.ip)
 
@@ -123,7 +123,7 @@ def cmd_add(args: CmdArgs) -> Result:
         if n.ip_masq:
             addrs = [i.address for i in result.ips]
             backend = n.masq_backend()
-            undo.push(masq.teardown_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
+            undo.push(masq.undo_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
             masq.setup_ip_masq(backend, n.name, args.container_id, args.ifname, addrs)
         if not n.dns.is_empty():
             result.dns = n.dns  # the plugin's own DNS settings win over IPAM's, as in the reference

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pycni import netconf
 from pycni.plugins.main._sublink import SublinkPlugin, SublinkSpec, link_info_data
 from pycni.skel import run_plugin
 from pycni.spec import errors as E
@@ -13,8 +14,8 @@ from pycni.spec.errors import INTERNAL, CNIError
 
 def _vlan_id(conf: Mapping[str, Any]) -> int:
     """``vlanId``, 0 to 4094; CNIError 7 otherwise."""
-    vid = conf.get("vlanId", 0)
-    if not isinstance(vid, int) or isinstance(vid, bool) or not 0 <= vid <= 4094:
+    vid = netconf.get_int(conf, "vlanId")
+    if not 0 <= vid <= 4094:
         raise CNIError(E.INVALID_CONFIG, f"invalid VLAN ID {vid} (must be between 0 and 4095 exclusive)",
                        "set \"vlanId\" to a number from 0 to 4094")
     return vid

@@ -4,7 +4,9 @@ Chained after an interface plugin. ADD creates the VRF ``vrfname`` in the contai
 not there (routing table ``table``, or the first table no other VRF uses), enslaves the
 interface, puts back the IPv6 addresses the kernel drops on enslaving, and moves the
 interface's routes from the main table into the VRF's table. DEL releases the interface and
-removes the VRF once nothing is left in it. The prevResult passes through unchanged.
+removes the VRF once nothing is left in it. The prevResult passes through unchanged. A chained
+plugin, so it lives with the meta plugins as upstream's does; its CNI type stays ``vrf``. An ADD
+that fails part-way takes back the VRF it made, the enslavement and the routes it copied.
 """
 
 from __future__ import annotations
@@ -12,17 +14,31 @@ from __future__ import annotations
 import errno
 from typing import Any
 
+from pycni import netconf
 from pycni.net import netns
 from pycni.net.rule import RESERVED_TABLES, next_free_table
-from pycni.skel import CmdArgs, Plugin, load_conf, prev_result, run_plugin
+from pycni.record import record
+from pycni.rollback import Rollback
+from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import Result
 
 
-def parse(data: bytes) -> tuple[dict[str, Any], str, int | None]:
-    """The config, ``vrfname`` and ``table`` (None: pick a free one), each checked."""
-    conf = load_conf(data)
+@record
+class VrfConf:
+    """``vrfname`` and ``table`` (None: the first table no other VRF uses), and the chain's prevResult."""
+
+    name: str
+    cni_version: str
+    vrfname: str
+    table: int | None = None
+    prev: Result | None = None
+
+
+def parse_conf(args: CmdArgs) -> VrfConf:
+    """The config as a :class:`VrfConf`, each key checked."""
+    conf = args.conf()
     name = conf.get("vrfname", "")
     if not isinstance(name, str) or not name:
         raise CNIError(E.INVALID_CONFIG, "configuration is expected to have a valid vrf name",
@@ -34,7 +50,10 @@ def parse(data: bytes) -> tuple[dict[str, Any], str, int | None]:
                               or table in RESERVED_TABLES):
         raise CNIError(E.INVALID_CONFIG, f"invalid vrf table {table!r}",
                        "\"table\" must be a routing table number other than 253-255 (default, main, local)")
-    return conf, name, table
+    netconf.runtime_config(conf)
+    netconf.args_cni(conf)
+    return VrfConf(name=str(conf.get("name") or ""), cni_version=config_version(conf), vrfname=name, table=table,
+                   prev=netconf.prev_result(conf))
 
 
 def vrf_link_spec(name: str, table: int) -> dict[str, Any]:
@@ -63,8 +82,9 @@ def first_free_table(taken: set[int]) -> int:
     return next_free_table(1, taken | RESERVED_TABLES)
 
 
-def _ensure_vrf(name: str, table: int | None) -> int:
-    """The index of VRF ``name`` here, created (up) with ``table`` or a free one when missing."""
+def _ensure_vrf(name: str, table: int | None, undo: Rollback) -> int:
+    """The index of VRF ``name`` here, created (up) with ``table`` or a free one when missing
+    (a failed ADD deletes the VRF it made)."""
     from pycni.net import link
     from pycni.net.errors import kernel_errors
     from pycni.net.link import ipr
@@ -84,25 +104,26 @@ def _ensure_vrf(name: str, table: int | None) -> int:
         sock.link("add", **vrf_link_spec(name, use))
     if refused.ignored is not None:
         raise kernel_lacks("vrf")
+    undo.push(link.delete_link, name)
     return link.set_link(name, up=True).index
 
 
 def cmd_add(args: CmdArgs) -> Result:
     from pycni.net import addr, link, route
 
-    conf, name, table = parse(args.stdin_data)
-    prev = prev_result(conf)
-    if prev is None:
+    n = parse_conf(args)
+    if n.prev is None:
         raise CNIError(E.INVALID_CONFIG, "missing prevResult from earlier plugin",
                        "vrf is a chained plugin: put it after the plugin that creates the interface")
-    with netns.enter(args.netns):
+    with netns.enter(args.netns), Rollback() as undo:
         iface = link.get_link(args.ifname)
         if iface is None:
             raise CNIError(INTERNAL, f"failed to find interface {args.ifname!r}", "the previous plugin made none")
         before = [a.address for a in addr.list_addrs(iface.index) if a.scope == 0]
-        main_routes = [r for r in route.list_routes(dev=iface.index) if r.proto != 2]  # not proto kernel
-        vrf_index = _ensure_vrf(name, table)
-        vrf_table = _vrfs()[name][1]
+        main_routes = [r for r in route.list_routes(dev=iface.index) if r.proto != route.RTPROT_KERNEL]
+        vrf_index = _ensure_vrf(n.vrfname, n.table, undo)
+        vrf_table = _vrfs()[n.vrfname][1]
+        undo.push(_release, iface.index, before)
         link.set_link(iface.index, master=vrf_index)
         after = {a.address for a in addr.list_addrs(iface.index)}
         for a in before:
@@ -111,13 +132,22 @@ def cmd_add(args: CmdArgs) -> Result:
         for r in main_routes:
             route.add_route(r.dst, gw=r.gw, dev=iface.index, table=vrf_table, priority=r.priority or None,
                             exist_ok=True)
-    return prev
+    return n.prev
+
+
+def _release(index: int, addresses: list[Any]) -> None:
+    """Rollback of the enslavement: out of the VRF, with the addresses the kernel dropped put back."""
+    from pycni.net import addr, link
+
+    link.set_link(index, master=None)
+    for a in addresses:
+        addr.add_addr(index, a, exist_ok=True)
 
 
 def cmd_del(args: CmdArgs) -> None:
     from pycni.net import link
 
-    conf, name, _ = parse(args.stdin_data)
+    name = parse_conf(args).vrfname
     if not args.netns or not netns.netns_exists(args.netns):
         return
     with netns.enter(args.netns):
@@ -135,7 +165,8 @@ def cmd_del(args: CmdArgs) -> None:
 def cmd_check(args: CmdArgs) -> None:
     from pycni.net import link
 
-    conf, name, table = parse(args.stdin_data)
+    n = parse_conf(args)
+    name, table = n.vrfname, n.table
     netns.check_netns(args.netns)
     with netns.enter(args.netns):
         vrfs = _vrfs()
@@ -148,7 +179,17 @@ def cmd_check(args: CmdArgs) -> None:
             raise CNIError(INTERNAL, f"interface {args.ifname!r} is not enslaved to VRF {name!r}")
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+def cmd_gc(args: CmdArgs) -> None:
+    """Nothing outlives its container here: the VRF lives in the container's namespace."""
+    parse_conf(args)
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """Always ready: the VRF is made on demand."""
+    parse_conf(args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
                 about="pycni vrf: puts the container interface into a VRF")
 
 
