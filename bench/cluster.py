@@ -193,14 +193,14 @@ def case_many(b: Bench, total: int) -> list[Row]:
     network = "many"
     subnet = "10.120.0.0/16"
     rs = [parse_range_set([{"subnet": subnet}])]
-    per_thread = total // 12
+    counts = [total // 12 + (1 if t < total % 12 else 0) for t in range(12)]
     lost = []
 
     def worker(node: int, k: int) -> list[str]:
         s = store(b.cluster, network, f"node{node + 1}")
         lock = os.path.join(b.tmp, "locks", f"{network}.node{node + 1}.lock")  # the plugin's node lock
         out = []
-        for i in range(per_thread):
+        for i in range(counts[node * 4 + k]):
             with flocked(lock, create=True):
                 got = s.assign(f"m{node}-{k}-{i}", "eth0", rs, [])
             out.append(str(got[0].ip))
@@ -230,7 +230,7 @@ def case_many(b: Bench, total: int) -> list[Row]:
     def release(node: int, k: int) -> None:
         s = store(b.cluster, network, f"node{node + 1}")
         lock = os.path.join(b.tmp, "locks", f"{network}.node{node + 1}.lock")
-        for i in range(per_thread):
+        for i in range(counts[node * 4 + k]):
             with flocked(lock, create=True):
                 s.release(f"m{node}-{k}-{i}", "eth0")
         s.etcd.close()
@@ -239,7 +239,7 @@ def case_many(b: Bench, total: int) -> list[Row]:
         for f in [pool.submit(release, n, k) for n in range(3) for k in range(4)]:
             f.result()
     leaked = leaks(b.cluster, network)
-    n = per_thread * 12
+    n = total
     return [(f"(C) {n} allocations in a /16, 3 nodes x 4 threads: wall", wall, "s"),
             ("(C) allocations per second", n / wall, "n"), ("(C) lost races retried", sum(lost), "n"),
             (f"(C) one-shot macvlan+cluster-ipam ADD with {n} taken", full_add, "s"), ("(C) duplicates", dups, "n"),

@@ -206,7 +206,7 @@ def op_delete(key: str, prefix: bool = False) -> dict[str, Any]:
     return {"request_delete_range": req}
 
 
-def op_get(key: str, prefix: bool = False, serializable: bool = False) -> dict[str, Any]:
+def op_get(key: str, prefix: bool = False, serializable: bool = False, keys_only: bool = False) -> dict[str, Any]:
     """Read a key (or a prefix). A txn whose ops are all serializable gets is answered by the member
     itself, without a round to the leader: fast, maybe stale (guard writes based on it with compares)."""
     req: dict[str, Any] = {"key": _b64(key)}
@@ -214,6 +214,8 @@ def op_get(key: str, prefix: bool = False, serializable: bool = False) -> dict[s
         req["range_end"] = prefix_end(key)
     if serializable:
         req["serializable"] = True
+    if keys_only:
+        req["keys_only"] = True
     return {"request_range": req}
 
 

@@ -37,6 +37,7 @@ DEFAULT_PREFIX = "/pycni"
 DEFAULT_BLOCK_V4 = 26
 DEFAULT_BLOCK_V6 = 122
 MAX_ATTEMPTS = 64  # lost races before an ADD/DEL gives up (each retry reads fresh state)
+BATCH = 4  # blocks an ADD reads at a time while looking for room
 
 
 class IpamError(Exception):
@@ -211,15 +212,14 @@ class ClusterStore:
             # stale view only costs a lost compare, and a retry reads linearizably.
             fast = attempt == 0
             res = self.etcd.txn([], [op_get(hkey, serializable=fast),
-                                     op_get(self.affinity_prefix, prefix=True, serializable=fast)])
+                                     op_get(self.affinity_prefix, prefix=True, serializable=fast, keys_only=True)])
             existing, affs = res.responses
             if existing:
                 kv = existing[0] if not fast else self.etcd.get(hkey)  # a handle seen stale may be gone
                 if kv is not None:
                     return self._held(kv.json(), range_sets)
             mine = [key_cidr(kv.key.rpartition("/")[2]) for kv in affs]
-            known = self._get_blocks(mine, fast)
-            plan = _Plan(self, f"{cid}/{ifname}", known, block_sizes, strict_affinity)
+            plan = _Plan(self, f"{cid}/{ifname}", mine, block_sizes, strict_affinity, fast)
             out = [plan.take(idx, rs, _requested_in(rs, requested)) for idx, rs in enumerate(range_sets)]
             handle = {"network": self.network, "containerID": cid, "ifname": ifname, "node": self.node,
                       "ips": [f"{a.ip}/{a.range.subnet.prefixlen}" for a in out],
@@ -377,12 +377,15 @@ def _requested_in(rs: RangeSet, requested: Sequence[IPAddress]) -> IPAddress | N
 class _Plan:
     """The blocks one ADD attempt reads and changes, before its transaction."""
 
-    def __init__(self, store: ClusterStore, hid: str, known: dict[IPNetwork, Block],
-                 block_sizes: tuple[int, int], strict: bool) -> None:
+    def __init__(self, store: ClusterStore, hid: str, mine: list[IPNetwork], block_sizes: tuple[int, int],
+                 strict: bool, serializable: bool) -> None:
         self.store = store
         self.hid = hid
-        self.blocks = dict(known)
-        self.mine = sorted(known, key=lambda c: (c.version, int(c.network_address)))
+        self.blocks: dict[IPNetwork, Block] = {}
+        # This node's blocks, newest (highest) first: the last claimed is the likeliest to have room,
+        # so the common ADD reads one batch of blocks however many the node holds.
+        self.mine = sorted(mine, key=lambda c: (c.version, int(c.network_address)), reverse=True)
+        self.serializable = serializable
         self.sizes = block_sizes
         self.strict = strict
         self.touched: list[IPNetwork] = []
@@ -419,13 +422,18 @@ class _Plan:
                                 f"held by {b.allocations[o]}")
             return self._take(b, o, r)
         # 1. this node's blocks
-        for cidr in self.mine:
+        candidates = [c for c in self.mine if _range_of_block(rs, c) is not None]
+        for i, cidr in enumerate(candidates):
+            if cidr not in self.blocks:  # read the next batch of this node's blocks
+                batch = [c for c in candidates[i:] if c not in self.blocks][:BATCH]
+                self.blocks.update(store._get_blocks(batch, self.serializable))
+            have = self.blocks.get(cidr)
             rr = _range_of_block(rs, cidr)
-            if rr is None:
+            if have is None or rr is None:  # released meanwhile (the affinity read was stale)
                 continue
-            oo = free_ordinal(self.blocks[cidr], rr)
+            oo = free_ordinal(have, rr)
             if oo is not None:
-                return self._take(self.blocks[cidr], oo, rr)
+                return self._take(have, oo, rr)
         # 2. claim a free block
         if self._all_keys is None:
             kvs, _rev = store.etcd.range(store.blocks_prefix, prefix=True, keys_only=True)
@@ -438,7 +446,7 @@ class _Plan:
             if oo is None:
                 continue
             self.blocks[cidr] = b
-            self.mine.append(cidr)
+            self.mine.insert(0, cidr)
             return self._take(b, oo, r)
         if self.strict:
             raise IpamError("strict", f"no free block left for node {store.node} in range set {idx}, and "

@@ -10,9 +10,9 @@ Config (the ``ipam`` section)::
 ``ranges`` is host-local's range-set syntax (one address per range set: several for dual
 stack); requested addresses come as host-local's (CNI_ARGS ``IP=``, ``args.cni.ips``,
 runtimeConfig ``ips``). The design and the key layout are in :mod:`pycni.cluster.ipam`.
-Every etcd call is bounded by ``etcdTimeout`` (seconds, default 8) in total for the whole
-command: when no endpoint answers (or there is no quorum) the command fails with code 11
-naming the endpoints, and nothing is allocated. ``nodeName`` defaults to the host name.
+The etcd calls of a command share one budget, ``etcdTimeout`` (seconds, default 8), and the
+wait for the node lock is bounded by it too: when no endpoint answers (or there is no quorum)
+the command fails with code 11 naming the endpoints, and nothing is allocated. ``nodeName`` defaults to the host name.
 Stdlib only (socket, json, binascii).
 """
 
@@ -184,40 +184,52 @@ class _Session:
     With ``lock``, the commands of this node that change this network take turns (a flock in
     ``lockDir``, as calico-ipam's host lock): without it N parallel ADDs on a node race for the
     same block and all but one retry, N times over. The lock is an optimisation, not what keeps
-    allocations right (the transactions' compares do): when the directory cannot be used the
-    command runs without it. Waiting for it counts against the command's budget.
+    allocations right (the transactions' compares do): when the directory cannot be used, or
+    the lock does not come within the budget (an overloaded node, a holder stuck on an etcd
+    that does not answer), the command goes on without it. The etcd budget starts once the
+    lock is settled, so a command is bounded by twice ``etcdTimeout``.
     """
 
     def __init__(self, cfg: ClusterIpamConf, unavailable_code: int = TRY_AGAIN, timeout: float | None = None,
                  lock: bool = False) -> None:
         self.cfg = cfg
         self.code = unavailable_code
-        self.etcd = client(cfg, timeout)
-        self.store = ClusterStore(self.etcd, cfg.name, cfg.node, cfg.prefix)
-        self._lock: Any = None
-        if lock and cfg.lock_dir:
-            from pycni.lockfile import flocked
+        self.timeout = timeout
+        self.lock = lock and bool(cfg.lock_dir)
+        self._held: Any = None
+        self.etcd: Etcd | None = None
 
-            self._lock = flocked(os.path.join(cfg.lock_dir, f"{cfg.name}.{cfg.node}.lock"), create=True,
-                                 timeout=max(0.0, (self.etcd.deadline or 0) - time.monotonic()))
+    def _take_lock(self) -> None:
+        from pycni.lockfile import flocked
+
+        cfg = self.cfg
+        held = flocked(os.path.join(cfg.lock_dir, f"{cfg.name}.{cfg.node}.lock"), create=True,
+                       timeout=self.timeout or cfg.timeout)
+        try:
+            held.__enter__()
+        except (TimeoutError, OSError):
+            return  # no usable lock directory, or a queue too long: transactions alone
+        self._held = held
 
     def __enter__(self) -> ClusterStore:
-        if self._lock is not None:
-            try:
-                self._lock.__enter__()
-            except TimeoutError:
-                self.etcd.close()
-                raise CNIError(TRY_AGAIN, f"cluster-ipam: other commands of node {self.cfg.node} on network "
-                               f"{self.cfg.name} held the node lock for the whole budget ({self.cfg.timeout:g}s)",
-                               f"lock file in {self.cfg.lock_dir}; try again") from None
-            except OSError:
-                self._lock = None  # no usable lock directory: transactions alone
-        return self.store
+        if self.lock:
+            self._take_lock()
+        try:
+            self.etcd = client(self.cfg, self.timeout)
+        except BaseException:
+            self._release()
+            raise
+        return ClusterStore(self.etcd, self.cfg.name, self.cfg.node, self.cfg.prefix)
+
+    def _release(self) -> None:
+        if self._held is not None:
+            self._held.__exit__(None, None, None)
+            self._held = None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if self._lock is not None:
-            self._lock.__exit__(None, None, None)
-        self.etcd.close()
+        self._release()
+        if self.etcd is not None:
+            self.etcd.close()
         if isinstance(exc, EtcdUnavailable):
             raise CNIError(self.code, f"cluster-ipam: etcd unavailable: no endpoint of {', '.join(exc.endpoints)} "
                            f"answered within {exc.timeout:g}s",
