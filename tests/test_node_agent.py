@@ -265,6 +265,18 @@ def test_host_gw_dual_stack_and_faults(cluster: EtcdCluster, tmp_path: Path, plu
                          ",".join(cluster.endpoints), "--etcd-prefix", env.prefix]).stdout
         assert "removed" in out
         env.wait(lambda: f"via {n2.etcd.ip}" not in n1.routes(), "node2 removed from node1's routes")
+
+        # A route the kernel refuses (a node whose underlay address is off this L2): logged, retried,
+        # shown as MISSING by status (exit 3) — and nothing else disturbed.
+        with cluster.client() as etcd:
+            etcd.put(f"{env.prefix}/nodes/ghost", json.dumps({"name": "ghost", "underlayIP": "198.51.100.7"}))
+            etcd.put(f"{env.prefix}/ipam/affinity/ghost/podnet/10.90.250.0-26",
+                     json.dumps({"cidr": "10.90.250.0/26", "node": "ghost", "network": "podnet"}))
+        env.wait(lambda: "FAILED route add 10.90.250.0/26 via 198.51.100.7" in n1.log_text(), "refusal logged")
+        status = n1.ns.run([sys.executable, "-m", "pycni", "node", "status", "--etcd-endpoints",
+                            ",".join(cluster.endpoints), "--etcd-prefix", env.prefix, "--node-name", n1.name],
+                           check=False)
+        assert status.returncode == 3 and "10.90.250.0/26 via 198.51.100.7 (node ghost): MISSING" in status.stdout
     finally:
         env.cleanup()
 

@@ -304,22 +304,23 @@ def describe(cidr: str, hop: Hop) -> str:
     return f"{cidr} via {hop.gw}" + (f" dev {hop.dev} onlink" if hop.dev else "")
 
 
-def converge(want: Plan, device: str, log: Any) -> int:
+def converge(want: Plan, device: str, log: Any) -> tuple[int, int]:
     """Make the kernel hold exactly ``want`` of what is ours; one log line per change. Returns
-    the number of changes. A change the kernel refuses is logged and retried at the next pass."""
+    (changes made, changes the kernel refused): a refusal is logged and retried at the next pass."""
     from pycni.net import neigh, route
     from pycni.spec.errors import CNIError
 
     have = read_kernel(device)
-    changes = 0
+    changes = failed = 0
     want_neigh = {info.underlay(4): info.vtep_mac for info in want.peers.values()}
     want_fdb = {info.vtep_mac: info.underlay(4) for info in want.peers.values()}
 
     def attempt(what: str, fn: Any, *args: Any, **kw: Any) -> None:
-        nonlocal changes
+        nonlocal changes, failed
         try:
             fn(*args, **kw)
         except CNIError as e:
+            failed += 1
             log(f"FAILED {what}: {e.msg}: {e.details}")
             return
         changes += 1
@@ -354,7 +355,7 @@ def converge(want: Plan, device: str, log: Any) -> int:
     for mac, remote in sorted(have.fdb.items()):
         if mac not in want_fdb:
             attempt(f"fdb del {mac} dst {remote} dev {device}", neigh.del_fdb, device, mac, remote)
-    return changes
+    return changes, failed
 
 
 # ---- the agent ----------------------------------------------------------------------------------
@@ -481,8 +482,8 @@ class Agent:
         want = plan(self.view, self.opts.name, self.opts.mode, self.device)
         if not force and want == self.applied:
             return
-        converge(want, self.device, self.log)
-        self.applied = want
+        _, failed = converge(want, self.device, self.log)
+        self.applied = None if failed else want  # a refusal is tried again at the next event
 
     def run(self) -> int:
         """Until SIGTERM/SIGINT: register, then resync and watch, resyncing after any interruption."""
