@@ -64,7 +64,8 @@ class Node:
         return self.log.read_text() if self.log.exists() else ""
 
     def conf(self, network: str = "podnet", subnet: str = SUBNET_V4, block: int = 26) -> dict[str, Any]:
-        ranges = [[{"subnet": subnet}]] + ([[{"subnet": SUBNET_V6}]] if self.env.dual else [])
+        dual = self.env.dual and network == "podnet"  # (one network per IPv6 pool)
+        ranges = [[{"subnet": subnet}]] + ([[{"subnet": SUBNET_V6}]] if dual else [])
         return {"cniVersion": "1.1.0", "name": network, "type": "routed", "mtu": self.env.pod_mtu,
                 "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.env.cluster.endpoints,
                          "etcdPrefix": self.env.prefix, "nodeName": self.name, "ranges": ranges,
@@ -282,7 +283,7 @@ def test_host_gw_dual_stack_and_faults(cluster: EtcdCluster, tmp_path: Path, plu
 
 
 def test_vxlan_mode(cluster: EtcdCluster, tmp_path: Path, plugin_dir: str) -> None:
-    env = _env(cluster, tmp_path, plugin_dir, "vxlan")
+    env = _env(cluster, tmp_path, plugin_dir, "vxlan", dual=True)
     try:
         for n in env.nodes:
             n.start_agent()
@@ -299,13 +300,17 @@ def test_vxlan_mode(cluster: EtcdCluster, tmp_path: Path, plugin_dir: str) -> No
         status = n1.ns.run([sys.executable, "-m", "pycni", "node", "status", "--etcd-endpoints",
                             ",".join(cluster.endpoints), "--etcd-prefix", env.prefix, "--node-name",
                             n1.name]).stdout  # the mode as the node registered it
-        assert status.count(": programmed") == 3 + 2 and "MISSING" not in status, status  # 3 blocks, 2 VTEPs
+        assert status.count(": programmed") == 6 + 2 and "MISSING" not in status, status  # 3+3 blocks, 2 VTEPs
         fdb = n1.ns.run(["bridge", "fdb", "show", "dev", "pycni.vxlan"]).stdout
         assert f"dst {n2.etcd.ip}" in fdb and f"dst {n3.etcd.ip}" in fdb
         # pod blocks are not routed over the underlay directly: the kernel picks the vxlan device
         target = _addr(next(iter(n2.pods.values()))[1], 4)
         assert "dev pycni.vxlan" in n1.ns.run(["ip", "route", "get", target]).stdout
         assert env.ping_all(4) == env.cross_pairs()
+        # IPv6 pods over the IPv4 overlay, via the peers' VTEP link-local addresses
+        assert "dev pycni.vxlan" in n1.ns.run(["ip", "-6", "route", "get", _addr(next(iter(n2.pods.values()))[1],
+                                                                                  6)]).stdout
+        assert env.ping_all(6) == env.cross_pairs()
         # and the packets really are encapsulated: count UDP 4789 on the underlay while pinging
         udp_before = _udp_in(n2.ns)
         next(iter(n1.pods.values()))[0].run(["ping", "-c", "3", "-i", "0.2", target])

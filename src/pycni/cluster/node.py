@@ -9,7 +9,8 @@ programs its own kernel so that every other registered node's blocks are reachab
   -> its VTEP MAC), an FDB entry (that MAC -> its underlay IP) and ``<block> via <VTEP
   address> dev <vxlan> onlink``, as flannel lays it out. The VTEP address of a node is its
   underlay IP: unique by construction, and neighbour tables are per device, so the entry on
-  the vxlan device never meets the underlay's own ARP entry for the same address.
+  the vxlan device never meets the underlay's own ARP entry for the same address. IPv6 blocks
+  go via the peer VTEP's EUI-64 link-local address (its vxlan device has it by itself).
 
 Routes the agent makes carry their own route protocol number (:data:`RTPROT_PYCNI`), which is
 how it tells its routes from anyone else's: convergence removes only those. The kernel state
@@ -61,6 +62,17 @@ class NodeInfo:
     def underlay(self, version: int) -> str:
         """Its underlay address of IP ``version``, '' when it registered none."""
         return next((ip for ip in self.underlay_ips if ipaddress.ip_address(ip).version == version), "")
+
+    def vtep_link_local(self) -> str:
+        """Its VTEP's IPv6 next hop: the EUI-64 link-local address of its VTEP MAC, which its vxlan
+        device carries by itself — IPv6 over the IPv4 overlay with no address to hand out."""
+        b = [int(x, 16) for x in self.vtep_mac.split(":")]
+        eui = [b[0] ^ 0x02, b[1], b[2], 0xFF, 0xFE, b[3], b[4], b[5]]
+        return str(ipaddress.IPv6Address(bytes([0xFE, 0x80] + [0] * 6 + eui)))
+
+    def vtep_neighbours(self) -> dict[str, str]:
+        """The neighbour entries a peer needs on our vxlan device: its VTEP addresses -> its MAC."""
+        return {self.underlay(4): self.vtep_mac, self.vtep_link_local(): self.vtep_mac}
 
     def to_json(self) -> str:
         obj: dict[str, Any] = {"name": self.name, "underlayIP": self.underlay_ips[0],
@@ -244,12 +256,12 @@ def _route_to(out: Plan, view: ClusterView, cidr: str, node: str, mode: str, dev
         return
     version = ipaddress.ip_network(cidr).version
     if mode == "vxlan":
-        vtep = info.underlay(4)
-        if version != 4 or not vtep or not info.vtep_mac:
-            out.skipped.append(f"{cidr}: vxlan mode carries IPv4 to nodes with a VTEP "
-                               f"(node {node}: {info.underlay_ips}, VTEP MAC {info.vtep_mac or 'none'})")
+        if not info.underlay(4) or not info.vtep_mac:
+            out.skipped.append(f"{cidr}: node {node} has no VTEP (an IPv4 underlay address and a VTEP MAC; "
+                               f"it registered {info.underlay_ips}, VTEP MAC {info.vtep_mac or 'none'})")
             return
-        out.routes[cidr] = Hop(gw=vtep, dev=device, node=node)
+        gw = info.underlay(4) if version == 4 else info.vtep_link_local()
+        out.routes[cidr] = Hop(gw=gw, dev=device, node=node)
         out.peers[node] = info
     else:
         gw = info.underlay(version)
@@ -312,7 +324,7 @@ def converge(want: Plan, device: str, log: Any) -> tuple[int, int]:
 
     have = read_kernel(device)
     changes = failed = 0
-    want_neigh = {info.underlay(4): info.vtep_mac for info in want.peers.values()}
+    want_neigh = {ip: mac for info in want.peers.values() for ip, mac in info.vtep_neighbours().items()}
     want_fdb = {info.vtep_mac: info.underlay(4) for info in want.peers.values()}
 
     def attempt(what: str, fn: Any, *args: Any, **kw: Any) -> None:
@@ -581,7 +593,8 @@ def status_lines(opts: AgentOptions, etcd: Etcd) -> tuple[list[str], bool]:
             lines.append(f"route {describe(cidr, hop)}: EXTRA (etcd no longer asks for it)")
     for info in sorted(want.peers.values(), key=lambda i: i.name):
         vtep = info.underlay(4)
-        good = have.neighbours.get(vtep) == info.vtep_mac and have.fdb.get(info.vtep_mac) == vtep
+        good = all(have.neighbours.get(ip) == mac for ip, mac in info.vtep_neighbours().items()) and \
+            have.fdb.get(info.vtep_mac) == vtep
         ok &= good
         lines.append(f"vtep {info.name} {vtep} {info.vtep_mac}: {'programmed' if good else 'MISSING'}")
     lines.extend(f"skipped {s}" for s in want.skipped)
