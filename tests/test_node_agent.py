@@ -267,6 +267,12 @@ def test_host_gw_dual_stack_and_faults(cluster: EtcdCluster, tmp_path: Path, plu
         assert "removed" in out
         env.wait(lambda: f"via {n2.etcd.ip}" not in n1.routes(), "node2 removed from node1's routes")
 
+        # node1's key deleted by hand while its agent runs: the agent registers again.
+        with cluster.client() as etcd:
+            etcd.delete(f"{env.prefix}/nodes/{n1.name}")
+            env.wait(lambda: etcd.get(f"{env.prefix}/nodes/{n1.name}") is not None, "node1 registered again")
+        assert "registration gone while running" in n1.log_text()
+
         # A route the kernel refuses (a node whose underlay address is off this L2): logged, retried,
         # shown as MISSING by status (exit 3) — and nothing else disturbed.
         with cluster.client() as etcd:

@@ -562,6 +562,11 @@ class Agent:
                     # take what is already queued before converging: a burst of claims is one pass
                     batch = w.next(timeout=0.002) if time.monotonic() < drain_until else None
                 if touched:
+                    if self.opts.name not in self.view.nodes:
+                        # our key gone while we run (deleted by hand, or another agent of the same
+                        # name let its lease lapse over ours): this node is still here
+                        self.log("registration gone while running: registering again")
+                        self.register(etcd)
                     self.apply()
 
 
