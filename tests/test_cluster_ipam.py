@@ -390,3 +390,42 @@ def test_through_the_daemon(up: EtcdCluster, tmp_path: Path, netns_factory: Call
         ok(call("DEL", "dm1"))
     s = store(cluster, "dmn", node.name)
     assert s.handles() == [] and all(not b.allocations for b in s.blocks())
+
+
+def test_stale_or_garbage_hint_is_harmless(up: EtcdCluster, bin_dir: str) -> None:
+    """The node-local hint of recent blocks is read with the handle, never trusted."""
+    cluster = up
+    n1, n2 = cluster.nodes[0], cluster.nodes[1]
+    rng = [[{"subnet": "10.98.0.0/24"}]]
+    c1 = net_conf("hint", ipam_conf(cluster, n1, ranges=rng, blockSize=28))
+    c2 = net_conf("hint", ipam_conf(cluster, n2, ranges=rng, blockSize=28))
+    assert addresses(ok(run(bin_dir, n1, "cluster-ipam", "ADD", c1, "h1"))) == ["10.98.0.2"]
+    assert addresses(ok(run(bin_dir, n2, "cluster-ipam", "ADD", c2, "h2"))) == ["10.98.0.16"]
+    hint = Path(LOCK_DIR) / "hint.node1.blocks"
+    assert hint.read_text().split() == ["10.98.0.0/28"]
+    hint.write_text("10.98.0.16/28\n")  # node2's block: not node1's to allocate in
+    assert addresses(ok(run(bin_dir, n1, "cluster-ipam", "ADD", c1, "h3"))) == ["10.98.0.3"]
+    hint.write_text("garbage\n")
+    assert addresses(ok(run(bin_dir, n1, "cluster-ipam", "ADD", c1, "h4"))) == ["10.98.0.4"]
+    hint.write_text("10.98.0.16/28\n")
+    for cid in ("h1", "h3", "h4"):
+        ok(run(bin_dir, n1, "cluster-ipam", "DEL", c1, cid))
+    s = store(cluster, "hint")
+    assert [h["containerID"] for h in s.handles()] == ["h2"] and s.inconsistencies() == []
+
+
+def test_add_and_del_import_only_the_stdlib(up: EtcdCluster, bin_dir: str, tmp_path: Path) -> None:
+    """A one-shot cluster-ipam ADD/DEL against the real cluster loads no netlink, subprocess, runtime,
+    dataclasses, ssl (plain http endpoints) or http.client."""
+    from test_import_set import HEAVY, _heavy, _modules
+
+    empty = tmp_path / "empty.py"
+    empty.write_text("pass\n")
+    baseline = _modules(str(empty), {}, b"", tmp_path)
+    node = up.nodes[0]
+    conf = json.dumps(net_conf("imports", ipam_conf(up, node, ranges=[[{"subnet": "10.99.0.0/24"}]]))).encode()
+    for command in ("ADD", "DEL"):
+        env = dict(cni_env(command, None, bin_dir, container_id="imp"), CNI_NETNS="/var/run/netns/none")
+        mods = _modules(os.path.join(bin_dir, "cluster-ipam"), env, conf, tmp_path, node.ns)
+        assert "pycni.cluster.etcd" in mods
+        assert _heavy(mods - baseline, (*HEAVY, "ssl", "http", "email", "random")) == [], command

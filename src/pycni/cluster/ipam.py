@@ -157,6 +157,11 @@ class ClusterStore:
         self.handles_prefix = f"{p}/ipam/handles/{network}/"
         self.affinity_prefix = f"{p}/ipam/affinity/{node}/{network}/"
         self.lost_races = 0  # transactions that lost to a concurrent writer and were retried
+        # Blocks this node used last, newest first (a node-local hint the plugin keeps between
+        # commands): read together with the handle, they save the ADD and the DEL a round trip.
+        # Never trusted: a hinted block is used only if the affinity read lists it, and every
+        # write compares revisions.
+        self.hint: list[IPNetwork] = []
 
     # -- keys --
 
@@ -211,15 +216,18 @@ class ClusterStore:
             # The first try reads from the member at hand (serializable: no round to the leader); a
             # stale view only costs a lost compare, and a retry reads linearizably.
             fast = attempt == 0
+            hinted = self.hint[:2 * BATCH]
             res = self.etcd.txn([], [op_get(hkey, serializable=fast),
-                                     op_get(self.affinity_prefix, prefix=True, serializable=fast, keys_only=True)])
-            existing, affs = res.responses
+                                     op_get(self.affinity_prefix, prefix=True, serializable=fast, keys_only=True),
+                                     *(op_get(self.block_key(c), serializable=fast) for c in hinted)])
+            existing, affs, *got = res.responses
             if existing:
                 kv = existing[0] if not fast else self.etcd.get(hkey)  # a handle seen stale may be gone
                 if kv is not None:
                     return self._held(kv.json(), range_sets)
             mine = [key_cidr(kv.key.rpartition("/")[2]) for kv in affs]
             plan = _Plan(self, f"{cid}/{ifname}", mine, block_sizes, strict_affinity, fast)
+            plan.prefetched([Block.from_json(kv.value, kv.mod_revision) for kvs in got for kv in kvs])
             out = [plan.take(idx, rs, _requested_in(rs, requested)) for idx, rs in enumerate(range_sets)]
             handle = {"network": self.network, "containerID": cid, "ifname": ifname, "node": self.node,
                       "ips": [f"{a.ip}/{a.range.subnet.prefixlen}" for a in out],
@@ -240,6 +248,7 @@ class ClusterStore:
                 success.append(op_put(key, b.to_json()))
             done = self.etcd.txn(compare, success, failure)
             if done.succeeded:
+                self.hint = plan.newest()
                 return out
             if done.responses and done.responses[0]:  # the handle appeared meanwhile (our own earlier try)
                 return self._held(done.responses[0][0].json(), range_sets)
@@ -268,14 +277,22 @@ class ClusterStore:
             if attempt:
                 _pause(attempt)
             fast = attempt == 0  # serializable first (see assign); "no handle" is confirmed linearizably
-            kv = self.etcd.get(hkey, serializable=fast)
+            hinted = self.hint[:2 * BATCH]
+            res = self.etcd.txn([], [op_get(hkey, serializable=fast),
+                                     *(op_get(self.block_key(c), serializable=fast) for c in hinted)])
+            found, *got = res.responses
+            kv = found[0] if found else None
             if kv is None and fast:
                 kv = self.etcd.get(hkey)
+                got = []  # read at another revision than the handle: read the blocks again below
             if kv is None:
                 return []
             handle = kv.json()
             cidrs = [ipaddress.ip_network(b) for b in handle.get("blocks", ())]
-            blocks = self._get_blocks(cidrs, fast)
+            blocks = {b.cidr: b for b in (Block.from_json(k.value, k.mod_revision) for kvs in got for k in kvs)
+                      if b.cidr in cidrs}
+            missing = [c for c in cidrs if c not in blocks]
+            blocks.update(self._get_blocks(missing, fast))
             compare = [if_mod(hkey, kv.mod_revision)]
             success = [op_delete(hkey)]
             for cidr, b in blocks.items():
@@ -401,6 +418,19 @@ class _Plan:
         if b.cidr not in self.touched:
             self.touched.append(b.cidr)
         return Assigned(ip=b.ip(o), range=r)
+
+    def prefetched(self, blocks: Sequence[Block]) -> None:
+        """Blocks read ahead (the hint): kept only when the affinity read says they are ours."""
+        mine = set(self.mine)
+        for b in blocks:
+            if b.cidr in mine:
+                self.blocks[b.cidr] = b
+
+    def newest(self) -> list[IPNetwork]:
+        """The hint for the next command: this node's newest blocks of each family."""
+        v4 = [c for c in self.mine if c.version == 4][:BATCH]
+        v6 = [c for c in self.mine if c.version == 6][:BATCH]
+        return v4 + v6
 
     def take(self, idx: int, rs: RangeSet, want: IPAddress | None) -> Assigned:
         store = self.store

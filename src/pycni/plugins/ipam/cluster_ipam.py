@@ -198,6 +198,8 @@ class _Session:
         self.lock = lock and bool(cfg.lock_dir)
         self._held: Any = None
         self.etcd: Etcd | None = None
+        self.store: Any = None
+        self._hint_before: list[Any] = []
 
     def _take_lock(self) -> None:
         from pycni.lockfile import flocked
@@ -219,7 +221,35 @@ class _Session:
         except BaseException:
             self._release()
             raise
-        return ClusterStore(self.etcd, self.cfg.name, self.cfg.node, self.cfg.prefix)
+        self.store = ClusterStore(self.etcd, self.cfg.name, self.cfg.node, self.cfg.prefix)
+        if self.lock:
+            self.store.hint = self._read_hint()
+        self._hint_before = list(self.store.hint)
+        return self.store
+
+    # The hint (ClusterStore.hint) lives beside the lock: node-local, a cache, never trusted.
+    def _hint_path(self) -> str:
+        return os.path.join(self.cfg.lock_dir, f"{self.cfg.name}.{self.cfg.node}.blocks")
+
+    def _read_hint(self) -> list[Any]:
+        try:
+            with open(self._hint_path(), encoding="ascii") as f:
+                return [ipaddress.ip_network(line) for line in f.read().split()]
+        except (OSError, ValueError):
+            return []
+
+    def _write_hint(self, hint: list[Any]) -> None:
+        path = self._hint_path()
+        tmp = f"{path}.{os.getpid()}.{id(self)}"
+        try:
+            with open(tmp, "w", encoding="ascii") as f:
+                f.write("".join(f"{c}\n" for c in hint))
+            os.replace(tmp, path)  # no fsync: a lost or stale hint costs a round trip, nothing else
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
     def _release(self) -> None:
         if self._held is not None:
@@ -227,6 +257,8 @@ class _Session:
             self._held = None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None and self.lock and self._held is not None and self.store.hint != self._hint_before:
+            self._write_hint(self.store.hint)  # under the lock: writers take turns
         self._release()
         if self.etcd is not None:
             self.etcd.close()
