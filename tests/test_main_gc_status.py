@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pycni.plugins.main import bridge, dummy, host_device, ipvlan, loopback, macvlan, ptp, tap, vlan
+from pycni.plugins.main import bridge, dummy, host_device, ipvlan, loopback, macvlan, ptp, routed, tap, vlan
 from pycni.plugins.meta import vrf
 from pycni.skel import Plugin, dispatch
 
@@ -33,6 +33,7 @@ PLUGINS: dict[str, tuple[Plugin, dict[str, Any]]] = {
     "vlan": (vlan.PLUGIN, {"master": "eth9", "vlanId": 5}),
     "dummy": (dummy.PLUGIN, {}),
     "tap": (tap.PLUGIN, {}),
+    "routed": (routed.PLUGIN, {}),
 }
 
 

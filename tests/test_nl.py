@@ -183,6 +183,9 @@ def test_multipath_and_metrics_decode(ns: Namespace) -> None:
     ({"vrf_table": 1001}, "vrf", {"IFLA_VRF_TABLE": 1001}),
     ({"macvlan_mode": "passthru"}, "macvlan", {"IFLA_MACVLAN_MODE": 8}),
     ({}, "dummy", {}),
+    ({"vxlan_id": 42, "vxlan_link": 3, "vxlan_local": "192.0.2.1", "vxlan_learning": 0, "vxlan_port": 4789}, "vxlan",
+     {"IFLA_VXLAN_ID": 42, "IFLA_VXLAN_LINK": 3, "IFLA_VXLAN_LOCAL": "192.0.2.1", "IFLA_VXLAN_LEARNING": 0,
+      "IFLA_VXLAN_PORT": 4789}),
 ])
 def test_link_types_this_kernel_may_lack_encode_as_the_kernel_expects(kw: dict[str, Any], kind: str,
                                                                       data: dict[str, int]) -> None:

@@ -250,7 +250,9 @@ def set_up(index: int, name: str = "") -> None:
         setlink(sock, f"failed to set {name or index!r} UP", index=index, state="up")
 
 
-IPV4_DEVCONF_ARP_NOTIFY = 22  # linux/ip.h
+IPV4_DEVCONF_FORWARDING = 1  # linux/ip.h
+IPV4_DEVCONF_PROXY_ARP = 3
+IPV4_DEVCONF_ARP_NOTIFY = 22
 
 
 def try_set_ipv4_devconf(index: int, values: dict[int, int]) -> bool:

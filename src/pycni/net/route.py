@@ -31,6 +31,7 @@ RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_LINK = 253
 RT_SCOPE_NOWHERE = 255  # as a delete filter: a route of any scope
 RTN_UNICAST = 1
+RTN_BLACKHOLE = 6
 RTPROT_KERNEL = 2  # routes the kernel made itself (e.g. for an address's subnet)
 RTPROT_BOOT = 3  # what vishvananda/netlink (and so the Go plugins) stamp on routes they add
 RTNH_F_ONLINK = 4
@@ -122,17 +123,21 @@ def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
               table: int | None = None, priority: int | None = None, scope: int | None = None,
               mtu: int | None = None, advmss: int | None = None, exist_ok: bool = False,
               replace: bool = False, src: IPAddress | str | None = None, exclusive: bool = True,
-              proto: int = RTPROT_BOOT, onlink: bool = False) -> None:
+              proto: int = RTPROT_BOOT, onlink: bool = False,
+              type: int = RTN_UNICAST) -> None:  # noqa: A002 - the kernel's name
     """Add (or with ``replace``, replace) a route; ``dev`` is a link name or index; ``src`` the prefsrc.
 
     ``exclusive=False`` adds it beside a route of the same destination and metric through another
     gateway or link (see :meth:`pycni.net.nl.IPRoute.route`'s ``create``) instead of failing.
     ``proto`` marks who owns the route (a daemon that reconciles routes picks its own number and
-    touches no other); ``onlink`` says the gateway is on ``dev`` though no route covers it.
+    touches no other); ``onlink`` says the gateway is on ``dev`` though no route covers it;
+    ``type`` RTN_BLACKHOLE drops what matches (no gateway, no device).
     """
     with rtnl() as sock:
         oif = _oif(sock, dev)
         kw = _spec(dst, gw, oif, table, priority, scope, mtu, advmss, proto=proto)
+        if type != RTN_UNICAST:
+            kw["type"] = type
         if src is not None:
             kw["prefsrc"] = str(src)
         if onlink:
