@@ -327,8 +327,7 @@ def test_ctr_run_cni(ctr_host: RuntimeHost) -> None:
     host = ctr_host
     runs = {}
     for name in ("k1", "k2"):
-        runs[name] = host.popen(["ctr", "--address", str(host.containerd), "--namespace", host.ctr_namespace,
-                                 "run", "--cni", "--rm", IMAGE, name, "sleep", "100000"],
+        runs[name] = host.popen(host.ctr_argv("run", "--cni", "--rm", IMAGE, name, "sleep", "100000"),
                                 host.scratch / f"ctr-run-{name}.log")
     ips = {name: wait_ctr_ip(host, name, runs[name]) for name in runs}
     assert all(ip.startswith("10.91.8.") for ip in ips.values()) and ips["k1"] != ips["k2"], ips
