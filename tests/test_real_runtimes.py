@@ -111,13 +111,24 @@ def in_ctr(name: str) -> Callable[[list[str]], list[str]]:
     return lambda cmd: ["podman", "exec", name, *cmd]
 
 
-def container_ip(host: RuntimeHost, name: str, ifname: str = "eth0") -> str:
-    out = host.podman("exec", name, "ip", "-4", "-o", "addr", "show", ifname)
+def container_ip(host: RuntimeHost, name: str, ifname: str = "eth0", family: str = "-4") -> str:
+    out = host.podman("exec", name, "ip", family, "-o", "addr", "show", ifname, "scope", "global")
     return out.split()[3].split("/")[0]
 
 
+def v6_default_gateways(host: RuntimeHost, name: str) -> list[str]:
+    """Gateways of a container's IPv6 default routes (from /proc: busybox's ip shows two default
+    routes through different gateways, which the kernel keeps as one multipath route, without
+    their next hops)."""
+    table = host.podman("exec", name, "cat", "/proc/net/ipv6_route").splitlines()
+    return [f[4] for f in (line.split() for line in table) if f[0] == "0" * 32 and f[1] == "00" and f[4] != "0" * 32]
+
+
 def ping(host: RuntimeHost, name: str, ip: str) -> None:
-    host.podman("exec", name, "ping", "-c", "1", "-W", "3", ip)
+    """One echo answered; IPv6 retried while fresh addresses finish duplicate address detection."""
+    tries = 30 if ":" in ip else 1
+    script = f"for i in $(seq {tries}); do ping -c 1 -W 3 {ip} && exit 0; sleep 0.2; done; exit 1"
+    host.podman("exec", name, "sh", "-c", script)
 
 
 def run_httpd(host: RuntimeHost, name: str, *opts: str) -> str:
@@ -198,8 +209,8 @@ def test_podman_bridge_ports_restart_rm(podman: RuntimeHost, outside_ns: Namespa
 
 def test_podman_two_networks(podman: RuntimeHost) -> None:
     host = podman
-    host.podman("network", "create", "--subnet", "10.91.2.0/24", "pnet2")
-    host.podman("network", "create", "--subnet", "10.91.3.0/24", "pnet3")
+    host.podman("network", "create", "--subnet", "10.91.2.0/24", "--subnet", "fd91:2::/64", "pnet2")
+    host.podman("network", "create", "--subnet", "10.91.3.0/24", "--subnet", "fd91:3::/64", "pnet3")
     run_idle(host, "solo2", "--network", "pnet2")
     run_idle(host, "solo3", "--network", "pnet3")
     run_idle(host, "multi", "--network", "pnet2,pnet3")
@@ -207,6 +218,10 @@ def test_podman_two_networks(podman: RuntimeHost) -> None:
     multi = {ip.rsplit(".", 1)[0]: ip for ip in (container_ip(host, "multi", i) for i in ("eth0", "eth1"))}
     assert sorted(multi) == ["10.91.2", "10.91.3"], multi
     assert host.podman("exec", "multi", "ip", "route", "show", "default").count("default via") == 2
+    assert len(v6_default_gateways(host, "multi")) == 2
+    solo3_v6 = container_ip(host, "solo3", family="-6")
+    assert solo3_v6.startswith("fd91:3::"), solo3_v6
+    ping(host, "multi", solo3_v6)
     ping(host, "multi", container_ip(host, "solo2"))
     ping(host, "multi", container_ip(host, "solo3"))
     ping(host, "solo2", multi["10.91.2"])
@@ -226,7 +241,7 @@ def test_podman_two_networks(podman: RuntimeHost) -> None:
 
     host.podman("rm", "-f", "-t", "0", "multi", "solo2", "solo3")
     host.podman("network", "rm", "pnet2", "pnet3")
-    assert_clean(host, ["10.91.2.", "10.91.3."])
+    assert_clean(host, ["10.91.2.", "10.91.3.", "fd91:2:", "fd91:3:"])
 
 
 @pytest.mark.parametrize("first,then", [("go", "ours"), ("ours", "go")])
