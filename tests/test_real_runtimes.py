@@ -25,15 +25,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from netns_util import Namespace, have_root
+from netns_util import Namespace, have_root, new_namespace
 from runtime_host import IMAGE, RuntimeHost, busybox_rootfs, connect_outside, missing
 
 PYCNI = str(Path(sys.executable).with_name("pycni"))
 HOST_IP = "192.0.2.1"
 OUTSIDE_IP = "192.0.2.2"
-# chain names the reference derives per container (CNI-<hash>, CNI-DN-<hash>, ...)
 # busybox ping needs a raw socket; podman's default capabilities leave NET_RAW out
 RUN_OPTS = ("--cap-add", "NET_RAW")
+# chain names the reference derives per container (CNI-<hash>, CNI-DN-<hash>, ...)
 PER_CONTAINER_CHAIN = re.compile(r"CNI-(?:[A-Z]{2}-)?[0-9a-f]{24}")
 
 
@@ -55,8 +55,6 @@ def busybox_tar(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def outside_ns() -> Iterator[Namespace]:
-    from netns_util import new_namespace
-
     if not have_root():
         pytest.skip("network namespaces need root")
     ns = new_namespace()
@@ -84,14 +82,14 @@ def podman(podman_host: RuntimeHost) -> Iterator[RuntimeHost]:
     for net in podman_host.podman("network", "ls", "-q", check=False).split():
         if net != "podman":
             podman_host.podman("network", "rm", "-f", net, check=False)
-    # each case checks its own leftovers; what a known defect left must not spill into the next
+    # each case checks its own leftovers; what a failed case left must not fail the next one
     podman_host.sh("nft flush ruleset; nft list tables | while read -r _ f t; do nft delete table $f $t; done",
                    check=False)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
 
-def fetch(host: RuntimeHost, url: str, where: Callable[[str], list[str]] | None = None) -> str:
+def fetch(host: RuntimeHost, url: str, where: Callable[[list[str]], list[str]] | None = None) -> str:
     """The page at ``url`` fetched with busybox wget (from the host unless ``where`` wraps it)."""
     # busybox wget's own -T crashes in the static build here: bound it with timeout instead
     cmd = ["timeout", "10", "busybox", "wget", "-q", "-O", "-", url]
