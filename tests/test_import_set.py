@@ -37,9 +37,9 @@ sys.argv = [_path]
 exec(compile(open(_path).read(), _path, "exec"), {"__name__": "__main__"})
 """
 
-# What `python -IS` does not load by itself but a forwarding shim needs: os.environ and _socket.
-FORWARDING_STDLIB = {"os", "os.path", "posixpath", "genericpath", "stat", "_stat", "_collections_abc", "__future__",
-                     "_socket"}
+# What `python -IS` does not load by itself but a forwarding shim needs: os.environ and _socket
+# (not even __future__: see pycni.shim).
+FORWARDING_STDLIB = {"os", "os.path", "posixpath", "genericpath", "stat", "_stat", "_collections_abc", "_socket"}
 
 # Never acceptable on any plugin's VERSION path: netlink, and what @dataclass drags in (inspect, with
 # ast, dis and tokenize: ~20 ms a call; pycni.record replaces it on the start path).

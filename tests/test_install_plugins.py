@@ -198,7 +198,8 @@ def test_socket_option(tmp_path: Path) -> None:
     text = (tmp_path / "a" / "loopback").read_text()
     assert "main('loopback', 'pycni.plugins.main.loopback', '/srv/pycni/d.sock')" in text
     assert "on /srv/pycni/d.sock" in text.splitlines()[1]
-    relative = install_cli("--dir", str(tmp_path / "b"), "--socket", "d.sock", "loopback")
-    assert relative.returncode == 1 and "absolute" in relative.stderr and not (tmp_path / "b").exists()
+    for bad in ("d.sock", "/x\n/y.sock", "/" + "x" * 107):
+        refused = install_cli("--dir", str(tmp_path / "b"), "--socket", bad, "loopback")
+        assert refused.returncode == 1 and "absolute path" in refused.stderr and not (tmp_path / "b").exists()
     both = install_cli("--dir", str(tmp_path / "c"), "--socket", "/x.sock", "--direct", "loopback")
     assert both.returncode == 2 and "not allowed with" in both.stderr

@@ -290,8 +290,8 @@ def _parser() -> argparse.ArgumentParser:
     how = sp.add_mutually_exclusive_group()
     how.add_argument("--direct", action="store_true", help="never forward to a pycni daemon")
     how.add_argument("--socket", metavar="PATH",
-                     help="the daemon's socket, baked into the executables (default: $PYCNI_SOCKET at run "
-                     "time, else /run/pycni/pycni.sock); runtimes that filter the environment still find it")
+                     help="the daemon's socket, baked into the executables so they find it with no environment "
+                     "(default /run/pycni/pycni.sock; a PYCNI_SOCKET passed at run time still wins)")
     sp.add_argument("--force", action="store_true",
                     help="replace executables that pycni did not write (e.g. the Go plugins); refused otherwise")
     sp.add_argument("names", nargs="*", metavar="TYPE", help="plugin types (default: all)")

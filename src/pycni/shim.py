@@ -14,9 +14,11 @@ only ``_socket`` and :mod:`pycni.daemon.protocol` (which imports nothing): ``soc
 base64 and typing would cost more than the rest of the shim together. The in-process path
 loads pyroute2 lean (see :func:`lean_pyroute2`) and lets our own IPAM delegates run in this
 process instead of starting another interpreter (see :mod:`pycni.invoke`).
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here nor in the protocol module: it imports the
+``__future__`` module at run time, ~0.2 ms of every forwarded call (annotations below are
+valid at run time on Python 3.11).
+"""
 
 import os
 import sys

@@ -10,8 +10,6 @@ stdin, stdout and stderr travel byte for byte.
     reply body:   b"PYCNI1" field(exit code, ASCII decimal) field(stdout) field(stderr)
 """
 
-from __future__ import annotations
-
 DEFAULT_SOCKET = "/run/pycni/pycni.sock"
 MAGIC = b"PYCNI1"
 MAX_FRAME = 64 * 1024 * 1024
