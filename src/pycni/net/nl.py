@@ -1,14 +1,18 @@
 """A small rtnetlink client on a plain AF_NETLINK socket: links, addresses, routes, bridge ports.
 
-Why not pyroute2 here: importing it costs a one-shot plugin process ~100 ms (asyncio,
-multiprocessing, its message classes) and every ``IPRoute()`` spins an asyncio loop. The
-plugins on the hot path (bridge, ptp, macvlan, …) need a dozen request shapes, which this module
-encodes and decodes with :mod:`struct` alone. pyroute2 stays for the rest (tc, rules, VLAN
-filtering) through :func:`pycni.net.link.ipr`.
+Why not pyroute2: importing it costs a one-shot plugin process ~130 ms of CPU even lean
+(asyncio, multiprocessing, its message classes; see docs/architecture.md) and every
+``IPRoute()`` spins an asyncio loop. The plugins need a few dozen request shapes, which this
+module encodes and decodes with :mod:`struct` alone: links, addresses, routes, policy rules,
+neighbours, bridge ports and their VLANs. It is the one rtnetlink stack of :mod:`pycni.net`
+and the one home of the kernel's constants (``RT_*``, ``RTN_*``, ``IFF_*``…); only
+:mod:`pycni.net.tc` reads qdiscs through pyroute2. A new netlink operation goes here, a
+helper that plugins call goes in the ``net/`` module of its subject.
 
 The interface deliberately mirrors the subset of pyroute2's ``IPRoute`` that :mod:`pycni.net`
 uses — ``link("get"|"add"|"set"|"del", **kw)``, ``link_lookup``, ``get_links``,
-``addr``/``get_addr``, ``route``/``get_routes``, ``brport("set")`` — and messages answer
+``addr``/``get_addr``, ``route``/``get_routes``, ``rule``/``get_rules``, ``brport("set")``,
+``vlan_filter`` — and messages answer
 ``msg["index"]`` (header fields, pyroute2's names) and ``msg.get_attr("IFLA_IFNAME")``
 (attributes, kernel names, values decoded as pyroute2 decodes them), so helpers such as
 :func:`pycni.net.link.lookup_msg` work on either kind of socket.
@@ -46,21 +50,31 @@ RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_SETLINK = 16, 17, 18, 19
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RTM_NEWNEIGH, RTM_DELNEIGH, RTM_GETNEIGH = 28, 29, 30
+RTM_NEWRULE, RTM_DELRULE, RTM_GETRULE = 32, 33, 34
 
-IFF_UP = 0x1
-RT_TABLE_MAIN = 254
-RT_SCOPE_NOWHERE = 255
-RTN_UNICAST = 1
+IFF_UP, IFF_PROMISC, IFF_ALLMULTI = 0x1, 0x100, 0x200
+RT_TABLE_UNSPEC, RT_TABLE_COMPAT, RT_TABLE_DEFAULT, RT_TABLE_MAIN, RT_TABLE_LOCAL = 0, 252, 253, 254, 255
+RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_HOST = 0, 253, 254
+RT_SCOPE_NOWHERE = 255  # as a delete filter: a route of any scope
+RTN_UNICAST, RTN_BLACKHOLE = 1, 6
+RTPROT_KERNEL = 2  # routes the kernel made itself (e.g. for an address's subnet)
+RTPROT_BOOT = 3    # what vishvananda/netlink (and so the Go plugins) stamp on routes they add
 RTPROT_STATIC = 4
 RTNH_F_ONLINK = 4
+FR_ACT_TO_TBL = 1
 NUD_PERMANENT = 0x80
 NTF_SELF = 0x02
+RTEXT_FILTER_BRVLAN = 2
+BRIDGE_FLAGS_MASTER = 1
+BRIDGE_VLAN_INFO_PVID, BRIDGE_VLAN_INFO_UNTAGGED = 0x2, 0x4
 
 _HDR = struct.Struct("=IHHII")        # nlmsghdr: len, type, flags, seq, pid
 _IFINFO = struct.Struct("=BxHiII")    # ifinfomsg: family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")     # ifaddrmsg: family, prefixlen, flags, scope, index
 _RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, proto, scope, type, flags
 _NDMSG = struct.Struct("=BxxxiHBB")   # ndmsg: family, (pad), ifindex, state, flags, type
+_FIBRULE = struct.Struct("=BBBBBBBBI")  # fib_rule_hdr: family, dst_len, src_len, tos, table, res1, res2, action, flags
+_VLAN_INFO = struct.Struct("=HH")     # bridge_vlan_info: flags, vid
 _NLA = struct.Struct("=HH")
 _RTNH = struct.Struct("=HBBi")        # rtnexthop: len, flags, hops, ifindex
 _U16 = struct.Struct("=H")
@@ -71,6 +85,7 @@ _IFINFO_FIELDS = ("family", "ifi_type", "index", "flags", "change")
 _IFADDR_FIELDS = ("family", "prefixlen", "flags", "scope", "index")
 _RTMSG_FIELDS = ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags")
 _NDMSG_FIELDS = ("family", "ifindex", "state", "flags", "ndm_type")
+_FIBRULE_FIELDS = ("family", "dst_len", "src_len", "tos", "table", "res1", "res2", "action", "flags")
 
 
 class NetlinkError(OSError):
@@ -264,11 +279,30 @@ _NDA: dict[int, tuple[str, Callable[[bytes], Any]]] = {
     1: ("NDA_DST", _ip), 2: ("NDA_LLADDR", _mac), 8: ("NDA_IFINDEX", _u32), 9: ("NDA_MASTER", _u32),
 }
 
+_FRA: dict[int, tuple[str, Callable[[bytes], Any]]] = {
+    1: ("FRA_DST", _ip), 2: ("FRA_SRC", _ip), 3: ("FRA_IIFNAME", _str), 6: ("FRA_PRIORITY", _u32),
+    10: ("FRA_FWMARK", _u32), 15: ("FRA_TABLE", _u32), 17: ("FRA_OIFNAME", _str),
+}
+
+
+def _vlan_info(data: bytes) -> dict[str, int]:
+    flags, vid = _VLAN_INFO.unpack_from(data)
+    return {"flags": flags, "vid": vid}
+
+
+# An AF_BRIDGE link message (a bridge port as the bridge sees it): IFLA_AF_SPEC holds its VLANs.
+# In other families IFLA_AF_SPEC nests per-family attributes, so it is decoded here only.
+_IFLA_BRIDGE: dict[int, tuple[str, Callable[[bytes], Any]]] = {
+    1: ("IFLA_ADDRESS", _mac), 3: ("IFLA_IFNAME", _str), 4: ("IFLA_MTU", _u32), 10: ("IFLA_MASTER", _u32),
+    26: ("IFLA_AF_SPEC", _nested({2: ("IFLA_BRIDGE_VLAN_INFO", _vlan_info)})),
+}
+
 _DECODERS: dict[int, tuple[struct.Struct, tuple[str, ...], dict[int, tuple[str, Callable[[bytes], Any]]]]] = {
     RTM_NEWLINK: (_IFINFO, _IFINFO_FIELDS, _IFLA), RTM_DELLINK: (_IFINFO, _IFINFO_FIELDS, _IFLA),
     RTM_NEWADDR: (_IFADDR, _IFADDR_FIELDS, _IFA), RTM_DELADDR: (_IFADDR, _IFADDR_FIELDS, _IFA),
     RTM_NEWROUTE: (_RTMSG, _RTMSG_FIELDS, _RTA), RTM_DELROUTE: (_RTMSG, _RTMSG_FIELDS, _RTA),
     RTM_NEWNEIGH: (_NDMSG, _NDMSG_FIELDS, _NDA), RTM_DELNEIGH: (_NDMSG, _NDMSG_FIELDS, _NDA),
+    RTM_NEWRULE: (_FIBRULE, _FIBRULE_FIELDS, _FRA), RTM_DELRULE: (_FIBRULE, _FIBRULE_FIELDS, _FRA),
 }
 
 
@@ -277,6 +311,8 @@ def _decode(mtype: int, body: bytes) -> Msg | None:
     if spec is None:
         return None
     head, names, table = spec
+    if table is _IFLA and body[:1] == bytes((AF_BRIDGE,)):
+        table = _IFLA_BRIDGE
     return Msg(dict(zip(names, head.unpack_from(body), strict=True)), _attrs(body, head.size, table))
 
 
@@ -510,8 +546,23 @@ class IPRoute:
             raise
         return [int(m["index"]) for m in msgs]
 
-    def get_links(self) -> list[Msg]:
-        return self.dump(RTM_GETLINK, _IFINFO.pack(AF_UNSPEC, 0, 0, 0, 0))
+    def get_links(self, family: int = AF_UNSPEC, ext_mask: int = 0) -> list[Msg]:
+        """Every link; ``family=AF_BRIDGE, ext_mask=RTEXT_FILTER_BRVLAN``: bridge ports with their VLANs."""
+        body = _IFINFO.pack(family, 0, 0, 0, 0)
+        if ext_mask:
+            body += _nla_u32(29, ext_mask)  # IFLA_EXT_MASK
+        return self.dump(RTM_GETLINK, body)
+
+    def vlan_filter(self, command: str, *, index: int, vid: int, flags: int = 0) -> list[Msg]:
+        """``add`` or ``del`` VLAN ``vid`` (BRIDGE_VLAN_INFO_* ``flags``) on bridge port ``index``, master side
+        (``bridge vlan add dev X vid N master``)."""
+        spec = _nla(26 | NLA_F_NESTED, _nla_u16(0, BRIDGE_FLAGS_MASTER) + _nla(2, _VLAN_INFO.pack(flags, vid)))
+        body = _IFINFO.pack(AF_BRIDGE, 0, index, 0, 0) + spec
+        if command == "add":
+            return self.request(RTM_SETLINK, body)
+        if command == "del":
+            return self.request(RTM_DELLINK, body)
+        raise ValueError(f"unsupported vlan_filter command {command!r}")
 
     def brport(self, command: str, *, index: int, **kw: Any) -> list[Msg]:
         """``set`` bridge-port flags (``mode`` = hairpin, ``isolated``, ``learning``, ``unicast_flood``)."""
@@ -592,7 +643,8 @@ class IPRoute:
         dst_len = int(kw.pop("dst_len", 0))
         if kw:
             raise TypeError(f"unsupported route keywords: {sorted(kw)}")
-        body = _RTMSG.pack(family, dst_len, 0, 0, table if table < 256 else 252, proto, scope, rtype, rflags)
+        body = _RTMSG.pack(family, dst_len, 0, 0, table if table < 256 else RT_TABLE_COMPAT, proto, scope, rtype,
+                           rflags)
         body += b"".join(attrs)
         if command == "add":
             return self.request(RTM_NEWROUTE, body, NLM_F_CREATE | NLM_F_EXCL)
@@ -615,10 +667,36 @@ class IPRoute:
         body = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
         if table is not None and self._strict_dumps():
             body += _nla_u32(15, table)  # RTA_TABLE: the kernel skips the other tables (local's grows with links)
-        msgs = self.dump(RTM_GETROUTE, body)
+        try:
+            msgs = self.dump(RTM_GETROUTE, body)
+        except NetlinkError as e:
+            if e.code == 2 and table is not None:  # ENOENT: IPv4 has no such table yet (a filtered dump says so)
+                return []
+            raise
         if table is None:
             return msgs
         return [m for m in msgs if m.get_attr("RTA_TABLE", m["table"]) == table]
+
+    # -- policy rules --
+
+    def rule(self, command: str, *, family: int, table: int, priority: int | None = None, src: str | None = None,
+             src_len: int = 0, action: int = FR_ACT_TO_TBL) -> list[Msg]:
+        """``add`` or ``del`` one policy rule (``ip rule add from src/src_len table T pref P``)."""
+        attrs = _nla_u32(15, table)  # FRA_TABLE
+        if priority is not None:
+            attrs += _nla_u32(6, priority)  # FRA_PRIORITY
+        if src:
+            attrs += _nla(2, _ip_bytes(src)[1])  # FRA_SRC
+        body = _FIBRULE.pack(family, 0, src_len, 0, table if table < 256 else RT_TABLE_COMPAT, 0, 0, action, 0) + attrs
+        if command == "add":
+            return self.request(RTM_NEWRULE, body, NLM_F_CREATE | NLM_F_EXCL)
+        if command == "del":
+            return self.request(RTM_DELRULE, body)
+        raise ValueError(f"unsupported rule command {command!r}")
+
+    def get_rules(self, family: int = AF_UNSPEC) -> list[Msg]:
+        """The policy rules of ``family``, in the kernel's order."""
+        return self.dump(RTM_GETRULE, _FIBRULE.pack(family, 0, 0, 0, 0, 0, 0, 0, 0))
 
     # -- neighbours (ARP/NDP entries) and bridge/vxlan forwarding database entries --
 
