@@ -29,7 +29,7 @@ from contextlib import contextmanager
 
 from pycni.net.errors import is_netlink_error, kernel_errors
 from pycni.net.nl import IPRoute as _NlIPRoute
-from pycni.record import record
+from pycni.record import field, record
 from pycni.spec.errors import INTERNAL, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
@@ -79,6 +79,10 @@ class Link:
     link_netnsid: int | None = None
     peer_index: int | None = None  # IFLA_LINK: a veth's peer index (in its own netns)
     operstate: int = 0  # IFLA_OPERSTATE (RFC 2863): 6 is "up"
+    alias: str = ""  # IFLA_IFALIAS
+    # The kind's own settings (IFLA_INFO_DATA) under the keywords link("add") takes for them:
+    # vlan_id, macvlan_mode, ipvlan_mode, vrf_table, vxlan_id, br_vlan_filtering…
+    data: dict[str, Any] = field(default_factory=dict)
 
     @property
     def oper_up(self) -> bool:
@@ -88,9 +92,13 @@ class Link:
     def from_msg(cls, msg: Any) -> Link:
         flags = int(msg["flags"])
         kind = ""
+        data: dict[str, Any] = {}
         linkinfo = msg.get_attr("IFLA_LINKINFO")
         if linkinfo is not None:
             kind = linkinfo.get_attr("IFLA_INFO_KIND") or ""
+            info_data = linkinfo.get_attr("IFLA_INFO_DATA")
+            if info_data is not None:
+                data = {name[5:].lower(): value for name, value in info_data.attrs}  # IFLA_VLAN_ID -> vlan_id
         master = msg.get_attr("IFLA_MASTER")
         return cls(index=int(msg["index"]), name=msg.get_attr("IFLA_IFNAME") or "", kind=kind,
                    mac=(msg.get_attr("IFLA_ADDRESS") or "").lower(), mtu=int(msg.get_attr("IFLA_MTU") or 0),
@@ -98,7 +106,8 @@ class Link:
                    allmulti=bool(flags & IFF_ALLMULTI), txqlen=int(msg.get_attr("IFLA_TXQLEN") or 0),
                    master=int(master) if master else None, flags=flags,
                    link_netnsid=msg.get_attr("IFLA_LINK_NETNSID"), peer_index=msg.get_attr("IFLA_LINK"),
-                   operstate=_operstate(msg.get_attr("IFLA_OPERSTATE")))
+                   operstate=_operstate(msg.get_attr("IFLA_OPERSTATE")), alias=msg.get_attr("IFLA_IFALIAS") or "",
+                   data=data)
 
 
 _OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DORMANT", "UP")

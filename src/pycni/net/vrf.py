@@ -1,6 +1,6 @@
 """VRF devices: listing them with their routing tables, creating one — in the calling thread's netns.
 
-The one place that decodes a VRF's table (IFLA_VRF_TABLE) and creates VRFs, for the vrf plugin
+The one place that reads a VRF's table and creates VRFs, for the vrf plugin
 and sbr's ``vrfname``; each plugin keeps its own rule for picking a free table, as upstream.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 
 from pycni.net.errors import kernel_errors
-from pycni.net.link import delete_link_quietly, lookup_msg, rtnl, setlink
+from pycni.net.link import Link, delete_link_quietly, lookup_msg, rtnl, setlink
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
@@ -18,10 +18,8 @@ if TYPE_CHECKING:
 
 def _vrf_table(msg: Any) -> int | None:
     """The table of a link message's VRF, None when the link is not a VRF."""
-    info = msg.get_attr("IFLA_LINKINFO")
-    if info is None or info.get_attr("IFLA_INFO_KIND") != "vrf":
-        return None
-    return int(info.get_nested("IFLA_INFO_DATA", "IFLA_VRF_TABLE") or 0)
+    link = Link.from_msg(msg)
+    return int(link.data.get("vrf_table") or 0) if link.kind == "vrf" else None
 
 
 def list_vrfs() -> dict[str, tuple[int, int]]:
@@ -41,9 +39,7 @@ def vrf_of(name: str) -> tuple[str, int] | None:
         msg = lookup_msg(sock, name)
     if msg is None:
         return None
-    info = msg.get_attr("IFLA_LINKINFO")
-    kind = str(info.get_attr("IFLA_INFO_KIND") or "") if info is not None else ""
-    return kind, _vrf_table(msg) or 0
+    return Link.from_msg(msg).kind, _vrf_table(msg) or 0
 
 
 def create_vrf(name: str, table: int) -> int:
