@@ -263,7 +263,7 @@ def lean_pyroute2() -> None:
     ``pyroute2.iproute.linux.IPRoute`` (what the body binds on Linux), submodules import as
     usual, and any other top-level name runs the real body once, so nothing breaks. Used only
     in one-shot plugin processes (never in the daemon or a library user's process), and only
-    for what pycni.net.nl does not speak (tc, policy rules, VLAN filtering).
+    for what pycni.net.nl does not speak (tc read-back in pycni.net.tc, for bandwidth).
     """
     if "pyroute2" in sys.modules or _LeanPyroute2 in sys.meta_path:
         return

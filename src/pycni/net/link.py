@@ -4,30 +4,19 @@ Namespace contract of the whole ``pycni.net`` link/addr/route layer: every funct
 the network namespace of the *calling thread*; callers switch with
 ``with pycni.net.netns.enter(path): ...``.
 
-How that holds with pyroute2 0.9 (verified on 0.9.7): the synchronous ``IPRoute`` is a thin
-wrapper over an asyncio core, but it runs its event loop in the calling thread and creates
-its netlink socket in its constructor, with a plain ``socket()`` call in the calling thread —
-so an ``IPRoute()`` constructed *after* ``netns.enter`` talks to that namespace, and one
-constructed before keeps talking to the namespace it was born in, even if used inside. Hence
-the rule here: open one ``IPRoute`` per operation group, inside the namespace, via
-:func:`ipr`, and close it before leaving. We never use ``IPRoute(netns=...)``: it forks a
-helper process per socket (slow) and, with its default ``O_CREAT`` flag, would *create* a
-missing namespace instead of failing.
-
-Two kinds of socket, same calling shape: :func:`rtnl` is our own stdlib rtnetlink client
-(:mod:`pycni.net.nl`) and serves links, addresses, routes and bridge ports — everything on the
-plugins' hot path — without importing pyroute2; :func:`ipr` is pyroute2's ``IPRoute``, imported
-lazily, for what ``nl`` does not speak (tc, policy rules, bridge VLAN filtering). Helpers that
-take a ``sock`` (:func:`lookup_msg`, :func:`link_index`…) accept either.
+Two kinds of socket keep to it: :func:`rtnl`, our stdlib rtnetlink client (:mod:`pycni.net.nl`),
+the one netlink stack every ``net/`` module uses, creates its socket in the calling thread; and
+pyroute2's ``IPRoute``, which :mod:`pycni.net.tc` alone still uses to read qdiscs back, does
+the same when constructed after ``netns.enter``. Helpers that take a ``sock``
+(:func:`lookup_msg`, :func:`link_index`…) accept either.
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from pycni.net.errors import is_netlink_error, kernel_errors
+from pycni.net.nl import IFF_ALLMULTI, IFF_PROMISC, IFF_UP
 from pycni.net.nl import IPRoute as _NlIPRoute
 from pycni.record import field, record
 from pycni.spec.errors import INTERNAL, CNIError
@@ -36,10 +25,6 @@ TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process
 if TYPE_CHECKING:
     from typing import Any
 
-IFF_UP = 0x1
-IFF_PROMISC = 0x100
-IFF_ALLMULTI = 0x200
-
 _UNSET: Any = ...  # sentinel: "leave this attribute alone" (None means "detach" for master)
 
 
@@ -47,18 +32,6 @@ def rtnl() -> _NlIPRoute:
     """Our stdlib rtnetlink socket (:mod:`pycni.net.nl`) in the calling thread's namespace;
     use it in a ``with`` block, which closes it."""
     return _NlIPRoute()
-
-
-@contextmanager
-def ipr() -> Iterator[Any]:
-    """A pyroute2 ``IPRoute`` bound to the calling thread's current namespace, closed on exit."""
-    from pyroute2 import IPRoute
-
-    sock = IPRoute()
-    try:
-        yield sock
-    finally:
-        sock.close()
 
 
 @record

@@ -104,7 +104,7 @@ def _oif(sock: Any, dev: str | int | None) -> int | None:
 def _spec(dst: IPNetwork | str, gw: IPAddress | str | None, oif: int | None, table: int | None,
           priority: int | None, scope: int | None, mtu: int | None = None, advmss: int | None = None,
           proto: int | None = None) -> dict[str, Any]:
-    """The pyroute2 route() keywords; unset values are left out so the kernel defaults apply."""
+    """The nl ``route()`` keywords; unset values are left out so the kernel defaults apply."""
     net = ipaddress.ip_network(dst, strict=False) if isinstance(dst, str) else dst
     kw: dict[str, Any] = {"family": AF_INET if net.version == 4 else AF_INET6,
                           "dst_len": net.prefixlen}

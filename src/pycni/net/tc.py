@@ -4,8 +4,12 @@ Everything acts in the calling thread's network namespace (see :mod:`pycni.net.l
 Qdiscs, classes and filters are *created* with the ``tc`` command (it runs in the calling
 thread's namespace because forked processes inherit it): tc encodes rate64 attributes, u32
 selectors and mirred actions correctly, which pyroute2 0.9 does not for all of these. They
-are *read back* over netlink (pyroute2), which gives the kernel's exact numbers — what CHECK
-compares. pyroute2 is imported lazily.
+are *read back* over netlink, which gives the kernel's exact numbers — what CHECK compares.
+
+This is the one module of pycni that imports pyroute2 (lazily, through :func:`_ipr`): for
+the tc messages :mod:`pycni.net.nl` does not speak (qdisc and class dumps, tbf creation).
+Links go through nl as everywhere else. Why it stays, with the measurements:
+docs/architecture.md.
 
 Numbers follow the Go reference's arithmetic: rates in bytes per second, a bucket ``buffer``
 in scheduler ticks (``burst`` bytes at ``rate``), and a tbf ``limit`` of 25 ms of traffic
@@ -17,11 +21,12 @@ from __future__ import annotations
 import errno
 import ipaddress
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from pycni.net.errors import kernel_errors
-from pycni.net.link import ipr, link_index
+from pycni.net.link import link_index, rtnl
 from pycni.record import field, record
 from pycni.spec.errors import TRY_AGAIN, CNIError
 
@@ -84,10 +89,27 @@ def run_tc(lines: Sequence[str], what: str) -> None:
         raise CNIError(TC_ERROR, f"failed to {what}", (proc.stderr or proc.stdout).strip()[-1000:])
 
 
+@contextmanager
+def _ipr() -> Iterator[Any]:
+    """A pyroute2 ``IPRoute`` bound to the calling thread's current namespace, closed on exit.
+
+    Constructed after ``netns.enter`` it talks to that namespace (pyroute2 0.9's synchronous
+    ``IPRoute`` runs its loop and makes its socket in the calling thread); never
+    ``IPRoute(netns=...)``, which forks a helper and would create a missing namespace.
+    """
+    from pyroute2 import IPRoute
+
+    sock = IPRoute()
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
 # ---- devices ---------------------------------------------------------------------------------
 def create_ifb(name: str, mtu: int) -> str:
     """Create an ifb device, up, with ``mtu``; return its MAC. Fails if ``name`` exists."""
-    with ipr() as sock:
+    with rtnl() as sock:
         with kernel_errors(f"failed to create ifb device {name!r}", code=TC_ERROR):
             sock.link("add", ifname=name, kind="ifb", mtu=mtu)
             idx = link_index(sock, name)
@@ -110,7 +132,7 @@ def add_tbf(dev: str, rate_bytes: int, burst_bytes: int) -> None:
         run_tc([f"qdisc add dev {dev} root handle 1: tbf rate {rate_bytes}bps burst {burst_bytes} "
                 f"limit {limit}"], f"create tbf qdisc on {dev}")
         return
-    with ipr() as sock:
+    with _ipr() as sock:
         idx = link_index(sock, dev)
         if idx is None:
             raise CNIError(TC_ERROR, f"get host device: {dev} not found")
@@ -160,7 +182,7 @@ def add_ingress_redirect(dev: str, ifb: str) -> None:
 
 def delete_qdisc(dev: str, ingress: bool = False) -> bool:
     """Remove the root (or ingress) qdisc of ``dev``; False when there was none or no ``dev``."""
-    with ipr() as sock:
+    with _ipr() as sock:
         idx = link_index(sock, dev)
         if idx is None:
             return False
@@ -208,7 +230,7 @@ def _opts(msg: Any) -> Any:
 
 def qdiscs(dev: str) -> list[Qdisc] | None:
     """The qdiscs of ``dev`` (without pfifo_fast/noqueue defaults); None when there is no ``dev``."""
-    with ipr() as sock:
+    with _ipr() as sock:
         idx = link_index(sock, dev)
         if idx is None:
             return None
@@ -248,7 +270,7 @@ def _tc_json_rate(dev: str, handle: int) -> int | None:
 
 def htb_classes(dev: str) -> list[HtbClass]:
     """The htb classes of ``dev`` ([] when there is no ``dev``), 64-bit rates decoded."""
-    with ipr() as sock:
+    with _ipr() as sock:
         idx = link_index(sock, dev)
         if idx is None:
             return []
