@@ -31,7 +31,7 @@ import struct
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
-    from typing import Any
+    from typing import Any, Self
 
 AF_UNSPEC, AF_INET, AF_BRIDGE, AF_INET6 = 0, 2, 7, 10
 NETLINK_ROUTE = 0
@@ -447,11 +447,29 @@ def _link_request(kw: dict[str, Any]) -> bytes:
 
 # ---- the socket -----------------------------------------------------------------------------------
 
-class IPRoute:
-    """An rtnetlink socket in the calling thread's namespace; use as a context manager or close()."""
+def raw_attrs(data: bytes, offset: int = 0) -> Iterator[tuple[int, bytes]]:
+    """(type, payload) of each attribute in ``data[offset:]``, undecoded (flags masked off the type)."""
+    end = len(data)
+    while offset + 4 <= end:
+        length, kind = _NLA.unpack_from(data, offset)
+        if length < 4:
+            return
+        yield kind & NLA_TYPE_MASK, data[offset + 4:offset + length]
+        offset += (length + 3) & ~3
 
-    def __init__(self) -> None:
-        self._sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, NETLINK_ROUTE)
+
+def nla(kind: int, payload: bytes, nested: bool = False) -> bytes:
+    """One attribute, padded (``nested`` sets NLA_F_NESTED)."""
+    return _nla(kind | (NLA_F_NESTED if nested else 0), payload)
+
+
+class NetlinkSocket:
+    """A netlink socket of ``protocol`` in the calling thread's namespace: framing, sequence
+    numbers, ACKs and errors (:class:`NetlinkError`); use as a context manager or close().
+    :class:`IPRoute` speaks rtnetlink on it; :mod:`pycni.net.conntrack` ctnetlink."""
+
+    def __init__(self, protocol: int = NETLINK_ROUTE) -> None:
+        self._sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, protocol)
         try:
             self._sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVBUF, 1 << 20)
             self._sock.bind((0, 0))
@@ -459,37 +477,27 @@ class IPRoute:
             self._sock.close()
             raise
         self._seq = 0
-        self._strict: bool | None = None
-
-    def _strict_dumps(self) -> bool:
-        """Ask the kernel to filter dumps by the header's index/table (Linux 4.20+); False if it cannot."""
-        if self._strict is None:
-            try:
-                self._sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
-                self._strict = True
-            except OSError:
-                self._strict = False
-        return self._strict
 
     def close(self) -> None:
         self._sock.close()
 
-    def __enter__(self) -> IPRoute:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- transport --
+    def settimeout(self, seconds: float | None) -> None:
+        self._sock.settimeout(seconds)
 
-    def request(self, mtype: int, body: bytes, flags: int = 0) -> list[Msg]:
-        """Send one request and collect its replies until the ACK (or DONE, for a dump)."""
+    def exchange(self, mtype: int, body: bytes, flags: int = 0) -> list[tuple[int, bytes]]:
+        """Send one request; (type, body) of each reply until the ACK (or DONE, for a dump)."""
         self._seq += 1
         seq = self._seq
         self._sock.send(_HDR.pack(_HDR.size + len(body), mtype, flags | NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body)
         return list(self._replies(seq))
 
-    def _replies(self, seq: int) -> Iterator[Msg]:
+    def _replies(self, seq: int) -> Iterator[tuple[int, bytes]]:
         while True:
             data = self._sock.recv(1 << 18)
             offset = 0
@@ -511,9 +519,31 @@ class IPRoute:
                     if err < 0:
                         raise NetlinkError(-err)
                     return
-                msg = _decode(mtype, body)
-                if msg is not None:
-                    yield msg
+                yield mtype, body
+
+
+class IPRoute(NetlinkSocket):
+    """An rtnetlink socket in the calling thread's namespace; use as a context manager or close()."""
+
+    def __init__(self) -> None:
+        super().__init__(NETLINK_ROUTE)
+        self._strict: bool | None = None
+
+    def _strict_dumps(self) -> bool:
+        """Ask the kernel to filter dumps by the header's index/table (Linux 4.20+); False if it cannot."""
+        if self._strict is None:
+            try:
+                self._sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
+                self._strict = True
+            except OSError:
+                self._strict = False
+        return self._strict
+
+    # -- transport --
+
+    def request(self, mtype: int, body: bytes, flags: int = 0) -> list[Msg]:
+        """Send one request and collect its decoded replies until the ACK (or DONE, for a dump)."""
+        return [msg for msg in (_decode(t, b) for t, b in self.exchange(mtype, body, flags)) if msg is not None]
 
     def dump(self, mtype: int, body: bytes) -> list[Msg]:
         return self.request(mtype, body, NLM_F_DUMP)
@@ -726,4 +756,4 @@ class IPRoute:
         return msgs if ifindex is None else [m for m in msgs if m["ifindex"] == ifindex]
 
 
-__all__ = ["IPRoute", "Msg", "Attrs", "NetlinkError"]
+__all__ = ["IPRoute", "NetlinkSocket", "Msg", "Attrs", "NetlinkError", "raw_attrs", "nla"]
