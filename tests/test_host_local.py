@@ -824,10 +824,8 @@ def test_many_reservations_continue_after_the_cursor(tmp_path: Path) -> None:
 def test_daemon_mode_gives_the_same_answers(tmp_path: Path, host_ns: Any) -> None:
     """Shims forwarding to a pycni daemon (run from a throwaway namespace): same results, no double IPs."""
     from pycni.daemon.server import Daemon
-    from pycni.plugins.registry import daemon_shims_available, install
+    from pycni.plugins.registry import install
 
-    if not daemon_shims_available():
-        pytest.skip("daemon shims not available")
     bin_dir = tmp_path / "bin"
     exe = install(str(bin_dir), ["host-local"], daemon=True)[0]
     sock = str(tmp_path / "pycni.sock")

@@ -20,7 +20,7 @@ import pytest
 from netns_util import Namespace
 from plugin_util import daemon_in_thread
 
-from pycni.plugins.registry import available, install
+from pycni.plugins.registry import PLUGIN_MODULES, install
 
 # Run a shim file as its shebang does and dump sys.modules (exit included: the shim calls sys.exit).
 _WRAPPER = """
@@ -81,7 +81,7 @@ def _heavy(mods: set[str], heavy: tuple[str, ...] = HEAVY) -> list[str]:
     return sorted(m for m in mods if any(m == h or m.startswith(h + ".") for h in heavy))
 
 
-@pytest.mark.parametrize("plugin", sorted(available()))
+@pytest.mark.parametrize("plugin", sorted(PLUGIN_MODULES))
 def test_version_imports_no_netlink(plugin: str, shims: str, baseline: set[str], tmp_path: Path) -> None:
     """VERSION of every plugin answers without pyroute2 (netlink is imported where it is used) or dataclasses."""
     mods = _modules(os.path.join(shims, plugin), {"CNI_COMMAND": "VERSION"}, b'{"cniVersion": "1.0.0"}', tmp_path)

@@ -64,7 +64,7 @@ def no_python(tmp_path: Path) -> tuple[str, Path]:
     return str(fake), marker
 
 
-@pytest.mark.parametrize("plugin", sorted(registry.available()))
+@pytest.mark.parametrize("plugin", sorted(registry.PLUGIN_MODULES))
 def test_version_answered_by_sh_without_python(plugin: str, no_python: tuple[str, Path], tmp_path: Path) -> None:
     fake, marker = no_python
     (exe,) = registry.install(str(tmp_path / "bin"), [plugin], python=fake, daemon=True)

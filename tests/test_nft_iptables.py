@@ -87,13 +87,11 @@ def test_iptables_rule_helpers(host_ns: Namespace, v6: bool) -> None:
     rule = ["-d", net, "-m", "comment", "--comment", 'name: "x" id: "y"', "-j", "RETURN"]
     with host_ns.enter():
         assert iptables.usable(v6)
-        iptables.ensure_chain("nat", "TESTCHAIN", v6)
-        iptables.ensure_chain("nat", "TESTCHAIN", v6)  # exists: fine
+        assert not iptables.chain_exists("nat", "TESTCHAIN", v6)
+        iptables.run(["-t", "nat", "-N", "TESTCHAIN"], v6)
         assert iptables.chain_exists("nat", "TESTCHAIN", v6)
-        assert "TESTCHAIN" in iptables.list_chains("nat", v6)
         assert not iptables.rule_exists("nat", "TESTCHAIN", rule, v6)
-        iptables.append_unique("nat", "TESTCHAIN", rule, v6)
-        iptables.append_unique("nat", "TESTCHAIN", rule, v6)
+        iptables.run(["-t", "nat", "-A", "TESTCHAIN", *rule], v6)
         assert iptables.rule_exists("nat", "TESTCHAIN", rule, v6)
         [line] = iptables.list_rules("nat", "TESTCHAIN", v6)
         assert iptables.split_rule(line)[-2:] == ["-j", "RETURN"]

@@ -222,14 +222,14 @@ def test_set_master_by_name_or_index(ns: Namespace) -> None:
     ns.run(["ip", "link", "add", "br9", "type", "bridge"])
     ns.run(["ip", "link", "add", "p0", "type", "veth", "peer", "name", "p1"])
     with netns.enter(ns.path):
-        link.set_master("p0", "br9")
+        link.set_link("p0", master="br9")
         assert ip_json(ns, "link", "show", "p0")[0]["master"] == "br9"
         link.set_link("p0", master=None)
         p0, br9 = link.require_link("p0"), link.require_link("br9")
-        link.set_master(p0.index, br9.index)  # indexes: no lookups
+        link.set_link(p0.index, master=br9.index)
         bridge.set_port(p0.index, hairpin=True)
         with pytest.raises(CNIError, match="master"):
-            link.set_master("p1", "nosuchbridge")
+            link.set_link("p1", master="nosuchbridge")
     shown = ip_json(ns, "link", "show", "p0")[0]
     assert shown["master"] == "br9" and shown["linkinfo"]["info_slave_data"]["hairpin"] is True
 

@@ -27,7 +27,26 @@ def kernel_has(kind: str, ns: Namespace) -> bool:
             link = get_link("uplink")
             assert link is not None
             attrs["link"] = link.index
-        return sublink.kernel_supports(kind, **attrs)
+        return _kernel_supports(kind, **attrs)
+
+
+def _kernel_supports(kind: str, **attrs: Any) -> bool:
+    """Whether this kernel can create ``kind`` links (tried in the caller's scratch namespace)."""
+    import errno
+    import os
+
+    from pycni.net import nl
+
+    with nl.IPRoute() as sock:
+        name = f"probe{os.urandom(3).hex()}"
+        try:
+            sock.link("add", ifname=name, kind=kind, **attrs)
+        except nl.NetlinkError as e:
+            if e.errno == errno.EOPNOTSUPP:
+                return False
+            raise
+        sock.link("del", index=sock.link_lookup(name)[0])
+        return True
 
 
 @pytest.fixture

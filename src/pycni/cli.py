@@ -189,7 +189,7 @@ def cmd_install_plugins(opts: argparse.Namespace) -> int:
 
     try:
         written = registry.install(opts.dir, opts.names or None, python=opts.python,
-                                   daemon=not opts.direct and registry.daemon_shims_available(),
+                                   daemon=not opts.direct,
                                    socket=opts.socket, force=opts.force)
     except KeyError as e:
         raise CNIError(INVALID_CONFIG, "cannot install plugins", str(e.args[0])) from None
@@ -209,7 +209,7 @@ def cmd_install_plugins(opts: argparse.Namespace) -> int:
 def cmd_plugin(opts: argparse.Namespace) -> int:
     from pycni.plugins import registry
 
-    mods = registry.available()
+    mods = registry.PLUGIN_MODULES
     if opts.type not in mods:
         raise CNIError(INVALID_CONFIG, f"unknown plugin type {opts.type!r}", f"available: {', '.join(sorted(mods))}")
     from pycni.skel import run_plugin

@@ -31,10 +31,6 @@ if TYPE_CHECKING:
 
     from pycni.invoke import Runner
 
-# Deprecated spelling of pycni.spec.errors.INTERNAL (999), kept only until branches that still
-# import it are merged; new code imports INTERNAL from pycni.spec.errors.
-INTERNAL_ERROR = E.INTERNAL
-
 # Which environment variables each command requires (spec: "Parameters").
 REQUIRED_ENV: dict[str, tuple[str, ...]] = {
     "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"),

@@ -251,17 +251,6 @@ def try_set_ipv4_devconf(index: int, values: dict[int, int]) -> bool:
     return True
 
 
-def set_master(name: str | int, master: str | int) -> None:
-    """Enslave link ``name`` to ``master`` (e.g. a bridge). Given indexes, this is one request and
-    no lookups, which matters on a bridge with many ports, where every RTNL round trip is slow."""
-    with rtnl() as sock:
-        index = require_index(sock, name)
-        master_index = link_index(sock, master)
-        if master_index is None:
-            raise CNIError(INTERNAL, f"failed to lookup master {master!r}", f"link {master!r} not found")
-        setlink(sock, f"failed to connect {name!r} to {master!r}", index=index, master=master_index)
-
-
 def delete_link(name: str | int) -> bool:
     """Delete a link; True when it existed. Idempotent (a missing link is success)."""
     with rtnl() as sock:

@@ -43,21 +43,8 @@ PLUGIN_MODULES: dict[str, str] = {
 }
 
 
-def available() -> dict[str, str]:
-    """The plugins whose module exists in this installation (some may not be written yet)."""
-    import importlib.util
-
-    return {name: mod for name, mod in PLUGIN_MODULES.items() if importlib.util.find_spec(mod) is not None}
-
-
 def load(plugin_type: str) -> Plugin:
     return importlib.import_module(PLUGIN_MODULES[plugin_type]).PLUGIN  # type: ignore[no-any-return]
-
-
-def daemon_shims_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("pycni.shim") is not None
 
 
 def import_paths() -> list[str]:
@@ -95,11 +82,11 @@ def install(target_dir: str, names: list[str] | None = None, python: str | None 
     Unknown names raise KeyError. A file in the way that is not one of ours (say a Go plugin)
     raises ForeignExecutable before anything is written, unless ``force``.
     """
-    mods = available()
+    mods = PLUGIN_MODULES
     selected = list(names) if names else sorted(mods)
     unknown = [n for n in selected if n not in mods]
     if unknown:
-        raise KeyError(f"unknown or unavailable plugin(s) {unknown}; available: {sorted(mods)}")
+        raise KeyError(f"unknown plugin(s) {unknown}; available: {sorted(mods)}")
     if socket is not None and (not daemon or not os.path.isabs(socket) or "\n" in socket or "\0" in socket
                                or len(socket.encode()) > 107):  # sun_path holds 108 bytes with the NUL
         raise ValueError(f"a daemon socket must be an absolute path of at most 107 bytes on one line, for "
