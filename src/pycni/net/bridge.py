@@ -7,6 +7,7 @@ import errno
 from pycni.net.errors import kernel_errors
 from pycni.net.link import IFF_PROMISC, Link, lookup_msg, require_index, require_msg, rtnl, setlink
 from pycni.net.nl import AF_BRIDGE, BRIDGE_VLAN_INFO_PVID, BRIDGE_VLAN_INFO_UNTAGGED, RTEXT_FILTER_BRVLAN
+from pycni.net.sysctl import try_write_sysctl
 from pycni.record import field, record
 from pycni.spec.errors import INTERNAL, CNIError
 
@@ -40,8 +41,6 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
         if promisc:
             setlink(sock, f"could not set promiscuous mode on {name!r}", index=link.index, flags=IFF_PROMISC,
                     change=IFF_PROMISC)
-    from pycni.net.sysctl import try_write_sysctl
-
     try_write_sysctl(f"net/ipv6/conf/{name}/accept_ra", "0")  # IPv6 disabled: nothing to own
     with rtnl() as sock:
         setlink(sock, f"could not set {name!r} up", index=link.index, state="up")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 
+from pycni.net import netns
 from pycni.net.errors import is_netlink_error, kernel_errors
 from pycni.net.nl import IFF_ALLMULTI, IFF_PROMISC, IFF_UP
 from pycni.net.nl import IPRoute as _NlIPRoute
@@ -168,8 +169,6 @@ def require_free_ifname(ifname: str, netns_path: str) -> None:
 
 def check_container_ifname(netns_path: str, ifname: str) -> None:
     """Before an ADD makes anything: the container namespace opens and has no ``ifname`` yet."""
-    from pycni.net import netns
-
     with netns.enter(netns_path):
         require_free_ifname(ifname, netns_path)
 

@@ -10,6 +10,7 @@ import errno
 
 from pycni.net.errors import kernel_errors
 from pycni.net.link import Link, delete_link_quietly, lookup_msg, rtnl, setlink
+from pycni.net.sublink import kernel_lacks
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
@@ -45,8 +46,6 @@ def vrf_of(name: str) -> tuple[str, int] | None:
 def create_vrf(name: str, table: int) -> int:
     """Create VRF ``name`` on ``table``, up; return its index. A kernel without VRFs is
     :func:`pycni.net.sublink.kernel_lacks`; a VRF left half-made (not up) is deleted."""
-    from pycni.net.sublink import kernel_lacks
-
     with rtnl() as sock:
         with kernel_errors(f"failed to create VRF {name!r}", ignore=(errno.EOPNOTSUPP,)) as refused:
             sock.link("add", ifname=name, kind="vrf", vrf_table=table)
