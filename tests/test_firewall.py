@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
 from typing import Any
 
 import pytest
+from plugin_util import runtime_env
 
 from pycni.plugins.meta import firewall as fw
 from pycni.skel import dispatch
@@ -22,11 +22,7 @@ NO_NETNS = "/var/run/netns/pycni-test-no-such-netns"
 
 
 def env(cmd: str, cid: str, netns: str = NO_NETNS, ifname: str = "eth0") -> dict[str, str]:
-    e = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": cid, "CNI_IFNAME": ifname, "CNI_PATH": "/usr/lib/cni",
-         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-    if netns:
-        e["CNI_NETNS"] = netns
-    return e
+    return runtime_env(cmd, cid, netns, ifname)
 
 
 def fw_conf(prev: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import pytest
+from plugin_util import runtime_env
 
 from pycni.plugins.meta import sbr
 from pycni.skel import dispatch
@@ -19,12 +20,7 @@ SUBNET = "10.79.0.0/24"
 GW = "10.79.0.1"
 
 
-def env(cmd: str, cid: str, netns: str = "", ifname: str = "eth0", path: str = "/usr/lib/cni") -> dict[str, str]:
-    e = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": cid, "CNI_IFNAME": ifname, "CNI_PATH": path,
-         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-    if netns:
-        e["CNI_NETNS"] = netns
-    return e
+env = runtime_env
 
 
 def bridge_conf(tmp: Any) -> dict[str, Any]:
