@@ -30,7 +30,7 @@ import struct
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping, Sequence
     from typing import Any, Self
 
 AF_UNSPEC, AF_INET, AF_BRIDGE, AF_INET6 = 0, 2, 7, 10
@@ -51,6 +51,9 @@ RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RTM_NEWNEIGH, RTM_DELNEIGH, RTM_GETNEIGH = 28, 29, 30
 RTM_NEWRULE, RTM_DELRULE, RTM_GETRULE = 32, 33, 34
+RTM_NEWQDISC, RTM_DELQDISC, RTM_GETQDISC = 36, 37, 38
+RTM_NEWTCLASS, RTM_GETTCLASS = 40, 42
+TC_H_ROOT, TC_H_INGRESS = 0xFFFFFFFF, 0xFFFFFFF1
 
 IFF_UP, IFF_PROMISC, IFF_ALLMULTI = 0x1, 0x100, 0x200
 IFA_F_NODAD, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x08, 0x40
@@ -76,6 +79,12 @@ _RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, ta
 _NDMSG = struct.Struct("=BxxxiHBB")   # ndmsg: family, (pad), ifindex, state, flags, type
 _FIBRULE = struct.Struct("=BBBBBBBBI")  # fib_rule_hdr: family, dst_len, src_len, tos, table, res1, res2, action, flags
 _VLAN_INFO = struct.Struct("=HH")     # bridge_vlan_info: flags, vid
+_TCMSG = struct.Struct("=BxxxiIII")   # tcmsg: family, (pad), ifindex, handle, parent, info
+_RATESPEC = "BBHhHI"                  # tc_ratespec: cell_log, linklayer, overhead, cell_align, mpu, rate
+_TBF_QOPT = struct.Struct("=" + _RATESPEC * 2 + "III")  # rate, peakrate, limit, buffer, mtu
+_HTB_GLOB = struct.Struct("=IIIII")   # version, rate2quantum, defcls, debug, direct_pkts
+_HTB_OPT = struct.Struct("=" + _RATESPEC * 2 + "IIIII")  # rate, ceil, buffer, cbuffer, quantum, level, prio
+_U64 = struct.Struct("=Q")
 _NLA = struct.Struct("=HH")
 _RTNH = struct.Struct("=HBBi")        # rtnexthop: len, flags, hops, ifindex
 _U16 = struct.Struct("=H")
@@ -87,6 +96,7 @@ _IFADDR_FIELDS = ("family", "prefixlen", "flags", "scope", "index")
 _RTMSG_FIELDS = ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags")
 _NDMSG_FIELDS = ("family", "ifindex", "state", "flags", "ndm_type")
 _FIBRULE_FIELDS = ("family", "dst_len", "src_len", "tos", "table", "res1", "res2", "action", "flags")
+_TCMSG_FIELDS = ("family", "index", "handle", "parent", "info")
 
 
 class NetlinkError(OSError):
@@ -298,12 +308,39 @@ _IFLA_BRIDGE: dict[int, tuple[str, Callable[[bytes], Any]]] = {
     26: ("IFLA_AF_SPEC", _nested({2: ("IFLA_BRIDGE_VLAN_INFO", _vlan_info)})),
 }
 
+def _u64(data: bytes) -> int:
+    return int(_U64.unpack_from(data)[0])
+
+
+def _tbf_parms(data: bytes) -> dict[str, int]:
+    v = _TBF_QOPT.unpack_from(data)
+    return {"rate": v[5], "limit": v[12], "buffer": v[13], "mtu": v[14]}
+
+
+def _htb_glob(data: bytes) -> dict[str, int]:
+    return {"defcls": _HTB_GLOB.unpack_from(data)[2]}
+
+
+def _htb_parms(data: bytes) -> dict[str, int]:
+    v = _HTB_OPT.unpack_from(data)
+    return {"rate": v[5], "ceil": v[11], "buffer": v[12], "cbuffer": v[13]}
+
+
+# TCA_OPTIONS by qdisc/class kind (decoded once TCA_KIND is known; see _decode).
+_TC_OPTIONS: dict[str, dict[int, tuple[str, Callable[[bytes], Any]]]] = {
+    "tbf": {1: ("TCA_TBF_PARMS", _tbf_parms), 4: ("TCA_TBF_RATE64", _u64)},
+    "htb": {1: ("TCA_HTB_PARMS", _htb_parms), 2: ("TCA_HTB_INIT", _htb_glob), 6: ("TCA_HTB_RATE64", _u64),
+            7: ("TCA_HTB_CEIL64", _u64)},
+}
+_TCA: dict[int, tuple[str, Callable[[bytes], Any]]] = {1: ("TCA_KIND", _str), 2: ("TCA_OPTIONS", bytes)}
+
 _DECODERS: dict[int, tuple[struct.Struct, tuple[str, ...], dict[int, tuple[str, Callable[[bytes], Any]]]]] = {
     RTM_NEWLINK: (_IFINFO, _IFINFO_FIELDS, _IFLA), RTM_DELLINK: (_IFINFO, _IFINFO_FIELDS, _IFLA),
     RTM_NEWADDR: (_IFADDR, _IFADDR_FIELDS, _IFA), RTM_DELADDR: (_IFADDR, _IFADDR_FIELDS, _IFA),
     RTM_NEWROUTE: (_RTMSG, _RTMSG_FIELDS, _RTA), RTM_DELROUTE: (_RTMSG, _RTMSG_FIELDS, _RTA),
     RTM_NEWNEIGH: (_NDMSG, _NDMSG_FIELDS, _NDA), RTM_DELNEIGH: (_NDMSG, _NDMSG_FIELDS, _NDA),
     RTM_NEWRULE: (_FIBRULE, _FIBRULE_FIELDS, _FRA), RTM_DELRULE: (_FIBRULE, _FIBRULE_FIELDS, _FRA),
+    RTM_NEWQDISC: (_TCMSG, _TCMSG_FIELDS, _TCA), RTM_NEWTCLASS: (_TCMSG, _TCMSG_FIELDS, _TCA),
 }
 
 
@@ -314,7 +351,12 @@ def _decode(mtype: int, body: bytes) -> Msg | None:
     head, names, table = spec
     if table is _IFLA and body[:1] == bytes((AF_BRIDGE,)):
         table = _IFLA_BRIDGE
-    return Msg(dict(zip(names, head.unpack_from(body), strict=True)), _attrs(body, head.size, table))
+    msg = Msg(dict(zip(names, head.unpack_from(body), strict=True)), _attrs(body, head.size, table))
+    if table is _TCA:  # the options' layout depends on the kind: None when we do not decode it
+        kind = msg.get_attr("TCA_KIND", "")
+        msg.attrs = [(k, Attrs(_attrs(v, 0, _TC_OPTIONS[kind])) if kind in _TC_OPTIONS else None)
+                     if k == "TCA_OPTIONS" else (k, v) for k, v in msg.attrs]
+    return msg
 
 
 # ---- encoding -------------------------------------------------------------------------------------
@@ -444,6 +486,18 @@ def _link_request(kw: dict[str, Any]) -> bytes:
     if kw:
         raise TypeError(f"unsupported link keywords: {sorted(kw)}")
     return _IFINFO.pack(AF_UNSPEC, 0, index, flags, change) + attrs
+
+
+TBF_CELL_LOG = 3  # rate-table cells of 8 bytes: a 1600-byte MTU in 256 cells, as tc picks
+
+
+def _tbf_options(rate: int, limit: int, buffer: int, rtab: Sequence[int]) -> bytes:
+    """TCA_TBF_PARMS and TCA_TBF_RTAB as ``tc`` sends them; ``rtab[i]`` is the ticks a packet of
+    ``(i + 1) << TBF_CELL_LOG`` bytes takes at ``rate`` (:func:`pycni.net.tc.rate_table`)."""
+    if len(rtab) != 256:
+        raise ValueError("a tbf rate table has 256 cells")
+    qopt = _TBF_QOPT.pack(TBF_CELL_LOG, 0, 0, -1, 0, rate, 0, 0, 0, 0, 0, 0, limit, buffer, 0)
+    return _nla(1, qopt) + _nla(2, b"".join(_U32.pack(v) for v in rtab))
 
 
 # ---- the socket -----------------------------------------------------------------------------------
@@ -728,6 +782,31 @@ class IPRoute(NetlinkSocket):
     def get_rules(self, family: int = AF_UNSPEC) -> list[Msg]:
         """The policy rules of ``family``, in the kernel's order."""
         return self.dump(RTM_GETRULE, _FIBRULE.pack(family, 0, 0, 0, 0, 0, 0, 0, 0))
+
+    # -- traffic control: qdiscs and classes --
+
+    def get_qdiscs(self, index: int | None = None) -> list[Msg]:
+        """Every qdisc, only link ``index``'s when given (``tc qdisc show``)."""
+        msgs = self.dump(RTM_GETQDISC, _TCMSG.pack(AF_UNSPEC, index or 0, 0, 0, 0))
+        return msgs if index is None else [m for m in msgs if m["index"] == index]
+
+    def get_classes(self, index: int) -> list[Msg]:
+        """The classes of link ``index`` (``tc class show dev``)."""
+        return self.dump(RTM_GETTCLASS, _TCMSG.pack(AF_UNSPEC, index, 0, 0, 0))
+
+    def qdisc(self, command: str, *, index: int, handle: int = 0, parent: int = TC_H_ROOT, kind: str = "",
+              **kw: Any) -> list[Msg]:
+        """``add`` a qdisc (``kind`` "tbf": ``rate`` bytes/s below 2**32, ``limit`` bytes, ``buffer`` ticks,
+        ``rtab`` its rate table), or ``del`` the one at ``parent`` (TC_H_ROOT, TC_H_INGRESS) of link ``index``."""
+        body = _TCMSG.pack(AF_UNSPEC, index, handle, parent, 0)
+        if command == "del":
+            return self.request(RTM_DELQDISC, body)
+        if command != "add":
+            raise ValueError(f"unsupported qdisc command {command!r}")
+        if kind != "tbf" or set(kw) != {"rate", "limit", "buffer", "rtab"}:
+            raise TypeError(f"unsupported qdisc {kind!r} with {sorted(kw)}")
+        return self.request(RTM_NEWQDISC, body + _nla_str(1, kind) + _nla(2 | NLA_F_NESTED, _tbf_options(**kw)),
+                            NLM_F_CREATE | NLM_F_EXCL)
 
     # -- neighbours (ARP/NDP entries) and bridge/vxlan forwarding database entries --
 
