@@ -12,8 +12,8 @@ code are relayed byte for byte. With no daemon listening the plugin runs in this
 This module is on the start-up path of every plugin call, so the forwarding path imports
 only ``_socket`` and :mod:`pycni.daemon.protocol` (which imports nothing): ``socket``, json,
 base64 and typing would cost more than the rest of the shim together. The in-process path
-loads pyroute2 lean (see :func:`lean_pyroute2`) and injects :func:`run_delegate`, so our own
-IPAM delegates run in this process instead of starting another interpreter.
+injects :func:`run_delegate`, so our own IPAM delegates run in this process instead of
+starting another interpreter.
 
 This module also owns the executables' file format: :func:`executable_text` writes it (for
 ``pycni install-plugins``, :func:`pycni.plugins.registry.install`) and :func:`shim_type` reads it.
@@ -191,90 +191,9 @@ def _forward(sock_path: str, plugin_type: str, stdin: bytes) -> tuple[int, bytes
         s.close()
 
 
-class _LeanPyroute2:
-    """Meta-path finder that makes ``import pyroute2`` lean (see :func:`lean_pyroute2`).
-
-    Installing it costs nothing; the work (importlib.util, the package's spec) happens only if
-    the plugin really imports pyroute2 — most one-shot calls no longer do.
-    """
-
-    @classmethod
-    def find_spec(cls, name: str, path: object = None, target: object = None) -> object:
-        if name != "pyroute2":
-            return None
-        sys.meta_path.remove(cls)  # type: ignore[arg-type]
-        import importlib
-        import importlib.machinery
-        import importlib.util
-
-        real = importlib.util.find_spec("pyroute2")
-        if real is None or real.loader is None:
-            return real
-        fast = {"IPRoute": "pyroute2.iproute.linux", "AsyncIPRoute": "pyroute2.iproute.linux",
-                "NetlinkError": "pyroute2.netlink.exceptions"}
-
-        class Loader:
-            """Creates the package module without running its body; names resolve on first use."""
-
-            @staticmethod
-            def create_module(spec: object) -> None:
-                return None
-
-            @staticmethod
-            def exec_module(mod: object) -> None:
-                def __getattr__(attr: str) -> object:  # PEP 562: only called for names not yet bound
-                    if attr in fast:
-                        value = getattr(importlib.import_module(fast[attr]), attr)
-                        setattr(mod, attr, value)
-                        return value
-                    sub = None
-                    if not attr.startswith("__"):
-                        try:
-                            sub = importlib.util.find_spec(f"pyroute2.{attr}")
-                        except (ImportError, ValueError):
-                            sub = None
-                    if sub is not None:
-                        return importlib.import_module(f"pyroute2.{attr}")
-                    # Something else from the package's namespace: run the real body once.
-                    vars(mod).pop("__getattr__", None)
-                    vars(mod).pop("__pycni_lean__", None)
-                    real.loader.exec_module(mod)  # type: ignore[union-attr, arg-type]
-                    try:
-                        return vars(mod)[attr]
-                    except KeyError:
-                        raise AttributeError(f"module 'pyroute2' has no attribute {attr!r}") from None
-
-                mod.__getattr__ = __getattr__  # type: ignore[attr-defined]
-                mod.__pycni_lean__ = True  # type: ignore[attr-defined]  # the body has not run (tests look)
-
-        spec = importlib.machinery.ModuleSpec("pyroute2", Loader(), origin=real.origin, is_package=True)  # type: ignore[arg-type]
-        spec.submodule_search_locations = real.submodule_search_locations
-        spec.has_location = real.has_location
-        return spec
-
-
-def lean_pyroute2() -> None:
-    """Make ``import pyroute2`` cheap: load only the submodules actually used.
-
-    ``pyroute2/__init__`` imports every subsystem (NDB, IPDB, conntrack, nl80211, ipset,
-    plan9, multiprocessing, ...) — about 80 ms of CPU of the ~180 ms its import costs,
-    measured with ``python -X importtime``. Here ``pyroute2`` becomes its own package module
-    without the body run; ``pyroute2.IPRoute`` resolves straight to
-    ``pyroute2.iproute.linux.IPRoute`` (what the body binds on Linux), submodules import as
-    usual, and any other top-level name runs the real body once, so nothing breaks. Used only
-    in one-shot plugin processes (never in the daemon or a library user's process), and only
-    for what pycni.net.nl does not speak (tc read-back in pycni.net.tc, for bandwidth).
-    """
-    if "pyroute2" in sys.modules or _LeanPyroute2 in sys.meta_path:
-        return
-    sys.meta_path.insert(0, _LeanPyroute2)  # type: ignore[arg-type]
-
-
 def _run_here(module: str, stdin: bytes) -> tuple[int, bytes, bytes]:
     from pycni.skel import dispatch
 
-    if os.environ.get("CNI_COMMAND") != "VERSION" and os.environ.get("PYCNI_LEAN_IMPORTS", "1") != "0":
-        lean_pyroute2()
     # The __import__ builtin rather than importlib.import_module: importing the importlib
     # package (and warnings with it) would cost this process ~0.4 ms for nothing else.
     __import__(module)

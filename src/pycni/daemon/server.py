@@ -218,7 +218,7 @@ class Daemon:
             self.preload()
 
     def preload(self) -> None:
-        """Import every plugin (and with them pyroute2) once, up front."""
+        """Import every plugin (and with them the net/ layer) once, up front."""
         for name in PLUGIN_MODULES:
             try:
                 self._plugin(name)

@@ -48,19 +48,10 @@ def load(plugin_type: str) -> Plugin:
 
 
 def import_paths() -> list[str]:
-    """Directories that hold pycni and its dependencies, for shims run with ``-I -S``."""
+    """The directory that holds pycni (it has no dependencies), for shims run with ``-I -S``."""
     import pycni
 
-    paths = [os.path.dirname(os.path.dirname(os.path.abspath(pycni.__file__)))]
-    try:
-        import importlib.util
-
-        spec = importlib.util.find_spec("pyroute2")
-        if spec and spec.origin:
-            paths.append(os.path.dirname(os.path.dirname(spec.origin)))
-    except ImportError:
-        pass
-    return list(dict.fromkeys(paths))
+    return [os.path.dirname(os.path.dirname(os.path.abspath(pycni.__file__)))]
 
 
 class ForeignExecutable(Exception):
