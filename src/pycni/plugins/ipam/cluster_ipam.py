@@ -12,8 +12,8 @@ stack); requested addresses come as host-local's (CNI_ARGS ``IP=``, ``args.cni.i
 runtimeConfig ``ips``). The design and the key layout are in :mod:`pycni.cluster.ipam`.
 The etcd calls of a command share one budget, ``etcdTimeout`` (seconds, default 8), and the
 wait for the node lock is bounded by it too: when no endpoint answers (or there is no quorum)
-the command fails with code 11 naming the endpoints, and nothing is allocated. ``nodeName`` defaults to the host name.
-Stdlib only (socket, json, binascii).
+the command fails with code 11 naming the endpoints, and nothing is allocated. ``nodeName``
+defaults to the host name. Stdlib only (``_socket``, ``json``, ``binascii``; ``ssl`` for https).
 """
 
 from __future__ import annotations
@@ -169,12 +169,15 @@ def parse_conf(args: CmdArgs) -> ClusterIpamConf:
 
 def client(cfg: ClusterIpamConf, timeout: float | None = None) -> Etcd:
     """The etcd client for this config, with the whole command's budget as its deadline."""
+    budget = timeout or cfg.timeout
+    # A third of the budget per attempt (at most 3 s): a member stuck without a leader (an election
+    # after the leader died, or no quorum) must not eat the whole budget before the others are tried.
     try:
-        etcd = Etcd(cfg.endpoints, timeout=timeout or cfg.timeout, attempt_timeout=min(3.0, timeout or cfg.timeout),
+        etcd = Etcd(cfg.endpoints, timeout=budget, attempt_timeout=max(0.5, min(3.0, budget / 3)),
                     ca_cert=cfg.ca_cert, cert=cfg.cert, key=cfg.key)
     except (OSError, ValueError) as e:
         raise _bad("cannot set up the etcd client", str(e)) from None
-    etcd.deadline = time.monotonic() + (timeout or cfg.timeout)
+    etcd.deadline = time.monotonic() + budget
     return etcd
 
 
