@@ -372,10 +372,14 @@ class ClusterStore:
                     problems.append({"problem": "allocation not in its handle", "ip": str(ip),
                                      "block": str(b.cidr), "handle": owner})
         for hid, ips in held.items():
+            listed = [ipaddress.ip_network(b) for b in handles[hid].get("blocks", ())]
             for ip in ips:
                 if taken.get(ip) != hid:
                     problems.append({"problem": "handle address not allocated to it", "ip": str(ip),
                                      "handle": hid, "allocatedTo": taken.get(ip)})
+                if not any(ip in b for b in listed):  # DEL frees only in the blocks the handle lists
+                    problems.append({"problem": "handle address outside its blocks", "ip": str(ip),
+                                     "handle": hid})
         return problems
 
 
