@@ -344,7 +344,7 @@ def test_cli_release_and_check(up: EtcdCluster, bin_dir: str, tmp_path: Path) ->
     assert proc.returncode == 0 and "2 attachment(s) and 1 block(s)" in proc.stdout, proc.stdout + proc.stderr
     assert listed(cluster, conf_dir, network) == {(b, "r2", "node1")}
     s = store(cluster, network)
-    assert s.etcd.get_prefix("/pycni/ipam/affinity/node2/")[0] == []
+    assert s.etcd.get_prefix(f"/pycni/ipam/affinity/node2/{network}/")[0] == []
     assert_consistent(cluster, conf_dir, network)
     # an orphan (written behind the plugin's back) is reported, and the exit status says so
     blk = s.blocks()[0]
