@@ -228,3 +228,51 @@ def test_overlong_container_id_is_an_env_error() -> None:
     assert "too long" not in e["msg"], e
 
 
+
+
+# ---- a wrong JSON type for every key -------------------------------------------------------------
+BRIDGE_KEYS = {"bridge": 5, "isGateway": "yes", "isDefaultGateway": 1, "forceAddress": "x", "ipMasq": 1,
+               "ipMasqBackend": 3, "mtu": "1500", "hairpinMode": 0, "promiscMode": "no", "vlan": True,
+               "vlanTrunk": "x", "preserveDefaultVlan": 2, "macspoofchk": "t", "enabledad": 1,
+               "disableContainerInterface": "x", "portIsolation": 1, "ipam": "x", "dns": "x",
+               "runtimeConfig": [], "args": 1}
+PTP_KEYS = {"ipam": [], "mtu": 1.5, "ipMasq": "true", "ipMasqBackend": [], "dns": 5, "runtimeConfig": "x",
+            "args": []}
+HOSTDEV_KEYS = {"device": 5, "hwaddr": 1, "kernelpath": [], "pciBusID": {}, "dataDir": 0, "ipam": 1, "dns": [],
+                "runtimeConfig": {"deviceID": 7}, "args": "x"}
+MACVLAN_KEYS = {"master": 5, "mode": "nope", "mtu": "x", "mac": 5, "linkInContainer": "no", "ipam": 1,
+                "dns": 1, "runtimeConfig": {"mac": "zz"}, "args": {"cni": 1}}
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(BRIDGE_KEYS.items()))
+def test_bridge_wrong_type_changes_nothing(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                           tmp_path: Path, key: str, value: Any) -> None:
+    e = refused(bridge.PLUGIN, host_ns, container_ns, _bridge(tmp_path, **{key: value}), plugin_dir, tmp_path)
+    assert e["code"] in (6, 7), e
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(PTP_KEYS.items()))
+def test_ptp_wrong_type_changes_nothing(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                        tmp_path: Path, key: str, value: Any) -> None:
+    e = refused(ptp.PLUGIN, host_ns, container_ns, _ptp(tmp_path, **{key: value}), plugin_dir, tmp_path)
+    assert e["code"] in (6, 7), e
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(HOSTDEV_KEYS.items()))
+def test_host_device_wrong_type_changes_nothing(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                                tmp_path: Path, key: str, value: Any) -> None:
+    host_ns.run(["ip", "link", "add", "hd0", "type", "veth", "peer", "name", "hd0p"])
+    e = refused(host_device.PLUGIN, host_ns, container_ns, _hostdev(tmp_path, **{key: value}), plugin_dir, tmp_path)
+    assert e["code"] in (6, 7), e
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(MACVLAN_KEYS.items()))
+def test_macvlan_wrong_type_changes_nothing(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                            tmp_path: Path, key: str, value: Any) -> None:
+    from pycni.plugins.main import macvlan
+
+    host_ns.run(["ip", "link", "add", "mv0", "type", "veth", "peer", "name", "mv0p"])
+    conf = {"cniVersion": "1.0.0", "name": "refnet", "type": "macvlan", "master": "mv0", "ipam": ipam(tmp_path),
+            key: value}
+    e = refused(macvlan.PLUGIN, host_ns, container_ns, conf, plugin_dir, tmp_path)
+    assert e["code"] in (6, 7), e

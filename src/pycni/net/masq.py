@@ -98,36 +98,6 @@ def setup_ip_masq(backend: str, network: str, container_id: str, ifname: str,
         _nft_setup(network, ifname, container_id, addresses)
 
 
-def teardown_ip_masq(backend: str | None, network: str, container_id: str, ifname: str,
-                     addresses: Sequence[Address] | None) -> None:
-    """Remove this container's masquerade rules; idempotent, works without ``addresses``.
-
-    ``backend`` None (or "") cleans both backends, as the Go reference's teardown does, since
-    the container may have been set up under a different configuration.
-    """
-    if backend:
-        _check_backend(backend)
-    errors: list[str] = []
-    if backend in (None, "", "iptables"):
-        for v6 in (False, True):
-            addrs = None if addresses is None else [a for a in addresses if (a.version == 6) == v6]
-            if addrs == []:
-                continue
-            try:
-                with iptables.locked():
-                    _ipt_teardown(network, container_id, addrs, v6)
-            except CNIError as e:
-                if backend == "iptables" or iptables.usable(v6):
-                    errors.append(str(e))
-    if backend in (None, "", "nftables"):
-        try:
-            _nft_teardown(network, ifname, container_id)
-        except CNIError as e:
-            errors.append(str(e))
-    if errors:
-        raise CNIError(PLUGIN_SPECIFIC, "failed to tear down IP masquerade rules", "; ".join(errors))
-
-
 def undo_ip_masq(backend: str, network: str, container_id: str, ifname: str,
                  addresses: Sequence[Address]) -> None:
     """Rollback of :func:`setup_ip_masq` in an ADD that failed: remove this container's rules, then
@@ -159,6 +129,36 @@ def _drop_empty_nft_table(family: str, table: str) -> None:
         nft.run("\n".join(script) + "\n", what="ipMasq rollback")
     except CNIError:
         pass
+
+
+def teardown_ip_masq(backend: str | None, network: str, container_id: str, ifname: str,
+                     addresses: Sequence[Address] | None) -> None:
+    """Remove this container's masquerade rules; idempotent, works without ``addresses``.
+
+    ``backend`` None (or "") cleans both backends, as the Go reference's teardown does, since
+    the container may have been set up under a different configuration.
+    """
+    if backend:
+        _check_backend(backend)
+    errors: list[str] = []
+    if backend in (None, "", "iptables"):
+        for v6 in (False, True):
+            addrs = None if addresses is None else [a for a in addresses if (a.version == 6) == v6]
+            if addrs == []:
+                continue
+            try:
+                with iptables.locked():
+                    _ipt_teardown(network, container_id, addrs, v6)
+            except CNIError as e:
+                if backend == "iptables" or iptables.usable(v6):
+                    errors.append(str(e))
+    if backend in (None, "", "nftables"):
+        try:
+            _nft_teardown(network, ifname, container_id)
+        except CNIError as e:
+            errors.append(str(e))
+    if errors:
+        raise CNIError(PLUGIN_SPECIFIC, "failed to tear down IP masquerade rules", "; ".join(errors))
 
 
 def check_ip_masq(backend: str, network: str, container_id: str, ifname: str,

@@ -53,9 +53,11 @@ def parse_conf(args: CmdArgs) -> PtpConf:
 def check_for_add(n: PtpConf, args: CmdArgs) -> None:
     """What ADD must find before making anything (DEL still cleans up after such a config): a known
     masquerade backend, the IPAM plugin on CNI_PATH, the netns, a free CNI_IFNAME."""
-    from pycni.net import link, masq
+    from pycni.net import link
 
     if n.ip_masq_backend:
+        from pycni.net import masq  # here: its iptables/nft modules cost a plugin without ipMasq ~5 ms
+
         masq.check_backend(n.ip_masq_backend)
     invoke.find_in_path(n.ipam_type, args.cni_path)
     link.check_container_ifname(args.netns, args.ifname)
@@ -99,7 +101,7 @@ def _setup_host(host_veth: str, result: Result) -> None:
 
 
 def cmd_add(args: CmdArgs) -> Result:
-    from pycni.net import link, masq, veth
+    from pycni.net import link, veth
 
     n = parse_conf(args)
     check_for_add(n, args)
@@ -121,6 +123,8 @@ def cmd_add(args: CmdArgs) -> Result:
         _setup_container(args, result)
         _setup_host(pair.host.name, result)
         if n.ip_masq:
+            from pycni.net import masq
+
             addrs = [i.address for i in result.ips]
             backend = n.masq_backend()
             undo.push(masq.undo_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
