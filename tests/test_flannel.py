@@ -262,16 +262,24 @@ def test_refused_add_keeps_a_bridge_it_did_not_make(netns_factory: Callable[[], 
 
 
 def test_container_id_too_long_for_a_file_name(tmp_path: Path, container_ns: Namespace) -> None:
-    cid = "c" * (flannel.MAX_ID_BYTES + 1)
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": container_ns.path,
+    """The saved config is named by the container ID: skel refuses one over 255 bytes (code 4) for
+    every command, before flannel runs."""
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c" * 256, "CNI_NETNS": container_ns.path,
            "CNI_IFNAME": "eth0", "CNI_PATH": str(tmp_path / "nothing-here")}
-    out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, write_env(tmp_path)))
-    err = json.loads(out.stdout)
-    assert out.exit_code == 1 and err["code"] == 4 and "too long" in err["msg"], err
-    assert not (tmp_path / "flannel-data").exists()
-    for command in ("DEL", "CHECK"):
+    for command in ("ADD", "DEL", "CHECK"):
         out = dispatch(flannel.PLUGIN, {**env, "CNI_COMMAND": command}, conf_bytes(tmp_path, write_env(tmp_path)))
-        assert out.exit_code == (0 if command == "DEL" else 1), out.stdout
+        err = json.loads(out.stdout)
+        assert out.exit_code == 1 and err["code"] == 4, (command, err)
+    assert not (tmp_path / "flannel-data").exists()
+
+
+def test_saved_config_for_the_longest_container_id(tmp_path: Path) -> None:
+    """A 255-byte ID (the longest skel takes) still names the saved config and its temporary file."""
+    from pycni import statefile
+
+    path = flannel._scratch_path(str(tmp_path / "flannel-data"), "c" * 255)
+    statefile.write_bytes(path, b"{}")
+    assert os.listdir(tmp_path / "flannel-data") == ["c" * 255]
 
 
 @pytest.mark.parametrize("attachments", [None, "absent", [{"containerID": 1}], [None]])
