@@ -329,3 +329,22 @@ def test_gc_through_the_delegate_frees_what_is_not_listed(netns_factory: Callabl
     listed = json.dumps({**conf, "cni.dev/valid-attachments": [{"containerID": "ctr-1", "ifname": "eth0"}]})
     run_flannel(node, plugin_dir, "GC", None, "", listed.encode())
     assert state() == ([b"ctr-1\r\neth0"], ["ctr-1"])
+
+
+SAMPLES: dict[type, object] = {int: 5, bool: False, str: "x", list: ["x"], dict: {"x": 1}, float: 1.5}
+WRONG = [(key, value) for key, want in {"delegate": dict, "subnetFile": str, "dataDir": str, "ipam": dict,
+                                        "runtimeConfig": dict}.items()
+         for have, value in SAMPLES.items() if have is not want]
+
+
+@pytest.mark.parametrize(("key", "value"), WRONG, ids=[f"{k}-{type(v).__name__}" for k, v in WRONG])
+def test_wrong_type_is_refused_before_anything(tmp_path: Path, container_ns: Namespace, key: str,
+                                               value: object) -> None:
+    conf = json.loads(conf_bytes(tmp_path, write_env(tmp_path)))
+    conf[key] = value
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": container_ns.path, "CNI_IFNAME": "eth0",
+           "CNI_PATH": str(tmp_path / "nothing-here")}
+    out = dispatch(flannel.PLUGIN, env, json.dumps(conf).encode())
+    err = json.loads(out.stdout)
+    assert out.exit_code == 1 and err["code"] in (6, 7) and key in err["msg"] + err.get("details", ""), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["subnet.env"]
