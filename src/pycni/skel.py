@@ -29,10 +29,6 @@ TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin 
 if TYPE_CHECKING:
     from typing import Any
 
-# Deprecated spelling of pycni.spec.errors.INTERNAL (999), kept only until branches that still
-# import it are merged; new code imports INTERNAL from pycni.spec.errors.
-INTERNAL_ERROR = E.INTERNAL
-
 # Which environment variables each command requires (spec: "Parameters").
 REQUIRED_ENV: dict[str, tuple[str, ...]] = {
     "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"),

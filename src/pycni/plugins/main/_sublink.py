@@ -212,7 +212,7 @@ class SublinkPlugin:
     def check(self, args: CmdArgs) -> None:
         """CHECK: IPAM, the parent, the container link against prevResult, then the kind's own attributes."""
         from pycni.net import netns, verify
-        from pycni.net.link import ipr, lookup_msg
+        from pycni.net.link import lookup_msg, rtnl
 
         n = self.parse_conf(args)
         netns.check_netns(args.netns)
@@ -220,7 +220,7 @@ class SublinkPlugin:
         prev = netconf.require_prev_result(n.raw, self.spec.name)
         self._parent(n, args)
         verify.container_link(prev, args.ifname, args.netns, kind=self.spec.kind)
-        with netns.enter(args.netns), ipr() as sock:
+        with netns.enter(args.netns), rtnl() as sock:
             self.spec.check_link(n.raw, lookup_msg(sock, args.ifname))
 
     def gc(self, args: CmdArgs) -> None:
@@ -259,7 +259,7 @@ class LinkMode:
         data = link_info_data(msg)
         have = data.get_attr(f"IFLA_{self.kind.upper()}_MODE") if data is not None else None
         names = {v: k for k, v in self.modes.items()}
-        have_name = names.get(have, have) if isinstance(have, int) else have  # pyroute2 may decode the name
+        have_name = names.get(have, have) if isinstance(have, int) else have
         if have_name != self.of(conf):
             raise CNIError(INTERNAL, f"container {self.kind} mode {have_name} does not match expected value: "
                                      f"{self.of(conf)}")

@@ -63,10 +63,10 @@ def vrf_link_spec(name: str, table: int) -> dict[str, Any]:
 
 def _vrfs() -> dict[str, tuple[int, int]]:
     """VRF devices here: name -> (index, table)."""
-    from pycni.net.link import ipr
+    from pycni.net.link import rtnl
 
     out: dict[str, tuple[int, int]] = {}
-    with ipr() as sock:
+    with rtnl() as sock:
         for msg in sock.get_links():
             info = msg.get_attr("IFLA_LINKINFO")
             if info is None or info.get_attr("IFLA_INFO_KIND") != "vrf":
@@ -87,7 +87,7 @@ def _ensure_vrf(name: str, table: int | None, undo: Rollback) -> int:
     (a failed ADD deletes the VRF it made)."""
     from pycni.net import link
     from pycni.net.errors import kernel_errors
-    from pycni.net.link import ipr
+    from pycni.net.link import rtnl
     from pycni.net.sublink import kernel_lacks
 
     vrfs = _vrfs()
@@ -100,7 +100,7 @@ def _ensure_vrf(name: str, table: int | None, undo: Rollback) -> int:
     if link.get_link(name) is not None:
         raise CNIError(E.INVALID_CONFIG, f"interface {name!r} exists and is not a VRF")
     use = table if table is not None else first_free_table({t for _, t in vrfs.values()})
-    with ipr() as sock, kernel_errors(f"failed to create VRF {name!r}", ignore=(errno.EOPNOTSUPP,)) as refused:
+    with rtnl() as sock, kernel_errors(f"failed to create VRF {name!r}", ignore=(errno.EOPNOTSUPP,)) as refused:
         sock.link("add", **vrf_link_spec(name, use))
     if refused.ignored is not None:
         raise kernel_lacks("vrf")
