@@ -189,19 +189,19 @@ def vrf_table(name: str, table: int | None, undo: Rollback | None = None) -> int
     from pycni.net.errors import kernel_errors
     from pycni.net.sublink import kernel_lacks
 
-    with link.ipr() as sock:
+    with link.rtnl() as sock:
         index = link.link_index(sock, name)
-        if index is None:
-            t = table if table is not None else rule.next_free_table(FIRST_TABLE, rule.tables_in_use())
-            with kernel_errors(f"failed to create VRF {name!r}", ignore=(errno.EOPNOTSUPP,)) as refused:
-                sock.link("add", ifname=name, kind="vrf", vrf_table=t)
-            if refused.ignored is not None:
-                raise kernel_lacks("vrf")  # as the vrf plugin says it
-            if undo is not None:
-                undo.push(link.delete_link_quietly, name)
-            index = link.require_index(sock, name)
-            with kernel_errors(f"failed to set VRF {name!r} up"):
-                sock.link("set", index=index, state="up")
+    if index is None:
+        t = table if table is not None else rule.next_free_table(FIRST_TABLE, rule.tables_in_use())
+        with link.rtnl() as sock, kernel_errors(f"failed to create VRF {name!r}",
+                                                ignore=(errno.EOPNOTSUPP,)) as refused:
+            sock.link("add", ifname=name, kind="vrf", vrf_table=t)
+        if refused.ignored is not None:
+            raise kernel_lacks("vrf")  # as the vrf plugin says it
+        if undo is not None:
+            undo.push(link.delete_link_quietly, name)
+        index = link.set_link(name, up=True).index
+    with link.rtnl() as sock:
         msg = link.require_msg(sock, index)
     info = msg.get_attr("IFLA_LINKINFO")
     kind = info.get_attr("IFLA_INFO_KIND") if info is not None else ""
