@@ -185,25 +185,23 @@ def vrf_table(name: str, table: int | None, undo: Rollback | None = None) -> int
     a VRF created here is deleted by ``undo``."""
     import errno
 
-    from pyroute2.netlink.exceptions import NetlinkError
-
     from pycni.net import link, rule
+    from pycni.net.errors import kernel_errors
+    from pycni.net.sublink import kernel_lacks
 
-    with link.ipr() as sock:
+    with link.rtnl() as sock:
         index = link.link_index(sock, name)
-        if index is None:
-            t = table if table is not None else rule.next_free_table(FIRST_TABLE, rule.tables_in_use())
-            try:
-                sock.link("add", ifname=name, kind="vrf", vrf_table=t)
-            except NetlinkError as e:
-                if e.code in (errno.EOPNOTSUPP, errno.ENOTSUP) or "not supported" in str(e).lower():
-                    raise CNIError(PLUGIN_SPECIFIC, f"cannot create VRF {name!r}: the kernel lacks VRF support",
-                                   "load the vrf module, or drop vrfname from the config") from None
-                raise CNIError(PLUGIN_SPECIFIC, f"cannot create VRF {name!r}", str(e)) from None
-            if undo is not None:
-                undo.push(link.delete_link_quietly, name)
-            index = link.require_index(sock, name)
-            sock.link("set", index=index, state="up")
+    if index is None:
+        t = table if table is not None else rule.next_free_table(FIRST_TABLE, rule.tables_in_use())
+        with link.rtnl() as sock, kernel_errors(f"failed to create VRF {name!r}",
+                                                ignore=(errno.EOPNOTSUPP,)) as refused:
+            sock.link("add", ifname=name, kind="vrf", vrf_table=t)
+        if refused.ignored is not None:
+            raise kernel_lacks("vrf")  # as the vrf plugin says it
+        if undo is not None:
+            undo.push(link.delete_link_quietly, name)
+        index = link.set_link(name, up=True).index
+    with link.rtnl() as sock:
         msg = link.require_msg(sock, index)
     info = msg.get_attr("IFLA_LINKINFO")
     kind = info.get_attr("IFLA_INFO_KIND") if info is not None else ""
