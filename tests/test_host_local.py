@@ -905,3 +905,22 @@ def test_store_primitives(tmp_path: Path) -> None:
         assert s.last_reserved_ip("4") is None
         (tmp_path / "n" / "subdir").mkdir()  # never created by host-local; ignored, not fatal
         assert s.release_by_id("nobody", "eth0") == []
+
+
+# ---- a wrong JSON type for every key ------------------------------------------------------------
+SAMPLES: dict[type, Any] = {int: 5, bool: False, str: "x", list: ["x"], dict: {"x": 1}, float: 1.5}
+IPAM_KEYS = {"subnet": str, "rangeStart": str, "rangeEnd": str, "gateway": str, "ranges": list, "routes": list,
+             "dataDir": str, "resolvConf": str}
+TOP_KEYS = {"runtimeConfig": dict, "args": dict}
+WRONG = [(where, key, value) for where, keys in (("ipam", IPAM_KEYS), ("top", TOP_KEYS))
+         for key, want in keys.items() for have, value in SAMPLES.items() if have is not want]
+
+
+@pytest.mark.parametrize(("where", "key", "value"), WRONG, ids=[f"{w}-{k}-{type(v).__name__}" for w, k, v in WRONG])
+def test_wrong_type_reserves_nothing(tmp_path: Path, where: str, key: str, value: Any) -> None:
+    conf = net_conf(tmp_path)
+    (conf["ipam"] if where == "ipam" else conf)[key] = value
+    for command in ("ADD", "CHECK"):
+        code, err = run_py(conf, command)
+        assert code == 1 and err["code"] in (6, 7), (command, err)
+    assert reservations(tmp_path) == {} and not any(tmp_path.iterdir())

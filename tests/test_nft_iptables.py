@@ -159,3 +159,20 @@ def test_iptables_usable_remembers_yes_per_binary(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(iptables, "_binary_identity", lambda ipv6: None)  # binary not found: never cached
     assert iptables.usable() and iptables.usable()
     assert len(calls) == 7
+
+
+def test_canonical_matches_rules_as_listed(host_ns: Namespace) -> None:
+    """A rule as a plugin writes it and as `-S` prints it back compare equal (CHECK relies on it)."""
+    rules = [["-p", "tcp", "--dport", "8080", "-s", "127.0.0.1", "-j", "ACCEPT"],
+             ["-m", "comment", "--comment", 'dnat name: "n" id: "c"', "-m", "multiport", "-p", "tcp",
+              "--destination-ports", "80,81", "-j", "RETURN"],
+             ["!", "-d", "224.0.0.0/4", "-s", "0.0.0.0/0", "-j", "MASQUERADE"],
+             ["-p", "udp", "--dport", "53", "-d", "10.0.0.1", "-j", "DNAT", "--to-destination", "10.1.0.2:53"]]
+    with host_ns.enter():
+        iptables.ensure_chain("nat", "T")
+        for r in rules:
+            iptables.run(["-t", "nat", "-A", "T", *r])
+        listed = [iptables.split_rule(line) for line in iptables.list_rules("nat", "T")]
+    assert listed != rules  # iptables reorders and rewrites them ...
+    assert [iptables.canonical(r) for r in listed] == [iptables.canonical(r) for r in rules]  # ... canonically equal
+    assert iptables.canonical(["-s", "10.0.0.1", "-j", "X"]) != iptables.canonical(["-s", "10.0.0.2", "-j", "X"])

@@ -4,11 +4,10 @@ Namespace contract of the whole ``pycni.net`` link/addr/route layer: every funct
 the network namespace of the *calling thread*; callers switch with
 ``with pycni.net.netns.enter(path): ...``.
 
-Two kinds of socket keep to it: :func:`rtnl`, our stdlib rtnetlink client (:mod:`pycni.net.nl`),
-the one netlink stack every ``net/`` module uses, creates its socket in the calling thread; and
-pyroute2's ``IPRoute``, which :mod:`pycni.net.tc` alone still uses to read qdiscs back, does
-the same when constructed after ``netns.enter``. Helpers that take a ``sock``
-(:func:`lookup_msg`, :func:`link_index`…) accept either.
+:func:`rtnl` opens our netlink client (:mod:`pycni.net.nl`, the one netlink stack) in the
+calling thread, so a socket opened inside ``netns.enter`` talks to that namespace; open one
+per operation group and close it before leaving. Helpers that take a ``sock``
+(:func:`lookup_msg`, :func:`link_index`…) take such a socket.
 """
 
 from __future__ import annotations
@@ -84,13 +83,8 @@ class Link:
                    data=data)
 
 
-_OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DORMANT", "UP")
-
-
 def _operstate(value: Any) -> int:
-    """IFLA_OPERSTATE as its number (pyroute2 decodes it to a name such as 'UP')."""
-    if isinstance(value, str):
-        return _OPERSTATES.index(value) if value in _OPERSTATES else 0
+    """IFLA_OPERSTATE as its number (RFC 2863: 6 is "up"), 0 when the kernel sent none."""
     return int(value or 0)
 
 

@@ -1,21 +1,19 @@
-"""A small rtnetlink client on a plain AF_NETLINK socket: links, addresses, routes, bridge ports.
+"""Our netlink client on a plain AF_NETLINK socket: links, addresses, routes, rules, bridges, tc.
 
 Why not pyroute2: importing it costs a one-shot plugin process ~130 ms of CPU even lean
 (asyncio, multiprocessing, its message classes; see docs/architecture.md) and every
 ``IPRoute()`` spins an asyncio loop. The plugins need a few dozen request shapes, which this
 module encodes and decodes with :mod:`struct` alone: links, addresses, routes, policy rules,
-neighbours, bridge ports and their VLANs. It is the one rtnetlink stack of :mod:`pycni.net`
-and the one home of the kernel's constants (``RT_*``, ``RTN_*``, ``IFF_*``…); only
-:mod:`pycni.net.tc` reads qdiscs through pyroute2. A new netlink operation goes here, a
+neighbours, bridge ports and their VLANs, qdiscs and classes. It is the one netlink stack of
+pycni (:class:`NetlinkSocket` carries other families, such as ctnetlink) and the one home of
+the kernel's constants (``RT_*``, ``RTN_*``, ``IFF_*``…). A new netlink operation goes here, a
 helper that plugins call goes in the ``net/`` module of its subject.
 
-The interface deliberately mirrors the subset of pyroute2's ``IPRoute`` that :mod:`pycni.net`
-uses — ``link("get"|"add"|"set"|"del", **kw)``, ``link_lookup``, ``get_links``,
+The interface keeps the shape of pyroute2's ``IPRoute`` that :mod:`pycni.net` was written
+against — ``link("get"|"add"|"set"|"del", **kw)``, ``link_lookup``, ``get_links``,
 ``addr``/``get_addr``, ``route``/``get_routes``, ``rule``/``get_rules``, ``brport("set")``,
-``vlan_filter`` — and messages answer
-``msg["index"]`` (header fields, pyroute2's names) and ``msg.get_attr("IFLA_IFNAME")``
-(attributes, kernel names, values decoded as pyroute2 decodes them), so helpers such as
-:func:`pycni.net.link.lookup_msg` work on either kind of socket.
+``vlan_filter``, ``qdisc``/``get_qdiscs``/``get_classes`` — and messages answer ``msg["index"]``
+(header fields) and ``msg.get_attr("IFLA_IFNAME")`` (attributes by their kernel names).
 
 Namespace contract as in :mod:`pycni.net.link`: the socket talks to the network namespace
 of the thread that created it. Errors are :class:`NetlinkError`, an :class:`OSError` whose
