@@ -5,7 +5,6 @@ Each module defines ``PLUGIN`` (a :class:`pycni.skel.Plugin`) and ``main()``.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -44,7 +43,9 @@ PLUGIN_MODULES: dict[str, str] = {
 
 
 def load(plugin_type: str) -> Plugin:
-    return importlib.import_module(PLUGIN_MODULES[plugin_type]).PLUGIN  # type: ignore[no-any-return]
+    module = PLUGIN_MODULES[plugin_type]
+    __import__(module)  # not importlib.import_module: the in-process runner imports this module (see pycni.shim)
+    return sys.modules[module].PLUGIN  # type: ignore[no-any-return]
 
 
 def import_paths() -> list[str]:
