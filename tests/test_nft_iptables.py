@@ -169,7 +169,7 @@ def test_canonical_matches_rules_as_listed(host_ns: Namespace) -> None:
              ["!", "-d", "224.0.0.0/4", "-s", "0.0.0.0/0", "-j", "MASQUERADE"],
              ["-p", "udp", "--dport", "53", "-d", "10.0.0.1", "-j", "DNAT", "--to-destination", "10.1.0.2:53"]]
     with host_ns.enter():
-        iptables.ensure_chain("nat", "T")
+        iptables.run(["-t", "nat", "-N", "T"])
         for r in rules:
             iptables.run(["-t", "nat", "-A", "T", *r])
         listed = [iptables.split_rule(line) for line in iptables.list_rules("nat", "T")]
