@@ -203,8 +203,9 @@ class DHCPService:
         with self._lock:
             lease = self._leases.get(req.key)
         if lease is None or lease.binding is None:
-            raise CNIError(PLUGIN_SPECIFIC, f"no DHCP lease held for {req.key}", "ADD was not done, or the lease was lost "
-                           "(daemon restarted, container namespace gone); run DEL and ADD again")
+            raise CNIError(PLUGIN_SPECIFIC, f"no DHCP lease held for {req.key}",
+                           "ADD was not done, or the lease was lost (daemon restarted, container namespace gone); "
+                           "run DEL and ADD again")
         if not lease.alive or not lease.held():
             raise CNIError(PLUGIN_SPECIFIC, f"the DHCP lease for {req.key} has expired or is no longer maintained",
                            "the server did not renew it; run DEL and ADD again")
