@@ -288,3 +288,15 @@ def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: in
         assert json.loads(out.stdout)["code"] == code
     out = dispatch(fw.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
     assert out.exit_code == 0, out.stdout
+
+
+@pytest.mark.parametrize("added, deleted", [("iptables", "nftables"), ("nftables", "iptables")])
+def test_del_cleans_the_other_backends_rules(host_ns: Any, container_ns: Any, added: str, deleted: str) -> None:
+    """A config switched between ADD and DEL (or a swap of implementations) leaves no rule behind."""
+    prev = synthetic_prev("10.93.0.5/24")
+    code, _ = run_fw(host_ns, "ADD", fw_conf(prev, backend=added), "c1", container_ns.path)
+    assert code == 0
+    assert "10.93.0.5" in (ipt_state(host_ns) if added == "iptables" else nft_state(host_ns))
+    code, _ = run_fw(host_ns, "DEL", fw_conf(prev, backend=deleted), "c1", container_ns.path)
+    assert code == 0
+    assert "10.93.0.5" not in ipt_state(host_ns) and "10.93.0.5" not in nft_state(host_ns)
