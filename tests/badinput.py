@@ -92,6 +92,9 @@ KEYS: dict[str, dict[str, str]] = {
     "flannel": {"subnetFile": "s", "dataDir": "s", "delegate": "d", "ipam": "d"},
     "vrf": {"vrfname": "s", "table": "i", "prevResult": "d"},
 }
+# Keys a plugin only type-checks in the base config (unused beside another, or ignored here), as Go's
+ONLY_TYPE_CHECKED = {("firewall", "firewalldZone"), ("tap", "selinuxContext"), ("host-device", "hwaddr"),
+                     ("host-device", "kernelpath"), ("host-device", "pciBusID")}
 IPAM_DIRECT = {"host-local", "static", "dhcp", "cluster-ipam"}  # the runtime calls them as a main plugin would
 META = {"portmap", "bandwidth", "tuning", "firewall", "sbr", "vrf"}  # chained: need prevResult and eth0
 # Plugins whose GC removes something, so must refuse a missing or malformed attachment list
@@ -206,9 +209,11 @@ def generate(plugin: str, data: str, ctr: str, host: str, plugin_dir: str, rng: 
         for value in HUGE.get(kind, []):
             # a long name is valid (Go's skel has no limit either), as is any string only type-checked
             if key in ("cniVersion", "name") or (key == "ipam.type" and plugin in IPAM_DIRECT) \
-                    or (plugin, key) == ("firewall", "firewalldZone"):
+                    or (plugin, key) in ONLY_TYPE_CHECKED:
                 continue
-            add(f"huge:{key}={_dumps(value)[:20]}", _set(base, key, value), {4, 5, 7})
+            # a link that is not there is the reference's lookup failure (999) for host-device's device
+            codes = {4, 5, 7, 999} if (plugin, key) == ("host-device", "device") else {4, 5, 7}
+            add(f"huge:{key}={_dumps(value)[:20]}", _set(base, key, value), codes)
     # truncation (position 0 is empty stdin)
     text = _dumps(base).encode()
     for cut in sorted({0, 1, len(text) - 1, *(rng.randrange(1, len(text)) for _ in range(6))}):
@@ -356,7 +361,8 @@ def snapshot_here(state_dir: str | None) -> dict[str, Any]:
             for name in dirs + fs:
                 p = os.path.join(d, name)
                 rel = os.path.relpath(p, state_dir)
-                if rel.startswith(("results", "job", "daemon", "fz-")) or p.endswith(".lock"):
+                # the runner's own files; lock files and cluster-ipam's lock directory are allowed to stay
+                if rel.startswith(("results", "job", "daemon", "fz-", "clock")) or p.endswith(".lock"):
                     continue
                 try:
                     with open(p, "rb") as f:
@@ -578,6 +584,15 @@ def clean(case: dict[str, Any], plugin_dir: str) -> None:
                            timeout=TIMEOUT)
         except (subprocess.TimeoutExpired, ValueError, OSError):
             pass
+
+
+def kernel_lacks(r: dict[str, Any]) -> str:
+    """The link kind this kernel cannot make, when that is why the input failed (not a verdict on it)."""
+    try:
+        msg = json.loads(r.get("stdout") or "{}").get("msg", "")
+    except (ValueError, AttributeError):
+        return ""
+    return msg if "the kernel does not support" in msg else ""
 
 
 def verdict(r: dict[str, Any]) -> str:

@@ -25,18 +25,39 @@ from netns_util import Namespace
 from pycni.plugins.registry import PLUGIN_MODULES, install
 
 SEED = int(os.environ.get(badinput.SEED_ENV, badinput.DEFAULT_SEED))
-ONESHOT = int(os.environ.get("PYCNI_FUZZ_ONESHOT", "1200"))  # one-shot inputs (a Python start each)
+ONESHOT = int(os.environ.get("PYCNI_FUZZ_ONESHOT", "500"))  # one-shot inputs (a Python start each)
 DAEMON = int(os.environ.get("PYCNI_FUZZ_DAEMON", "100000"))  # inputs through the daemon (all by default)
 
-# Inputs that find a defect not fixed here: id -> the defect (each is an xfail(strict=True) below).
-KNOWN: dict[str, str] = {}
+# Inputs that find a defect not fixed here: input id (or an id prefix naming a family of inputs) ->
+# the defect. Each is an xfail(strict=True) below: every input it names must still fail.
+_CHECK_ORDER = ("CHECK runs the IPAM plugin's CHECK before it parses prevResult: a garbage prevResult "
+                "answers code 3 (unknown container) instead of 6/7")
+KNOWN: dict[str, str] = {
+    **{f"{p}:prev:CHECK:": _CHECK_ORDER for p in ("bridge", "ptp", "routed", "host-device", "flannel")},
+    "cluster-ipam:huge:ipam.nodeName=": "cluster-ipam contacts etcd before refusing a 100,000-character nodeName "
+                                        "(code 11 when etcd is down, not 7)",
+    "cluster-ipam:huge:ipam.lockDir=": "cluster-ipam skips an unusable lockDir (a 100,000-character path) and goes on "
+                                       "to etcd (code 11 when etcd is down, not 7)",
+    "dhcp:env:args==1": "dhcp: CNI_ARGS with an empty key reaches the DHCP daemon (code 11 when it is down, not 4)",
+    "dhcp:env:args=IgnoreUnknown=maybe": "dhcp: a non-boolean IgnoreUnknown in CNI_ARGS reaches the DHCP daemon "
+                                         "(code 11 when it is down, not 4)",
+    'dhcp:huge:ipam.provide=["x", "x", "x", "x",': "dhcp: provide entries are checked by the daemon only "
+                                                   "(code 11 when it is down, not 7)",
+    'dhcp:huge:ipam.request=["x", "x", "x", "x",': "dhcp: request entries are checked by the daemon only "
+                                                   "(code 11 when it is down, not 7)",
+}
+
+
+def known(case_id: str) -> str:
+    """The known defect this input finds, or ''."""
+    return next((why for prefix, why in KNOWN.items() if case_id == prefix or case_id.startswith(prefix)), "")
 
 
 def run_sandbox(host: Namespace, ctr: Namespace, data: Path, plugin_dir: str, cases: list[dict[str, Any]],
-                vias: list[str], *, go: bool = False, jobs: int = 3) -> list[dict[str, Any]]:
+                vias: list[str], *, go: bool = False, jobs: int = 1, batch: int = 60) -> list[dict[str, Any]]:
     """Run ``cases`` in the sandbox inside ``host``; the results, one per case and way."""
     job = {"data": str(data), "ctr": ctr.path, "ctr_name": ctr.name, "plugin_dir": plugin_dir, "cases": cases,
-           "vias": vias, "go": go, "jobs": jobs}
+           "vias": vias, "go": go, "jobs": jobs, "batch": batch}
     (data / "job.json").write_text(json.dumps(job))
     cmd = ["ip", "netns", "exec", host.name, "unshare", "--mount", "--pid", "--fork", "--mount-proc",
            sys.executable, "-S", badinput.__file__, "sandbox", str(data / "job.json")]
@@ -61,6 +82,7 @@ def make_cases(plugins: list[str], data: Path, ctr: Namespace, host: Namespace, 
     pick_d = set(id(c) for c in rng.sample(cases, min(daemon, len(cases))))
     for c in cases:
         c["vias"] = [v for v, picked in (("oneshot", id(c) in pick_one), ("daemon", id(c) in pick_d)) if picked]
+        c["known"] = bool(known(c["id"]))
     return [c for c in cases if c["vias"]]
 
 
@@ -87,8 +109,8 @@ def results(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
 
 
 def _failures(results: list[dict[str, Any]], keep: Callable[[dict[str, Any]], bool]) -> list[str]:
-    return [f"{r['via']} {r['id']}: {v}" for r in results if keep(r) and r["id"] not in KNOWN
-            and (v := badinput.verdict(r))]
+    return [f"{r['via']} {r['id']}: {v}" for r in results if keep(r) and not known(r["id"])
+            and not badinput.kernel_lacks(r) and (v := badinput.verdict(r))]
 
 
 @pytest.mark.parametrize("via", ["oneshot", "daemon"])
@@ -96,19 +118,25 @@ def _failures(results: list[dict[str, Any]], keep: Callable[[dict[str, Any]], bo
 def test_bad_input_refused_and_changes_nothing(results: list[dict[str, Any]], plugin: str, via: str) -> None:
     mine = [r for r in results if r["plugin"] == plugin and r["via"] == via]
     assert mine, f"no input ran for {plugin} {via}"
+    lacking = {m for r in mine if (m := badinput.kernel_lacks(r))}
+    if lacking:
+        print(f"{plugin}: {sum(bool(badinput.kernel_lacks(r)) for r in mine)} inputs reached link creation, "
+              f"not judged: {', '.join(sorted(lacking))}")
     bad = _failures(mine, lambda r: True)
     assert not bad, f"{len(bad)} of {len(mine)} inputs:\n" + "\n".join(bad[:40])
 
 
-@pytest.mark.parametrize("case_id", sorted(KNOWN) or ["none"])
+@pytest.mark.parametrize("case_id", [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=v))
+                                     for k, v in KNOWN.items()] or ["none"])
 def test_known_defects(results: list[dict[str, Any]], case_id: str) -> None:
+    """Passes (so fails the suite, strict) once every input of a known defect is refused cleanly."""
     if case_id == "none":
         pytest.skip("no known defect")
-    ran = [r for r in results if r["id"] == case_id]
+    ran = [r for r in results if r["id"] == case_id or r["id"].startswith(case_id)]
     if not ran:
         pytest.skip(f"{case_id} not sampled with seed {SEED}")
-    bad = [badinput.verdict(r) for r in ran if badinput.verdict(r)]
-    assert not bad, f"{KNOWN[case_id]}: {bad}"
+    still = [f"{r['via']} {r['id']}: {v}" for r in ran if (v := badinput.verdict(r))]
+    assert not still, f"{KNOWN[case_id]}: {still[:5]}"
 
 
 def test_generator_covers_every_key_and_mutation(tmp_path: Path) -> None:
@@ -117,8 +145,11 @@ def test_generator_covers_every_key_and_mutation(tmp_path: Path) -> None:
     for plugin in PLUGIN_MODULES:
         cases = badinput.generate(plugin, str(tmp_path), "/run/netns/c", "/run/netns/h", "/bin", rng, daemon=True)
         kinds = {c["id"].split(":")[1] for c in cases}
-        assert {"type", "trunc", "version", "env", "prev"} <= kinds, (plugin, kinds)
+        want = {"type", "trunc", "version", "env"} | ({"prev"} if plugin not in badinput.IPAM_DIRECT else set())
+        assert want <= kinds, (plugin, kinds)
         for key in {**badinput.COMMON, **badinput.KEYS[plugin]}:
+            if key == "ipam.type" and plugin in badinput.IPAM_DIRECT:
+                continue  # called directly, an IPAM plugin does not read its own type
             assert any(c["id"].startswith(f"{plugin}:type:{key}=") for c in cases), (plugin, key)
         if plugin in badinput.HAS_GC:
             assert any(":gc:" in c["id"] for c in cases), plugin
