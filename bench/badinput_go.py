@@ -34,8 +34,11 @@ GO_DIR = "/usr/lib/cni"
 
 
 def counts(results: list[dict[str, Any]]) -> dict[str, int]:
+    batches = [r for r in results if r.get("batch")]
+    results = [r for r in results if not r.get("batch")]
     c = {"inputs": len(results), "refused (error JSON)": 0, "failed without error JSON": 0, "accepted": 0,
-         "tracebacks/panics": 0, "hangs": 0, "left state": 0, "code outside the allowed set": 0}
+         "tracebacks/panics": 0, "hangs": 0, "left state": 0, "code outside the allowed set": 0,
+         "batches that left state no single input did again": len(batches)}
     for r in results:
         if r.get("hang"):
             c["hangs"] += 1
@@ -111,5 +114,19 @@ def main() -> int:
     return 0
 
 
+def table_from(path: str) -> None:
+    """The table again from a --json file (``python bench/badinput_go.py --table FILE``)."""
+    with open(path) as f:
+        sides = json.load(f)
+    table = {name: counts(res) for name, res in sides.items()}
+    names = list(table)
+    print(f"| | {' | '.join(names)} |\n|---|{'---|' * len(names)}")
+    for key in table[names[0]]:
+        print(f"| {key} | {' | '.join(str(table[n][key]) for n in names)} |")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--table"]:
+        table_from(sys.argv[2])
+        sys.exit(0)
     sys.exit(main())
