@@ -83,7 +83,8 @@ def main() -> int:
                         "mtu": 1450 if opts.mode == "vxlan" else 1500,
                         "ipam": {"type": "cluster-ipam", "etcdEndpoints": cluster.endpoints,
                                  "etcdPrefix": "/pycni", "nodeName": node.name,
-                                 "ranges": [[{"subnet": "10.90.0.0/16"}]]}}
+                                 "ranges": [[{"subnet": "10.90.0.0/16"}]],
+                                 "lockDir": os.path.join(tmp, "locks")}}
                 with open(os.path.join(confdir, "10-podnet.conf"), "w") as f:
                     json.dump(conf, f, indent=2)
                 for _ in range(opts.pods):

@@ -15,9 +15,16 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from pycni.daemon import protocol
+from pycni.daemon.server import missing_capabilities
 
 WAIT = 30.0  # upper bound for what should happen promptly (never a pass/fail on speed)
+
+# A daemon process refuses to start without these (tests that run one need root).
+needs_privileges = pytest.mark.skipif(bool(missing_capabilities()),
+                                      reason=f"a pycni daemon needs {', '.join(missing_capabilities())}")
 
 
 def request(sock_path: str, plugin: str, env: dict[str, str], stdin: bytes = b"",
@@ -61,6 +68,22 @@ def children_of(pid: int) -> list[int]:
         if name.isdigit():
             fields = _stat_fields(int(name))
             if fields is not None and fields[1] == str(pid) and fields[0] not in ("Z", "X"):
+                out.append(int(name))
+    return out
+
+
+def running_with(arg: str) -> list[int]:
+    """Live processes with ``arg`` in their command line (a daemon's socket path names its processes)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if arg.encode() not in f.read().split(b"\0"):
+                        continue
+            except OSError:
+                continue
+            if alive(int(name)):
                 out.append(int(name))
     return out
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -58,7 +59,7 @@ network_config_dir = "/etc/cni/net.d"
 
 STORAGE_CONF = """\
 [storage]
-driver = "overlay"
+driver = "%(driver)s"
 runroot = "/run/containers/storage"
 graphroot = "/var/lib/containers/storage"
 """
@@ -102,6 +103,20 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def fs_type(path: Path) -> str:
+    """The type of the filesystem ``path`` is on (the longest mount point above it)."""
+    best, kind = "", ""
+    target = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            mount_point, fstype = fields[4], fields[fields.index("-") + 1]
+            if (target == mount_point or target.startswith(mount_point.rstrip("/") + "/")) \
+                    and len(mount_point) >= len(best):
+                best, kind = mount_point, fstype
+    return kind
+
+
 def missing(*binaries: str) -> list[str]:
     return [b for b in binaries if shutil.which(b, path=PATH_ENV) is None]
 
@@ -139,6 +154,10 @@ class RuntimeHost:
         self.pid = 0
         self.containerd: str | None = None  # address, once started
         self.ctr_namespace = f"pycni-{self.ns.name.rsplit('-', 1)[-1]}"
+        # image layers are overlay mounts unless the scratch dir is itself on overlayfs (a
+        # containerised CI): then podman copies layers (vfs) and containerd too (native)
+        self.overlay_ok = fs_type(scratch) != "overlay"
+        self.snapshotter = "overlayfs" if self.overlay_ok else "native"
         try:
             self._start(python)
         except BaseException:
@@ -165,7 +184,7 @@ class RuntimeHost:
         self.pid = int(children[0])
         etc = self.scratch / "fs" / "etc" / "containers"
         (etc / "containers.conf").write_text(CONTAINERS_CONF)
-        (etc / "storage.conf").write_text(STORAGE_CONF)
+        (etc / "storage.conf").write_text(STORAGE_CONF % {"driver": "overlay" if self.overlay_ok else "vfs"})
         (etc / "policy.json").write_text(json.dumps(POLICY))
         (etc / "registries.conf").write_text("unqualified-search-registries = []\n")
 
@@ -241,8 +260,16 @@ class RuntimeHost:
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 120) -> str:
         assert self.containerd, "start_containerd() first"
-        return self.run(["ctr", "--address", self.containerd, "--namespace", self.ctr_namespace, *args],
-                        check=check, timeout=timeout).stdout.strip()
+        return self.run(self.ctr_argv(*args), check=check, timeout=timeout).stdout.strip()
+
+    def ctr_argv(self, *args: str) -> list[str]:
+        """A ctr command line for this host's containerd, namespace and snapshotter."""
+        assert self.containerd, "start_containerd() first"
+        if args[:2] == ("images", "import"):
+            args = ("images", "import", "--snapshotter", self.snapshotter, *args[2:])
+        elif args[:1] == ("run",):
+            args = ("run", "--snapshotter", self.snapshotter, *args[1:])
+        return ["ctr", "--address", self.containerd, "--namespace", self.ctr_namespace, *args]
 
     # ---- teardown ------------------------------------------------------------------------------
 

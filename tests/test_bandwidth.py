@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from plugin_util import runtime_env
 
 from pycni.plugins.meta import bandwidth as bw
 from pycni.skel import dispatch
@@ -23,12 +24,7 @@ NET = "bwnet"
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def env(cmd: str, cid: str, netns: str = "", ifname: str = "eth0") -> dict[str, str]:
-    e = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": cid, "CNI_IFNAME": ifname, "CNI_PATH": "/usr/lib/cni",
-         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-    if netns:
-        e["CNI_NETNS"] = netns
-    return e
+env = runtime_env
 
 
 def bridge_conf(tmp: Any, subnet: str = "10.77.0.0/24") -> dict[str, Any]:
@@ -366,3 +362,20 @@ def test_rates_beyond_32_bits(host_ns: Any, container_ns: Any, tmp_path: Any) ->
     assert root.params["rate"] == 5_000_000_000
     assert run_bw(host_ns, "CHECK", bw_conf(res, **limits), "c1", container_ns)[0] == 0
     assert run_bw(host_ns, "DEL", bw_conf(res, **limits), "c1", container_ns)[0] == 0
+
+
+@pytest.mark.parametrize("attachments,code", [("absent", 7), (None, 7), ([{}], 7), ([{"containerID": 1}], 7),
+                                              ([], 0), ([{"containerID": "c1", "ifname": "eth0"}], 0)])
+def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: int) -> None:
+    """Nothing to collect, but GC refuses a missing or malformed list as every plugin does; STATUS answers."""
+    conf: dict[str, Any] = {"cniVersion": "1.1.0", "name": "gcnet", "type": "bandwidth", "ingressRate": 8000,
+                            "ingressBurst": 800}
+    if attachments != "absent":
+        conf["cni.dev/valid-attachments"] = attachments
+    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}
+    out = dispatch(bw.PLUGIN, env, json.dumps(conf).encode())
+    assert out.exit_code == (1 if code else 0), out.stdout
+    if code:
+        assert json.loads(out.stdout)["code"] == code
+    out = dispatch(bw.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
+    assert out.exit_code == 0, out.stdout

@@ -29,7 +29,7 @@ from pycni.plugins.registry import install
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs root and /usr/bin/etcd (Debian etcd-server)")
 
-TIMEOUT = 3  # etcdTimeout in the configs: the bound on a command when etcd does not answer
+TIMEOUT = 5  # etcdTimeout in the configs: the bound on a command when etcd does not answer
 LOCK_DIR = ""  # lockDir in the configs: a temporary directory (set by the module fixture below)
 
 
@@ -335,8 +335,18 @@ def test_cli_release_and_check(up: EtcdCluster, bin_dir: str, tmp_path: Path) ->
     proc = cli(cluster, conf_dir, "ipam", "release", network, "--ip", a)
     assert proc.returncode == 1 and "not allocated" in proc.stderr
     assert_consistent(cluster, conf_dir, network)
-    # an orphan (written behind the plugin's back) is reported, and the exit status says so
+    # a node gone for good: everything it held goes, its emptied blocks and affinities too
+    n2 = cluster.nodes[1]
+    conf2 = net_conf(network, ipam_conf(cluster, n2, ranges=[[{"subnet": "10.95.0.0/24"}]]))
+    dead = {addresses(ok(run(bin_dir, n2, "cluster-ipam", "ADD", conf2, f"z{i}")))[0] for i in range(2)}
+    assert {ip for ip, _c, node in listed(cluster, conf_dir, network) if node == "node2"} == dead
+    proc = cli(cluster, conf_dir, "ipam", "release", network, "--node", "node2")
+    assert proc.returncode == 0 and "2 attachment(s) and 1 block(s)" in proc.stdout, proc.stdout + proc.stderr
+    assert listed(cluster, conf_dir, network) == {(b, "r2", "node1")}
     s = store(cluster, network)
+    assert s.etcd.get_prefix(f"/pycni/ipam/affinity/node2/{network}/")[0] == []
+    assert_consistent(cluster, conf_dir, network)
+    # an orphan (written behind the plugin's back) is reported, and the exit status says so
     blk = s.blocks()[0]
     blk.allocations[200] = "ghost/eth0"
     s.etcd.put(s.block_key(blk.cidr), blk.to_json())
@@ -389,4 +399,66 @@ def test_through_the_daemon(up: EtcdCluster, tmp_path: Path, netns_factory: Call
         ok(call("DEL", "dm1"))
         ok(call("DEL", "dm1"))
     s = store(cluster, "dmn", node.name)
+    assert s.handles() == [] and all(not b.allocations for b in s.blocks())
+
+
+def test_stale_or_garbage_hint_is_harmless(up: EtcdCluster, bin_dir: str) -> None:
+    """The node-local hint of recent blocks is read with the handle, never trusted."""
+    cluster = up
+    n1, n2 = cluster.nodes[0], cluster.nodes[1]
+    rng = [[{"subnet": "10.98.0.0/24"}]]
+    c1 = net_conf("hint", ipam_conf(cluster, n1, ranges=rng, blockSize=28))
+    c2 = net_conf("hint", ipam_conf(cluster, n2, ranges=rng, blockSize=28))
+    assert addresses(ok(run(bin_dir, n1, "cluster-ipam", "ADD", c1, "h1"))) == ["10.98.0.2"]
+    assert addresses(ok(run(bin_dir, n2, "cluster-ipam", "ADD", c2, "h2"))) == ["10.98.0.16"]
+    hint = Path(LOCK_DIR) / "hint.node1.blocks"
+    assert hint.read_text().split() == ["10.98.0.0/28"]
+    hint.write_text("10.98.0.16/28\n")  # node2's block: not node1's to allocate in
+    assert addresses(ok(run(bin_dir, n1, "cluster-ipam", "ADD", c1, "h3"))) == ["10.98.0.3"]
+    hint.write_text("garbage\n")
+    assert addresses(ok(run(bin_dir, n1, "cluster-ipam", "ADD", c1, "h4"))) == ["10.98.0.4"]
+    hint.write_text("10.98.0.16/28\n")
+    for cid in ("h1", "h3", "h4"):
+        ok(run(bin_dir, n1, "cluster-ipam", "DEL", c1, cid))
+    s = store(cluster, "hint")
+    assert [h["containerID"] for h in s.handles()] == ["h2"] and s.inconsistencies() == []
+
+
+def test_add_and_del_import_only_the_stdlib(up: EtcdCluster, bin_dir: str, tmp_path: Path) -> None:
+    """A one-shot cluster-ipam ADD/DEL against the real cluster loads no netlink, subprocess, runtime,
+    dataclasses, ssl (plain http endpoints), http.client, nor socket.py and the IDNA codec (the C
+    socket module does)."""
+    from test_import_set import HEAVY, _heavy, _modules
+
+    empty = tmp_path / "empty.py"
+    empty.write_text("pass\n")
+    baseline = _modules(str(empty), {}, b"", tmp_path)
+    node = up.nodes[0]
+    conf = json.dumps(net_conf("imports", ipam_conf(up, node, ranges=[[{"subnet": "10.99.0.0/24"}]]))).encode()
+    for command in ("ADD", "DEL"):
+        env = dict(cni_env(command, None, bin_dir, container_id="imp"), CNI_NETNS="/var/run/netns/none")
+        mods = _modules(os.path.join(bin_dir, "cluster-ipam"), env, conf, tmp_path, node.ns)
+        assert "pycni.cluster.etcd" in mods
+        assert _heavy(mods - baseline, (*HEAVY, "ssl", "http", "email", "random", "socket", "selectors",
+                                        "unicodedata", "encodings.idna")) == [], command
+
+
+def test_no_quorum_is_code_11_and_del_leaves_nothing(up: EtcdCluster, bin_dir: str) -> None:
+    """Two members of three down: the one left answers reads but cannot commit; code 11 within the bound.
+    Whatever a write that lost its answer may still commit later, the runtime's DEL releases."""
+    cluster = up
+    node = cluster.nodes[2]
+    conf = net_conf("quorum", ipam_conf(cluster, node, ranges=[[{"subnet": "10.89.0.0/24"}]]))
+    cluster.kill(0)
+    cluster.kill(1)
+    try:
+        start = time.monotonic()
+        code, out = run(bin_dir, node, "cluster-ipam", "ADD", conf, "q1")
+        elapsed = time.monotonic() - start
+        assert code != 0 and out["code"] == 11, out
+        assert elapsed < 2 * TIMEOUT + 15, f"ADD took {elapsed:.1f}s without quorum"
+    finally:
+        cluster.restart_all()
+    ok(run(bin_dir, node, "cluster-ipam", "DEL", conf, "q1"))
+    s = store(cluster, "quorum", node.name)
     assert s.handles() == [] and all(not b.allocations for b in s.blocks())

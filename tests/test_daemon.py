@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_proc import needs_privileges
 from netns_util import Namespace
 from plugin_util import daemon_in_thread
 
@@ -253,6 +254,7 @@ def _start_daemon_process(sock: str, *extra: str) -> subprocess.Popen[bytes]:
     return proc
 
 
+@needs_privileges
 def test_sigterm_shuts_down_cleanly_and_removes_the_socket(tmp_path: Path) -> None:
     sock = str(tmp_path / "run" / "pycni.sock")
     proc = _start_daemon_process(sock)
@@ -270,6 +272,7 @@ def test_sigterm_shuts_down_cleanly_and_removes_the_socket(tmp_path: Path) -> No
             proc.wait()
 
 
+@needs_privileges
 def test_cli_verb_runs_the_daemon(tmp_path: Path) -> None:
     sock = str(tmp_path / "cli.sock")
     proc = subprocess.Popen([sys.executable, "-m", "pycni", "daemon", "--socket", sock, "--no-preload",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from daemon_proc import WAIT, DaemonProc, alive, answers, request, wait_until
+from daemon_proc import WAIT, DaemonProc, alive, answers, needs_privileges, request, wait_until
 from netns_util import Namespace
 
 from pycni.plugins.registry import install
@@ -51,6 +51,7 @@ def leftovers(directory: Path, keep: str = "") -> list[str]:
 
 # ---- one daemon per socket ---------------------------------------------------------------------
 
+@needs_privileges
 def test_second_daemon_refuses_a_live_socket(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     sock = str(tmp_path / "one.sock")
     first = start(sock, "--workers", "1").ready()
@@ -65,6 +66,7 @@ def test_second_daemon_refuses_a_live_socket(tmp_path: Path, start: Callable[...
     assert leftovers(tmp_path) == []  # socket and lock files gone
 
 
+@needs_privileges
 def test_stale_socket_is_replaced(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     sock = str(tmp_path / "stale.sock")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -74,6 +76,7 @@ def test_stale_socket_is_replaced(tmp_path: Path, start: Callable[..., DaemonPro
     assert d.terminate() == 0 and leftovers(tmp_path) == []
 
 
+@needs_privileges
 def test_what_is_not_a_socket_is_left_alone(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     path = tmp_path / "not-a-socket"
     path.write_text("precious\n")
@@ -83,6 +86,7 @@ def test_what_is_not_a_socket_is_left_alone(tmp_path: Path, start: Callable[...,
     assert path.read_text() == "precious\n"
 
 
+@needs_privileges
 def test_socket_it_does_not_own_is_not_unlinked(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     """Someone replaced the socket file while the daemon ran: on exit the daemon leaves it alone."""
     sock = str(tmp_path / "d.sock")
@@ -101,6 +105,7 @@ def test_socket_it_does_not_own_is_not_unlinked(tmp_path: Path, start: Callable[
 
 # ---- workers never outlive the main process ----------------------------------------------------
 
+@needs_privileges
 def test_workers_die_with_the_main_process(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     sock = str(tmp_path / "w.sock")
     private_tmp = tmp_path / "tmp"
@@ -142,6 +147,7 @@ def _closed_by_daemon(s: socket.socket) -> bytes:
     return data
 
 
+@needs_privileges
 def test_silent_and_stalled_clients_are_cut_off(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     sock = str(tmp_path / "t.sock")
     d = start(sock, "--workers", "2", "--read-timeout", "1").ready(workers=2)
@@ -162,6 +168,7 @@ def test_silent_and_stalled_clients_are_cut_off(tmp_path: Path, start: Callable[
     assert d.terminate() == 0
 
 
+@needs_privileges
 def test_sigterm_with_silent_clients_stops_promptly(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     """Connections that never send do not hold the shutdown (before: 30 s each, per worker)."""
     sock = str(tmp_path / "s.sock")
@@ -184,7 +191,9 @@ echo '{{"cniVersion": "1.0.0", "ips": [{{"address": "10.66.0.5/24", "gateway": "
 """
 
 
-def test_request_in_flight_finishes_after_sigterm(tmp_path: Path, start: Callable[..., DaemonProc],
+@needs_privileges
+@pytest.mark.parametrize("workers", [1, 2])
+def test_request_in_flight_finishes_after_sigterm(workers: int, tmp_path: Path, start: Callable[..., DaemonProc],
                                                   netns_factory: Callable[[], Namespace]) -> None:
     bindir = tmp_path / "bin"
     install(str(bindir), ["bridge"], daemon=True)
@@ -193,7 +202,8 @@ def test_request_in_flight_finishes_after_sigterm(tmp_path: Path, start: Callabl
     slow.chmod(0o755)
     home, host, ctr = netns_factory(), netns_factory(), netns_factory()
     sock = str(tmp_path / "f.sock")
-    d = start(sock, "--workers", "2", prefix=["ip", "netns", "exec", home.name]).ready(workers=2)
+    d = start(sock, "--workers", str(workers), prefix=["ip", "netns", "exec", home.name])
+    d.ready(workers=workers if workers > 1 else 0)
     conf = json.dumps({"cniVersion": "1.0.0", "name": "inflight", "type": "bridge", "bridge": "br-if",
                        "ipam": {"type": "slowipam"}})
     env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "if1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
@@ -224,6 +234,7 @@ ACTIVATE = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ['LISTEN_FD
             "os.environ['LISTEN_PID'] = str(os.getpid()); os.execv(sys.argv[2], sys.argv[2:])")
 
 
+@needs_privileges
 def test_socket_activation(tmp_path: Path, start: Callable[..., DaemonProc]) -> None:
     """As systemd passes it (LISTEN_FDS=1, fd 3): served as is, never unlinked, never re-bound."""
     sock = str(tmp_path / "act.sock")
@@ -250,9 +261,15 @@ def test_socket_activation(tmp_path: Path, start: Callable[..., DaemonProc]) -> 
                                  ["--inh-caps=-net_admin", "--bounding-set=-net_admin"]],
                          ids=["not-root", "no-cap-net-admin"])
 def test_refuses_to_start_without_privileges(how: list[str], start: Callable[..., DaemonProc]) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to drop privileges")
+    import shutil
     import tempfile
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to drop privileges")
+    can_import = subprocess.run(["setpriv", *how, sys.executable, "-c", "import pycni.daemon.server"],
+                                capture_output=True, text=True, cwd="/")
+    if can_import.returncode != 0:  # e.g. a checkout under a home directory only its owner may read
+        pytest.skip(f"pycni cannot be imported with these privileges here: {can_import.stderr.strip()[-200:]}")
 
     open_dir = tempfile.mkdtemp(prefix="pycni-priv-")  # writable by the unprivileged user too
     try:
@@ -264,6 +281,88 @@ def test_refuses_to_start_without_privileges(how: list[str], start: Callable[...
         assert "CAP_NET_ADMIN" in err and "root" in err, err
         assert not os.path.exists(sock)
     finally:
-        import shutil
-
         shutil.rmtree(open_dir)
+
+
+# ---- the documented systemd units --------------------------------------------------------------
+
+def test_documented_units_use_the_default_socket_and_verify(tmp_path: Path) -> None:
+    """docs/daemon.md's units: the default socket, the daemon's own bounds, and systemd accepts them."""
+    import re
+    import shutil
+
+    from pycni.daemon import protocol, server
+
+    doc = (Path(__file__).parent.parent / "docs" / "daemon.md").read_text()
+    units = {m.group(1): m.group(2) for m in re.finditer(r"```ini\n# /etc/systemd/system/(\S+)\n(.*?)```", doc, re.S)}
+    assert set(units) == {"pycni.socket", "pycni.service"}
+
+    def setting(unit: str, key: str) -> list[str]:
+        return re.findall(rf"^{key}=(.*)$", units[unit], re.M)
+
+    assert setting("pycni.socket", "ListenStream") == [protocol.DEFAULT_SOCKET]
+    assert setting("pycni.socket", "Accept") == ["no"]
+    exec_start = setting("pycni.service", "ExecStart")
+    assert len(exec_start) == 1 and exec_start[0].endswith(" daemon")  # no --socket: the one passed
+    assert setting("pycni.service", "KillMode") == ["mixed"]
+    assert setting("pycni.service", "RestartPreventExitStatus") == [str(server.EXIT_REFUSED)]
+    worst_stop = server.STOP_TIMEOUT + server.STOP_GRACE + 2  # see Daemon._stop_workers
+    assert float(setting("pycni.service", "TimeoutStopSec")[0]) >= 2 * worst_stop
+    assert setting("pycni.service", "RuntimeDirectory") == []  # would remove the socket's directory
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        print("systemd-analyze not installed: units checked by content only")
+        return
+    true = shutil.which("true") or "/bin/true"
+    for name, text in units.items():
+        (tmp_path / name).write_text(text.replace(exec_start[0].split()[0], true))
+    proc = subprocess.run([analyze, "verify", "--man=no", *(str(tmp_path / n) for n in units)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr.strip() == "", proc.stderr
+
+
+# ---- a flood of connections --------------------------------------------------------------------
+
+def test_connections_beyond_the_limit_are_told_to_try_again(tmp_path: Path) -> None:
+    """Each open connection holds a thread (bounded in time); their number is bounded too."""
+    import threading
+
+    from pycni.daemon.server import Daemon
+
+    sock = str(tmp_path / "busy.sock")
+    daemon = Daemon(sock, preload=False, max_connections=4)
+    daemon.bind()
+    server = threading.Thread(target=daemon.serve_forever, daemon=True)
+    server.start()
+    silent: list[socket.socket] = []
+    try:
+        silent = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(4)]
+        for s in silent:
+            s.connect(sock)
+        wait_until(lambda: len(daemon._active) == 4, "the four silent connections to be taken")
+        code, out, _ = request(sock, "loopback", {"CNI_COMMAND": "VERSION"})
+        assert code == 1 and json.loads(out)["code"] == 11 and "busy" in json.loads(out)["msg"]
+        for s in silent:
+            s.close()
+        wait_until(lambda: not daemon._active, "the silent connections to be dropped")
+        code, out, _ = request(sock, "loopback", {"CNI_COMMAND": "VERSION"})
+        assert code == 0 and "supportedVersions" in json.loads(out)
+    finally:
+        for s in silent:
+            s.close()
+        daemon.stop()
+        server.join(WAIT)
+    assert not server.is_alive() and leftovers(tmp_path) == []
+
+
+def test_socket_activation_variables_are_checked() -> None:
+    """LISTEN_* meant for another process are ignored; more than one socket is refused, clearly."""
+    from pycni.daemon.server import Refused, activated_socket
+
+    other = {"LISTEN_PID": str(os.getpid() + 1), "LISTEN_FDS": "1"}
+    assert activated_socket(other) is None and other["LISTEN_FDS"] == "1"  # not ours: left alone
+    assert activated_socket({}) is None
+    two = {"LISTEN_PID": str(os.getpid()), "LISTEN_FDS": "2", "LISTEN_FDNAMES": "a:b"}
+    with pytest.raises(Refused, match="exactly one ListenStream"):
+        activated_socket(two)
+    assert two == {}  # consumed: a process it starts must not take them for its own

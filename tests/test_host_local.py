@@ -360,31 +360,41 @@ def test_gc_without_valid_attachments_is_refused_and_frees_nothing(tmp_path: Pat
 
 def test_gc_through_bridge_without_valid_attachments_frees_nothing(netns_factory: Callable[[], Any],
                                                                    plugin_dir: str, tmp_path: Path) -> None:
-    """bridge delegates GC to host-local: our runtime's GC with no list is refused by host-local."""
+    """bridge delegates GC to host-local: a GC that reaches it without the list (a runtime that
+    sends none, as cnitool's libcni may) is refused and frees nothing; with the list it frees
+    exactly the attachments not on it."""
     from runtimes import write_conflist
 
+    from pycni import invoke
     from pycni.runtime import CNI
     from pycni.spec.errors import CNIError
 
     host, c1, c2 = netns_factory(), netns_factory(), netns_factory()
     data_dir = tmp_path / "ipam"
-    write_conflist(tmp_path / "net.d", "gcnet", [{"type": "bridge", "bridge": "gcbr0", "ipam": {
-        "type": "host-local", "subnet": "10.84.0.0/24", "dataDir": str(data_dir)}}], version="1.1.0")
-    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin"), "PYCNI_SOCKET": "off"}
-    # Two runtimes (two caches) share the network: each knows only its own attachment.
-    rt_a, rt_b = (CNI(conf_dir=str(tmp_path / "net.d"), plugin_path=[plugin_dir], cache_dir=str(tmp_path / c),
-                      env=env) for c in ("cache-a", "cache-b"))
-    net = rt_a.load_network("gcnet")
+    bridge = {"type": "bridge", "bridge": "gcbr0",
+              "ipam": {"type": "host-local", "subnet": "10.84.0.0/24", "dataDir": str(data_dir)}}
+    write_conflist(tmp_path / "net.d", "gcnet", [bridge], version="1.1.0")
+    base = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin"), "PYCNI_SOCKET": "off"}
+    rt = CNI(conf_dir=str(tmp_path / "net.d"), plugin_path=[plugin_dir], cache_dir=str(tmp_path / "cache"), env=base)
+    net = rt.load_network("gcnet")
+    gc_env = invoke.plugin_env(base, "GC", path=plugin_dir)
+    conf = {"cniVersion": "1.1.0", "name": "gcnet", **bridge}
     with host.enter():
-        rt_a.add(net, "a", c1.path)
-        rt_b.add(net, "b", c2.path)
-        with pytest.raises(CNIError) as e:
-            rt_a.gc(net)  # cached "a" is deleted; then the plugins get no valid-attachments list
-        assert e.value.code == 7 and "GC needs 'cni.dev/valid-attachments'" in e.value.msg
-        assert ip_files(data_dir, "gcnet") == {"10.84.0.3": b"b\r\neth0"}
-        rt_a.gc(net, [("b", "eth0")])
-        assert ip_files(data_dir, "gcnet") == {"10.84.0.3": b"b\r\neth0"}
-        rt_b.delete(net, "b", c2.path)
+        rt.add(net, "a", c1.path)
+        rt.add(net, "b", c2.path)
+        before = ip_files(data_dir, "gcnet")
+        assert sorted(before.values()) == [b"a\r\neth0", b"b\r\neth0"]
+        for missing in ({}, {"cni.dev/valid-attachments": None}):
+            with pytest.raises(CNIError) as e:
+                invoke.exec_plugin(os.path.join(plugin_dir, "bridge"), json.dumps({**conf, **missing}).encode(),
+                                   gc_env)
+            assert e.value.code == 7 and "valid-attachments" in e.value.msg
+            assert ip_files(data_dir, "gcnet") == before
+        listed = {**conf, "cni.dev/valid-attachments": [{"containerID": "b", "ifname": "eth0"}]}
+        invoke.exec_plugin(os.path.join(plugin_dir, "bridge"), json.dumps(listed).encode(), gc_env)
+        assert sorted(ip_files(data_dir, "gcnet").values()) == [b"b\r\neth0"]
+        rt.delete(net, "a", c1.path)
+        rt.delete(net, "b", c2.path)
     assert ip_files(data_dir, "gcnet") == {}
 
 
@@ -423,6 +433,29 @@ def test_long_container_ids_are_released(tmp_path: Path, length: int) -> None:
     assert ip_files(tmp_path) == {}
 
 
+@pytest.mark.parametrize("length", [4094, 4095, 4096, 5000, 100_000])
+def test_store_reads_long_reservations_whole(tmp_path: Path, length: int) -> None:
+    """A reservation longer than a page (Go's host-local writes any ID) is read whole: lookups by
+    owner, release and GC see it, in a one-shot read and through the index a daemon keeps."""
+    import ipaddress
+
+    from pycni.plugins.ipam.store import Store
+
+    cid = "c" * length
+    ip, other = ipaddress.ip_address("10.1.2.2"), ipaddress.ip_address("10.1.2.3")
+    with Store("testnet", str(tmp_path)) as store, store.locked():
+        assert store.reserve(cid, "eth0", ip, "0") and store.reserve(cid + "x", "eth0", other, "0")
+        assert (tmp_path / "testnet" / "10.1.2.2").read_bytes() == cid.encode() + b"\r\neth0"
+        for _ in range(3):  # the third lookup in a process is answered by the index
+            assert store.get_by_id(cid, "eth0") == [ip]
+            assert store.owner_of(ip) == (cid, "eth0")
+        assert store.gc([(cid, "eth0"), (cid + "x", "eth0")]) == []
+        assert store.release_by_id(cid, "eth0") == ["10.1.2.2"]
+        assert store.get_by_id(cid + "x", "eth0") == [other]
+        assert store.release_ip(other, cid + "x", "eth0")
+    assert ip_files(tmp_path) == {}
+
+
 @have_go
 def test_go_and_python_agree_on_long_container_ids(tmp_path: Path) -> None:
     conf = net_conf(tmp_path)
@@ -431,6 +464,20 @@ def test_go_and_python_agree_on_long_container_ids(tmp_path: Path) -> None:
     assert run_py(conf, cid="p" * 20_000)[1]["code"] == 4  # ours refuses such an ADD up front
     assert run_py(conf, "CHECK", cid=long_go) == (0, {})
     assert run_py(conf, "DEL", cid=long_go) == (0, {})  # and cleans up what Go made with one
+    assert ip_files(tmp_path) == {}
+
+
+@have_go
+def test_long_container_ids_of_go_reservations(tmp_path: Path) -> None:
+    """Go's host-local takes a 20 KB container ID: our GC keeps that reservation while it is valid
+    and releases it once it is not (before, only its first 4 KiB were read, so it never matched)."""
+    conf = net_conf(tmp_path, version="1.0.0")
+    long_go = "g" * 20_000
+    assert addresses(run_go(conf, cid=long_go)) == ["10.1.2.2/24"]
+    gc = {**conf, "cniVersion": "1.1.0", "cni.dev/valid-attachments": [{"containerID": long_go, "ifname": "eth0"}]}
+    assert run_py(gc, "GC", cid="", ifname="") == (0, {})
+    assert list(ip_files(tmp_path)) == ["10.1.2.2"]
+    assert run_py({**gc, "cni.dev/valid-attachments": []}, "GC", cid="", ifname="") == (0, {})
     assert ip_files(tmp_path) == {}
 
 
@@ -777,10 +824,8 @@ def test_many_reservations_continue_after_the_cursor(tmp_path: Path) -> None:
 def test_daemon_mode_gives_the_same_answers(tmp_path: Path, host_ns: Any) -> None:
     """Shims forwarding to a pycni daemon (run from a throwaway namespace): same results, no double IPs."""
     from pycni.daemon.server import Daemon
-    from pycni.plugins.registry import daemon_shims_available, install
+    from pycni.plugins.registry import install
 
-    if not daemon_shims_available():
-        pytest.skip("daemon shims not available")
     bin_dir = tmp_path / "bin"
     exe = install(str(bin_dir), ["host-local"], daemon=True)[0]
     sock = str(tmp_path / "pycni.sock")
@@ -860,3 +905,22 @@ def test_store_primitives(tmp_path: Path) -> None:
         assert s.last_reserved_ip("4") is None
         (tmp_path / "n" / "subdir").mkdir()  # never created by host-local; ignored, not fatal
         assert s.release_by_id("nobody", "eth0") == []
+
+
+# ---- a wrong JSON type for every key ------------------------------------------------------------
+SAMPLES: dict[type, Any] = {int: 5, bool: False, str: "x", list: ["x"], dict: {"x": 1}, float: 1.5}
+IPAM_KEYS = {"subnet": str, "rangeStart": str, "rangeEnd": str, "gateway": str, "ranges": list, "routes": list,
+             "dataDir": str, "resolvConf": str}
+TOP_KEYS = {"runtimeConfig": dict, "args": dict}
+WRONG = [(where, key, value) for where, keys in (("ipam", IPAM_KEYS), ("top", TOP_KEYS))
+         for key, want in keys.items() for have, value in SAMPLES.items() if have is not want]
+
+
+@pytest.mark.parametrize(("where", "key", "value"), WRONG, ids=[f"{w}-{k}-{type(v).__name__}" for w, k, v in WRONG])
+def test_wrong_type_reserves_nothing(tmp_path: Path, where: str, key: str, value: Any) -> None:
+    conf = net_conf(tmp_path)
+    (conf["ipam"] if where == "ipam" else conf)[key] = value
+    for command in ("ADD", "CHECK"):
+        code, err = run_py(conf, command)
+        assert code == 1 and err["code"] in (6, 7), (command, err)
+    assert reservations(tmp_path) == {} and not any(tmp_path.iterdir())

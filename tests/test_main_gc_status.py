@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pycni.plugins.main import bridge, dummy, host_device, ipvlan, loopback, macvlan, ptp, tap, vlan
+from pycni.plugins.main import bridge, dummy, host_device, ipvlan, loopback, macvlan, ptp, routed, tap, vlan
 from pycni.plugins.meta import vrf
 from pycni.skel import Plugin, dispatch
 
@@ -33,6 +33,7 @@ PLUGINS: dict[str, tuple[Plugin, dict[str, Any]]] = {
     "vlan": (vlan.PLUGIN, {"master": "eth9", "vlanId": 5}),
     "dummy": (dummy.PLUGIN, {}),
     "tap": (tap.PLUGIN, {}),
+    "routed": (routed.PLUGIN, {}),
 }
 
 
@@ -61,6 +62,11 @@ def test_status_and_gc_are_the_ipams(fake_ipam: Path, name: str) -> None:
     assert rc == 1 and e["code"] == 50 and e["msg"] == "ipam not ready", e
     assert _run(plugin, "GC", {**conf, "cni.dev/valid-attachments": valid}, fake_ipam) == (0, {})
     assert json.loads((fake_ipam / "log.GC").read_text())["cni.dev/valid-attachments"] == valid
+    (fake_ipam / "log.GC").unlink()
+    for bad in ({}, {"cni.dev/valid-attachments": [{}]}, {"cni.dev/valid-attachments": [None]}):
+        rc, e = _run(plugin, "GC", {**conf, **bad}, fake_ipam)
+        assert rc == 1 and e["code"] == 7, e  # refused: a delegate reading it as "none valid" frees everything
+    assert not (fake_ipam / "log.GC").exists()
 
 
 @pytest.mark.parametrize("plugin", [loopback.PLUGIN, vrf.PLUGIN])

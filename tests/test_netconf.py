@@ -171,9 +171,28 @@ def test_ipam_gc_and_status_delegate(tmp_path: Path) -> None:
     assert err.code == 50 and err.msg == "not ready"
     assert log.read_text().split() == ["GC", "STATUS"]
     assert ipam.locate(conf, _args(tmp_path, "ADD", conf)) == str(fake)
-    no_ipam = {"cniVersion": "1.1.0", "name": "n", "type": "x"}
+    no_ipam = {"cniVersion": "1.1.0", "name": "n", "type": "x", netconf.VALID_ATTACHMENTS: []}
     ipam.gc(no_ipam, _args(tmp_path, "GC", no_ipam))  # nothing to ask: success
     ipam.status(no_ipam, _args(tmp_path, "STATUS", no_ipam))
     assert ipam.locate(no_ipam, _args(tmp_path, "ADD", no_ipam)) == ""
     missing = {**conf, "ipam": {"type": "not-there"}}
     assert _code(ipam.locate, missing, _args(tmp_path, "ADD", missing)).code == INVALID_CONFIG
+
+
+# ---- statefile -----------------------------------------------------------------------------------
+def test_statefile_write_read_remove(tmp_path: Path) -> None:
+    from pycni import statefile
+
+    path = str(tmp_path / "sub" / ("x" * 255))  # the longest name a directory holds: its temporary fits too
+    statefile.write_json(path, {"a": 1}, mode=0o640)
+    assert statefile.read_json(path) == {"a": 1}
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(tmp_path / "sub").st_mode) == 0o700
+    assert os.listdir(tmp_path / "sub") == ["x" * 255]  # no temporary left
+    assert statefile.remove(path) and not statefile.remove(path)
+    assert statefile.read_json(path) is None
+    (tmp_path / "bad").write_text("{")
+    assert statefile.read_json(str(tmp_path / "bad")) is None
+    with pytest.raises(CNIError) as e:
+        statefile.write_json(str(tmp_path / "bad" / "x"), {}, failure="cannot save")
+    assert e.value.code == 5 and e.value.msg == "cannot save"

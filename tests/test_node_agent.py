@@ -64,11 +64,12 @@ class Node:
         return self.log.read_text() if self.log.exists() else ""
 
     def conf(self, network: str = "podnet", subnet: str = SUBNET_V4, block: int = 26) -> dict[str, Any]:
-        ranges = [[{"subnet": subnet}]] + ([[{"subnet": SUBNET_V6}]] if self.env.dual else [])
+        dual = self.env.dual and network == "podnet"  # (one network per IPv6 pool)
+        ranges = [[{"subnet": subnet}]] + ([[{"subnet": SUBNET_V6}]] if dual else [])
         return {"cniVersion": "1.1.0", "name": network, "type": "routed", "mtu": self.env.pod_mtu,
                 "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.env.cluster.endpoints,
                          "etcdPrefix": self.env.prefix, "nodeName": self.name, "ranges": ranges,
-                         "blockSize": block, "etcdTimeout": 10}}
+                         "blockSize": block, "etcdTimeout": 10, "lockDir": str(self.env.tmp / "locks")}}
 
     def add_pod(self, name: str, conf: dict[str, Any] | None = None) -> dict[str, Any]:
         ns = new_namespace("pycni-t")
@@ -108,10 +109,11 @@ class Env:
         return [(n, name, ns, r) for n in self.nodes for name, (ns, r) in n.pods.items()]
 
     def expected_routes(self, node: Node) -> int:
-        """Blocks of the other nodes, as etcd says (what ``node``'s agent must route; no borrowing)."""
+        """Every block, as etcd says: the other nodes' routed to them, ``node``'s own blackholed
+        (what its agent must program, without borrowing)."""
         with self.cluster.client() as etcd:
             kvs, _ = etcd.get_prefix(f"{self.prefix}/ipam/affinity/")
-        return sum(1 for kv in kvs if kv.json()["node"] != node.name)
+        return len(kvs)
 
     def converged(self) -> None:
         for n in self.nodes:
@@ -199,7 +201,11 @@ def test_host_gw_dual_stack_and_faults(cluster: EtcdCluster, tmp_path: Path, plu
         status = n1.ns.run([sys.executable, "-m", "pycni", "node", "status", "--etcd-endpoints",
                             ",".join(cluster.endpoints), "--etcd-prefix", env.prefix, "--node-name", n1.name,
                             "--mode", "host-gw"])
-        assert "MISSING" not in status.stdout and status.stdout.count(": programmed") == 4, status.stdout
+        assert "MISSING" not in status.stdout, status.stdout
+        assert status.stdout.count(": programmed") == env.expected_routes(n1) == 6, status.stdout
+        # its own blocks blackholed: an address without a pod goes nowhere, not out a default route
+        own = n1.ns.run(["ip", "route", "show", "proto", str(RTPROT_PYCNI), "type", "blackhole"]).stdout
+        assert own.count("blackhole") == 1 and "10.90." in own
         print("\n" + _iperf(env, n1, n2))
 
         # An agent SIGKILLed: the data plane goes on; a block claimed meanwhile (a new pod on
@@ -222,17 +228,29 @@ def test_host_gw_dual_stack_and_faults(cluster: EtcdCluster, tmp_path: Path, plu
         assert "route del" not in restart_log  # converging did not take down what was right
 
         # An etcd member lost: watches move to other members, no route changes anywhere.
-        logs = {n.name: n.log_text().count("route ") for n in env.nodes}
+        logs = {n.name: n.log_text().count(": route ") for n in env.nodes}
         routes = {n.name: n.routes() for n in env.nodes}
         cluster.kill(1)
         time.sleep(3)
         n1.add_pod("node1-during-loss")  # the cluster still works with two members
         env.converged()
         assert {n.name: n.routes() for n in env.nodes} == routes
-        assert {n.name: n.log_text().count("route ") for n in env.nodes} == logs
+        assert {n.name: n.log_text().count(": route ") for n in env.nodes} == logs
         cluster.restart(1)
         cluster.wait_ready()
         assert env.ping_all(4) == env.cross_pairs()
+
+        # The whole etcd cluster down and back: the data plane carries on meanwhile, the agents
+        # retry, resync from a full read, and follow a claim made after the restart.
+        cluster.kill_all()
+        assert env.ping_all(4) == env.cross_pairs()
+        cluster.restart_all()
+        with cluster.client() as etcd:
+            etcd.put(f"{env.prefix}/ipam/affinity/{n2.name}/podnet/10.90.201.0-26",
+                     json.dumps({"cidr": "10.90.201.0/26", "node": n2.name, "network": "podnet"}))
+        env.wait(lambda: "10.90.201.0/26 via" in n1.routes() and "10.90.201.0/26 via" in n3.routes(),
+                 "a claim after etcd's restart routed")
+        assert "resyncing" in n1.log_text() or "retrying" in n1.log_text()
 
         # node3's agent gone past its TTL (3 s): the others drop its blocks.
         n3_blocks = [ln.split()[0] for ln in n1.routes().splitlines() if f"via {n3.etcd.ip}" in ln]
@@ -248,12 +266,30 @@ def test_host_gw_dual_stack_and_faults(cluster: EtcdCluster, tmp_path: Path, plu
                          ",".join(cluster.endpoints), "--etcd-prefix", env.prefix]).stdout
         assert "removed" in out
         env.wait(lambda: f"via {n2.etcd.ip}" not in n1.routes(), "node2 removed from node1's routes")
+
+        # node1's key deleted by hand while its agent runs: the agent registers again.
+        with cluster.client() as etcd:
+            etcd.delete(f"{env.prefix}/nodes/{n1.name}")
+            env.wait(lambda: etcd.get(f"{env.prefix}/nodes/{n1.name}") is not None, "node1 registered again")
+        assert "registration gone while running" in n1.log_text()
+
+        # A route the kernel refuses (a node whose underlay address is off this L2): logged, retried,
+        # shown as MISSING by status (exit 3) — and nothing else disturbed.
+        with cluster.client() as etcd:
+            etcd.put(f"{env.prefix}/nodes/ghost", json.dumps({"name": "ghost", "underlayIP": "198.51.100.7"}))
+            etcd.put(f"{env.prefix}/ipam/affinity/ghost/podnet/10.90.250.0-26",
+                     json.dumps({"cidr": "10.90.250.0/26", "node": "ghost", "network": "podnet"}))
+        env.wait(lambda: "FAILED route add 10.90.250.0/26 via 198.51.100.7" in n1.log_text(), "refusal logged")
+        status = n1.ns.run([sys.executable, "-m", "pycni", "node", "status", "--etcd-endpoints",
+                            ",".join(cluster.endpoints), "--etcd-prefix", env.prefix, "--node-name", n1.name],
+                           check=False)
+        assert status.returncode == 3 and "10.90.250.0/26 via 198.51.100.7 (node ghost): MISSING" in status.stdout
     finally:
         env.cleanup()
 
 
 def test_vxlan_mode(cluster: EtcdCluster, tmp_path: Path, plugin_dir: str) -> None:
-    env = _env(cluster, tmp_path, plugin_dir, "vxlan")
+    env = _env(cluster, tmp_path, plugin_dir, "vxlan", dual=True)
     try:
         for n in env.nodes:
             n.start_agent()
@@ -267,12 +303,20 @@ def test_vxlan_mode(cluster: EtcdCluster, tmp_path: Path, plugin_dir: str) -> No
         assert dev["linkinfo"]["info_data"].get("learning") is False
         routes = n1.routes()
         assert f"via {n2.etcd.ip} dev pycni.vxlan onlink" in routes and "ul0" not in routes
+        status = n1.ns.run([sys.executable, "-m", "pycni", "node", "status", "--etcd-endpoints",
+                            ",".join(cluster.endpoints), "--etcd-prefix", env.prefix, "--node-name",
+                            n1.name]).stdout  # the mode as the node registered it
+        assert status.count(": programmed") == 6 + 2 and "MISSING" not in status, status  # 3+3 blocks, 2 VTEPs
         fdb = n1.ns.run(["bridge", "fdb", "show", "dev", "pycni.vxlan"]).stdout
         assert f"dst {n2.etcd.ip}" in fdb and f"dst {n3.etcd.ip}" in fdb
         # pod blocks are not routed over the underlay directly: the kernel picks the vxlan device
         target = _addr(next(iter(n2.pods.values()))[1], 4)
         assert "dev pycni.vxlan" in n1.ns.run(["ip", "route", "get", target]).stdout
         assert env.ping_all(4) == env.cross_pairs()
+        # IPv6 pods over the IPv4 overlay, via the peers' VTEP link-local addresses
+        assert "dev pycni.vxlan" in n1.ns.run(["ip", "-6", "route", "get", _addr(next(iter(n2.pods.values()))[1],
+                                                                                  6)]).stdout
+        assert env.ping_all(6) == env.cross_pairs()
         # and the packets really are encapsulated: count UDP 4789 on the underlay while pinging
         udp_before = _udp_in(n2.ns)
         next(iter(n1.pods.values()))[0].run(["ping", "-c", "3", "-i", "0.2", target])
@@ -290,13 +334,24 @@ def test_vxlan_mode(cluster: EtcdCluster, tmp_path: Path, plugin_dir: str) -> No
         n3.pods[f"{n3.name}-tiny"][0].run(["ping", "-c", "1", "-W", "3", _addr(tiny[0], 4)])
         n3.del_pod(f"{n3.name}-tiny", n3.conf("tinynet", "10.91.0.0/26", 27))
         env.wait(lambda: f"{borrowed} via" not in n1.routes(), "the borrowed address's route gone with its pod")
+
+        # Blocks of one address: node1's blackhole for its block and its pod's route have the
+        # same prefix; the pod's (metric 0) must stay and win, whatever order they came in.
+        one = _addr(n1.add_pod("n1-one", n1.conf("onenet", "10.92.0.0/28", 32)), 4)
+        env.wait(lambda: f"{one} via {n1.etcd.ip}" in n2.routes(), "node2 routes node1's /32 block")
+        env.wait(lambda: f"blackhole {one} " in n1.routes(), "node1 blackholes its /32 block")
+        n2.pods[f"{n2.name}-tiny"][0].run(["ping", "-c", "1", "-W", "3", one])
+        n1.stop_agent(signal.SIGKILL)  # a restart's full convergence leaves the pod's route alone too
+        n1.start_agent()
+        n2.pods[f"{n2.name}-tiny"][0].run(["ping", "-c", "1", "-W", "3", one])
+        assert f"{one} dev rtd" in n1.ns.run(["ip", "route", "show", one]).stdout
         # a restart changes nothing that is right
         n1.stop_agent(signal.SIGKILL)
         n1.start_agent()
         time.sleep(1)
         env.converged()
         tail = n1.log_text().split("starting:")[-1]
-        assert "route " not in tail and "fdb" not in tail and "vxlan device" not in tail
+        assert ": route " not in tail and ": fdb" not in tail and "vxlan device" not in tail
     finally:
         env.cleanup()
 
@@ -305,3 +360,36 @@ def _udp_in(ns: Namespace) -> int:
     """UDP datagrams received in ``ns`` so far (VXLAN arrives as UDP)."""
     lines = [ln.split() for ln in ns.run(["cat", "/proc/net/snmp"]).stdout.splitlines() if ln.startswith("Udp:")]
     return int(lines[1][lines[0].index("InDatagrams")])
+
+
+def test_agents_over_tls(tmp_path: Path) -> None:
+    """etcd with https and client certificates required: the agents register, watch and route."""
+    with EtcdCluster(size=2, subnet="10.235.0.0/24", tls=True) as c:
+        tls = ["--etcd-ca-cert", c.ca_cert, "--etcd-cert", c.client_cert, "--etcd-key", c.client_key]
+        procs = []
+        try:
+            for node in c.nodes:
+                log = open(tmp_path / f"{node.name}.log", "wb")
+                procs.append(subprocess.Popen(
+                    ["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node", "--etcd-endpoints",
+                     ",".join(c.endpoints), "--node-name", node.name, "--underlay-ip", node.ip, *tls],
+                    stdout=log, stderr=subprocess.STDOUT))
+                log.close()
+            with c.client() as etcd:
+                for i, node in enumerate(c.nodes):
+                    etcd.put(f"/pycni/ipam/affinity/{node.name}/podnet/10.93.{i}.0-26",
+                             json.dumps({"cidr": f"10.93.{i}.0/26", "node": node.name, "network": "podnet"}))
+            n1, n2 = c.nodes
+            Env.wait(lambda: "10.93.1.0/26 via 10.235.0.2" in n1.ns.run(["ip", "route"]).stdout
+                     and "10.93.0.0/26 via 10.235.0.1" in n2.ns.run(["ip", "route"]).stdout, "routes over TLS")
+            status = n1.ns.run([sys.executable, "-m", "pycni", "node", "status", "--etcd-endpoints",
+                                ",".join(c.endpoints), "--node-name", n1.name, *tls]).stdout
+            assert "10.93.1.0/26 via 10.235.0.2 (node node2): programmed" in status
+            # without the client certificate etcd refuses: code 11 naming the endpoints
+            bare = n1.ns.run([sys.executable, "-m", "pycni", "node", "status", "--etcd-endpoints", c.endpoints[0],
+                              "--node-name", n1.name, "--etcd-ca-cert", c.ca_cert], check=False)
+            assert bare.returncode == 1 and "(code 11)" in bare.stderr and c.endpoints[0] in bare.stderr
+        finally:
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=20)

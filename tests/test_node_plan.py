@@ -35,22 +35,30 @@ def test_host_gw_plan_routes_other_nodes_blocks_by_family() -> None:
     v = view(nodes={"n1": N1, "n2": N2},
              blocks={"10.1.0.0/26": "n1", "10.1.0.64/26": "n2", "fd00::/122": "n1", "10.1.0.128/26": "gone"})
     p = plan(v, "n2", "host-gw", "")
-    assert p.routes == {"10.1.0.0/26": Hop(gw="192.0.2.1", node="n1"), "fd00::/122": Hop(gw="2001:db8::1", node="n1")}
+    assert p.routes == {"10.1.0.0/26": Hop(gw="192.0.2.1", node="n1"), "fd00::/122": Hop(gw="2001:db8::1", node="n1"),
+                        "10.1.0.64/26": Hop(gw="", node="n2", blackhole=True)}  # its own: only pods' /32s lead on
     assert any("gone is not registered" in s for s in p.skipped)
     # n1 cannot reach n2's IPv6 blocks: n2 registered no IPv6 underlay address
     v.put(f"{P}/ipam/affinity/n2/net/fd00::40-122", json.dumps({"cidr": "fd00::40/122", "node": "n2"}))
     assert "fd00::40/122" not in plan(v, "n1", "host-gw", "").routes
     # a lapsed registration (its key deleted) takes the node's routes with it
     assert v.delete(f"{P}/nodes/n1")
-    assert plan(v, "n2", "host-gw", "").routes == {}
+    assert [c for c, h in plan(v, "n2", "host-gw", "").routes.items() if not h.blackhole] == []
 
 
 def test_vxlan_plan_uses_the_device_and_peers() -> None:
     v = view(nodes={"n1": N1, "n2": N2}, blocks={"10.1.0.0/26": "n1", "fd00::/122": "n1"})
     p = plan(v, "n2", "vxlan", "vx0")
-    assert p.routes == {"10.1.0.0/26": Hop(gw="192.0.2.1", dev="vx0", node="n1")}
-    assert list(p.peers) == ["n1"] and p.peers["n1"].vtep_mac == "0e:00:00:00:00:01"
-    assert any("fd00::/122" in s for s in p.skipped)
+    # IPv6 over the IPv4 overlay: via the peer VTEP's link-local address (EUI-64 of its MAC)
+    assert p.routes == {"10.1.0.0/26": Hop(gw="192.0.2.1", dev="vx0", node="n1"),
+                        "fd00::/122": Hop(gw="fe80::c00:ff:fe00:1", dev="vx0", node="n1")}
+    assert list(p.peers) == ["n1"] and p.peers["n1"].vtep_neighbours() == {
+        "192.0.2.1": "0e:00:00:00:00:01", "fe80::c00:ff:fe00:1": "0e:00:00:00:00:01"}
+    # a node without a VTEP (registered by a host-gw agent) cannot be reached over the overlay
+    v.put(f"{P}/nodes/n3", json.dumps({"name": "n3", "underlayIP": "192.0.2.3"}))
+    v.put(f"{P}/ipam/affinity/n3/net/10.1.1.0-26", json.dumps({"cidr": "10.1.1.0/26", "node": "n3"}))
+    p = plan(v, "n2", "vxlan", "vx0")
+    assert "10.1.1.0/26" not in p.routes and any("n3 has no VTEP" in s for s in p.skipped)
 
 
 def test_borrowed_addresses_get_host_routes() -> None:

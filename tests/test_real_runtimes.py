@@ -25,15 +25,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from netns_util import Namespace, have_root
+from netns_util import Namespace, have_root, new_namespace
 from runtime_host import IMAGE, RuntimeHost, busybox_rootfs, connect_outside, missing
 
 PYCNI = str(Path(sys.executable).with_name("pycni"))
 HOST_IP = "192.0.2.1"
 OUTSIDE_IP = "192.0.2.2"
-# chain names the reference derives per container (CNI-<hash>, CNI-DN-<hash>, ...)
 # busybox ping needs a raw socket; podman's default capabilities leave NET_RAW out
 RUN_OPTS = ("--cap-add", "NET_RAW")
+# chain names the reference derives per container (CNI-<hash>, CNI-DN-<hash>, ...)
 PER_CONTAINER_CHAIN = re.compile(r"CNI-(?:[A-Z]{2}-)?[0-9a-f]{24}")
 
 
@@ -55,8 +55,6 @@ def busybox_tar(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def outside_ns() -> Iterator[Namespace]:
-    from netns_util import new_namespace
-
     if not have_root():
         pytest.skip("network namespaces need root")
     ns = new_namespace()
@@ -84,14 +82,14 @@ def podman(podman_host: RuntimeHost) -> Iterator[RuntimeHost]:
     for net in podman_host.podman("network", "ls", "-q", check=False).split():
         if net != "podman":
             podman_host.podman("network", "rm", "-f", net, check=False)
-    # each case checks its own leftovers; what a known defect left must not spill into the next
+    # each case checks its own leftovers; what a failed case left must not fail the next one
     podman_host.sh("nft flush ruleset; nft list tables | while read -r _ f t; do nft delete table $f $t; done",
                    check=False)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
 
-def fetch(host: RuntimeHost, url: str, where: Callable[[str], list[str]] | None = None) -> str:
+def fetch(host: RuntimeHost, url: str, where: Callable[[list[str]], list[str]] | None = None) -> str:
     """The page at ``url`` fetched with busybox wget (from the host unless ``where`` wraps it)."""
     # busybox wget's own -T crashes in the static build here: bound it with timeout instead
     cmd = ["timeout", "10", "busybox", "wget", "-q", "-O", "-", url]
@@ -111,13 +109,24 @@ def in_ctr(name: str) -> Callable[[list[str]], list[str]]:
     return lambda cmd: ["podman", "exec", name, *cmd]
 
 
-def container_ip(host: RuntimeHost, name: str, ifname: str = "eth0") -> str:
-    out = host.podman("exec", name, "ip", "-4", "-o", "addr", "show", ifname)
+def container_ip(host: RuntimeHost, name: str, ifname: str = "eth0", family: str = "-4") -> str:
+    out = host.podman("exec", name, "ip", family, "-o", "addr", "show", ifname, "scope", "global")
     return out.split()[3].split("/")[0]
 
 
+def v6_default_gateways(host: RuntimeHost, name: str) -> list[str]:
+    """Gateways of a container's IPv6 default routes (from /proc: busybox's ip shows two default
+    routes through different gateways, which the kernel keeps as one multipath route, without
+    their next hops)."""
+    table = host.podman("exec", name, "cat", "/proc/net/ipv6_route").splitlines()
+    return [f[4] for f in (line.split() for line in table) if f[0] == "0" * 32 and f[1] == "00" and f[4] != "0" * 32]
+
+
 def ping(host: RuntimeHost, name: str, ip: str) -> None:
-    host.podman("exec", name, "ping", "-c", "1", "-W", "3", ip)
+    """One echo answered; IPv6 retried while fresh addresses finish duplicate address detection."""
+    tries = 30 if ":" in ip else 1
+    script = f"for i in $(seq {tries}); do ping -c 1 -W 3 {ip} && exit 0; sleep 0.2; done; exit 1"
+    host.podman("exec", name, "sh", "-c", script)
 
 
 def run_httpd(host: RuntimeHost, name: str, *opts: str) -> str:
@@ -198,8 +207,8 @@ def test_podman_bridge_ports_restart_rm(podman: RuntimeHost, outside_ns: Namespa
 
 def test_podman_two_networks(podman: RuntimeHost) -> None:
     host = podman
-    host.podman("network", "create", "--subnet", "10.91.2.0/24", "pnet2")
-    host.podman("network", "create", "--subnet", "10.91.3.0/24", "pnet3")
+    host.podman("network", "create", "--subnet", "10.91.2.0/24", "--subnet", "fd91:2::/64", "pnet2")
+    host.podman("network", "create", "--subnet", "10.91.3.0/24", "--subnet", "fd91:3::/64", "pnet3")
     run_idle(host, "solo2", "--network", "pnet2")
     run_idle(host, "solo3", "--network", "pnet3")
     run_idle(host, "multi", "--network", "pnet2,pnet3")
@@ -207,6 +216,10 @@ def test_podman_two_networks(podman: RuntimeHost) -> None:
     multi = {ip.rsplit(".", 1)[0]: ip for ip in (container_ip(host, "multi", i) for i in ("eth0", "eth1"))}
     assert sorted(multi) == ["10.91.2", "10.91.3"], multi
     assert host.podman("exec", "multi", "ip", "route", "show", "default").count("default via") == 2
+    assert len(v6_default_gateways(host, "multi")) == 2
+    solo3_v6 = container_ip(host, "solo3", family="-6")
+    assert solo3_v6.startswith("fd91:3::"), solo3_v6
+    ping(host, "multi", solo3_v6)
     ping(host, "multi", container_ip(host, "solo2"))
     ping(host, "multi", container_ip(host, "solo3"))
     ping(host, "solo2", multi["10.91.2"])
@@ -226,7 +239,7 @@ def test_podman_two_networks(podman: RuntimeHost) -> None:
 
     host.podman("rm", "-f", "-t", "0", "multi", "solo2", "solo3")
     host.podman("network", "rm", "pnet2", "pnet3")
-    assert_clean(host, ["10.91.2.", "10.91.3."])
+    assert_clean(host, ["10.91.2.", "10.91.3.", "fd91:2:", "fd91:3:"])
 
 
 @pytest.mark.parametrize("first,then", [("go", "ours"), ("ours", "go")])
@@ -327,8 +340,7 @@ def test_ctr_run_cni(ctr_host: RuntimeHost) -> None:
     host = ctr_host
     runs = {}
     for name in ("k1", "k2"):
-        runs[name] = host.popen(["ctr", "--address", str(host.containerd), "--namespace", host.ctr_namespace,
-                                 "run", "--cni", "--rm", IMAGE, name, "sleep", "100000"],
+        runs[name] = host.popen(host.ctr_argv("run", "--cni", "--rm", IMAGE, name, "sleep", "100000"),
                                 host.scratch / f"ctr-run-{name}.log")
     ips = {name: wait_ctr_ip(host, name, runs[name]) for name in runs}
     assert all(ip.startswith("10.91.8.") for ip in ips.values()) and ips["k1"] != ips["k2"], ips

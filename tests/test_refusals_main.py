@@ -21,10 +21,10 @@ SUBNET = "10.77.0.0/24"
 
 
 def snapshot(ns: Namespace) -> dict[str, Any]:
-    """Links (name, state, alias, addresses), routes, forwarding sysctls and nat rules of ``ns``."""
+    """Links (name, admin state, alias, addresses), routes, forwarding sysctls and nat rules of ``ns``."""
     links = json.loads(ns.run(["ip", "-j", "addr", "show"]).stdout)
     state = {
-        "links": sorted((x["ifname"], x.get("operstate"), x.get("ifalias", ""),
+        "links": sorted((x["ifname"], "UP" in x.get("flags", []), x.get("ifalias", ""),
                          tuple(sorted(f"{a['local']}/{a['prefixlen']}" for a in x.get("addr_info", []))))
                         for x in links),
         "routes": ns.run(["ip", "route", "show", "table", "all"]).stdout,
@@ -36,16 +36,28 @@ def snapshot(ns: Namespace) -> dict[str, Any]:
     return state
 
 
-def files(d: Path) -> list[str]:
-    return sorted(str(p.relative_to(d)) for p in d.rglob("*")) if d.exists() else []
+def files(d: Path, ipam_ran: bool = False) -> list[str]:
+    """The state files under ``d``; with ``ipam_ran``, not host-local's (its lock and last-reserved
+    marker stay after a release, as the reference's do)."""
+    found = sorted(str(p.relative_to(d)) for p in d.rglob("*")) if d.exists() else []
+    return [f for f in found if not (ipam_ran and f.startswith("ipam"))]
 
 
 def refused(plugin: Plugin, host: Namespace, ctr: Namespace, conf: dict[str, Any], cni_path: str,
-            data: Path, **kw: Any) -> dict[str, Any]:
+            data: Path, ipam_ran: bool = False, **kw: Any) -> dict[str, Any]:
     """Run ADD; assert it fails and leaves host, container and ``data`` as they were."""
-    before = (snapshot(host), snapshot(ctr), files(data))
+    before = {"host": snapshot(host), "container": snapshot(ctr), "files": files(data, ipam_ran)}
     e = err(call(plugin, host, "ADD", conf, ctr, cni_path, **kw))
-    assert (snapshot(host), snapshot(ctr), files(data)) == before, e
+    after = {"host": snapshot(host), "container": snapshot(ctr), "files": files(data, ipam_ran)}
+    changed: dict[str, Any] = {}
+    for where, was in before.items():
+        now = after[where]
+        if was != now:
+            changed[where] = {k: (was[k], now[k]) for k in was if was[k] != now[k]} if isinstance(was, dict) \
+                else (was, now)
+    assert not changed, (e, changed)
+    if ipam_ran:
+        assert [f for f in files(data) if f.split("/")[-1][0].isdigit()] == [], "a reservation is left"
     return e
 
 
@@ -86,6 +98,20 @@ def test_bridge_failure_after_the_bridge_exists_keeps_the_existing_bridge(host_n
     """A bridge that was there before the failed ADD is not ours to delete."""
     host_ns.run(["ip", "link", "add", "refbr0", "type", "bridge"])
     refused(bridge.PLUGIN, host_ns, container_ns, _bridge(tmp_path), plugin_dir, tmp_path, ifname="lo")
+
+
+@pytest.mark.parametrize("backend", ["iptables", "nftables"])
+def test_bridge_late_failure_rolls_back_everything(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                                   tmp_path: Path, backend: str) -> None:
+    """The bridge already holds another IPv4 address (no forceAddress): ADD fails at the gateway step,
+    after the veth, the reservation and the masquerade rules were made — all of them go."""
+    host_ns.run(["ip", "link", "add", "refbr0", "type", "bridge"])
+    host_ns.run(["ip", "addr", "add", "10.99.9.1/24", "dev", "refbr0"])
+    host_ns.run(["ip", "link", "set", "refbr0", "up"])
+    host_ns.run(["sysctl", "-qw", "net.ipv6.conf.refbr0.accept_ra=0"])  # as ADD leaves it on a bridge it uses
+    e = refused(bridge.PLUGIN, host_ns, container_ns, _bridge(tmp_path, ipMasqBackend=backend), plugin_dir, tmp_path,
+                ipam_ran=True)
+    assert "already has an IP address" in e["msg"], e
 
 
 # ---- ptp -----------------------------------------------------------------------------------------
@@ -132,6 +158,16 @@ def test_host_device_refuses_loopback_before_touching_it(host_ns: Namespace, con
     host_ns.run(["ip", "link", "set", "lo", "up"])
     e = refused(host_device.PLUGIN, host_ns, container_ns, _hostdev(tmp_path, device="lo"), plugin_dir, tmp_path)
     assert e["code"] == 7 and "lo" in e["msg"], e
+
+
+def test_host_device_that_cannot_move_is_left_as_it_was(host_ns: Namespace, container_ns: Namespace,
+                                                          plugin_dir: str, tmp_path: Path) -> None:
+    """A bridge is local to its namespace: the kernel refuses the move, and the device stays up with its address."""
+    host_ns.run(["ip", "link", "add", "hdbr0", "type", "bridge"])
+    host_ns.run(["ip", "addr", "add", "192.168.6.1/24", "dev", "hdbr0"])
+    host_ns.run(["ip", "link", "set", "hdbr0", "up"])
+    e = refused(host_device.PLUGIN, host_ns, container_ns, _hostdev(tmp_path, device="hdbr0"), plugin_dir, tmp_path)
+    assert "failed to move" in e["msg"], e
 
 
 # ---- tap -----------------------------------------------------------------------------------------
@@ -192,3 +228,51 @@ def test_overlong_container_id_is_an_env_error() -> None:
     assert "too long" not in e["msg"], e
 
 
+
+
+# ---- a wrong JSON type for every key -------------------------------------------------------------
+BRIDGE_KEYS = {"bridge": 5, "isGateway": "yes", "isDefaultGateway": 1, "forceAddress": "x", "ipMasq": 1,
+               "ipMasqBackend": 3, "mtu": "1500", "hairpinMode": 0, "promiscMode": "no", "vlan": True,
+               "vlanTrunk": "x", "preserveDefaultVlan": 2, "macspoofchk": "t", "enabledad": 1,
+               "disableContainerInterface": "x", "portIsolation": 1, "ipam": "x", "dns": "x",
+               "runtimeConfig": [], "args": 1}
+PTP_KEYS = {"ipam": [], "mtu": 1.5, "ipMasq": "true", "ipMasqBackend": [], "dns": 5, "runtimeConfig": "x",
+            "args": []}
+HOSTDEV_KEYS = {"device": 5, "hwaddr": 1, "kernelpath": [], "pciBusID": {}, "dataDir": 0, "ipam": 1, "dns": [],
+                "runtimeConfig": {"deviceID": 7}, "args": "x"}
+MACVLAN_KEYS = {"master": 5, "mode": "nope", "mtu": "x", "mac": 5, "linkInContainer": "no", "ipam": 1,
+                "dns": 1, "runtimeConfig": {"mac": "zz"}, "args": {"cni": 1}}
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(BRIDGE_KEYS.items()))
+def test_bridge_wrong_type_changes_nothing(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                           tmp_path: Path, key: str, value: Any) -> None:
+    e = refused(bridge.PLUGIN, host_ns, container_ns, _bridge(tmp_path, **{key: value}), plugin_dir, tmp_path)
+    assert e["code"] in (6, 7), e
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(PTP_KEYS.items()))
+def test_ptp_wrong_type_changes_nothing(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                        tmp_path: Path, key: str, value: Any) -> None:
+    e = refused(ptp.PLUGIN, host_ns, container_ns, _ptp(tmp_path, **{key: value}), plugin_dir, tmp_path)
+    assert e["code"] in (6, 7), e
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(HOSTDEV_KEYS.items()))
+def test_host_device_wrong_type_changes_nothing(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                                tmp_path: Path, key: str, value: Any) -> None:
+    host_ns.run(["ip", "link", "add", "hd0", "type", "veth", "peer", "name", "hd0p"])
+    e = refused(host_device.PLUGIN, host_ns, container_ns, _hostdev(tmp_path, **{key: value}), plugin_dir, tmp_path)
+    assert e["code"] in (6, 7), e
+
+
+@pytest.mark.parametrize(("key", "value"), sorted(MACVLAN_KEYS.items()))
+def test_macvlan_wrong_type_changes_nothing(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
+                                            tmp_path: Path, key: str, value: Any) -> None:
+    from pycni.plugins.main import macvlan
+
+    host_ns.run(["ip", "link", "add", "mv0", "type", "veth", "peer", "name", "mv0p"])
+    conf = {"cniVersion": "1.0.0", "name": "refnet", "type": "macvlan", "master": "mv0", "ipam": ipam(tmp_path),
+            key: value}
+    e = refused(macvlan.PLUGIN, host_ns, container_ns, conf, plugin_dir, tmp_path)
+    assert e["code"] in (6, 7), e

@@ -161,3 +161,31 @@ def test_gc_and_status_reach_ipam(netns_factory: Callable[[], Namespace], plugin
     ok(call(routed.PLUGIN, host, "STATUS", cfg, None, plugin_dir))
     ok(call(routed.PLUGIN, host, "DEL", cfg, p1, plugin_dir, container_id="keep"))
     ok(call(routed.PLUGIN, host, "DEL", cfg, p2, plugin_dir, container_id="forget"))
+
+
+def test_through_the_daemon(netns_factory: Callable[[], Namespace], tmp_path: Path) -> None:
+    """The executable forwarding to a pycni daemon: the handler runs in-process in the caller's
+    namespace, with the same outcome (re-entrant: no module state, nothing read from os.environ)."""
+    from plugin_util import cni_env, daemon_in_thread
+
+    from pycni.plugins.registry import install
+
+    host, p1, p2 = netns_factory(), netns_factory(), netns_factory()
+    shims = tmp_path / "bin"
+    install(str(shims), daemon=True)
+    sock = str(tmp_path / "d.sock")
+    cfg = conf(tmp_path, v6=True)
+    with daemon_in_thread(sock):
+        def run(command: str, pod: Namespace, cid: str) -> dict[str, Any]:
+            env = dict(cni_env(command, pod, str(shims), container_id=cid), PYCNI_SOCKET=sock)
+            proc = host.run([str(shims / "routed")], check=False, input=json.dumps(cfg), env=env)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            return json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+        r1, r2 = run("ADD", p1, "dm1"), run("ADD", p2, "dm2")
+        p1.run(["ping", "-c", "1", "-W", "2", addr_of(r2, 4)])
+        p2.run(["ping", "-6", "-c", "1", "-W", "2", addr_of(r1, 6)])
+        for cid, p in (("dm1", p1), ("dm2", p2)):
+            run("DEL", p, cid)
+            run("DEL", p, cid)
+    assert host_links(host) == [] and reservations(tmp_path) == []

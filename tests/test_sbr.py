@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import pytest
+from plugin_util import runtime_env
 
 from pycni.plugins.meta import sbr
 from pycni.skel import dispatch
@@ -19,12 +20,7 @@ SUBNET = "10.79.0.0/24"
 GW = "10.79.0.1"
 
 
-def env(cmd: str, cid: str, netns: str = "", ifname: str = "eth0", path: str = "/usr/lib/cni") -> dict[str, str]:
-    e = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": cid, "CNI_IFNAME": ifname, "CNI_PATH": path,
-         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-    if netns:
-        e["CNI_NETNS"] = netns
-    return e
+env = runtime_env
 
 
 def bridge_conf(tmp: Any) -> dict[str, Any]:
@@ -215,9 +211,9 @@ def test_vrfname(host_ns: Any, container_ns: Any, tmp_path: Any) -> None:
     prev = bridge_add(host_ns, tmp_path, container_ns, "c1")
     rules_before = rules(container_ns)
     rc, res = run_sbr("ADD", sbr_conf(prev, vrfname="vrf-blue"), container_ns)
-    if rc == 1 and "lacks VRF support" in res["msg"]:
-        # What we could test without the kernel: a clean error, and nothing half-made.
-        assert res["code"] == 100
+    if rc == 1 and "does not support vrf" in res["msg"]:
+        # What we could test without the kernel: a clean error (the vrf plugin's), and nothing half-made.
+        assert res["code"] == 999 and "modprobe vrf" in res["details"]
         assert rules(container_ns) == rules_before
         print("skipping kernel VRF step: this kernel has no vrf support")
         pytest.skip("kernel lacks VRF support (vrf module): the VRF enslave/table step cannot run here")
@@ -315,3 +311,19 @@ def test_concurrent_adds_pick_distinct_tables(host_ns: Any, container_ns: Any, t
         out = dispatch(sbr.PLUGIN, env("CHECK", "c1", container_ns.path, ifname),
                        json.dumps(sbr_conf(prevs[ifname])).encode())
         assert out.exit_code == 0, out.stdout
+
+
+@pytest.mark.parametrize("attachments,code", [("absent", 7), (None, 7), ([{}], 7), ([{"containerID": 1}], 7),
+                                              ([], 0), ([{"containerID": "c1", "ifname": "eth0"}], 0)])
+def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: int) -> None:
+    """Nothing to collect, but GC refuses a missing or malformed list as every plugin does; STATUS answers."""
+    conf: dict[str, Any] = {"cniVersion": "1.1.0", "name": "gcnet", "type": "sbr"}
+    if attachments != "absent":
+        conf["cni.dev/valid-attachments"] = attachments
+    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}
+    out = dispatch(sbr.PLUGIN, env, json.dumps(conf).encode())
+    assert out.exit_code == (1 if code else 0), out.stdout
+    if code:
+        assert json.loads(out.stdout)["code"] == code
+    out = dispatch(sbr.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
+    assert out.exit_code == 0, out.stdout

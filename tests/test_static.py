@@ -162,3 +162,33 @@ def test_imports_stdlib_only() -> None:
             "bad=[m for m in sys.modules if m.split('.')[0] in ('pyroute2','pydantic','yaml')]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("attachments,code", [("absent", 7), (None, 7), ([{}], 7), ([{"containerID": 1}], 7),
+                                              ([], 0), ([{"containerID": "c1", "ifname": "eth0"}], 0)])
+def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: int) -> None:
+    """Nothing to collect, but GC refuses a missing or malformed list as every plugin does; STATUS answers."""
+    conf: dict[str, Any] = {"cniVersion": "1.1.0", "name": "gcnet", "type": "static", "ipam": {"type": "static"}}
+    if attachments != "absent":
+        conf["cni.dev/valid-attachments"] = attachments
+    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}
+    out = dispatch(static.PLUGIN, env, json.dumps(conf).encode())
+    assert out.exit_code == (1 if code else 0), out.stdout
+    if code:
+        assert json.loads(out.stdout)["code"] == code
+    out = dispatch(static.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
+    assert out.exit_code == 0, out.stdout
+
+
+SAMPLES: dict[type, Any] = {int: 5, bool: False, str: "x", list: ["x"], dict: {"x": 1}, float: 1.5}
+WRONG = [(where, key, value) for where, keys in (("ipam", {"addresses": list, "routes": list, "dns": dict}),
+                                                 ("top", {"runtimeConfig": dict, "args": dict}))
+         for key, want in keys.items() for have, value in SAMPLES.items() if have is not want]
+
+
+@pytest.mark.parametrize(("where", "key", "value"), WRONG, ids=[f"{w}-{k}-{type(v).__name__}" for w, k, v in WRONG])
+def test_wrong_type_is_refused(where: str, key: str, value: Any) -> None:
+    conf = _conf(addresses=[{"address": "10.0.0.5/24"}])
+    (conf["ipam"] if where == "ipam" else conf)[key] = value
+    rc, out = _add(conf)
+    assert rc == 1 and out["code"] in (6, 7), out

@@ -497,3 +497,19 @@ def test_version_and_startup_imports() -> None:
     assert out.stdout.strip() == "False"
     res = dispatch(tuning.PLUGIN, {"CNI_COMMAND": "VERSION"}, b'{"cniVersion": "1.0.0"}')
     assert res.exit_code == 0 and "1.1.0" in json.loads(res.stdout)["supportedVersions"]
+
+
+@pytest.mark.parametrize("attachments,code", [("absent", 7), (None, 7), ([{}], 7), ([{"containerID": 1}], 7),
+                                              ([], 0), ([{"containerID": "c1", "ifname": "eth0"}], 0)])
+def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: int) -> None:
+    """Nothing to collect, but GC refuses a missing or malformed list as every plugin does; STATUS answers."""
+    conf: dict[str, Any] = {"cniVersion": "1.1.0", "name": "gcnet", "type": "tuning", "mtu": 1400}
+    if attachments != "absent":
+        conf["cni.dev/valid-attachments"] = attachments
+    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}
+    out = dispatch(tuning.PLUGIN, env, json.dumps(conf).encode())
+    assert out.exit_code == (1 if code else 0), out.stdout
+    if code:
+        assert json.loads(out.stdout)["code"] == code
+    out = dispatch(tuning.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
+    assert out.exit_code == 0, out.stdout

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pycni import invoke
-from pycni.netconf import ipam_type
+from pycni.netconf import ipam_type, valid_attachments
 from pycni.skel import CmdArgs
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
@@ -63,7 +63,12 @@ def locate(conf: Mapping[str, Any], args: CmdArgs) -> str:
 
 
 def gc(conf: Mapping[str, Any], args: CmdArgs) -> None:
-    """Run IPAM GC when the config has an IPAM section (it releases what valid-attachments omits)."""
+    """Run IPAM GC when the config has an IPAM section (it releases what valid-attachments omits).
+
+    A missing or malformed ``cni.dev/valid-attachments`` is code 7 here, before any delegate
+    sees it: an IPAM plugin reading a missing list as empty would release every reservation.
+    """
+    valid_attachments(conf)
     if ipam_type(conf):
         invoke.delegate_gc(ipam_type(conf), args.stdin_data, args)
 

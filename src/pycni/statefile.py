@@ -25,7 +25,8 @@ def write_bytes(path: str, data: bytes, *, mode: int = 0o600, dir_mode: int = 0o
                 failure: str = "failed to write state file") -> None:
     """Replace ``path`` with ``data`` atomically and durably; CNIError 5 ``failure`` on an I/O error."""
     directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.path.basename(path)}.{os.getpid()}.{os.urandom(3).hex()}")
+    # A short name of its own, so any target name a directory can hold has room for its temporary.
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}.{os.urandom(4).hex()}")
     try:
         os.makedirs(directory, mode=dir_mode, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)

@@ -46,13 +46,13 @@ from pycni.record import field, record
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
-    import socket
+    import _socket
     import ssl
     from collections.abc import Callable, Iterator, Sequence
     from types import TracebackType
     from typing import Any
 
-    Connect = Callable[[str, int, float], socket.socket]
+    Connect = Callable[[str, int, float], _socket.socket]
 
 DEFAULT_TIMEOUT = 8.0
 DEFAULT_ATTEMPT_TIMEOUT = 3.0
@@ -206,7 +206,7 @@ def op_delete(key: str, prefix: bool = False) -> dict[str, Any]:
     return {"request_delete_range": req}
 
 
-def op_get(key: str, prefix: bool = False, serializable: bool = False) -> dict[str, Any]:
+def op_get(key: str, prefix: bool = False, serializable: bool = False, keys_only: bool = False) -> dict[str, Any]:
     """Read a key (or a prefix). A txn whose ops are all serializable gets is answered by the member
     itself, without a round to the leader: fast, maybe stale (guard writes based on it with compares)."""
     req: dict[str, Any] = {"key": _b64(key)}
@@ -214,6 +214,8 @@ def op_get(key: str, prefix: bool = False, serializable: bool = False) -> dict[s
         req["range_end"] = prefix_end(key)
     if serializable:
         req["serializable"] = True
+    if keys_only:
+        req["keys_only"] = True
     return {"request_range": req}
 
 
@@ -244,12 +246,36 @@ def _split_url(url: str) -> tuple[bool, str, int]:
     return scheme == "https", host, port
 
 
-def _default_connect(host: str, port: int, timeout: float) -> socket.socket:
-    import socket  # here, not at the top: VERSION (and a bad config) never pay for it
+def _default_connect(host: str, port: int, timeout: float) -> _socket.socket:
+    """A TCP connection from the C socket module: ``socket.py`` (with ``selectors``) and, through
+    ``create_connection``'s IDNA encoding of the host, ``unicodedata`` would cost a one-shot
+    plugin ~9 ms. An address literal skips the resolver; a name is looked up as bytes."""
+    import _socket
 
-    sock = socket.create_connection((host, port), timeout=timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # one small request, answered at once
-    return sock
+    targets: list[tuple[int, Any]] = []
+    for family in (_socket.AF_INET, _socket.AF_INET6):
+        try:
+            _socket.inet_pton(family, host)
+        except OSError:
+            continue
+        targets = [(family, (host, port))]
+        break
+    if not targets:
+        targets = [(af, sa) for af, _t, _p, _c, sa in
+                   _socket.getaddrinfo(host.encode("ascii", "replace"), port, 0, _socket.SOCK_STREAM)]
+    err: OSError = OSError(f"cannot resolve {host}")
+    for family, addr in targets:
+        sock = _socket.socket(family, _socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(addr)
+        except OSError as e:
+            sock.close()
+            err = e
+            continue
+        sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)  # one small request, answered at once
+        return sock
+    raise err
 
 
 class _Conn:
@@ -260,7 +286,7 @@ class _Conn:
         self.tls, self.host, self.port = _split_url(url)
         self._connect = connect
         self._ctx = tls
-        self.sock: socket.socket | None = None
+        self.sock: _socket.socket | None = None
         self._buf = b""
 
     def close(self) -> None:
@@ -272,11 +298,15 @@ class _Conn:
         self.sock = None
         self._buf = b""
 
-    def _open(self, timeout: float) -> socket.socket:
+    def _open(self, timeout: float) -> _socket.socket:
         sock = self._connect(self.host, self.port, timeout)
         if self.tls:
+            import socket
+
             if self._ctx is None:
                 raise _HTTPError(f"{self.url}: https endpoint without a TLS context")
+            if not isinstance(sock, socket.socket):  # ssl wraps socket.socket only
+                sock = socket.socket(sock.family, sock.type, sock.proto, fileno=sock.detach())
             sock = self._ctx.wrap_socket(sock, server_hostname=self.host)
         return sock
 

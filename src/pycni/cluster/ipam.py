@@ -37,6 +37,7 @@ DEFAULT_PREFIX = "/pycni"
 DEFAULT_BLOCK_V4 = 26
 DEFAULT_BLOCK_V6 = 122
 MAX_ATTEMPTS = 64  # lost races before an ADD/DEL gives up (each retry reads fresh state)
+BATCH = 4  # blocks an ADD reads at a time while looking for room
 
 
 class IpamError(Exception):
@@ -156,6 +157,11 @@ class ClusterStore:
         self.handles_prefix = f"{p}/ipam/handles/{network}/"
         self.affinity_prefix = f"{p}/ipam/affinity/{node}/{network}/"
         self.lost_races = 0  # transactions that lost to a concurrent writer and were retried
+        # Blocks this node used last, newest first (a node-local hint the plugin keeps between
+        # commands): read together with the handle, they save the ADD and the DEL a round trip.
+        # Never trusted: a hinted block is used only if the affinity read lists it, and every
+        # write compares revisions.
+        self.hint: list[IPNetwork] = []
 
     # -- keys --
 
@@ -210,16 +216,18 @@ class ClusterStore:
             # The first try reads from the member at hand (serializable: no round to the leader); a
             # stale view only costs a lost compare, and a retry reads linearizably.
             fast = attempt == 0
+            hinted = self.hint[:2 * BATCH]
             res = self.etcd.txn([], [op_get(hkey, serializable=fast),
-                                     op_get(self.affinity_prefix, prefix=True, serializable=fast)])
-            existing, affs = res.responses
+                                     op_get(self.affinity_prefix, prefix=True, serializable=fast, keys_only=True),
+                                     *(op_get(self.block_key(c), serializable=fast) for c in hinted)])
+            existing, affs, *got = res.responses
             if existing:
                 kv = existing[0] if not fast else self.etcd.get(hkey)  # a handle seen stale may be gone
                 if kv is not None:
                     return self._held(kv.json(), range_sets)
             mine = [key_cidr(kv.key.rpartition("/")[2]) for kv in affs]
-            known = self._get_blocks(mine, fast)
-            plan = _Plan(self, f"{cid}/{ifname}", known, block_sizes, strict_affinity)
+            plan = _Plan(self, f"{cid}/{ifname}", mine, block_sizes, strict_affinity, fast)
+            plan.prefetched([Block.from_json(kv.value, kv.mod_revision) for kvs in got for kv in kvs])
             out = [plan.take(idx, rs, _requested_in(rs, requested)) for idx, rs in enumerate(range_sets)]
             handle = {"network": self.network, "containerID": cid, "ifname": ifname, "node": self.node,
                       "ips": [f"{a.ip}/{a.range.subnet.prefixlen}" for a in out],
@@ -240,6 +248,7 @@ class ClusterStore:
                 success.append(op_put(key, b.to_json()))
             done = self.etcd.txn(compare, success, failure)
             if done.succeeded:
+                self.hint = plan.newest()
                 return out
             if done.responses and done.responses[0]:  # the handle appeared meanwhile (our own earlier try)
                 return self._held(done.responses[0][0].json(), range_sets)
@@ -268,14 +277,22 @@ class ClusterStore:
             if attempt:
                 _pause(attempt)
             fast = attempt == 0  # serializable first (see assign); "no handle" is confirmed linearizably
-            kv = self.etcd.get(hkey, serializable=fast)
+            hinted = self.hint[:2 * BATCH]
+            res = self.etcd.txn([], [op_get(hkey, serializable=fast),
+                                     *(op_get(self.block_key(c), serializable=fast) for c in hinted)])
+            found, *got = res.responses
+            kv = found[0] if found else None
             if kv is None and fast:
                 kv = self.etcd.get(hkey)
+                got = []  # read at another revision than the handle: read the blocks again below
             if kv is None:
                 return []
             handle = kv.json()
             cidrs = [ipaddress.ip_network(b) for b in handle.get("blocks", ())]
-            blocks = self._get_blocks(cidrs, fast)
+            blocks = {b.cidr: b for b in (Block.from_json(k.value, k.mod_revision) for kvs in got for k in kvs)
+                      if b.cidr in cidrs}
+            missing = [c for c in cidrs if c not in blocks]
+            blocks.update(self._get_blocks(missing, fast))
             compare = [if_mod(hkey, kv.mod_revision)]
             success = [op_delete(hkey)]
             for cidr, b in blocks.items():
@@ -332,6 +349,21 @@ class ClusterStore:
                 gone.append(h)
         return gone
 
+    def release_node(self) -> tuple[list[dict[str, Any]], list[IPNetwork]]:
+        """Everything this store's node holds in the network, for a node that is gone for good:
+        its handles are released, then each of its blocks left empty is deleted with its affinity
+        (one transaction each, guarded by the block's revision). A block still holding another
+        node's borrowed addresses stays. Returns (handles released, blocks freed)."""
+        gone = self.gc([])
+        freed = []
+        for b in self.blocks():
+            if b.node != self.node or b.allocations:
+                continue
+            if self.etcd.txn([if_mod(self.block_key(b.cidr), b.mod_revision)],
+                             [op_delete(self.block_key(b.cidr)), op_delete(self.affinity_key(b.cidr))]).succeeded:
+                freed.append(b.cidr)
+        return gone, freed
+
     # -- consistency --
 
     def inconsistencies(self) -> list[dict[str, Any]]:
@@ -355,10 +387,14 @@ class ClusterStore:
                     problems.append({"problem": "allocation not in its handle", "ip": str(ip),
                                      "block": str(b.cidr), "handle": owner})
         for hid, ips in held.items():
+            listed = [ipaddress.ip_network(b) for b in handles[hid].get("blocks", ())]
             for ip in ips:
                 if taken.get(ip) != hid:
                     problems.append({"problem": "handle address not allocated to it", "ip": str(ip),
                                      "handle": hid, "allocatedTo": taken.get(ip)})
+                if not any(ip in b for b in listed):  # DEL frees only in the blocks the handle lists
+                    problems.append({"problem": "handle address outside its blocks", "ip": str(ip),
+                                     "handle": hid})
         return problems
 
 
@@ -377,12 +413,15 @@ def _requested_in(rs: RangeSet, requested: Sequence[IPAddress]) -> IPAddress | N
 class _Plan:
     """The blocks one ADD attempt reads and changes, before its transaction."""
 
-    def __init__(self, store: ClusterStore, hid: str, known: dict[IPNetwork, Block],
-                 block_sizes: tuple[int, int], strict: bool) -> None:
+    def __init__(self, store: ClusterStore, hid: str, mine: list[IPNetwork], block_sizes: tuple[int, int],
+                 strict: bool, serializable: bool) -> None:
         self.store = store
         self.hid = hid
-        self.blocks = dict(known)
-        self.mine = sorted(known, key=lambda c: (c.version, int(c.network_address)))
+        self.blocks: dict[IPNetwork, Block] = {}
+        # This node's blocks, newest (highest) first: the last claimed is the likeliest to have room,
+        # so the common ADD reads one batch of blocks however many the node holds.
+        self.mine = sorted(mine, key=lambda c: (c.version, int(c.network_address)), reverse=True)
+        self.serializable = serializable
         self.sizes = block_sizes
         self.strict = strict
         self.touched: list[IPNetwork] = []
@@ -398,6 +437,19 @@ class _Plan:
         if b.cidr not in self.touched:
             self.touched.append(b.cidr)
         return Assigned(ip=b.ip(o), range=r)
+
+    def prefetched(self, blocks: Sequence[Block]) -> None:
+        """Blocks read ahead (the hint): kept only when the affinity read says they are ours."""
+        mine = set(self.mine)
+        for b in blocks:
+            if b.cidr in mine:
+                self.blocks[b.cidr] = b
+
+    def newest(self) -> list[IPNetwork]:
+        """The hint for the next command: this node's newest blocks of each family."""
+        v4 = [c for c in self.mine if c.version == 4][:BATCH]
+        v6 = [c for c in self.mine if c.version == 6][:BATCH]
+        return v4 + v6
 
     def take(self, idx: int, rs: RangeSet, want: IPAddress | None) -> Assigned:
         store = self.store
@@ -419,13 +471,18 @@ class _Plan:
                                 f"held by {b.allocations[o]}")
             return self._take(b, o, r)
         # 1. this node's blocks
-        for cidr in self.mine:
+        candidates = [c for c in self.mine if _range_of_block(rs, c) is not None]
+        for i, cidr in enumerate(candidates):
+            if cidr not in self.blocks:  # read the next batch of this node's blocks
+                batch = [c for c in candidates[i:] if c not in self.blocks][:BATCH]
+                self.blocks.update(store._get_blocks(batch, self.serializable))
+            have = self.blocks.get(cidr)
             rr = _range_of_block(rs, cidr)
-            if rr is None:
+            if have is None or rr is None:  # released meanwhile (the affinity read was stale)
                 continue
-            oo = free_ordinal(self.blocks[cidr], rr)
+            oo = free_ordinal(have, rr)
             if oo is not None:
-                return self._take(self.blocks[cidr], oo, rr)
+                return self._take(have, oo, rr)
         # 2. claim a free block
         if self._all_keys is None:
             kvs, _rev = store.etcd.range(store.blocks_prefix, prefix=True, keys_only=True)
@@ -438,7 +495,7 @@ class _Plan:
             if oo is None:
                 continue
             self.blocks[cidr] = b
-            self.mine.append(cidr)
+            self.mine.insert(0, cidr)
             return self._take(b, oo, r)
         if self.strict:
             raise IpamError("strict", f"no free block left for node {store.node} in range set {idx}, and "

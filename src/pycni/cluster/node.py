@@ -9,7 +9,8 @@ programs its own kernel so that every other registered node's blocks are reachab
   -> its VTEP MAC), an FDB entry (that MAC -> its underlay IP) and ``<block> via <VTEP
   address> dev <vxlan> onlink``, as flannel lays it out. The VTEP address of a node is its
   underlay IP: unique by construction, and neighbour tables are per device, so the entry on
-  the vxlan device never meets the underlay's own ARP entry for the same address.
+  the vxlan device never meets the underlay's own ARP entry for the same address. IPv6 blocks
+  go via the peer VTEP's EUI-64 link-local address (its vxlan device has it by itself).
 
 Routes the agent makes carry their own route protocol number (:data:`RTPROT_PYCNI`), which is
 how it tells its routes from anyone else's: convergence removes only those. The kernel state
@@ -45,6 +46,9 @@ DEFAULT_VXLAN_DEVICE = "pycni.vxlan"
 DEFAULT_VNI = 4096
 DEFAULT_VXLAN_PORT = 4789
 RESYNC_SECONDS = 30.0  # a full read now and then, whatever the watch said
+# A blackhole's metric: above the kernel's default for IPv6 routes (1024), so a pod's own host
+# route to the same prefix (a block of one address: /32, /128) never collides with it and wins.
+BLACKHOLE_METRIC = 4096
 
 
 @record
@@ -58,6 +62,17 @@ class NodeInfo:
     def underlay(self, version: int) -> str:
         """Its underlay address of IP ``version``, '' when it registered none."""
         return next((ip for ip in self.underlay_ips if ipaddress.ip_address(ip).version == version), "")
+
+    def vtep_link_local(self) -> str:
+        """Its VTEP's IPv6 next hop: the EUI-64 link-local address of its VTEP MAC, which its vxlan
+        device carries by itself — IPv6 over the IPv4 overlay with no address to hand out."""
+        b = [int(x, 16) for x in self.vtep_mac.split(":")]
+        eui = [b[0] ^ 0x02, b[1], b[2], 0xFF, 0xFE, b[3], b[4], b[5]]
+        return str(ipaddress.IPv6Address(bytes([0xFE, 0x80] + [0] * 6 + eui)))
+
+    def vtep_neighbours(self) -> dict[str, str]:
+        """The neighbour entries a peer needs on our vxlan device: its VTEP addresses -> its MAC."""
+        return {self.underlay(4): self.vtep_mac, self.vtep_link_local(): self.vtep_mac}
 
     def to_json(self) -> str:
         obj: dict[str, Any] = {"name": self.name, "underlayIP": self.underlay_ips[0],
@@ -82,11 +97,13 @@ class NodeInfo:
 
 @record
 class Hop:
-    """Where a block goes: its gateway, the device for an onlink hop ('' : the kernel's choice)."""
+    """Where a block goes: its gateway, the device for an onlink hop ('' : the kernel's choice);
+    or, with ``blackhole``, nowhere (this node's own blocks: only their pods' /32 routes lead on)."""
 
     gw: str
     dev: str = ""
     node: str = ""
+    blackhole: bool = False
 
 
 @record
@@ -212,7 +229,11 @@ def plan(view: ClusterView, me: str, mode: str, device: str) -> Plan:
     out = Plan()
     blocks = view.blocks()
     for cidr, owner in sorted(blocks.items()):
-        if owner != me:  # our own pods have their /32 routes from the plugin
+        if owner == me:
+            # Our pods have their /32 routes from the plugin; an address of our block without a
+            # pod is dropped here rather than sent on by a default route (and back: a loop).
+            out.routes[cidr] = Hop(gw="", node=me, blackhole=True)
+        else:
             _route_to(out, view, cidr, owner, mode, device)
     if view.handles:
         nets = [(ipaddress.ip_network(c), o) for c, o in blocks.items()]
@@ -235,12 +256,12 @@ def _route_to(out: Plan, view: ClusterView, cidr: str, node: str, mode: str, dev
         return
     version = ipaddress.ip_network(cidr).version
     if mode == "vxlan":
-        vtep = info.underlay(4)
-        if version != 4 or not vtep or not info.vtep_mac:
-            out.skipped.append(f"{cidr}: vxlan mode carries IPv4 to nodes with a VTEP "
-                               f"(node {node}: {info.underlay_ips}, VTEP MAC {info.vtep_mac or 'none'})")
+        if not info.underlay(4) or not info.vtep_mac:
+            out.skipped.append(f"{cidr}: node {node} has no VTEP (an IPv4 underlay address and a VTEP MAC; "
+                               f"it registered {info.underlay_ips}, VTEP MAC {info.vtep_mac or 'none'})")
             return
-        out.routes[cidr] = Hop(gw=vtep, dev=device, node=node)
+        gw = info.underlay(4) if version == 4 else info.vtep_link_local()
+        out.routes[cidr] = Hop(gw=gw, dev=device, node=node)
         out.peers[node] = info
     else:
         gw = info.underlay(version)
@@ -272,7 +293,8 @@ def read_kernel(device: str) -> Programmed:
     overlays = {ln.index: ln.name for ln in link.list_links() if ln.kind == "vxlan"}
     for r in route.list_routes(table=route.RT_TABLE_MAIN):
         if r.proto == RTPROT_PYCNI:
-            out.routes[str(r.dst)] = Hop(gw=str(r.gw or ""), dev=overlays.get(r.oif or 0, ""))
+            out.routes[str(r.dst)] = Hop(gw=str(r.gw or ""), dev=overlays.get(r.oif or 0, ""),
+                                         blackhole=r.type == route.RTN_BLACKHOLE)
     if device and link.get_link(device) is not None:
         for n in neigh.list_neighbours(device):
             if n.state & NUD_PERMANENT and n.dst:
@@ -283,22 +305,34 @@ def read_kernel(device: str) -> Programmed:
     return out
 
 
-def converge(want: Plan, device: str, log: Any) -> int:
+def _same(cur: Hop, want: Hop) -> bool:
+    """Whether the kernel's route already is the one wanted (the owner's name is not in the kernel)."""
+    return cur.blackhole == want.blackhole and cur.gw == want.gw and cur.dev == want.dev
+
+
+def describe(cidr: str, hop: Hop) -> str:
+    if hop.blackhole:
+        return f"blackhole {cidr}"
+    return f"{cidr} via {hop.gw}" + (f" dev {hop.dev} onlink" if hop.dev else "")
+
+
+def converge(want: Plan, device: str, log: Any) -> tuple[int, int]:
     """Make the kernel hold exactly ``want`` of what is ours; one log line per change. Returns
-    the number of changes. A change the kernel refuses is logged and retried at the next pass."""
+    (changes made, changes the kernel refused): a refusal is logged and retried at the next pass."""
     from pycni.net import neigh, route
     from pycni.spec.errors import CNIError
 
     have = read_kernel(device)
-    changes = 0
-    want_neigh = {info.underlay(4): info.vtep_mac for info in want.peers.values()}
+    changes = failed = 0
+    want_neigh = {ip: mac for info in want.peers.values() for ip, mac in info.vtep_neighbours().items()}
     want_fdb = {info.vtep_mac: info.underlay(4) for info in want.peers.values()}
 
     def attempt(what: str, fn: Any, *args: Any, **kw: Any) -> None:
-        nonlocal changes
+        nonlocal changes, failed
         try:
             fn(*args, **kw)
         except CNIError as e:
+            failed += 1
             log(f"FAILED {what}: {e.msg}: {e.details}")
             return
         changes += 1
@@ -313,24 +347,27 @@ def converge(want: Plan, device: str, log: Any) -> int:
             attempt(f"neighbour {ip} lladdr {mac} dev {device}", neigh.set_neighbour, device, ip, mac)
     for cidr, hop in sorted(want.routes.items()):
         cur = have.routes.get(cidr)
-        if cur is not None and cur.gw == hop.gw and cur.dev == hop.dev:
+        if cur is not None and _same(cur, hop):
             continue
         verb = "add" if cur is None else "change"
+        if hop.blackhole:
+            attempt(f"route {verb} blackhole {cidr} (this node's block)", route.replace_route, cidr,
+                    proto=RTPROT_PYCNI, type=route.RTN_BLACKHOLE, priority=BLACKHOLE_METRIC)
+            continue
         dev = f" dev {hop.dev} onlink" if hop.dev else ""
         attempt(f"route {verb} {cidr} via {hop.gw}{dev} (node {hop.node})", route.replace_route, cidr,
                 gw=hop.gw, dev=hop.dev or None, proto=RTPROT_PYCNI, onlink=bool(hop.dev))
     for cidr, hop in sorted(have.routes.items()):
         if cidr not in want.routes:
-            dev = f" dev {hop.dev}" if hop.dev else ""
-            attempt(f"route del {cidr} via {hop.gw}{dev}", route.del_route, cidr, gw=hop.gw or None,
-                    proto=RTPROT_PYCNI)
+            attempt(f"route del {describe(cidr, hop)}", route.del_route, cidr, gw=hop.gw or None,
+                    proto=RTPROT_PYCNI, priority=BLACKHOLE_METRIC if hop.blackhole else None)
     for ip in sorted(have.neighbours):
         if ip not in want_neigh:
             attempt(f"neighbour del {ip} dev {device}", neigh.del_neighbour, device, ip)
     for mac, remote in sorted(have.fdb.items()):
         if mac not in want_fdb:
             attempt(f"fdb del {mac} dst {remote} dev {device}", neigh.del_fdb, device, mac, remote)
-    return changes
+    return changes, failed
 
 
 # ---- the agent ----------------------------------------------------------------------------------
@@ -426,15 +463,20 @@ class Agent:
                      f"mtu {dev.mtu} mac {dev.mac}")
 
     def register(self, etcd: Etcd) -> None:
-        """Our key, bound to a fresh lease."""
-        self.lease = etcd.lease_grant(self.opts.ttl)
+        """Our key, bound to a fresh lease (kept only once the key is written: a failure half-way
+        leaves the agent unregistered, to try again; the orphan lease just expires)."""
+        lease = etcd.lease_grant(self.opts.ttl)
         info = NodeInfo(name=self.opts.name, underlay_ips=list(self.opts.underlay_ips), vtep_mac=self.mac)
-        etcd.put(self.node_key(), info.to_json(), lease=self.lease)
+        etcd.put(self.node_key(), info.to_json(), lease=lease)
+        self.lease = lease
         self.log(f"registered {self.node_key()} ({info.to_json()}) with a {self.opts.ttl}s lease")
 
     def keepalive(self, etcd: Etcd) -> None:
+        """Renew the lease; one that lapsed anyway (etcd out of reach past the TTL, or revoked)
+        means registering again."""
         if self.lease and etcd.lease_keepalive(self.lease) > 0:
             return
+        self.lease = 0
         self.log("lease lapsed: registering again")
         self.register(etcd)
 
@@ -442,6 +484,7 @@ class Agent:
         """A full read, then converge (the kernel is read whatever the last plan was); returns
         the revision read."""
         rev = self.view.load(etcd)
+        self.setup_device()  # (again: someone may have deleted it)
         self.apply(force=True)
         return rev
 
@@ -451,12 +494,13 @@ class Agent:
         want = plan(self.view, self.opts.name, self.opts.mode, self.device)
         if not force and want == self.applied:
             return
-        converge(want, self.device, self.log)
-        self.applied = want
+        _, failed = converge(want, self.device, self.log)
+        self.applied = None if failed else want  # a refusal is tried again at the next event
 
     def run(self) -> int:
         """Until SIGTERM/SIGINT: register, then resync and watch, resyncing after any interruption."""
         from pycni.cluster.etcd import EtcdError, WatchBroken
+        from pycni.spec.errors import CNIError
 
         for ip in self.opts.underlay_ips:
             _underlay_link(ip)  # refuse an address this host does not hold, before registering it
@@ -477,8 +521,10 @@ class Agent:
                     pause = 0.5
                 except WatchBroken as e:
                     self.log(f"watch interrupted ({e}): resyncing")
-                except EtcdError as e:
-                    self.log(f"etcd: {e}: retrying in {pause:g}s")
+                    self._sleep(0.1)
+                except (EtcdError, CNIError) as e:
+                    self.log(f"{e.msg + ': ' + e.details if isinstance(e, CNIError) else 'etcd: ' + str(e)}: "
+                             f"retrying in {pause:g}s")
                     self._sleep(pause)
                     pause = min(pause * 2, 5.0)
         finally:
@@ -516,6 +562,11 @@ class Agent:
                     # take what is already queued before converging: a burst of claims is one pass
                     batch = w.next(timeout=0.002) if time.monotonic() < drain_until else None
                 if touched:
+                    if self.opts.name not in self.view.nodes:
+                        # our key gone while we run (deleted by hand, or another agent of the same
+                        # name let its lease lapse over ours): this node is still here
+                        self.log("registration gone while running: registering again")
+                        self.register(etcd)
                     self.apply()
 
 
@@ -526,32 +577,31 @@ def status_lines(opts: AgentOptions, etcd: Etcd) -> tuple[list[str], bool]:
     """What this node has programmed against what etcd asks of it; (lines, in sync)."""
     view = ClusterView(opts.prefix)
     view.load(etcd)
-    device = opts.device if opts.mode == "vxlan" else ""
-    want = plan(view, opts.name, opts.mode, device)
-    have = read_kernel(device)
     me = view.nodes.get(opts.name)
+    mode = opts.mode or ("vxlan" if me is not None and me.vtep_mac else "host-gw")  # as registered
+    device = opts.device if mode == "vxlan" else ""
+    want = plan(view, opts.name, mode, device)
+    have = read_kernel(device)
     lines = [f"node {opts.name}: {'registered ' + ', '.join(me.underlay_ips) if me else 'NOT registered'}; "
-             f"mode {opts.mode}; etcd: {len(view.nodes)} nodes, {len(view.blocks())} blocks"]
+             f"mode {mode}; etcd: {len(view.nodes)} nodes, {len(view.blocks())} blocks"]
     ok = me is not None
     for cidr, hop in sorted(want.routes.items()):
         cur = have.routes.get(cidr)
-        dev = f" dev {hop.dev} onlink" if hop.dev else ""
-        state = "programmed" if cur is not None and cur.gw == hop.gw and cur.dev == hop.dev else (
-            "MISSING" if cur is None else f"DIFFERS (kernel: via {cur.gw})")
+        state = "programmed" if cur is not None and _same(cur, hop) else (
+            "MISSING" if cur is None else f"DIFFERS (kernel: {describe(cidr, cur)})")
         ok &= state == "programmed"
-        lines.append(f"route {cidr} via {hop.gw}{dev} (node {hop.node}): {state}")
+        whose = "this node's block" if hop.blackhole else f"node {hop.node}"
+        lines.append(f"route {describe(cidr, hop)} ({whose}): {state}")
     for cidr, hop in sorted(have.routes.items()):
         if cidr not in want.routes:
             ok = False
-            lines.append(f"route {cidr} via {hop.gw}: EXTRA (etcd no longer asks for it)")
+            lines.append(f"route {describe(cidr, hop)}: EXTRA (etcd no longer asks for it)")
     for info in sorted(want.peers.values(), key=lambda i: i.name):
         vtep = info.underlay(4)
-        good = have.neighbours.get(vtep) == info.vtep_mac and have.fdb.get(info.vtep_mac) == vtep
+        good = all(have.neighbours.get(ip) == mac for ip, mac in info.vtep_neighbours().items()) and \
+            have.fdb.get(info.vtep_mac) == vtep
         ok &= good
         lines.append(f"vtep {info.name} {vtep} {info.vtep_mac}: {'programmed' if good else 'MISSING'}")
-    for cidr, owner in sorted(view.blocks().items()):
-        if owner == opts.name:
-            lines.append(f"block {cidr}: this node's")
     lines.extend(f"skipped {s}" for s in want.skipped)
     return lines, ok
 
@@ -584,7 +634,8 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--node-name", default="", help="this node's name (default: the host name)")
     sp.add_argument("--underlay-ip", default="",
                     help="the address other nodes reach this one on; IPv4 and IPv6 comma-separated")
-    sp.add_argument("--mode", default="host-gw", choices=("host-gw", "vxlan"), help="how blocks reach nodes")
+    sp.add_argument("--mode", choices=("host-gw", "vxlan"),
+                    help="how blocks reach nodes (default host-gw; for status: the mode the node registered)")
     sp.add_argument("--ttl", type=int, default=DEFAULT_TTL,
                     help=f"registration lease in seconds: how long a silent node keeps its routes "
                          f"(default {DEFAULT_TTL})")
@@ -619,8 +670,10 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     if not 0 < ns.vxlan_vni < 1 << 24 or not 0 < ns.vxlan_port < 65536 or not 0 < len(ns.vxlan_device) < 16:
         raise CNIError(INVALID_CONFIG, "invalid vxlan settings",
                        "--vxlan-vni 1..16777215, --vxlan-port 1..65535, --vxlan-device up to 15 characters")
+    # no --mode: the agent runs host-gw; status goes by the mode the node registered ("")
+    mode = ns.mode or ("host-gw" if need_underlay else "")
     return AgentOptions(endpoints=endpoints, name=ns.node_name or socket.gethostname(), underlay_ips=ips,
-                        mode=ns.mode, prefix=ns.etcd_prefix or DEFAULT_PREFIX, ttl=ns.ttl, device=ns.vxlan_device,
+                        mode=mode, prefix=ns.etcd_prefix or DEFAULT_PREFIX, ttl=ns.ttl, device=ns.vxlan_device,
                         vni=ns.vxlan_vni, port=ns.vxlan_port, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert,
                         key=ns.etcd_key)
 

@@ -34,6 +34,7 @@ from pycni.daemon import protocol
 from pycni.daemon.options import READ_TIMEOUT, STOP_TIMEOUT
 from pycni.net import netns
 from pycni.plugins.registry import PLUGIN_MODULES
+from pycni.shim import run_delegate
 from pycni.skel import Outcome, Plugin, dispatch
 from pycni.spec.errors import INTERNAL, INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIError
 
@@ -42,6 +43,7 @@ _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 STOP_GRACE = 1.0      # seconds a connection still sending its request gets once stopping
 _POLL = 0.25          # how often a blocked read looks at the stop flag
+MAX_CONNECTIONS = 512  # per process: beyond this a connection is answered "try again" at once
 EXIT_REFUSED = 3      # exit status of a daemon that refuses to start (see docs/daemon.md)
 SD_LISTEN_FDS_START = 3
 # Capabilities every request needs: setns into the caller's namespace, then links, addresses,
@@ -101,7 +103,6 @@ class StripedFileLocks:
             yield
 
 
-
 class SocketClaim:
     """Who serves a socket path: an exclusive flock on ``<socket>.lock``, held for the daemon's life.
 
@@ -117,7 +118,8 @@ class SocketClaim:
 
     def try_acquire(self) -> bool:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # O_NOFOLLOW: the pid is written into it, so a planted symlink must not redirect that
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -194,9 +196,13 @@ class Daemon:
     """Serves forwarded plugin invocations on a unix socket."""
 
     def __init__(self, socket_path: str = protocol.DEFAULT_SOCKET, preload: bool = True,
-                 read_timeout: float = READ_TIMEOUT, stop_timeout: float = STOP_TIMEOUT) -> None:
+                 read_timeout: float = READ_TIMEOUT, stop_timeout: float = STOP_TIMEOUT,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.socket_path = socket_path
         self.read_timeout, self.stop_timeout = read_timeout, stop_timeout
+        self.max_connections = max_connections
+        self._busy = False
+        self._lingering: list[tuple[float, socket.socket]] = []  # turned away, closed a moment later
         self.locks = ContainerLocks()
         self.plugins: dict[str, Plugin] = {}
         self._plugins_guard = threading.Lock()
@@ -212,7 +218,7 @@ class Daemon:
             self.preload()
 
     def preload(self) -> None:
-        """Import every plugin (and with them pyroute2) once, up front."""
+        """Import every plugin (and with them the net/ layer) once, up front."""
         for name in PLUGIN_MODULES:
             try:
                 self._plugin(name)
@@ -228,20 +234,32 @@ class Daemon:
             return plugin
 
     # ---- owning the socket -----------------------------------------------------------------
-    def bind(self, claim_wait: float | None = None) -> None:
-        """Claim the socket path and listen on it; :class:`Refused` when it is someone else's.
+    def claim(self, wait: float | None = None) -> None:
+        """Claim the socket path (see :class:`SocketClaim`); :class:`Refused` when it is someone else's.
 
-        A socket that answers belongs to a live daemon and is never taken over; one that refuses
-        connections is stale and is replaced. The claim (see :class:`SocketClaim`) closes the
-        race between two daemons starting together; a claim still held by a daemon that no
+        A socket that answers belongs to a live daemon and is never taken over. The claim closes
+        the race between two daemons starting together; a claim still held by a daemon that no
         longer answers (its workers finishing their last requests) is waited for, up to
-        ``claim_wait`` seconds (by default a stop's bound and a little more).
+        ``wait`` seconds (by default a stop's bound and a little more).
         """
+        if self._claim is not None:
+            return
         path = self.socket_path
         os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
         if _socket_answers(path):
             raise _already_serving(path)
-        self._take_claim(self.stop_timeout + 5 if claim_wait is None else claim_wait)
+        self._take_claim(self.stop_timeout + 5 if wait is None else wait, probe=True)
+
+    def bind(self) -> None:
+        """Claim the socket path (unless :meth:`claim` did) and listen on it.
+
+        A stale socket (one that refuses connections: its daemon was killed) is replaced; the
+        inode bound is remembered so that only that socket is ever removed.
+        """
+        path = self.socket_path
+        self.claim()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bound = False
         try:
             state = _socket_answers(path)
             if state:
@@ -249,16 +267,19 @@ class Daemon:
             if state is False:
                 log.info("replacing the stale socket %s", path)
                 os.unlink(path)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             old = os.umask(0o177)
             try:
                 sock.bind(path)
             finally:
                 os.umask(old)
+            bound = True
             os.chmod(path, 0o600)
             sock.listen(128)
             st = os.lstat(path)
         except BaseException:
+            sock.close()
+            if bound:
+                os.unlink(path)
             self._release()
             raise
         self._sock, self._owned = sock, (st.st_dev, st.st_ino)
@@ -268,15 +289,15 @@ class Daemon:
         name = sock.getsockname()
         if isinstance(name, str) and name:
             self.socket_path = name
-        self._take_claim(self.stop_timeout + 5)
+        self._take_claim(self.stop_timeout + 5, probe=False)  # held: our predecessor's workers finishing
         self._sock, self._owned = sock, None
         log.info("pycni daemon: serving %s passed by systemd (socket activation)", self.socket_path)
 
-    def _take_claim(self, wait: float) -> None:
+    def _take_claim(self, wait: float, probe: bool) -> None:
         claim = SocketClaim(self.socket_path)
         deadline = time.monotonic() + wait
         while not claim.try_acquire():
-            if self._owned is None and self._sock is None and _socket_answers(self.socket_path):
+            if probe and _socket_answers(self.socket_path):
                 raise _already_serving(self.socket_path)
             if time.monotonic() >= deadline:
                 raise Refused(f"pycni daemon pid {claim.holder()} still holds {claim.path} without answering on "
@@ -330,6 +351,8 @@ class Daemon:
         self._sock.settimeout(0.5)
         log.info("pycni daemon listening on %s (pid %d)", self.socket_path, os.getpid())
         while not self._stop.is_set():
+            if self._lingering:
+                self._close_lingering()
             try:
                 conn, _ = self._sock.accept()
             except (TimeoutError, BlockingIOError):
@@ -338,11 +361,56 @@ class Daemon:
                 if self._stop.is_set():
                     break
                 raise
-            t = threading.Thread(target=self._serve_conn, args=(conn,), daemon=True)
             with self._active_guard:
-                self._active.add(t)
-            t.start()
+                busy = len(self._active) >= self.max_connections
+                if not busy:
+                    t = threading.Thread(target=self._serve_conn, args=(conn,), daemon=True)
+                    self._active.add(t)
+            if busy:
+                self._turn_away(conn)
+                continue
+            if self._busy:
+                log.info("pycni daemon pid %d: taking connections again", os.getpid())
+                self._busy = False
+            try:
+                t.start()
+            except RuntimeError as e:  # no thread to be had (limits): this one client is turned away
+                with self._active_guard:
+                    self._active.discard(t)
+                self._turn_away(conn, str(e))
+        self._close_lingering(everything=True)
         log.info("pycni daemon pid %d: no longer accepting", os.getpid())
+
+    def _turn_away(self, conn: socket.socket, why: str = "") -> None:
+        """Answer "try again" without reading the request (on the accepting thread: never blocks long)."""
+        if not self._busy:
+            log.warning("pycni daemon pid %d: %s; answering new connections \"try again\"", os.getpid(),
+                        why or f"{self.max_connections} connections open")
+            self._busy = True
+        outcome = _error_outcome(CNIError(TRY_AGAIN, "pycni daemon is busy",
+                                          why or f"{self.max_connections} connections open; retry"))
+        try:
+            conn.settimeout(0.1)
+            conn.sendall(protocol.encode_reply(outcome.exit_code, outcome.stdout, outcome.stderr))
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            conn.close()
+            return
+        # Closed now, the client's request (sent just after connecting) would meet a closed
+        # socket and the client a broken pipe instead of this answer: close it a second later.
+        if len(self._lingering) < self.max_connections:
+            self._lingering.append((time.monotonic() + 1.0, conn))
+        else:
+            conn.close()
+
+    def _close_lingering(self, everything: bool = False) -> None:
+        now, keep = time.monotonic(), []
+        for deadline, conn in self._lingering:
+            if everything or now >= deadline:
+                conn.close()
+            else:
+                keep.append((deadline, conn))
+        self._lingering = keep
 
     def serve_workers(self, workers: int) -> None:
         """Serve from ``workers`` forked processes sharing the listening socket (one GIL each).
@@ -577,7 +645,7 @@ class Daemon:
             plock = self.process_locks.hold(key) if locked and self.process_locks else nullcontext()
             with lock, plock, netns.enter(f"/proc/self/fd/{ns_fd}"):
                 started = time.perf_counter()
-                outcome = dispatch(plugin, env, stdin)
+                outcome = dispatch(plugin, env, stdin, runner=run_delegate)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s %s %s (pid %d): exit %d in %.1f ms", name, env.get("CNI_COMMAND"), key, peer_pid,
                           outcome.exit_code, (time.perf_counter() - started) * 1000)
@@ -671,15 +739,19 @@ def run(opts: argparse.Namespace) -> int:
         if inherited is not None:
             daemon.adopt(inherited)
         else:
-            daemon.bind()
+            daemon.claim()  # refuse at once if the socket is served: before the imports
+            if not opts.no_preload:
+                daemon.preload()
+            daemon.bind()  # the socket appears when the daemon is ready to serve it
     except Refused as e:
         sys.stderr.write(f"pycni daemon: {e}\n")
-        log.error("not starting: %s", e)
+        if opts.log_file:  # said once on stderr already when that is the log
+            log.error("not starting: %s", e)
         return EXIT_REFUSED
     except OSError as e:
         sys.stderr.write(f"pycni daemon: cannot listen on {opts.socket}: {e}\n")
         return 1
-    if not opts.no_preload:
+    if inherited is not None and not opts.no_preload:
         daemon.preload()
     from pycni.net import nft
 

@@ -98,6 +98,39 @@ def setup_ip_masq(backend: str, network: str, container_id: str, ifname: str,
         _nft_setup(network, ifname, container_id, addresses)
 
 
+def undo_ip_masq(backend: str, network: str, container_id: str, ifname: str,
+                 addresses: Sequence[Address]) -> None:
+    """Rollback of :func:`setup_ip_masq` in an ADD that failed: remove this container's rules, then
+    a masquerade table left empty (nft: ours; iptables-nft: the ``nat`` table iptables created on
+    first use), so a failed ADD leaves no empty chain behind. A table holding anything stays: the
+    removal is one nft transaction that the kernel refuses as a whole while a chain is non-empty,
+    so a rule another ADD adds meanwhile is never lost. DEL does not do this (nor does Go's)."""
+    teardown_ip_masq(backend, network, container_id, ifname, addresses)
+    tables = [("inet", NFT_TABLE)] if backend == "nftables" else \
+        [(fam, "nat") for fam, v in (("ip", 4), ("ip6", 6)) if any(a.version == v for a in addresses)]
+    for family, table in tables:
+        _drop_empty_nft_table(family, table)
+
+
+def _drop_empty_nft_table(family: str, table: str) -> None:
+    """Delete nft table ``family table`` unless a chain in it holds a rule (best effort, quiet).
+
+    One transaction: our own table's jump to its check chain is flushed first; deleting a chain
+    that still holds a rule fails (EBUSY) and with it the whole transaction.
+    """
+    try:
+        listing = nft.list_json("table", family, table, missing_ok=True)
+        chains = [c["name"] for c in nft.objects(listing, "chain")]
+        if not nft.objects(listing, "table"):
+            return
+        script = [f"flush chain {family} {table} postrouting"] if table == NFT_TABLE and "postrouting" in chains else []
+        script += [f"delete chain {family} {table} {c}" for c in chains]
+        script.append(f"delete table {family} {table}")
+        nft.run("\n".join(script) + "\n", what="ipMasq rollback")
+    except CNIError:
+        pass
+
+
 def teardown_ip_masq(backend: str | None, network: str, container_id: str, ifname: str,
                      addresses: Sequence[Address] | None) -> None:
     """Remove this container's masquerade rules; idempotent, works without ``addresses``.

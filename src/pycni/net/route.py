@@ -14,8 +14,21 @@ import ipaddress
 
 from pycni.net.errors import kernel_errors
 from pycni.net.link import require_index, rtnl
-from pycni.net.nl import AF_INET, AF_INET6
-from pycni.record import record
+from pycni.net.nl import (  # noqa: F401 - the route constants, re-exported for callers of this module
+    AF_INET,
+    AF_INET6,
+    RT_SCOPE_LINK,
+    RT_SCOPE_NOWHERE,
+    RT_SCOPE_UNIVERSE,
+    RT_TABLE_LOCAL,
+    RT_TABLE_MAIN,
+    RTN_BLACKHOLE,
+    RTN_UNICAST,
+    RTNH_F_ONLINK,
+    RTPROT_BOOT,
+    RTPROT_KERNEL,
+)
+from pycni.record import field, record
 from pycni.spec.errors import CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
@@ -25,20 +38,11 @@ if TYPE_CHECKING:
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-RT_TABLE_MAIN = 254
-RT_TABLE_LOCAL = 255
-RT_SCOPE_UNIVERSE = 0
-RT_SCOPE_LINK = 253
-RT_SCOPE_NOWHERE = 255  # as a delete filter: a route of any scope
-RTN_UNICAST = 1
-RTPROT_KERNEL = 2  # routes the kernel made itself (e.g. for an address's subnet)
-RTPROT_BOOT = 3  # what vishvananda/netlink (and so the Go plugins) stamp on routes they add
-RTNH_F_ONLINK = 4
-
 
 @record
 class RouteEntry:
-    """One route as the kernel reports it."""
+    """One route as the kernel reports it: what CHECK compares, and all it takes to re-create it
+    elsewhere (:func:`pycni.net.rule.put_route` copies routes between tables)."""
 
     dst: IPNetwork
     gw: IPAddress | None = None
@@ -49,6 +53,8 @@ class RouteEntry:
     proto: int = 0
     type: int = RTN_UNICAST
     multipath_gws: tuple[IPAddress, ...] = ()
+    prefsrc: IPAddress | None = None
+    metrics: dict[str, int] = field(default_factory=dict)  # RTAX_* name -> value
 
     @classmethod
     def from_msg(cls, msg: Any) -> RouteEntry:
@@ -65,10 +71,25 @@ class RouteEntry:
                 mp_gws.append(ipaddress.ip_address(g))
             if oif is None:
                 oif = nh["oif"]
+        prefsrc = msg.get_attr("RTA_PREFSRC")
+        mx = msg.get_attr("RTA_METRICS")
         return cls(dst=dst, gw=ipaddress.ip_address(gw) if gw else None, oif=oif,
                    table=int(table if table is not None else msg["table"]),
                    priority=int(msg.get_attr("RTA_PRIORITY") or 0), scope=int(msg["scope"]),
-                   proto=int(msg["proto"]), type=int(msg["type"]), multipath_gws=tuple(mp_gws))
+                   proto=int(msg["proto"]), type=int(msg["type"]), multipath_gws=tuple(mp_gws),
+                   prefsrc=ipaddress.ip_address(prefsrc) if prefsrc else None,
+                   metrics=dict(mx.attrs) if mx is not None else {})
+
+    def spec(self, table: int | None = None) -> dict[str, Any]:
+        """The ``route()`` keywords that re-create exactly this route, optionally in another ``table``."""
+        kw = _spec(self.dst, self.gw, self.oif, self.table if table is None else table, self.priority, self.scope,
+                   proto=self.proto)
+        kw["type"] = self.type
+        if self.prefsrc is not None:
+            kw["prefsrc"] = str(self.prefsrc)
+        if self.metrics:
+            kw["metrics"] = dict(self.metrics)
+        return kw
 
     def via(self, gw: IPAddress) -> bool:
         """Whether this route goes through ``gw``, as its gateway or one of its multipath hops."""
@@ -83,7 +104,7 @@ def _oif(sock: Any, dev: str | int | None) -> int | None:
 def _spec(dst: IPNetwork | str, gw: IPAddress | str | None, oif: int | None, table: int | None,
           priority: int | None, scope: int | None, mtu: int | None = None, advmss: int | None = None,
           proto: int | None = None) -> dict[str, Any]:
-    """The pyroute2 route() keywords; unset values are left out so the kernel defaults apply."""
+    """The nl ``route()`` keywords; unset values are left out so the kernel defaults apply."""
     net = ipaddress.ip_network(dst, strict=False) if isinstance(dst, str) else dst
     kw: dict[str, Any] = {"family": AF_INET if net.version == 4 else AF_INET6,
                           "dst_len": net.prefixlen}
@@ -122,17 +143,21 @@ def add_route(dst: IPNetwork | str, *, gw: IPAddress | str | None = None, dev: s
               table: int | None = None, priority: int | None = None, scope: int | None = None,
               mtu: int | None = None, advmss: int | None = None, exist_ok: bool = False,
               replace: bool = False, src: IPAddress | str | None = None, exclusive: bool = True,
-              proto: int = RTPROT_BOOT, onlink: bool = False) -> None:
+              proto: int = RTPROT_BOOT, onlink: bool = False,
+              type: int = RTN_UNICAST) -> None:  # noqa: A002 - the kernel's name
     """Add (or with ``replace``, replace) a route; ``dev`` is a link name or index; ``src`` the prefsrc.
 
     ``exclusive=False`` adds it beside a route of the same destination and metric through another
     gateway or link (see :meth:`pycni.net.nl.IPRoute.route`'s ``create``) instead of failing.
     ``proto`` marks who owns the route (a daemon that reconciles routes picks its own number and
-    touches no other); ``onlink`` says the gateway is on ``dev`` though no route covers it.
+    touches no other); ``onlink`` says the gateway is on ``dev`` though no route covers it;
+    ``type`` RTN_BLACKHOLE drops what matches (no gateway, no device).
     """
     with rtnl() as sock:
         oif = _oif(sock, dev)
         kw = _spec(dst, gw, oif, table, priority, scope, mtu, advmss, proto=proto)
+        if type != RTN_UNICAST:
+            kw["type"] = type
         if src is not None:
             kw["prefsrc"] = str(src)
         if onlink:

@@ -10,10 +10,10 @@ Config (the ``ipam`` section)::
 ``ranges`` is host-local's range-set syntax (one address per range set: several for dual
 stack); requested addresses come as host-local's (CNI_ARGS ``IP=``, ``args.cni.ips``,
 runtimeConfig ``ips``). The design and the key layout are in :mod:`pycni.cluster.ipam`.
-Every etcd call is bounded by ``etcdTimeout`` (seconds, default 8) in total for the whole
-command: when no endpoint answers (or there is no quorum) the command fails with code 11
-naming the endpoints, and nothing is allocated. ``nodeName`` defaults to the host name.
-Stdlib only (socket, json, binascii).
+The etcd calls of a command share one budget, ``etcdTimeout`` (seconds, default 8), and the
+wait for the node lock is bounded by it too: when no endpoint answers (or there is no quorum)
+the command fails with code 11 naming the endpoints, and nothing is allocated. ``nodeName``
+defaults to the host name. Stdlib only (``_socket``, ``json``, ``binascii``; ``ssl`` for https).
 """
 
 from __future__ import annotations
@@ -169,12 +169,15 @@ def parse_conf(args: CmdArgs) -> ClusterIpamConf:
 
 def client(cfg: ClusterIpamConf, timeout: float | None = None) -> Etcd:
     """The etcd client for this config, with the whole command's budget as its deadline."""
+    budget = timeout or cfg.timeout
+    # A third of the budget per attempt (at most 3 s): a member stuck without a leader (an election
+    # after the leader died, or no quorum) must not eat the whole budget before the others are tried.
     try:
-        etcd = Etcd(cfg.endpoints, timeout=timeout or cfg.timeout, attempt_timeout=min(3.0, timeout or cfg.timeout),
+        etcd = Etcd(cfg.endpoints, timeout=budget, attempt_timeout=max(0.5, min(3.0, budget / 3)),
                     ca_cert=cfg.ca_cert, cert=cfg.cert, key=cfg.key)
     except (OSError, ValueError) as e:
         raise _bad("cannot set up the etcd client", str(e)) from None
-    etcd.deadline = time.monotonic() + (timeout or cfg.timeout)
+    etcd.deadline = time.monotonic() + budget
     return etcd
 
 
@@ -184,40 +187,84 @@ class _Session:
     With ``lock``, the commands of this node that change this network take turns (a flock in
     ``lockDir``, as calico-ipam's host lock): without it N parallel ADDs on a node race for the
     same block and all but one retry, N times over. The lock is an optimisation, not what keeps
-    allocations right (the transactions' compares do): when the directory cannot be used the
-    command runs without it. Waiting for it counts against the command's budget.
+    allocations right (the transactions' compares do): when the directory cannot be used, or
+    the lock does not come within the budget (an overloaded node, a holder stuck on an etcd
+    that does not answer), the command goes on without it. The etcd budget starts once the
+    lock is settled, so a command is bounded by twice ``etcdTimeout``.
     """
 
     def __init__(self, cfg: ClusterIpamConf, unavailable_code: int = TRY_AGAIN, timeout: float | None = None,
                  lock: bool = False) -> None:
         self.cfg = cfg
         self.code = unavailable_code
-        self.etcd = client(cfg, timeout)
-        self.store = ClusterStore(self.etcd, cfg.name, cfg.node, cfg.prefix)
-        self._lock: Any = None
-        if lock and cfg.lock_dir:
-            from pycni.lockfile import flocked
+        self.timeout = timeout
+        self.lock = lock and bool(cfg.lock_dir)
+        self._held: Any = None
+        self.etcd: Etcd | None = None
+        self.store: Any = None
+        self._hint_before: list[Any] = []
 
-            self._lock = flocked(os.path.join(cfg.lock_dir, f"{cfg.name}.{cfg.node}.lock"), create=True,
-                                 timeout=max(0.0, (self.etcd.deadline or 0) - time.monotonic()))
+    def _take_lock(self) -> None:
+        from pycni.lockfile import flocked
+
+        cfg = self.cfg
+        held = flocked(os.path.join(cfg.lock_dir, f"{cfg.name}.{cfg.node}.lock"), create=True,
+                       timeout=self.timeout or cfg.timeout)
+        try:
+            held.__enter__()
+        except (TimeoutError, OSError):
+            return  # no usable lock directory, or a queue too long: transactions alone
+        self._held = held
 
     def __enter__(self) -> ClusterStore:
-        if self._lock is not None:
-            try:
-                self._lock.__enter__()
-            except TimeoutError:
-                self.etcd.close()
-                raise CNIError(TRY_AGAIN, f"cluster-ipam: other commands of node {self.cfg.node} on network "
-                               f"{self.cfg.name} held the node lock for the whole budget ({self.cfg.timeout:g}s)",
-                               f"lock file in {self.cfg.lock_dir}; try again") from None
-            except OSError:
-                self._lock = None  # no usable lock directory: transactions alone
+        if self.lock:
+            self._take_lock()
+        try:
+            self.etcd = client(self.cfg, self.timeout)
+        except BaseException:
+            self._release()
+            raise
+        self.store = ClusterStore(self.etcd, self.cfg.name, self.cfg.node, self.cfg.prefix)
+        if self.lock:
+            self.store.hint = self._read_hint()
+        self._hint_before = list(self.store.hint)
         return self.store
 
+    # The hint (ClusterStore.hint) lives beside the lock: node-local, a cache, never trusted.
+    def _hint_path(self) -> str:
+        return os.path.join(self.cfg.lock_dir, f"{self.cfg.name}.{self.cfg.node}.blocks")
+
+    def _read_hint(self) -> list[Any]:
+        try:
+            with open(self._hint_path(), encoding="ascii") as f:
+                return [ipaddress.ip_network(line) for line in f.read().split()]
+        except (OSError, ValueError):
+            return []
+
+    def _write_hint(self, hint: list[Any]) -> None:
+        path = self._hint_path()
+        tmp = f"{path}.{os.getpid()}.{id(self)}"
+        try:
+            with open(tmp, "w", encoding="ascii") as f:
+                f.write("".join(f"{c}\n" for c in hint))
+            os.replace(tmp, path)  # no fsync: a lost or stale hint costs a round trip, nothing else
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def _release(self) -> None:
+        if self._held is not None:
+            self._held.__exit__(None, None, None)
+            self._held = None
+
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if self._lock is not None:
-            self._lock.__exit__(None, None, None)
-        self.etcd.close()
+        if exc is None and self.lock and self._held is not None and self.store.hint != self._hint_before:
+            self._write_hint(self.store.hint)  # under the lock: writers take turns
+        self._release()
+        if self.etcd is not None:
+            self.etcd.close()
         if isinstance(exc, EtcdUnavailable):
             raise CNIError(self.code, f"cluster-ipam: etcd unavailable: no endpoint of {', '.join(exc.endpoints)} "
                            f"answered within {exc.timeout:g}s",

@@ -173,7 +173,19 @@ def cmd_del(args: CmdArgs) -> None:
     return None
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, about="CNI static IPAM plugin (pycni)")
+def cmd_gc(args: CmdArgs) -> None:
+    """Nothing was allocated; the list is still checked."""
+    parse_conf(args)
+    netconf.valid_attachments(args.conf())
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """Always ready: nothing is kept anywhere."""
+    parse_conf(args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
+                about="CNI static IPAM plugin (pycni)")
 
 
 def main() -> None:

@@ -335,7 +335,7 @@ def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, pair:
     if n.ip_masq:
         backend = n.ip_masq_backend or default_masq_backend()
         addrs = [ipc.address for ipc in result.ips]
-        undo.push(lambda: masq.teardown_ip_masq(backend, n.name, args.container_id, args.ifname, addrs))
+        undo.push(masq.undo_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
         # Its iptables-restore process runs while the links are configured (the result is the
         # same in any order): each waits on something else, the RTNL lock or the xtables table.
         masq_job = _Background(masq.setup_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)

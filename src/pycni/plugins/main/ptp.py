@@ -53,9 +53,11 @@ def parse_conf(args: CmdArgs) -> PtpConf:
 def check_for_add(n: PtpConf, args: CmdArgs) -> None:
     """What ADD must find before making anything (DEL still cleans up after such a config): a known
     masquerade backend, the IPAM plugin on CNI_PATH, the netns, a free CNI_IFNAME."""
-    from pycni.net import link, masq
+    from pycni.net import link
 
     if n.ip_masq_backend:
+        from pycni.net import masq  # here: its iptables/nft modules cost a plugin without ipMasq ~5 ms
+
         masq.check_backend(n.ip_masq_backend)
     invoke.find_in_path(n.ipam_type, args.cni_path)
     link.check_container_ifname(args.netns, args.ifname)
@@ -99,7 +101,7 @@ def _setup_host(host_veth: str, result: Result) -> None:
 
 
 def cmd_add(args: CmdArgs) -> Result:
-    from pycni.net import link, masq, veth
+    from pycni.net import link, veth
 
     n = parse_conf(args)
     check_for_add(n, args)
@@ -121,9 +123,11 @@ def cmd_add(args: CmdArgs) -> Result:
         _setup_container(args, result)
         _setup_host(pair.host.name, result)
         if n.ip_masq:
+            from pycni.net import masq
+
             addrs = [i.address for i in result.ips]
             backend = n.masq_backend()
-            undo.push(masq.teardown_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
+            undo.push(masq.undo_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
             masq.setup_ip_masq(backend, n.name, args.container_id, args.ifname, addrs)
         if not n.dns.is_empty():
             result.dns = n.dns  # the plugin's own DNS settings win over IPAM's, as in the reference
@@ -164,9 +168,15 @@ def cmd_check(args: CmdArgs) -> None:
 
 
 def cmd_gc(args: CmdArgs) -> None:
-    """The IPAM plugin's GC releases what ``cni.dev/valid-attachments`` does not list."""
-    parse_conf(args)
-    ipam.gc(args.conf(), args)
+    """The IPAM plugin's GC releases what ``cni.dev/valid-attachments`` does not list; masquerade
+    rules of attachments not listed go too, in both layouts (as in bridge)."""
+    n = parse_conf(args)
+    conf = args.conf()
+    ipam.gc(conf, args)
+    if n.ip_masq:
+        from pycni.net import masq
+
+        masq.gc_ip_masq(n.name, netconf.valid_attachments(conf))
 
 
 def cmd_status(args: CmdArgs) -> None:

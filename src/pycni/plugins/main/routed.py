@@ -7,7 +7,7 @@ end's link-local address (IPv6), on a link route. The host end carries a fixed M
 address by proxy (NDP likewise), and the host reaches the pod by one route per pod address.
 Any IPAM works; with ``cluster-ipam`` and ``pycni node`` the pod is reachable from every node.
 
-The host end is named from the container ID and interface (``rtd`` + 12 hex digits of a hash),
+The host end is named from the container ID and interface (``rtd`` + 12 hex digits of BLAKE2b),
 so DEL finds it without any state; its alias records the owner, which tells a stale link of
 ours (removed and made again) from an unlikely hash collision (the next name is tried).
 """
@@ -70,12 +70,15 @@ def check_for_add(rc: RoutedConf, args: CmdArgs) -> None:
 
 def host_names(container_id: str, ifname: str) -> list[str]:
     """The host-end names this attachment may use, in order (15 characters, IFNAMSIZ - 1)."""
-    import hashlib
+    try:
+        from _blake2 import blake2b  # CPython's built-in BLAKE2: hashlib would load OpenSSL (~6 ms)
+    except ImportError:  # pragma: no cover - another interpreter
+        from hashlib import blake2b
 
     names = []
     for n in range(NAME_TRIES):
         seed = f"{container_id}\0{ifname}" + (f"\0{n}" if n else "")
-        names.append(HOST_PREFIX + hashlib.sha256(seed.encode()).hexdigest()[:12])
+        names.append(HOST_PREFIX + blake2b(seed.encode(), digest_size=6).hexdigest())
     return names
 
 
@@ -88,9 +91,8 @@ def _link_alias(name: str) -> str | None:
     """The alias of link ``name``, None when there is no such link."""
     from pycni.net import link
 
-    with link.rtnl() as sock:
-        msg = link.lookup_msg(sock, name)
-        return None if msg is None else str(msg.get_attr("IFLA_IFALIAS") or "")
+    found = link.get_link(name)
+    return None if found is None else found.alias
 
 
 def _claim_host_name(container_id: str, ifname: str) -> str:
@@ -148,18 +150,24 @@ def _pod_routes(result: Result, versions: set[int]) -> list[Route]:
     return routes
 
 
-def _setup_host_end(name: str, versions: set[int], undo: Rollback) -> None:
-    """Forwarding on (off again if the ADD fails and it was off), proxy ARP / NDP on the host end
-    (before the pod end is up, so its link-local address is born with DAD off, usable at once)."""
-    from pycni.net import sysctl
+def _setup_host_end(name: str, index: int, tag: str, versions: set[int], undo: Rollback) -> None:
+    """The owner alias; forwarding on (off again if the ADD fails and it was off); proxy ARP and
+    per-link forwarding in the same request as the alias (netlink: no /proc/sys walk, see
+    pycni.net.sysctl); proxy NDP on the host end, before the pod end is up, so its link-local
+    address is born with DAD off, usable at once."""
+    from pycni.net import link, sysctl
 
     for version in sorted(versions):
         if sysctl.enable_forwarding(version):
             undo.push(sysctl.disable_forwarding, version)
+    kw: dict[str, Any] = {"index": index, "ifalias": tag}
     if 4 in versions:
-        sysctl.write_sysctl(f"net/ipv4/conf/{name}/proxy_arp", "1")
+        kw["ipv4_devconf"] = {link.IPV4_DEVCONF_FORWARDING: 1, link.IPV4_DEVCONF_PROXY_ARP: 1}
+    with link.rtnl() as sock:
+        link.setlink(sock, f"failed to configure host interface {name!r}", **kw)
+    if 4 in versions:
+        # answer proxy ARP at once (the default delays replies by up to 0.8 s)
         sysctl.try_write_sysctl(f"net/ipv4/neigh/{name}/proxy_delay", "0")
-        sysctl.write_sysctl(f"net/ipv4/conf/{name}/forwarding", "1")
     if 6 in versions:
         sysctl.write_sysctl(f"net/ipv6/conf/{name}/accept_dad", "0")
         sysctl.write_sysctl(f"net/ipv6/conf/{name}/proxy_ndp", "1")
@@ -205,8 +213,7 @@ def cmd_add(args: CmdArgs) -> Result:
         host = _claim_host_name(args.container_id, args.ifname)
         pair = veth.setup_veth(args.netns, args.ifname, mtu=rc.mtu, host_name=host, host_mac=HOST_MAC)
         undo.push(link.delete_link, host)  # the host routes go with it
-        link.set_alias(host, owner_tag(args.container_id, args.ifname))
-        _setup_host_end(host, versions, undo)
+        _setup_host_end(host, pair.host.index, owner_tag(args.container_id, args.ifname), versions, undo)
         routes = _pod_routes(result, versions)
         _setup_pod(args.netns, args.ifname, ips, routes)
         for ipc in ips:
@@ -259,16 +266,16 @@ def cmd_check(args: CmdArgs) -> None:
 
 
 def cmd_gc(args: CmdArgs) -> None:
-    """GC belongs to IPAM: it releases what ``cni.dev/valid-attachments`` omits (host ends die
-    with their pods' namespaces)."""
-    conf = load_conf(args.stdin_data)
-    netconf.valid_attachments(conf)
-    ipam.gc(conf, args)
+    """The IPAM plugin's GC releases what ``cni.dev/valid-attachments`` does not list (host ends
+    die with their pods' namespaces)."""
+    rc = parse_conf(args)
+    ipam.gc(rc.conf, args)
 
 
 def cmd_status(args: CmdArgs) -> None:
-    """Ready when IPAM is (cluster-ipam: when etcd answers)."""
-    ipam.status(load_conf(args.stdin_data), args)
+    """The IPAM plugin's STATUS is ours (cluster-ipam: whether etcd answers)."""
+    rc = parse_conf(args)
+    ipam.status(rc.conf, args)
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,

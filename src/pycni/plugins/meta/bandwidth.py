@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from typing import Any
 
 from pycni import netconf
 from pycni.record import field, record
@@ -23,6 +22,10 @@ from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Interface, Result
 from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 IFB_PREFIX = "bwp"
 IFNAME_MAX = 15
@@ -274,7 +277,19 @@ def cmd_check(args: CmdArgs) -> None:
         _check_shaper(conf, ifb, conf.egress)
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+def cmd_gc(args: CmdArgs) -> None:
+    """Nothing to collect: the shapers live on the container's veth and ifb, deleted by DEL;
+    the list is still checked."""
+    parse_conf(args)
+    netconf.valid_attachments(args.conf())
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """Always ready."""
+    parse_conf(args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
                 versions=tuple(v for v in ALL_VERSIONS if greater_than_or_equal(v, "0.3.0")),
                 about="pycni bandwidth: tbf/htb traffic shaping on the host side of a container's veth")
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, NamedTuple
 
 from pycni import netconf
 from pycni.record import record
@@ -30,6 +29,10 @@ from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import IPConfig, Result
 from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 PRIV_CHAIN = "CNI-FORWARD"
 DEFAULT_ADMIN_CHAIN = "CNI-ADMIN"
@@ -341,7 +344,8 @@ def check_ingress_policy(conf: FirewallConf, result: Result) -> None:
 
 
 # ---- handlers --------------------------------------------------------------------------------
-class Backend(NamedTuple):
+@record(frozen=True)
+class Backend:
     """How one ``backend`` value adds, deletes and checks a container's forwarding rules."""
 
     add: Callable[[FirewallConf, Result, Rollback], None]
@@ -371,8 +375,17 @@ def cmd_del(args: CmdArgs) -> None:
     conf = parse_conf(args)
     if conf.prev is None:
         return
+    # The configured backend first, then every other: rules made under another config, or by the
+    # other implementation after a swap, go too. Only the configured backend's failure is an error
+    # (another's tool may simply not be installed here).
+    others = [name for name in BACKENDS if name != conf.backend]
     with netns.locked():
         BACKENDS[conf.backend].delete(conf, conf.prev)
+        for name in others:
+            try:
+                BACKENDS[name].delete(conf, conf.prev)
+            except (CNIError, OSError):
+                pass
     # Per-bridge isolation chains stay: other containers on the bridge may still need them.
 
 
@@ -382,7 +395,18 @@ def cmd_check(args: CmdArgs) -> None:
     check_ingress_policy(conf, conf.result)
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+def cmd_gc(args: CmdArgs) -> None:
+    """Nothing to collect: the rules are per address and leave with DEL; the list is still checked."""
+    parse_conf(args)
+    netconf.valid_attachments(args.conf())
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """Ready: the backend's tools are looked up when used."""
+    parse_conf(args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
                 versions=tuple(v for v in ALL_VERSIONS if greater_than_or_equal(v, "0.4.0")),
                 about="pycni firewall: allow container traffic through iptables or nftables forwarding")
 

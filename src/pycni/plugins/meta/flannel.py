@@ -13,7 +13,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-from typing import Any
 
 from pycni import invoke, netconf, statefile
 from pycni.record import field, record
@@ -23,6 +22,10 @@ from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import Result
 from pycni.spec.validate import validate_container_id
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_SUBNET_FILE = "/run/flannel/subnet.env"
 DEFAULT_DATA_DIR = "/var/lib/cni/flannel"
@@ -141,20 +144,10 @@ def delegate_conf(conf: FlannelConf, env: SubnetEnv) -> dict[str, Any]:
     return d
 
 
-# The saved config is named by the container ID, and its temporary file (statefile) by that
-# name with a prefix and a suffix (".<pid>.<6 hex>"): all must fit a file name (255 bytes).
-MAX_ID_BYTES = 255 - len(statefile.TMP_PREFIX) - len(".4194304.abcdef")
-
-
 def _scratch_path(data_dir: str, container_id: str) -> str:
     """Where ADD keeps the delegate config for DEL and CHECK to replay."""
     validate_container_id(container_id)  # the ID names a file: it must not escape dataDir
     return os.path.join(data_dir, container_id)
-
-
-def _fits(container_id: str) -> bool:
-    """Whether the ID can name the saved config; ADD refuses a longer one, so none was saved."""
-    return len(container_id.encode()) <= MAX_ID_BYTES
 
 
 def _read_saved(path: str) -> bytes | None:
@@ -199,21 +192,10 @@ def _remove_unused_bridge(name: str) -> None:
     link.delete_link_quietly(name)
 
 
-def _quiet_del(plugin: str, data: bytes, args: CmdArgs) -> None:
-    try:
-        invoke.delegate_del(plugin, data, args)
-    except CNIError:
-        pass
-
-
 def cmd_add(args: CmdArgs) -> Result:
     """Save the merged delegate config, then delegate ADD; a failed ADD is undone and forgotten."""
     conf = parse_conf(args)
     path = _scratch_path(conf.data_dir, args.container_id)
-    if not _fits(args.container_id):
-        raise CNIError(E.INVALID_ENV, "container ID too long for flannel",
-                       f"flannel saves the delegate config in a file named by the container ID: at most "
-                       f"{MAX_ID_BYTES} bytes, got {len(args.container_id.encode())}")
     env = load_subnet_env(conf.subnet_file)
     delegate = delegate_conf(conf, env)
     validate_delegate(delegate, args)
@@ -226,7 +208,7 @@ def cmd_add(args: CmdArgs) -> Result:
         bridge = _new_bridge(delegate)
         if bridge:
             undo.push(_remove_unused_bridge, bridge)
-        undo.push(_quiet_del, delegate["type"], data, args)
+        undo.push(invoke.delegate_del, delegate["type"], data, args)
         return invoke.delegate_add(delegate["type"], data, args)
 
 
@@ -234,7 +216,7 @@ def cmd_del(args: CmdArgs) -> None:
     """Replay DEL with the config ADD saved (not the current subnet file), then forget it."""
     conf = parse_conf(args)
     path = _scratch_path(conf.data_dir, args.container_id)
-    saved = _read_saved(path) if _fits(args.container_id) else None
+    saved = _read_saved(path)
     if saved is None:
         return  # never added, or already deleted: DEL is idempotent
     try:
@@ -251,7 +233,7 @@ def cmd_check(args: CmdArgs) -> None:
     """Replay CHECK through the delegate with the saved configuration and our prevResult."""
     conf = parse_conf(args)
     path = _scratch_path(conf.data_dir, args.container_id)
-    saved = _read_saved(path) if _fits(args.container_id) else None
+    saved = _read_saved(path)
     if saved is None:
         raise CNIError(E.UNKNOWN_CONTAINER, f"no flannel delegate config for container {args.container_id}",
                        f"nothing saved in {conf.data_dir}; was ADD run for this container?")

@@ -209,12 +209,12 @@ def parse_conf(args: CmdArgs, allowlist_file: str = ALLOWLIST_FILE) -> TuningCon
     """Decode and check the whole configuration before anything is touched.
 
     DEL reads only ``dataDir``: it restores what ADD saved, and nothing else in the config
-    (nor bad CNI_ARGS) may keep it from doing so.
+    (nor bad CNI_ARGS) may keep it from doing so. GC and STATUS (no interface) read no more.
     """
     raw = _load(args.stdin_data)
     conf = TuningConf(cni_version=config_version(raw))
     conf.data_dir = netconf.get_str(raw, "dataDir") or DEFAULT_DATA_DIR
-    if args.command == "DEL":
+    if args.command not in ("ADD", "CHECK"):
         return conf
     sysctls = _sysctl_map(raw.get("sysctl"), "sysctl")
     _link_attrs(conf, raw, "")
@@ -355,6 +355,8 @@ def cmd_add(args: CmdArgs) -> Result:
             previous = _read_backup(path)
             # A repeated ADD keeps the first originals (the true ones) and anything saved before.
             saved = {**_originals(conf, link), **(previous or {})}
+            if not os.path.isdir(conf.data_dir):
+                undo.push(_remove_dir, conf.data_dir)  # made by this ADD: goes with it (after the file)
             _write_backup(path, saved)
             if previous is None:
                 undo.push(statefile.remove, path)
@@ -372,6 +374,14 @@ def cmd_add(args: CmdArgs) -> Result:
             if iface.name == args.ifname:
                 iface.mac = conf.mac
     return result
+
+
+def _remove_dir(path: str) -> None:
+    """Remove the directory ``path`` if it is empty (another container's saved file keeps it)."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _remove(path: str) -> None:
@@ -442,7 +452,19 @@ def cmd_check(args: CmdArgs) -> None:
                            f"current value is {link.txqlen}")
 
 
-PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check,
+def cmd_gc(args: CmdArgs) -> None:
+    """Nothing to collect by attachment (saved originals are per container, in a directory other
+    networks share); the list is still checked."""
+    parse_conf(args)
+    netconf.valid_attachments(args.conf())
+
+
+def cmd_status(args: CmdArgs) -> None:
+    """Always ready."""
+    parse_conf(args)
+
+
+PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,
                 about="CNI tuning plugin (pycni): net sysctls and interface attributes in the container")
 
 

@@ -58,6 +58,25 @@ def named(name: str) -> Backend:
     return nftables.BACKEND
 
 
+def fallback(conf: PortmapConf, why: Unusable) -> Backend:
+    """The backend an ADD falls back to when ``conf``'s is unusable here: nftables when the
+    config named none (the reference's rule), else ``why`` re-raised with the way out."""
+    if not conf.auto:
+        raise CNIError(why.code, why.msg, f"{why.details}; or set \"backend\": \"nftables\"")
+    conf.backend = "nftables"
+    return named(conf.backend)
+
+
+def chosen(conf: PortmapConf) -> Backend:
+    """The backend CHECK verifies: the one ADD used (see :func:`fallback`)."""
+    if conf.auto and conf.backend == "iptables":
+        from pycni.net import iptables
+
+        if not iptables.usable():
+            return named("nftables")
+    return named(conf.backend)
+
+
 def every(first: str) -> list[Backend]:
     """Every backend, ``first`` first: DEL and GC clean all layouts."""
     return [named(first), named("nftables" if first == "iptables" else "iptables")]

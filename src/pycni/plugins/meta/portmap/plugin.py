@@ -269,10 +269,7 @@ def cmd_add(args: CmdArgs) -> Result:
     try:
         mapper.forward(conf)
     except backends.Unusable as e:
-        if not conf.auto:
-            raise CNIError(e.code, e.msg, f"{e.details}; or set \"backend\": \"nftables\"") from None
-        conf.backend = "nftables"  # the reference's fallback where iptables cannot work
-        mapper = backends.named(conf.backend)
+        mapper = backends.fallback(conf, e)
         mapper.forward(conf)
     if conf.snat and conf.cont_v4 is not None:
         try:
@@ -312,13 +309,7 @@ def cmd_check(args: CmdArgs) -> None:
         raise _bad("Required prevResult missing", "CHECK needs the prevResult of the ADD")
     if not conf.mappings or not conf.nets:
         return None
-    mapper = backends.named(conf.backend)
-    if conf.auto and conf.backend == "iptables":
-        from pycni.net import iptables
-
-        if not iptables.usable():
-            mapper = backends.named("nftables")
-    mapper.check(conf)
+    backends.chosen(conf).check(conf)
     return None
 
 
