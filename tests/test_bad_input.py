@@ -30,10 +30,9 @@ DAEMON = int(os.environ.get("PYCNI_FUZZ_DAEMON", "100000"))  # inputs through th
 
 # Inputs that find a defect not fixed here: input id (or an id prefix naming a family of inputs) ->
 # the defect. Each is an xfail(strict=True) below: every input it names must still fail.
-_CHECK_ORDER = ("CHECK runs the IPAM plugin's CHECK before it parses prevResult: a garbage prevResult "
-                "answers code 3 (unknown container) instead of 6/7")
 KNOWN: dict[str, str] = {
-    **{f"{p}:prev:CHECK:": _CHECK_ORDER for p in ("bridge", "ptp", "routed", "host-device", "flannel")},
+    "flannel:prev:CHECK:": "flannel CHECK looks for its saved delegate before it parses prevResult: a garbage "
+                           "prevResult answers code 3 (no delegate config for the container) instead of 6/7",
     "cluster-ipam:huge:ipam.nodeName=": "cluster-ipam contacts etcd before refusing a 100,000-character nodeName "
                                         "(code 11 when etcd is down, not 7)",
     "cluster-ipam:huge:ipam.lockDir=": "cluster-ipam skips an unusable lockDir (a 100,000-character path) and goes on "
