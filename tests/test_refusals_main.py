@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,10 @@ def test_bridge_late_failure_rolls_back_everything(host_ns: Namespace, container
     host_ns.run(["ip", "addr", "add", "10.99.9.1/24", "dev", "refbr0"])
     host_ns.run(["ip", "link", "set", "refbr0", "up"])
     host_ns.run(["sysctl", "-qw", "net.ipv6.conf.refbr0.accept_ra=0"])  # as ADD leaves it on a bridge it uses
+    for _ in range(100):  # the kernel adds the link's IPv6 multicast route a moment after "up": settle first
+        if "ff00::/8" in host_ns.run(["ip", "-6", "route", "show", "table", "local", "dev", "refbr0"]).stdout:
+            break
+        time.sleep(0.02)
     e = refused(bridge.PLUGIN, host_ns, container_ns, _bridge(tmp_path, ipMasqBackend=backend), plugin_dir, tmp_path,
                 ipam_ran=True)
     assert "already has an IP address" in e["msg"], e
