@@ -30,8 +30,23 @@ def _pairs(raw: str) -> list[tuple[str, str, str]]:
 
 
 def parse_cni_args(raw: str) -> dict[str, str]:
-    """Split CNI_ARGS into a dict (last value of a repeated key wins)."""
-    return {key: value for key, value, _ in _pairs(raw)}
+    """Split CNI_ARGS into a dict (last value of a repeated key wins).
+
+    An empty key names no argument and a non-boolean ``IgnoreUnknown`` is refused, as Go's
+    LoadArgs refuses both whatever the plugin's own keys are.
+    """
+    out = {}
+    for key, value, pair in _pairs(raw):
+        if not key:
+            raise CNIError(INVALID_ENV, f"ARGS: invalid pair {pair!r}", "a CNI_ARGS key cannot be empty")
+        if key == "IgnoreUnknown":
+            try:
+                parse_bool(value)
+            except CNIError as e:
+                raise CNIError(INVALID_ENV, f"ARGS: error parsing value of pair {pair!r}: {e.msg}",
+                               e.details) from None
+        out[key] = value
+    return out
 
 
 def parse_bool(value: str) -> bool:

@@ -79,6 +79,9 @@ class ClusterIpamConf:
     key: str = ""
 
 
+MAX_NODE_NAME = 253  # a DNS name, the longest Kubernetes node name
+
+
 def _bad(msg: str, details: str = "") -> CNIError:
     return CNIError(INVALID_CONFIG, msg, details)
 
@@ -104,8 +107,15 @@ def parse_conf_dict(conf: Mapping[str, Any], cni_args: str = "", *, need_ranges:
     if not prefix.startswith("/"):
         raise _bad("invalid ipam.etcdPrefix", f"{prefix!r}: the prefix must start with '/'")
     node = netconf.get_str(ipam, "nodeName", label="ipam.nodeName") or os.uname().nodename
-    if "/" in node or not node:
-        raise _bad("invalid ipam.nodeName", f"{node!r}: a node name must be non-empty and hold no '/'")
+    if "/" in node or not node or len(node) > MAX_NODE_NAME:
+        raise _bad("invalid ipam.nodeName", f"{node[:80]!r}{'...' if len(node) > 80 else ''}: a node name must be "
+                   f"1 to {MAX_NODE_NAME} characters (a DNS name, as Kubernetes' node names) and hold no '/'")
+    lock_dir = netconf.get_str(ipam, "lockDir", DEFAULT_LOCK_DIR, label="ipam.lockDir")
+    # The node lock and block hint are files named <network>.<node>.*: refuse what cannot name one.
+    if len(lock_dir) > 1024 or len(f"{name}.{node}.blocks".encode()) > 255:
+        raise _bad("invalid ipam.lockDir", f"the lock directory ({len(lock_dir)} characters, at most 1024) or the "
+                   f"file names <network>.<nodeName>.lock in it ({len(name) + len(node) + 7} characters, at most "
+                   "255) are too long")
     # blockSize is the IPv4 block prefix (20..32); a value only IPv6 can have (116..128) sets the
     # IPv6 one instead, unless blockSizeV6 does.
     v4 = DEFAULT_BLOCK_V4
@@ -124,7 +134,7 @@ def parse_conf_dict(conf: Mapping[str, Any], cni_args: str = "", *, need_ranges:
         raise netconf.invalid("ipam.etcdTimeout", "a number of seconds (0 < t <= 300)", timeout)
     cfg = ClusterIpamConf(name=name, endpoints=list(eps), prefix=prefix, node=node, block_sizes=(v4, v6),
                           strict_affinity=strict, timeout=float(timeout),
-                          lock_dir=netconf.get_str(ipam, "lockDir", DEFAULT_LOCK_DIR, label="ipam.lockDir"),
+                          lock_dir=lock_dir,
                           ca_cert=netconf.get_str(ipam, "etcdCACert", label="ipam.etcdCACert"),
                           cert=netconf.get_str(ipam, "etcdCert", label="ipam.etcdCert"),
                           key=netconf.get_str(ipam, "etcdKey", label="ipam.etcdKey"))

@@ -232,6 +232,7 @@ def cmd_del(args: CmdArgs) -> None:
 def cmd_check(args: CmdArgs) -> None:
     """Replay CHECK through the delegate with the saved configuration and our prevResult."""
     conf = parse_conf(args)
+    prev = netconf.prev_result(conf.raw)  # a malformed prevResult is refused before anything is looked up
     path = _scratch_path(conf.data_dir, args.container_id)
     saved = _read_saved(path)
     if saved is None:
@@ -243,7 +244,6 @@ def cmd_check(args: CmdArgs) -> None:
     except (ValueError, KeyError, TypeError):
         raise CNIError(E.IO_FAILURE, f"saved flannel delegate config for {args.container_id} is unreadable",
                        f"{_scratch_path(conf.data_dir, args.container_id)} is not a delegate config") from None
-    prev = netconf.prev_result(conf.raw)
     if prev is not None:
         delegate["prevResult"] = prev.to_dict(delegate.get("cniVersion") or conf.cni_version)
     invoke.delegate_check(delegate["type"], json.dumps(delegate).encode(), args)

@@ -19,7 +19,7 @@ import sys
 
 from pycni import netconf
 from pycni.cniargs import parse_cni_args
-from pycni.plugins.ipam.dhcp import protocol
+from pycni.plugins.ipam.dhcp import options, protocol
 from pycni.record import record
 from pycni.skel import CmdArgs, Plugin, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_NOT_AVAILABLE, CNIError
@@ -52,8 +52,7 @@ def parse_conf(args: CmdArgs) -> DhcpConf:
     netconf.runtime_config(conf)
     netconf.args_cni(conf)
     netconf.get_int(ipam, "priority", minimum=0, maximum=2**32 - 1, label="ipam.priority")
-    netconf.get_list(ipam, "provide", label="ipam.provide")
-    netconf.get_list(ipam, "request", label="ipam.request")
+    options.check(ipam)
     if args.command in ("ADD", "CHECK"):
         parse_cni_args(args.args)
     path = netconf.get_str(ipam, "daemonSocketPath", label="ipam.daemonSocketPath") or protocol.DEFAULT_SOCKET_PATH

@@ -28,8 +28,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from pycni import netconf
+from pycni.cniargs import parse_cni_args
 from pycni.plugins.ipam.dhcp import client as C
 from pycni.plugins.ipam.dhcp import message as M
+from pycni.plugins.ipam.dhcp import options
 from pycni.plugins.ipam.dhcp.lease import Lease, Timing
 from pycni.plugins.ipam.dhcp.protocol import DEFAULT_SOCKET_PATH, read_all
 from pycni.record import record
@@ -52,10 +54,10 @@ def client_id(container_id: str, network: str, ifname: str) -> str:
 
 def client_options(ipam: Mapping[str, Any], cni_args: str, key: str, broadcast: bool) -> C.ClientOptions:
     """ipam ``provide`` / ``request`` entries -> what the client sends (reference semantics)."""
-    args = dict(pair.split("=", 1) for pair in cni_args.split(";") if "=" in pair)
+    args = parse_cni_args(cni_args)
     provide: dict[int, bytes] = {}
-    for entry in _entries(ipam, "provide"):
-        code = _option(entry)
+    for entry in options.entries(ipam, "provide"):
+        code = options.option_code(entry)
         value = netconf.get_str(entry, "value", label="ipam.provide[].value")
         from_arg = netconf.get_str(entry, "fromArg", label="ipam.provide[].fromArg")
         if from_arg in args:
@@ -67,29 +69,14 @@ def client_options(ipam: Mapping[str, Any], cni_args: str, key: str, broadcast: 
             provide[code] = value.encode()
     request: list[int] = []
     skip_default = False
-    for entry in _entries(ipam, "request"):
+    for entry in options.entries(ipam, "request"):
         skip_default = skip_default or bool(entry.get("skipDefault"))
-        code = _option(entry)
+        code = options.option_code(entry)
         if code not in request:
             request.append(code)
     if not skip_default:
         request += [c for c in DEFAULT_REQUEST if c not in request]
     return C.ClientOptions(client_id=b"\0" + key.encode(), provide=provide, request=request, broadcast=broadcast)
-
-
-def _entries(ipam: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
-    value = netconf.get_list(ipam, key, label=f"ipam.{key}")
-    if not all(isinstance(e, dict) for e in value):
-        raise netconf.invalid(f"ipam.{key}", "a list of objects", value)
-    return value
-
-
-def _option(entry: Mapping[str, Any]) -> int:
-    name = entry.get("option")
-    try:
-        return M.parse_option_name(str(name) if name is not None else "")
-    except ValueError as e:
-        raise CNIError(INVALID_CONFIG, f"Can not parse option {name!r}", str(e)) from None
 
 
 @record
