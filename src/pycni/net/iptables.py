@@ -10,13 +10,11 @@ Stdlib only.
 from __future__ import annotations
 
 import os
-import shlex
-import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from pycni.lockfile import flocked
-from pycni.net.nft import find_tool
+from pycni.net.tools import ToolTimeout, find_tool, run_tool
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
 
 LOCK_WAIT_SECONDS = "30"
@@ -60,21 +58,22 @@ def _binary(ipv6: bool, restore: bool = False) -> str:
 
 def _exec(cmd: list[str], stdin: str | None, code: int) -> str:
     try:
-        proc = subprocess.run([find_tool(cmd[0]), *cmd[1:]], input=stdin, capture_output=True, text=True,
-                              timeout=90)
+        status, out, err = run_tool(cmd, stdin, timeout=90)
     except FileNotFoundError:
         raise IptablesError(IO_FAILURE, f"{cmd[0]} command not found",
                             "install the iptables package or choose the nftables backend", 127) from None
-    except subprocess.TimeoutExpired:
+    except ToolTimeout:
         raise IptablesError(TRY_AGAIN, f"{cmd[0]} timed out", "the xtables lock was not released in time",
                             -1) from None
-    if proc.returncode != 0:
-        err = proc.stderr or proc.stdout
-        if proc.returncode == 4 or "Resource temporarily unavailable" in err or "xtables lock" in err:
+    if status != 0:
+        import shlex
+
+        err = err or out
+        if status == 4 or "Resource temporarily unavailable" in err or "xtables lock" in err:
             code = TRY_AGAIN
         shown = " ".join(shlex.quote(a) for a in cmd)
-        raise IptablesError(code, f"{shown} failed", err, proc.returncode)
-    return proc.stdout
+        raise IptablesError(code, f"{shown} failed", err, status)
+    return out
 
 
 def run(args: Sequence[str], ipv6: bool = False, *, code: int = IO_FAILURE) -> str:
@@ -181,7 +180,14 @@ def delete_chain(table: str, chain: str, ipv6: bool = False) -> None:
 def split_rule(line: str) -> list[str]:
     """An ``-S`` line as arguments, without its leading ``-A CHAIN``."""
     # shlex is slow (~30 µs a line): only quoted lines (comments) need it.
-    parts = shlex.split(line) if any(c in line for c in "\"'\\") else line.split()
+    if any(c in line for c in "\"'\\"):
+        import shlex  # imports re, so only where a line is quoted
+
+        return _strip_append(shlex.split(line))
+    return _strip_append(line.split())
+
+
+def _strip_append(parts: list[str]) -> list[str]:
     return parts[2:] if parts[:1] == ["-A"] else parts
 
 
