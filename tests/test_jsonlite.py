@@ -86,3 +86,20 @@ def test_imports_neither_json_nor_re() -> None:
             "j.dumps({'a': None}); print(sorted(m for m in ('json', 're', 'enum') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-IS", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_invalid_input_before_json_is_imported() -> None:
+    """The C scanner raises JSONDecodeError only once json.decoder is loaded: the error is json's all the same."""
+    src = os.path.dirname(os.path.dirname(os.path.abspath(jsonlite.__file__)))
+    code = ("import sys; sys.path.insert(0, " + repr(src) + "); from pycni import jsonlite as j\n"
+            "for bad in ('{nope}', '[1,', '\"x', '{\"a\": 1} 2'):\n"
+            "    try: j.loads(bad)\n"
+            "    except ValueError as e: print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-IS", "-c", code], capture_output=True, text=True, timeout=60)
+    want = []
+    for bad in ("{nope}", "[1,", '"x', '{"a": 1} 2'):
+        try:
+            json.loads(bad)
+        except ValueError as e:
+            want.append(f"{type(e).__name__} {e}")
+    assert out.stdout.splitlines() == want, out.stderr

@@ -7,12 +7,12 @@ so the same code runs in a one-shot plugin and in the daemon.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from pycni import jsonlite as json
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import Result

@@ -34,7 +34,7 @@ class _Context:
         self.memo: dict[str, str] = {}
 
 
-_plain_scanner = _json.make_scanner(_Context(None))
+_plain_scanner = _json.make_scanner(_Context(None))  # type: ignore[arg-type]
 
 
 def loads(s: "str | bytes | bytearray", *,
@@ -43,12 +43,14 @@ def loads(s: "str | bytes | bytearray", *,
     try:
         text = s.decode("utf-8") if isinstance(s, (bytes, bytearray)) else s
         if isinstance(text, str) and not text.startswith("\ufeff"):
-            scan = _plain_scanner if object_pairs_hook is None else _json.make_scanner(_Context(object_pairs_hook))
+            scan = _plain_scanner if object_pairs_hook is None else _json.make_scanner(_Context(object_pairs_hook))  # type: ignore[arg-type]
             start = len(text) - len(text.lstrip(_WS))
             obj, end = scan(text, start)
             if not text[end:].strip(_WS):
                 return obj
-    except (ValueError, StopIteration):  # json.JSONDecodeError, UnicodeDecodeError: json says it its way
+    except (ValueError, StopIteration, SystemError):
+        # Invalid input: json says why its own way. (Until json.decoder is imported, the C scanner
+        # cannot raise its JSONDecodeError and fails with a SystemError instead.)
         pass
     import json
 

@@ -16,10 +16,10 @@ Everything acts in the calling thread's network namespace. Stdlib only.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from ipaddress import IPv4Interface, IPv6Interface
 
+from pycni import jsonlite as json
 from pycni.net import iptables, nft
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 

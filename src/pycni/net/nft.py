@@ -98,10 +98,10 @@ def list_json(*args: str, missing_ok: bool = False) -> dict[str, Any]:
         if missing_ok and e.not_found:
             return {"nftables": []}
         raise
-    import json
+    from pycni import jsonlite
 
     try:
-        data = json.loads(out) if out.strip() else {"nftables": []}
+        data = jsonlite.loads(out) if out.strip() else {"nftables": []}
     except ValueError as e:
         raise NftError(IO_FAILURE, "cannot parse nft JSON output", str(e)) from None
     if not isinstance(data, dict):
