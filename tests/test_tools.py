@@ -46,3 +46,23 @@ def test_finds_tools_outside_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     assert os.path.isabs(find_tool("sh"))
     assert run_tool(["sh", "-c", "echo ok"])[1] == "ok\n"
+
+
+@pytest.mark.parametrize("line", [
+    '-A FORWARD -m comment --comment "CNI firewall plugin rules" -j CNI-FORWARD',
+    '-A X -m comment --comment "a \\"b\\" c\\\\d" -j Y', '-A X --comment "" -j Y', '-A X --comment "a\\qb"',
+    '-A X --comment a"b c"d', "-A X 'single' -j Y", '-A X "unterminated', "-A X a\\ b", "-A X -j Y",
+])
+def test_iptables_split_rule_is_shlex(line: str) -> None:
+    """split_rule reads iptables' double-quoted comments without shlex (and re), with shlex's result."""
+    import shlex
+
+    from pycni.net.iptables import split_rule
+
+    try:
+        want: object = shlex.split(line)[2:]
+    except ValueError as e:
+        with pytest.raises(ValueError, match=str(e)):
+            split_rule(line)
+    else:
+        assert split_rule(line) == want

@@ -66,14 +66,23 @@ def _exec(cmd: list[str], stdin: str | None, code: int) -> str:
         raise IptablesError(TRY_AGAIN, f"{cmd[0]} timed out", "the xtables lock was not released in time",
                             -1) from None
     if status != 0:
-        import shlex
-
         err = err or out
         if status == 4 or "Resource temporarily unavailable" in err or "xtables lock" in err:
             code = TRY_AGAIN
-        shown = " ".join(shlex.quote(a) for a in cmd)
+        shown = " ".join(_sh_quote(a) for a in cmd)
         raise IptablesError(code, f"{shown} failed", err, status)
     return out
+
+
+_SH_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-")
+
+
+def _sh_quote(arg: str) -> str:
+    """``shlex.quote(arg)``, whose module imports re: an expected failure (a rule to delete is
+    not there) formats this message on every DEL."""
+    if arg and all(c in _SH_SAFE for c in arg):
+        return arg
+    return "'" + arg.replace("'", "'\"'\"'") + "'"
 
 
 def run(args: Sequence[str], ipv6: bool = False, *, code: int = IO_FAILURE) -> str:
@@ -181,10 +190,50 @@ def split_rule(line: str) -> list[str]:
     """An ``-S`` line as arguments, without its leading ``-A CHAIN``."""
     # shlex is slow (~30 µs a line): only quoted lines (comments) need it.
     if any(c in line for c in "\"'\\"):
-        import shlex  # imports re, so only where a line is quoted
+        parts = _split_double_quoted(line)
+        if parts is None:
+            import shlex  # imports re: only for what iptables does not print
 
-        return _strip_append(shlex.split(line))
+            parts = shlex.split(line)
+        return _strip_append(parts)
     return _strip_append(line.split())
+
+
+def _split_double_quoted(line: str) -> list[str] | None:
+    """``shlex.split(line)`` for what ``-S`` prints: words and double-quoted strings in which ``\\``
+    escapes ``"`` and ``\\``; None for anything else (single quotes, a backslash outside quotes,
+    an unterminated quote). Saves a quoted line (a rule comment) the import of re with shlex."""
+    parts: list[str] = []
+    cur: list[str] = []
+    quoted = in_word = False
+    i, n = 0, len(line)
+    while i < n:
+        c = line[i]
+        if quoted:
+            if c == "\\" and i + 1 < n and line[i + 1] in "\"\\":
+                cur.append(line[i + 1])
+                i += 1
+            elif c == '"':
+                quoted = False
+            else:
+                cur.append(c)
+        elif c == '"':
+            quoted = in_word = True
+        elif c in " \t\r\n":
+            if in_word:
+                parts.append("".join(cur))
+                cur, in_word = [], False
+        elif c in "'\\":
+            return None
+        else:
+            cur.append(c)
+            in_word = True
+        i += 1
+    if quoted:
+        return None
+    if in_word:
+        parts.append("".join(cur))
+    return parts
 
 
 def _strip_append(parts: list[str]) -> list[str]:

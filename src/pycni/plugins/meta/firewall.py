@@ -19,7 +19,6 @@ iptables chains for the bridge (first interface of prevResult), whatever the bac
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from pycni import netconf
@@ -28,6 +27,7 @@ from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import IPConfig, Result
+from pycni.spec.validate import ALNUM, charset_match
 from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
@@ -41,7 +41,6 @@ ADMIN_COMMENT = "CNI firewall plugin admin overrides"
 NFT_TABLE = "cni_firewall"
 STAGE1, STAGE2 = "CNI-ISOLATION-STAGE-1", "CNI-ISOLATION-STAGE-2"
 POLICIES = ("", "open", "same-bridge", "isolated")
-_CHAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,27}$")
 # Names the admin chain cannot take: the filter table's built-in chains and the standard
 # verdicts (iptables cannot jump to or create them), and the chains this plugin owns (a jump
 # to itself loops). iptables refuses other target names (LOG, REJECT, ...) itself: see
@@ -49,7 +48,6 @@ _CHAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,27}$")
 # base chain is "forward".
 _RESERVED_ADMIN = frozenset({"INPUT", "FORWARD", "OUTPUT", "ACCEPT", "DROP", "RETURN", "QUEUE", PRIV_CHAIN,
                              STAGE1, STAGE2})
-_NFT_CHAIN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
 
 @record
@@ -83,14 +81,14 @@ def parse_conf(args: CmdArgs) -> FirewallConf:
         raise CNIError(INVALID_CONFIG, f"unknown firewall backend {backend!r}",
                        "backend must be \"iptables\" or \"nftables\"")
     admin = netconf.get_str(raw, "iptablesAdminChainName") or DEFAULT_ADMIN_CHAIN
-    if not _CHAIN_RE.match(admin):
+    if not charset_match(admin, ALNUM + "_", ALNUM + "_.-", 28, eol=True):
         raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
                        "use up to 28 letters, digits, '_', '-' or '.'")
     if admin in (_RESERVED_ADMIN if backend == "iptables" else ("forward",)):
         raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
                        f"{admin} is a built-in chain, a verdict or a chain of the firewall plugin itself; "
                        f"name a chain of your own (default {DEFAULT_ADMIN_CHAIN})")
-    if backend == "nftables" and not _NFT_CHAIN_RE.match(admin):
+    if backend == "nftables" and not charset_match(admin, ALNUM[:52] + "_", ALNUM + "_.-", eol=True):
         raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
                        "an nftables chain name starts with a letter or '_'")
     policy = netconf.get_str(raw, "ingressPolicy")

@@ -25,8 +25,6 @@ transaction re-adds each element first, which fails when it maps elsewhere now).
 
 from __future__ import annotations
 
-import re
-
 from pycni.net import nft
 from pycni.plugins.meta.portmap.backend import Backend, Unusable
 from pycni.record import record
@@ -254,6 +252,8 @@ class NftablesBackend(Backend):
     def gc(self, conf: PortmapConf, valid: set[str]) -> None:
         """Drop elements of this network whose container is not among the valid attachments,
         and the shared sets earlier versions left behind."""
+        import re  # here: only GC needs it
+
         pattern = re.compile(r"^id: (\S+) net: (.*)$")
 
         def stale(comment: str) -> bool:
