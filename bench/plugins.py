@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--socket", default="off", help="PYCNI_SOCKET for ours (default: one-shot)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=BINDIR",
+                    help="another plugin directory to measure beside (e.g. an older tree's executables)")
     opts = ap.parse_args(argv)
     if os.geteuid() != 0:
         sys.exit("needs root (network namespaces)")
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id = uuid.uuid4().hex[:6]
     shims = os.path.join(tmp, "bin")
     install(shims, daemon=True)
-    variants = {"go": GO_PLUGINS, "ours": shims}
+    variants = {"go": GO_PLUGINS, "ours": shims, **dict(v.split("=", 1) for v in opts.variant)}
     namespaces: list[str] = []
     cpu: dict[tuple[str, str, str], list[float]] = {}
     failed: set[tuple[str, str, str]] = set()
@@ -139,20 +141,23 @@ def main(argv: list[str] | None = None) -> int:
                 namespaces.remove(ctr)
         wrap = statistics.median(cpu[("(ip netns exec)", "-", "go")] + cpu[("(ip netns exec)", "-", "ours")])
         print(f"CPU ms per call, median of {opts.rounds}, `ip netns exec` ({wrap * 1e3:.1f} ms) subtracted")
-        print(f"{'plugin':22} {'cmd':6} {'go':>7} {'ours':>7} {'ours/go':>8}")
+        others = [v for v in variants if v != "go"]
+        print(f"{'plugin':22} {'cmd':6} {'go':>7} " + " ".join(f"{v:>7} {v + '/go':>9}" for v in others))
         keys = sorted({(p, c) for p, c, _ in cpu}, key=lambda k: (k[0].startswith("("), k[0], k[1]))
-        tot = {"go": 0.0, "ours": 0.0}
+        tot = dict.fromkeys(variants, 0.0)
         for p, c in keys:
             if p == "(ip netns exec)":
                 continue
-            g = statistics.median(cpu[(p, c, "go")]) - wrap
-            o = statistics.median(cpu[(p, c, "ours")]) - wrap
+            ms = {v: statistics.median(cpu[(p, c, v)]) - wrap for v in variants}
             if not p.startswith("("):
-                tot["go"] += g
-                tot["ours"] += o
+                for v in variants:
+                    tot[v] += ms[v]
             bad = "".join(f"  ({v} exits non-zero)" for v in variants if (p, c, v) in failed)
-            print(f"{p:22} {c:6} {g * 1e3:7.1f} {o * 1e3:7.1f} {o / g if g > 0 else float('nan'):8.2f}{bad}")
-        print(f"{'total':22} {'':6} {tot['go'] * 1e3:7.1f} {tot['ours'] * 1e3:7.1f} {tot['ours'] / tot['go']:8.2f}")
+            print(f"{p:22} {c:6} {ms['go'] * 1e3:7.1f} "
+                  + " ".join(f"{ms[v] * 1e3:7.1f} {ms[v] / ms['go'] if ms['go'] > 0 else float('nan'):9.2f}"
+                             for v in others) + bad)
+        print(f"{'total':22} {'':6} {tot['go'] * 1e3:7.1f} "
+              + " ".join(f"{tot[v] * 1e3:7.1f} {tot[v] / tot['go']:9.2f}" for v in others))
     finally:
         for ns in reversed(namespaces):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
