@@ -179,9 +179,10 @@ def _list_table() -> dict[str, Any]:
     return nft.list_json("table", "inet", NFT_TABLE, missing_ok=True)
 
 
-def _delete_by_comment(match: Any, what: str) -> None:
+def _delete_by_comment(match: Any, what: str, listing: dict[str, Any] | None = None) -> None:
     """Delete the elements whose comment ``match`` accepts (one listing, one transaction)."""
-    cmds = [f"delete element {T} {name} {{ {key} }}" for name, key, _data, comment in _listed(_list_table())
+    listing = _list_table() if listing is None else listing
+    cmds = [f"delete element {T} {name} {{ {key} }}" for name, key, _data, comment in _listed(listing)
             if comment and match(comment)]
     if cmds:
         nft.run("\n".join(cmds) + "\n", what=what)
@@ -223,8 +224,20 @@ class NftablesBackend(Backend):
             raise CNIError(err.code, "unable to set up nftables rules for port mappings", err.details) from None
 
     def unforward(self, conf: PortmapConf) -> None:
-        """Idempotent, and complete without portMappings."""
+        """Idempotent, and complete without portMappings.
+
+        Where this layout is the configured one, the elements ADD made are deleted straight away
+        (one transaction when they are all there). Otherwise (the iptables backend, the default)
+        the table is usually absent: one listing says so, rather than a transaction that fails
+        and then the listing anyway.
+        """
         try:
+            if conf.backend != "nftables":
+                listing = _list_table()
+                if nft.objects(listing, "table"):
+                    mine = element_comment(conf)
+                    _delete_by_comment(lambda c: c == mine, "port mapping teardown", listing)
+                return
             if conf.mappings and conf.nets:
                 script = "".join(f"{e.probe()}\n{e.delete()}\n" for e in elements(conf))
                 try:
