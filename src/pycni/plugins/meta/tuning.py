@@ -349,7 +349,6 @@ def _slash_key(path: str) -> str:
 
 def cmd_add(args: CmdArgs) -> Result:
     """Set sysctls, save the originals, change the link; undo all of it if any step fails."""
-    from pycni.net import link as netlink
     from pycni.net import netns
 
     conf = parse_conf(args)
@@ -358,6 +357,8 @@ def cmd_add(args: CmdArgs) -> Result:
     with netns.enter(args.netns), Rollback() as undo:  # a failure part-way undoes all of it
         link = None
         if conf.changes_link:
+            from pycni.net import link as netlink  # only here: a tuning that changes no link needs no netlink
+
             link = netlink.get_link(args.ifname)
             if link is None:
                 raise CNIError(PLUGIN_SPECIFIC, f"failed to get {args.ifname!r}",
@@ -409,14 +410,14 @@ def _remove(path: str) -> None:
 
 def cmd_del(args: CmdArgs) -> None:
     """Restore what ADD saved. Succeeds when there is nothing to restore or nowhere to restore it."""
-    from pycni.net import link as netlink
-    from pycni.net import netns
-
     conf = parse_conf(args)
     path = backup_path(conf.data_dir, args.container_id, args.ifname)
     saved = _read_backup(path)
     if saved is None:
-        return
+        return  # the usual case (ADD changed no link): neither netns nor netlink needed
+    from pycni.net import link as netlink
+    from pycni.net import netns
+
     if not saved or not args.netns or not netns.netns_exists(args.netns):
         _remove(path)  # nothing restorable, or the namespace (and interface) is gone
         return
