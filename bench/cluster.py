@@ -8,8 +8,9 @@ macvlan link on the node's underlay interface. Plugins are executed directly (th
 for every variant) from inside node1's namespace. Cases:
 
 (A) macvlan ADD+DEL cycle with each IPAM: Go macvlan + Go host-local; ours one-shot with
-    host-local and with cluster-ipam; ours through a ``pycni daemon`` with each. Variants
-    alternate within a round, the first round is discarded, medians are reported.
+    host-local and with cluster-ipam; ours through a ``pycni daemon`` with each; and (A') the
+    IPAM executable alone, one-shot. Variants alternate within a round, the first round is
+    discarded, medians are reported.
     Target: cluster-ipam cycle <= 1.3x ours with host-local (one-shot and daemon).
 (B) 3 nodes x N parallel macvlan+cluster-ipam ADDs (one-shot, then daemon): wall time and
     the p99 of single ADD latencies; then duplicates (must be 0) and, after DEL of all,
@@ -102,7 +103,8 @@ class Bench:
         env = {"PATH": PATH_ENV, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": pod.path,
                "CNI_IFNAME": "eth0", "CNI_PATH": GO if go else self.shims,
                "PYCNI_SOCKET": self.socket if variant == "daemon" else "off"}
-        exe = os.path.join(GO if go else self.shims, "macvlan")
+        # "ipam": the IPAM plugin alone, one-shot (what the main plugin execs for it)
+        exe = os.path.join(GO if go else self.shims, conf["ipam"]["type"] if variant == "ipam" else "macvlan")
         with netns.enter(node.ns.path):
             t = time.perf_counter()
             proc = subprocess.run([exe], input=json.dumps(conf).encode(), env=env, capture_output=True)
@@ -126,7 +128,8 @@ def leaks(cluster: EtcdCluster, network: str) -> int:
 def case_cycle(b: Bench, rounds: int) -> list[Row]:
     node = b.cluster.nodes[0]
     variants = [("go", "host-local"), ("oneshot", "host-local"), ("oneshot", "cluster-ipam"),
-                ("daemon", "host-local"), ("daemon", "cluster-ipam")]
+                ("daemon", "host-local"), ("daemon", "cluster-ipam"), ("ipam", "host-local"),
+                ("ipam", "cluster-ipam")]
     confs = {v: b.conf(f"cyc{i}", node, v[1], f"10.{100 + i}.0.0/16") for i, v in enumerate(variants)}
     times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
     for r in range(rounds + 1):
@@ -142,7 +145,9 @@ def case_cycle(b: Bench, rounds: int) -> list[Row]:
                 times[v].append(t_add + t_del)
     med = {v: statistics.median(xs) for v, xs in times.items()}
     out: list[Row] = [(f"(A) macvlan+{ipam} ADD+DEL, {'Go' if var == 'go' else 'ours ' + var}", med[(var, ipam)],
-                       "s") for var, ipam in variants]
+                       "s") for var, ipam in variants if var != "ipam"]
+    out += [(f"(A') {ipam} alone, one-shot ADD+DEL", med[("ipam", ipam)], "s") for ipam in ("host-local",
+                                                                                          "cluster-ipam")]
     for var in ("oneshot", "daemon"):
         out.append((f"(A) ratio cluster-ipam / host-local, ours {var} (target <= 1.3)",
                     med[(var, "cluster-ipam")] / med[(var, "host-local")], "x"))

@@ -25,6 +25,16 @@ def cni_env(command: str, container: Namespace | None, cni_path: str, ifname: st
     return env
 
 
+def runtime_env(command: str, container_id: str, netns: str = "", ifname: str = "eth0",
+                path: str = "/usr/lib/cni") -> dict[str, str]:
+    """The environment a runtime gives a plugin it executes (CNI_PATH: the Go plugins by default)."""
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_IFNAME": ifname, "CNI_PATH": path,
+           "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+    if netns:
+        env["CNI_NETNS"] = netns
+    return env
+
+
 def call(plugin: Plugin, host: Namespace, command: str, conf: dict[str, Any], container: Namespace | None,
          cni_path: str, **kw: Any) -> Outcome:
     """Dispatch ``plugin`` in-process with the calling thread inside ``host``."""

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from plugin_util import runtime_env
 
 from pycni.plugins.meta import bandwidth as bw
 from pycni.skel import dispatch
@@ -23,12 +24,7 @@ NET = "bwnet"
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def env(cmd: str, cid: str, netns: str = "", ifname: str = "eth0") -> dict[str, str]:
-    e = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": cid, "CNI_IFNAME": ifname, "CNI_PATH": "/usr/lib/cni",
-         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-    if netns:
-        e["CNI_NETNS"] = netns
-    return e
+env = runtime_env
 
 
 def bridge_conf(tmp: Any, subnet: str = "10.77.0.0/24") -> dict[str, Any]:

@@ -335,8 +335,18 @@ def test_cli_release_and_check(up: EtcdCluster, bin_dir: str, tmp_path: Path) ->
     proc = cli(cluster, conf_dir, "ipam", "release", network, "--ip", a)
     assert proc.returncode == 1 and "not allocated" in proc.stderr
     assert_consistent(cluster, conf_dir, network)
-    # an orphan (written behind the plugin's back) is reported, and the exit status says so
+    # a node gone for good: everything it held goes, its emptied blocks and affinities too
+    n2 = cluster.nodes[1]
+    conf2 = net_conf(network, ipam_conf(cluster, n2, ranges=[[{"subnet": "10.95.0.0/24"}]]))
+    dead = {addresses(ok(run(bin_dir, n2, "cluster-ipam", "ADD", conf2, f"z{i}")))[0] for i in range(2)}
+    assert {ip for ip, _c, node in listed(cluster, conf_dir, network) if node == "node2"} == dead
+    proc = cli(cluster, conf_dir, "ipam", "release", network, "--node", "node2")
+    assert proc.returncode == 0 and "2 attachment(s) and 1 block(s)" in proc.stdout, proc.stdout + proc.stderr
+    assert listed(cluster, conf_dir, network) == {(b, "r2", "node1")}
     s = store(cluster, network)
+    assert s.etcd.get_prefix(f"/pycni/ipam/affinity/node2/{network}/")[0] == []
+    assert_consistent(cluster, conf_dir, network)
+    # an orphan (written behind the plugin's back) is reported, and the exit status says so
     blk = s.blocks()[0]
     blk.allocations[200] = "ghost/eth0"
     s.etcd.put(s.block_key(blk.cidr), blk.to_json())

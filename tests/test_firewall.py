@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
 from typing import Any
 
 import pytest
+from plugin_util import runtime_env
 
 from pycni.plugins.meta import firewall as fw
 from pycni.skel import dispatch
@@ -22,11 +22,7 @@ NO_NETNS = "/var/run/netns/pycni-test-no-such-netns"
 
 
 def env(cmd: str, cid: str, netns: str = NO_NETNS, ifname: str = "eth0") -> dict[str, str]:
-    e = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": cid, "CNI_IFNAME": ifname, "CNI_PATH": "/usr/lib/cni",
-         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-    if netns:
-        e["CNI_NETNS"] = netns
-    return e
+    return runtime_env(cmd, cid, netns, ifname)
 
 
 def fw_conf(prev: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
@@ -292,3 +288,15 @@ def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: in
         assert json.loads(out.stdout)["code"] == code
     out = dispatch(fw.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
     assert out.exit_code == 0, out.stdout
+
+
+@pytest.mark.parametrize("added, deleted", [("iptables", "nftables"), ("nftables", "iptables")])
+def test_del_cleans_the_other_backends_rules(host_ns: Any, container_ns: Any, added: str, deleted: str) -> None:
+    """A config switched between ADD and DEL (or a swap of implementations) leaves no rule behind."""
+    prev = synthetic_prev("10.93.0.5/24")
+    code, _ = run_fw(host_ns, "ADD", fw_conf(prev, backend=added), "c1", container_ns.path)
+    assert code == 0
+    assert "10.93.0.5" in (ipt_state(host_ns) if added == "iptables" else nft_state(host_ns))
+    code, _ = run_fw(host_ns, "DEL", fw_conf(prev, backend=deleted), "c1", container_ns.path)
+    assert code == 0
+    assert "10.93.0.5" not in ipt_state(host_ns) and "10.93.0.5" not in nft_state(host_ns)

@@ -262,16 +262,28 @@ def test_refused_add_keeps_a_bridge_it_did_not_make(netns_factory: Callable[[], 
 
 
 def test_container_id_too_long_for_a_file_name(tmp_path: Path, container_ns: Namespace) -> None:
-    cid = "c" * (flannel.MAX_ID_BYTES + 1)
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": container_ns.path,
+    """The saved config is named by the container ID: skel refuses an ADD with one over 255 bytes
+    (code 4) before flannel runs; DEL of such an ID finds nothing saved and succeeds (it may be
+    cleaning up after another implementation); CHECK answers with an error, never a traceback."""
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c" * 256, "CNI_NETNS": container_ns.path,
            "CNI_IFNAME": "eth0", "CNI_PATH": str(tmp_path / "nothing-here")}
-    out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, write_env(tmp_path)))
-    err = json.loads(out.stdout)
-    assert out.exit_code == 1 and err["code"] == 4 and "too long" in err["msg"], err
+    stdin = conf_bytes(tmp_path, write_env(tmp_path))
+    out = dispatch(flannel.PLUGIN, env, stdin)
+    assert out.exit_code == 1 and json.loads(out.stdout)["code"] == 4
+    out = dispatch(flannel.PLUGIN, {**env, "CNI_COMMAND": "DEL"}, stdin)
+    assert (out.exit_code, out.stdout) == (0, b""), out
+    out = dispatch(flannel.PLUGIN, {**env, "CNI_COMMAND": "CHECK"}, stdin)
+    assert out.exit_code == 1 and "code" in json.loads(out.stdout) and b"Traceback" not in out.stderr
     assert not (tmp_path / "flannel-data").exists()
-    for command in ("DEL", "CHECK"):
-        out = dispatch(flannel.PLUGIN, {**env, "CNI_COMMAND": command}, conf_bytes(tmp_path, write_env(tmp_path)))
-        assert out.exit_code == (0 if command == "DEL" else 1), out.stdout
+
+
+def test_saved_config_for_the_longest_container_id(tmp_path: Path) -> None:
+    """A 255-byte ID (the longest skel takes) still names the saved config and its temporary file."""
+    from pycni import statefile
+
+    path = flannel._scratch_path(str(tmp_path / "flannel-data"), "c" * 255)
+    statefile.write_bytes(path, b"{}")
+    assert os.listdir(tmp_path / "flannel-data") == ["c" * 255]
 
 
 @pytest.mark.parametrize("attachments", [None, "absent", [{"containerID": 1}], [None]])
@@ -321,3 +333,22 @@ def test_gc_through_the_delegate_frees_what_is_not_listed(netns_factory: Callabl
     listed = json.dumps({**conf, "cni.dev/valid-attachments": [{"containerID": "ctr-1", "ifname": "eth0"}]})
     run_flannel(node, plugin_dir, "GC", None, "", listed.encode())
     assert state() == ([b"ctr-1\r\neth0"], ["ctr-1"])
+
+
+SAMPLES: dict[type, object] = {int: 5, bool: False, str: "x", list: ["x"], dict: {"x": 1}, float: 1.5}
+WRONG = [(key, value) for key, want in {"delegate": dict, "subnetFile": str, "dataDir": str, "ipam": dict,
+                                        "runtimeConfig": dict}.items()
+         for have, value in SAMPLES.items() if have is not want]
+
+
+@pytest.mark.parametrize(("key", "value"), WRONG, ids=[f"{k}-{type(v).__name__}" for k, v in WRONG])
+def test_wrong_type_is_refused_before_anything(tmp_path: Path, container_ns: Namespace, key: str,
+                                               value: object) -> None:
+    conf = json.loads(conf_bytes(tmp_path, write_env(tmp_path)))
+    conf[key] = value
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": container_ns.path, "CNI_IFNAME": "eth0",
+           "CNI_PATH": str(tmp_path / "nothing-here")}
+    out = dispatch(flannel.PLUGIN, env, json.dumps(conf).encode())
+    err = json.loads(out.stdout)
+    assert out.exit_code == 1 and err["code"] in (6, 7) and key in err["msg"] + err.get("details", ""), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["subnet.env"]

@@ -824,10 +824,8 @@ def test_many_reservations_continue_after_the_cursor(tmp_path: Path) -> None:
 def test_daemon_mode_gives_the_same_answers(tmp_path: Path, host_ns: Any) -> None:
     """Shims forwarding to a pycni daemon (run from a throwaway namespace): same results, no double IPs."""
     from pycni.daemon.server import Daemon
-    from pycni.plugins.registry import daemon_shims_available, install
+    from pycni.plugins.registry import install
 
-    if not daemon_shims_available():
-        pytest.skip("daemon shims not available")
     bin_dir = tmp_path / "bin"
     exe = install(str(bin_dir), ["host-local"], daemon=True)[0]
     sock = str(tmp_path / "pycni.sock")
@@ -907,3 +905,22 @@ def test_store_primitives(tmp_path: Path) -> None:
         assert s.last_reserved_ip("4") is None
         (tmp_path / "n" / "subdir").mkdir()  # never created by host-local; ignored, not fatal
         assert s.release_by_id("nobody", "eth0") == []
+
+
+# ---- a wrong JSON type for every key ------------------------------------------------------------
+SAMPLES: dict[type, Any] = {int: 5, bool: False, str: "x", list: ["x"], dict: {"x": 1}, float: 1.5}
+IPAM_KEYS = {"subnet": str, "rangeStart": str, "rangeEnd": str, "gateway": str, "ranges": list, "routes": list,
+             "dataDir": str, "resolvConf": str}
+TOP_KEYS = {"runtimeConfig": dict, "args": dict}
+WRONG = [(where, key, value) for where, keys in (("ipam", IPAM_KEYS), ("top", TOP_KEYS))
+         for key, want in keys.items() for have, value in SAMPLES.items() if have is not want]
+
+
+@pytest.mark.parametrize(("where", "key", "value"), WRONG, ids=[f"{w}-{k}-{type(v).__name__}" for w, k, v in WRONG])
+def test_wrong_type_reserves_nothing(tmp_path: Path, where: str, key: str, value: Any) -> None:
+    conf = net_conf(tmp_path)
+    (conf["ipam"] if where == "ipam" else conf)[key] = value
+    for command in ("ADD", "CHECK"):
+        code, err = run_py(conf, command)
+        assert code == 1 and err["code"] in (6, 7), (command, err)
+    assert reservations(tmp_path) == {} and not any(tmp_path.iterdir())

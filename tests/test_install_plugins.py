@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from pycni.plugins import registry
+from pycni.shim import plugin_module, shim_type
 from pycni.skel import dispatch
 
 GO_BRIDGE = "/usr/lib/cni/bridge"
@@ -63,7 +64,7 @@ def no_python(tmp_path: Path) -> tuple[str, Path]:
     return str(fake), marker
 
 
-@pytest.mark.parametrize("plugin", sorted(registry.available()))
+@pytest.mark.parametrize("plugin", sorted(registry.PLUGIN_MODULES))
 def test_version_answered_by_sh_without_python(plugin: str, no_python: tuple[str, Path], tmp_path: Path) -> None:
     fake, marker = no_python
     (exe,) = registry.install(str(tmp_path / "bin"), [plugin], python=fake, daemon=True)
@@ -111,15 +112,13 @@ def test_other_commands_run_python_with_stdin_args_and_exit_code(installed: dict
 
 
 def test_generated_file_is_one_of_ours_for_delegation(installed: dict[str, str]) -> None:
-    from pycni.invoke import _our_plugin_module
-
     for kind in ("daemon", "direct"):
         path = os.path.join(installed[kind], "host-local")
-        assert registry.shim_type(path) == "host-local"
-        assert _our_plugin_module(path) == "pycni.plugins.ipam.host_local"
+        assert shim_type(path) == "host-local"
+        assert plugin_module(path) == "pycni.plugins.ipam.host_local"
         assert Path(path).read_text().startswith("#!/bin/sh\n# pycni plugin 'host-local'")
     if os.path.exists(GO_BRIDGE):
-        assert registry.shim_type(GO_BRIDGE) is None
+        assert shim_type(GO_BRIDGE) is None
 
 
 def _conflist(d: Path, version: str) -> Path:
@@ -184,8 +183,8 @@ def test_refuses_to_replace_a_go_plugin_without_force(tmp_path: Path) -> None:
 
     forced = install_cli("--dir", str(bin_dir), "--force", "host-local", "bridge", "portmap")
     assert forced.returncode == 0, forced.stderr
-    assert registry.shim_type(str(bin_dir / "bridge")) == "bridge"
-    assert not (bin_dir / "portmap").is_symlink() and registry.shim_type(str(bin_dir / "portmap")) == "portmap"
+    assert shim_type(str(bin_dir / "bridge")) == "bridge"
+    assert not (bin_dir / "portmap").is_symlink() and shim_type(str(bin_dir / "portmap")) == "portmap"
     # our own executables are replaced without --force (upgrades, --direct <-> daemon, another socket)
     again = install_cli("--dir", str(bin_dir), "--direct", "bridge")
     assert again.returncode == 0, again.stderr

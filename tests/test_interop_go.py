@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 from netns_util import Namespace
 
-from pycni.plugins import registry
 from pycni.spec.types import Result
 
 GO_PLUGIN_DIR = "/usr/lib/cni"
@@ -36,11 +35,6 @@ def gocnitool(go_libcni_tool: str) -> str:
     """The Go libcni driver (tests/interop/gocnitool), built once per session by conftest."""
     return go_libcni_tool
 
-
-def need_ours(*types: str) -> None:
-    missing = [registry.PLUGIN_MODULES[t] for t in types if t not in registry.available()]
-    if missing:
-        pytest.skip(f"our plugin module(s) not written yet: {', '.join(missing)}")
 
 
 def need_go_plugins(*types: str) -> None:
@@ -164,12 +158,8 @@ def assert_cache_entry(net: Net, cid: str, result: Result) -> None:
 def test_our_bridge_host_local_under_go_libcni(version: str, gocnitool: str, host_ns: Namespace,
                                                netns_factory: Callable[[], Namespace], plugin_dir: str,
                                                tmp_path: Path) -> None:
-    need_ours("bridge", "host-local")
-    extra: list[dict[str, Any]] = []
-    if "tuning" in registry.available():
-        extra.append({"type": "tuning", "mtu": 1400, "dataDir": str(tmp_path / "tuning")})
-    if "portmap" in registry.available():
-        extra.append({"type": "portmap", "capabilities": {"portMappings": True}})
+    extra: list[dict[str, Any]] = [{"type": "tuning", "mtu": 1400, "dataDir": str(tmp_path / "tuning")},
+                                   {"type": "portmap", "capabilities": {"portMappings": True}}]
     net = make_net(tmp_path, version, extra)
     go = GoRuntime(gocnitool, host_ns, net, [plugin_dir])
     c1, c2 = netns_factory(), netns_factory()
@@ -189,11 +179,9 @@ def test_our_bridge_host_local_under_go_libcni(version: str, gocnitool: str, hos
     ping(c1, container_ip(results["ctr-b"]))
     ping(c2, container_ip(results["ctr-a"]))
     ping(host_ns, container_ip(results["ctr-a"]))  # the bridge is the gateway
-    if "tuning" in registry.available():
-        assert "mtu 1400" in c1.run(["ip", "link", "show", "eth0"]).stdout
-    if "portmap" in registry.available():
-        rules = host_ns.run(["nft", "list", "ruleset"]).stdout
-        assert "18080" in rules and "18081" in rules
+    assert "mtu 1400" in c1.run(["ip", "link", "show", "eth0"]).stdout
+    rules = host_ns.run(["nft", "list", "ruleset"]).stdout
+    assert "18080" in rules and "18081" in rules
 
     for cid, ns in (("ctr-a", c1), ("ctr-b", c2)):
         if version == "0.3.1":
@@ -210,14 +198,12 @@ def test_our_bridge_host_local_under_go_libcni(version: str, gocnitool: str, hos
         assert not net.cache_file(cid).exists()
         go.run("del", cid, ns.path, cap=caps[cid])  # DEL twice is fine
     assert sorted(net.leased()) == []
-    if "portmap" in registry.available():
-        rules = host_ns.run(["nft", "list", "ruleset"]).stdout
-        assert "18080" not in rules and "18081" not in rules
+    rules = host_ns.run(["nft", "list", "ruleset"]).stdout
+    assert "18080" not in rules and "18081" not in rules
 
 
 def test_our_check_failure_reaches_go_libcni(gocnitool: str, host_ns: Namespace, container_ns: Namespace,
                                              plugin_dir: str, tmp_path: Path) -> None:
-    need_ours("bridge", "host-local")
     net = make_net(tmp_path, "1.0.0")
     go = GoRuntime(gocnitool, host_ns, net, [plugin_dir])
     go.run("add", "ctr-x", container_ns.path)
@@ -230,7 +216,6 @@ def test_our_check_failure_reaches_go_libcni(gocnitool: str, host_ns: Namespace,
 
 def test_our_loopback_under_go_libcni(gocnitool: str, host_ns: Namespace, container_ns: Namespace,
                                       plugin_dir: str, tmp_path: Path) -> None:
-    need_ours("loopback")
     conf_dir = tmp_path / "net.d"
     conf_dir.mkdir()
     (conf_dir / "99-lo.conflist").write_text(json.dumps(
@@ -324,7 +309,6 @@ def bridge_plugin_path(plugins: str, plugin_dir: str) -> list[str]:
     if plugins == "go":
         need_go_plugins("bridge", "host-local")
         return [GO_PLUGIN_DIR]
-    need_ours("bridge", "host-local")
     return [plugin_dir]
 
 

@@ -172,6 +172,36 @@ def test_delegation_passes_the_callers_env_with_the_new_command(tmp_path: Path, 
         assert result is None
 
 
+def test_delegation_uses_the_injected_runner(tmp_path: Path) -> None:
+    """dispatch(..., runner=) puts the runner on CmdArgs; every delegation goes through it, nested ones too."""
+    from pycni.shim import run_delegate
+    from pycni.skel import Plugin, dispatch
+    from pycni.spec.types import Result
+
+    script(tmp_path, "ipam", "print(json.dumps({'cniVersion': '1.0.0', 'ips': [{'address': '10.0.0.9/24'}]}))")
+    calls: list[tuple[str, str]] = []
+
+    def runner(path: str, stdin: bytes, env: dict[str, str]) -> bytes:
+        calls.append((os.path.basename(path), env["CNI_COMMAND"]))
+        return invoke.exec_plugin(path, stdin, env)
+
+    seen: list[object] = []
+
+    def add(args: CmdArgs) -> Result:
+        seen.append(args.runner)
+        return invoke.delegate_add("ipam", args.stdin_data, args)
+
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "eth0",
+           "CNI_PATH": str(tmp_path)}
+    conf = b'{"cniVersion": "1.0.0", "name": "n", "type": "x"}'
+    outcome = dispatch(Plugin(add=add), env, conf, runner=runner)
+    assert outcome.exit_code == 0, outcome.stdout
+    assert calls == [("ipam", "ADD")] and seen == [runner]
+    assert dispatch(Plugin(add=add), env, conf).exit_code == 0 and seen[-1] is None  # no runner: exec
+    # the in-process runner execs what is not one of our executables
+    assert json.loads(run_delegate(str(tmp_path / "ipam"), conf, env))["ips"][0]["address"] == "10.0.0.9/24"
+
+
 def test_delegating_to_a_missing_plugin(tmp_path: Path) -> None:
     args = CmdArgs(command="ADD", path=str(tmp_path), env={"CNI_PATH": str(tmp_path)})
     with pytest.raises(CNIError) as ei:

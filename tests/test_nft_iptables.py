@@ -87,13 +87,11 @@ def test_iptables_rule_helpers(host_ns: Namespace, v6: bool) -> None:
     rule = ["-d", net, "-m", "comment", "--comment", 'name: "x" id: "y"', "-j", "RETURN"]
     with host_ns.enter():
         assert iptables.usable(v6)
-        iptables.ensure_chain("nat", "TESTCHAIN", v6)
-        iptables.ensure_chain("nat", "TESTCHAIN", v6)  # exists: fine
+        assert not iptables.chain_exists("nat", "TESTCHAIN", v6)
+        iptables.run(["-t", "nat", "-N", "TESTCHAIN"], v6)
         assert iptables.chain_exists("nat", "TESTCHAIN", v6)
-        assert "TESTCHAIN" in iptables.list_chains("nat", v6)
         assert not iptables.rule_exists("nat", "TESTCHAIN", rule, v6)
-        iptables.append_unique("nat", "TESTCHAIN", rule, v6)
-        iptables.append_unique("nat", "TESTCHAIN", rule, v6)
+        iptables.run(["-t", "nat", "-A", "TESTCHAIN", *rule], v6)
         assert iptables.rule_exists("nat", "TESTCHAIN", rule, v6)
         [line] = iptables.list_rules("nat", "TESTCHAIN", v6)
         assert iptables.split_rule(line)[-2:] == ["-j", "RETURN"]
@@ -161,3 +159,20 @@ def test_iptables_usable_remembers_yes_per_binary(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(iptables, "_binary_identity", lambda ipv6: None)  # binary not found: never cached
     assert iptables.usable() and iptables.usable()
     assert len(calls) == 7
+
+
+def test_canonical_matches_rules_as_listed(host_ns: Namespace) -> None:
+    """A rule as a plugin writes it and as `-S` prints it back compare equal (CHECK relies on it)."""
+    rules = [["-p", "tcp", "--dport", "8080", "-s", "127.0.0.1", "-j", "ACCEPT"],
+             ["-m", "comment", "--comment", 'dnat name: "n" id: "c"', "-m", "multiport", "-p", "tcp",
+              "--destination-ports", "80,81", "-j", "RETURN"],
+             ["!", "-d", "224.0.0.0/4", "-s", "0.0.0.0/0", "-j", "MASQUERADE"],
+             ["-p", "udp", "--dport", "53", "-d", "10.0.0.1", "-j", "DNAT", "--to-destination", "10.1.0.2:53"]]
+    with host_ns.enter():
+        iptables.run(["-t", "nat", "-N", "T"])
+        for r in rules:
+            iptables.run(["-t", "nat", "-A", "T", *r])
+        listed = [iptables.split_rule(line) for line in iptables.list_rules("nat", "T")]
+    assert listed != rules  # iptables reorders and rewrites them ...
+    assert [iptables.canonical(r) for r in listed] == [iptables.canonical(r) for r in rules]  # ... canonically equal
+    assert iptables.canonical(["-s", "10.0.0.1", "-j", "X"]) != iptables.canonical(["-s", "10.0.0.2", "-j", "X"])

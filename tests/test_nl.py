@@ -222,13 +222,67 @@ def test_set_master_by_name_or_index(ns: Namespace) -> None:
     ns.run(["ip", "link", "add", "br9", "type", "bridge"])
     ns.run(["ip", "link", "add", "p0", "type", "veth", "peer", "name", "p1"])
     with netns.enter(ns.path):
-        link.set_master("p0", "br9")
+        link.set_link("p0", master="br9")
         assert ip_json(ns, "link", "show", "p0")[0]["master"] == "br9"
         link.set_link("p0", master=None)
         p0, br9 = link.require_link("p0"), link.require_link("br9")
-        link.set_master(p0.index, br9.index)  # indexes: no lookups
+        link.set_link(p0.index, master=br9.index)
         bridge.set_port(p0.index, hairpin=True)
         with pytest.raises(CNIError, match="master"):
-            link.set_master("p1", "nosuchbridge")
+            link.set_link("p1", master="nosuchbridge")
     shown = ip_json(ns, "link", "show", "p0")[0]
     assert shown["master"] == "br9" and shown["linkinfo"]["info_slave_data"]["hairpin"] is True
+
+
+def test_rules(ns: Namespace) -> None:
+    """A policy rule added over nl is the one `ip rule` shows; the dump decodes it; del removes it."""
+    with netns.enter(ns.path), nl.IPRoute() as sock:
+        sock.rule("add", family=socket.AF_INET, table=100, priority=3000, src="10.9.0.0", src_len=24)
+        shown = ip_json(ns, "rule", "show")
+        assert {"priority": 3000, "src": "10.9.0.0", "srclen": 24, "table": "100"}.items() <= next(
+            r for r in shown if r.get("priority") == 3000).items()
+        (mine,) = [m for m in sock.get_rules(socket.AF_INET) if m.get_attr("FRA_PRIORITY") == 3000]
+        assert (mine.get_attr("FRA_SRC"), mine["src_len"], mine.get_attr("FRA_TABLE")) == ("10.9.0.0", 24, 100)
+        assert mine["action"] == nl.FR_ACT_TO_TBL
+        sock.rule("del", family=socket.AF_INET, table=100, priority=3000, src="10.9.0.0", src_len=24)
+        with pytest.raises(nl.NetlinkError) as ei:
+            sock.rule("del", family=socket.AF_INET, table=100, priority=3000, src="10.9.0.0", src_len=24)
+        assert ei.value.errno == errno.ENOENT
+    assert not [r for r in ip_json(ns, "rule", "show") if r.get("priority") == 3000]
+
+
+def test_bridge_vlan_request_and_dump_decode() -> None:
+    """VLAN requests read back by an independent decoder (pyroute2's, in this test only), and an
+    AF_BRIDGE link message's VLANs decoded (this kernel may lack VLAN filtering, so no live run)."""
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+    sent: list[tuple[int, bytes]] = []
+
+    class Capture(nl.IPRoute):
+        def request(self, mtype: int, body: bytes, flags: int = 0) -> list[nl.Msg]:
+            sent.append((mtype, body))
+            return []
+
+    with Capture() as sock:
+        sock.vlan_filter("add", index=7, vid=42, flags=nl.BRIDGE_VLAN_INFO_PVID | nl.BRIDGE_VLAN_INFO_UNTAGGED)
+        sock.vlan_filter("del", index=7, vid=42)
+    assert [m for m, _ in sent] == [nl.RTM_SETLINK, nl.RTM_DELLINK]
+    for (_, body), flags in zip(sent, (6, 0), strict=True):
+        header = nl._HDR.pack(nl._HDR.size + len(body), nl.RTM_SETLINK, 0, 0, 0)
+        msg = ifinfmsg(header + body)
+        msg.decode()
+        assert msg["family"] == nl.AF_BRIDGE and msg["index"] == 7
+        spec = msg.get_attr("IFLA_AF_SPEC")
+        # IFLA_BRIDGE_FLAGS (0), which pyroute2 names IFLA_BRIDGE_VLAN_FLAGS
+        assert spec.get_attr("IFLA_BRIDGE_VLAN_FLAGS") == nl.BRIDGE_FLAGS_MASTER
+        info = spec.get_attr("IFLA_BRIDGE_VLAN_INFO")
+        assert (info["vid"], info["flags"]) == (42, flags)
+    # what the kernel sends for a port in an AF_BRIDGE dump with RTEXT_FILTER_BRVLAN
+    spec = nl._nla(26, nl._nla(2, nl._VLAN_INFO.pack(6, 1)) + nl._nla(2, nl._VLAN_INFO.pack(0, 42)))
+    dumped = nl._decode(nl.RTM_NEWLINK, nl._IFINFO.pack(nl.AF_BRIDGE, 0, 7, 0, 0) + nl._nla_str(3, "p0") + spec)
+    assert dumped is not None and dumped.get_attr("IFLA_IFNAME") == "p0"
+    assert dumped.get_attr("IFLA_AF_SPEC").get_attrs("IFLA_BRIDGE_VLAN_INFO") == [
+        {"flags": 6, "vid": 1}, {"flags": 0, "vid": 42}]
+    # in other families IFLA_AF_SPEC nests per-family attributes: not read as VLANs
+    inet = nl._decode(nl.RTM_NEWLINK, nl._IFINFO.pack(nl.AF_UNSPEC, 0, 7, 0, 0) + spec)
+    assert inet is not None and inet.get_attr("IFLA_AF_SPEC") is None

@@ -13,6 +13,7 @@ Topology (all namespaces are throwaway):
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -762,11 +763,14 @@ def test_gc_refuses_a_missing_or_malformed_list(topo_factory: Callable[[int], To
 # ---- iptables: refused input changes nothing; the shared chains come back --------------------
 @pytest.mark.parametrize("chain", ["../x", "-j ACCEPT", "INPUT", "x" * 29, "NO-SUCH-CHAIN"])
 def test_bad_external_set_mark_chain_leaves_nothing(topo_factory: Callable[[int], Topo], chain: str) -> None:
+    def nat_rules() -> list[str]:  # without iptables-save's dated header and packet counters
+        return [re.sub(r"\[\d+:\d+\]", "", line) for line in ipt_nat(t).splitlines() if not line.startswith("#")]
+
     t = topo_factory(1)
-    before = ipt_nat(t)
+    before = nat_rules()
     e = err(call(t, "ADD", 0, conf(t, 0, WEB, "iptables", externalSetMarkChain=chain)))
     assert e["code"] == 7 and "externalSetMarkChain" in e["msg"], e
-    assert ipt_nat(t) == before and "CNI-HOSTPORT-DNAT" not in ipt_nat(t)
+    assert nat_rules() == before and "CNI-HOSTPORT-DNAT" not in ipt_nat(t)
 
 
 def test_iptables_add_restores_removed_shared_chains(topo_factory: Callable[[int], Topo]) -> None:
@@ -826,3 +830,37 @@ def test_default_backend_falls_back_to_nftables_where_iptables_is_unusable(
     assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
     ok(call(t, "DEL", 0, conf(t, 0, WEB, "iptables")))  # DEL cleans every layout
     assert our_nft_objects(t) == ""
+
+
+# What the Go plugin's nftables backend (from 1.5; Debian's 1.1.1 has none) writes for ctr-0 and
+# another container, as its portmap_nftables.go builds it.
+REFERENCE_NFT = """add table ip cni_hostport { comment "CNI portmap plugin"; }
+add chain ip cni_hostport hostports
+add chain ip cni_hostport hostip_hostports
+add chain ip cni_hostport hostports_all
+add rule ip cni_hostport hostports_all jump hostip_hostports
+add rule ip cni_hostport hostports_all jump hostports
+add chain ip cni_hostport prerouting { type nat hook prerouting priority dstnat; }
+add rule ip cni_hostport prerouting fib daddr type local jump hostports_all
+add chain ip cni_hostport output { type nat hook output priority -100; }
+add rule ip cni_hostport output fib daddr type local jump hostports_all
+add chain ip cni_hostport masquerading { type nat hook postrouting priority srcnat; }
+add rule ip cni_hostport hostports tcp dport 8080 dnat to 10.88.0.10:80 comment "ctr-0"
+add rule ip cni_hostport hostports ip daddr 192.168.77.10 tcp dport 8081 dnat to 10.88.0.10:81 comment "ctr-0"
+add rule ip cni_hostport masquerading ip saddr 10.88.0.10 ip daddr 10.88.0.10 masquerade comment "ctr-0"
+add rule ip cni_hostport masquerading ip saddr 127.0.0.1 ip daddr 10.88.0.10 masquerade comment "ctr-0"
+add rule ip cni_hostport hostports tcp dport 9999 dnat to 10.88.0.99:80 comment "ctr-9"
+"""
+
+
+def test_nftables_del_removes_the_reference_nftables_layout(topo_factory: Callable[[int], Topo]) -> None:
+    """Configured for nftables, our DEL also removes what the Go plugin's nftables backend made
+    for the container (rules commented with its ID), and nothing of another container's."""
+    t = topo_factory(1)
+    t.serve(0, 80, "c0")
+    t.host.run(["nft", "-f", "-"], input=REFERENCE_NFT)
+    assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
+    ok(call(t, "DEL", 0, conf(t, 0, WEB, "nftables")))
+    assert connect(t.client, HOST_IP, 8080).startswith("ERR")
+    left = t.host.run(["nft", "list", "table", "ip", "cni_hostport"]).stdout
+    assert "ctr-0" not in left and "10.88.0.10" not in left and 'comment "ctr-9"' in left

@@ -129,3 +129,20 @@ def test_unknown_masq_backend_refused_before_anything(netns_factory: Callable[[]
     assert e["code"] == 7 and "unknown ipMasq backend" in e["msg"]
     assert reservations(tmp_path) == [] and ctr.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
     ok(call(ptp.PLUGIN, host, "DEL", cfg, ctr, plugin_dir))  # and DEL of such a config still succeeds
+
+
+def test_gc_removes_masquerade_of_forgotten_attachments(netns_factory: Callable[[], Namespace], plugin_dir: str,
+                                                        tmp_path: Path) -> None:
+    """GC (through ptp, spec 1.1) releases the forgotten attachment's address and its masquerade rules,
+    and keeps the listed one's."""
+    host, c1, c2 = netns_factory(), netns_factory(), netns_factory()
+    cfg = conf(tmp_path, ipMasq=True, cniVersion="1.1.0")
+    ok(call(ptp.PLUGIN, host, "ADD", cfg, c1, plugin_dir, container_id="keep1"))
+    ok(call(ptp.PLUGIN, host, "ADD", cfg, c2, plugin_dir, container_id="lost1"))
+    gc = {**cfg, "cni.dev/valid-attachments": [{"containerID": "keep1", "ifname": "eth0"}]}
+    ok(call(ptp.PLUGIN, host, "GC", gc, None, plugin_dir))
+    nat = host.run(["iptables-save", "-t", "nat"]).stdout + host.run(["nft", "list", "ruleset"]).stdout
+    assert "lost1" not in nat and "keep1" in nat
+    assert len(reservations(tmp_path)) == 1
+    assert err(call(ptp.PLUGIN, host, "GC", cfg, None, plugin_dir))["code"] == 7  # no list: nothing freed
+    assert len(reservations(tmp_path)) == 1

@@ -1,6 +1,7 @@
 """Refused input changes nothing, for the chained plugins (tuning, bandwidth, firewall, sbr):
-everything is checked before the first change, and a failure part-way takes back what the ADD
-made (sysctls, saved state, qdiscs, chains, rules). Each case snapshots the host and the
+everything is checked before the first change (a wrong JSON type for every key is code 6/7
+naming the key), and a failure part-way takes back what the ADD made (sysctls, saved state,
+qdiscs, chains, rules). Each case snapshots the host and the
 container namespace — links, addresses, routes, rules, qdiscs, filter and nat tables,
 nftables, the sysctls the cases touch — and the plugin's state directory, before and after.
 (flannel's and host-local's refusals are in their own test files.)"""
@@ -189,3 +190,31 @@ def test_firewall_refusal_changes_nothing(pair: Any, tmp_path: Path, extra: dict
 ])
 def test_sbr_refusal_changes_nothing(pair: Any, tmp_path: Path, extra: dict[str, Any], code: int | None) -> None:
     _run(sbr.PLUGIN, "sbr", pair, tmp_path, extra, {}, code)
+
+
+# ---- a wrong JSON type for every key -------------------------------------------------------------
+# Each key with the JSON type it takes; every other type is tried (JSON true for an integer too).
+SAMPLES: dict[type, Any] = {int: 5, bool: True, str: "x", list: ["x"], dict: {"x": 1}, float: 1.5}
+KEY_TYPES: dict[str, tuple[Plugin, dict[str, Any], dict[str, type]]] = {
+    "tuning": (tuning.PLUGIN, {"mtu": 1400},
+               {"mac": str, "mtu": int, "promisc": bool, "allmulti": bool, "txQLen": int, "sysctl": dict,
+                "dataDir": str, "runtimeConfig": dict, "args": dict}),
+    "bandwidth": (bandwidth.PLUGIN, dict(LIMITS),
+                  {"ingressRate": int, "ingressBurst": int, "egressRate": int, "egressBurst": int,
+                   "shapedSubnets": list, "unshapedSubnets": list, "runtimeConfig": dict}),
+    "firewall": (firewall.PLUGIN, {}, {"backend": str, "iptablesAdminChainName": str, "firewalldZone": str,
+                                       "ingressPolicy": str}),
+    "sbr": (sbr.PLUGIN, {}, {"table": int, "gateways": list, "addSourceHints": bool, "vrfname": str}),
+}
+WRONG_TYPES = [(kind, key, value) for kind, (_plugin, _base, keys) in KEY_TYPES.items()
+               for key, want in keys.items()
+               for have, value in SAMPLES.items() if have is not want]
+
+
+@pytest.mark.parametrize(("kind", "key", "value"), WRONG_TYPES,
+                         ids=[f"{k}-{key}-{type(v).__name__}" for k, key, v in WRONG_TYPES])
+def test_wrong_type_changes_nothing(pair: Any, tmp_path: Path, kind: str, key: str, value: Any) -> None:
+    plugin, base, _keys = KEY_TYPES[kind]
+    host, ctr, prev = pair
+    e = refused(plugin, host, ctr, _conf(kind, prev, tmp_path, **{**base, key: value}), tmp_path)
+    assert e["code"] in (6, 7) and key in e["msg"] + e.get("details", ""), e

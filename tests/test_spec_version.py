@@ -13,7 +13,6 @@ from pycni.spec.version import (
     greater_than_or_equal,
     highest,
     parse_version,
-    select_config_version,
     version_info,
 )
 
@@ -49,16 +48,6 @@ def test_ordering_is_numeric_not_textual() -> None:
 def test_highest() -> None:
     assert highest(["0.4.0", "1.1.0", "0.10.0", "junk"]) == "1.1.0"
     assert highest(["junk"]) == ""
-
-
-def test_select_config_version_prefers_cni_versions_list() -> None:
-    assert select_config_version("0.4.0", None) == "0.4.0"
-    assert select_config_version("", None) == "0.1.0"
-    assert select_config_version("0.4.0", ["1.0.0", "1.1.0", "9.0.0"]) == "1.1.0"
-    assert select_config_version("0.4.0", ["1.0.0", "1.1.0"], supported=("0.4.0", "1.0.0")) == "1.0.0"
-    with pytest.raises(CNIError) as ei:
-        select_config_version("1.0.0", ["5.0.0"])
-    assert ei.value.code == E.INCOMPATIBLE_VERSION
 
 
 def test_check_supported_is_exact_membership() -> None:

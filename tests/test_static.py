@@ -178,3 +178,17 @@ def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: in
         assert json.loads(out.stdout)["code"] == code
     out = dispatch(static.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
     assert out.exit_code == 0, out.stdout
+
+
+SAMPLES: dict[type, Any] = {int: 5, bool: False, str: "x", list: ["x"], dict: {"x": 1}, float: 1.5}
+WRONG = [(where, key, value) for where, keys in (("ipam", {"addresses": list, "routes": list, "dns": dict}),
+                                                 ("top", {"runtimeConfig": dict, "args": dict}))
+         for key, want in keys.items() for have, value in SAMPLES.items() if have is not want]
+
+
+@pytest.mark.parametrize(("where", "key", "value"), WRONG, ids=[f"{w}-{k}-{type(v).__name__}" for w, k, v in WRONG])
+def test_wrong_type_is_refused(where: str, key: str, value: Any) -> None:
+    conf = _conf(addresses=[{"address": "10.0.0.5/24"}])
+    (conf["ipam"] if where == "ipam" else conf)[key] = value
+    rc, out = _add(conf)
+    assert rc == 1 and out["code"] in (6, 7), out

@@ -9,6 +9,7 @@ No namespaces: everything lives in tmp_path.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import itertools
 import json
@@ -230,3 +231,38 @@ def test_go_host_local_sharing_the_directory(tmp_path: Path) -> None:
             check(s)
             assert {d.decode() for d in plain(Path(s.dir)).values()} == {
                 f"go{i}\r\neth0" for i in (0, 1, 4, 5)}
+
+
+@pytest.mark.parametrize("tmpfile", [True, False])
+def test_a_reservation_is_never_visible_half_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    tmpfile: bool) -> None:
+    """A write that dies part-way leaves no reservation file (an empty one no DEL could match), with
+    O_TMPFILE + link and with the O_EXCL fallback for file systems without O_TMPFILE."""
+    import ipaddress
+
+    from pycni.plugins.ipam import store as store_mod
+
+    if not tmpfile:
+        real_open = os.open
+
+        def no_tmpfile(path: str, flags: int, *a: object) -> int:
+            if flags & os.O_TMPFILE == os.O_TMPFILE:
+                raise OSError(errno.EOPNOTSUPP, "no O_TMPFILE here")
+            return real_open(path, flags, *a)
+
+        monkeypatch.setattr(store_mod.os, "open", no_tmpfile)
+
+    def dies(fd: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    ip = ipaddress.ip_address("10.9.0.2")
+    with store_mod.Store("net", str(tmp_path)) as st, st.locked():
+        monkeypatch.setattr(store_mod, "_write_all", dies)
+        with pytest.raises(store_mod.CNIError):
+            st.reserve("c1", "eth0", ip, "0")
+        monkeypatch.undo()
+        assert not (tmp_path / "net" / "10.9.0.2").exists()
+        assert st.reserve("c1", "eth0", ip, "0")
+        assert (tmp_path / "net" / "10.9.0.2").read_bytes() == b"c1\r\neth0"
+        assert not st.reserve("c2", "eth0", ip, "0")
+    assert sorted(os.listdir(tmp_path / "net")) == ["10.9.0.2", "last_reserved_ip.0", "lock"]

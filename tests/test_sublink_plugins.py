@@ -27,7 +27,26 @@ def kernel_has(kind: str, ns: Namespace) -> bool:
             link = get_link("uplink")
             assert link is not None
             attrs["link"] = link.index
-        return sublink.kernel_supports(kind, **attrs)
+        return _kernel_supports(kind, **attrs)
+
+
+def _kernel_supports(kind: str, **attrs: Any) -> bool:
+    """Whether this kernel can create ``kind`` links (tried in the caller's scratch namespace)."""
+    import errno
+    import os
+
+    from pycni.net import nl
+
+    with nl.IPRoute() as sock:
+        name = f"probe{os.urandom(3).hex()}"
+        try:
+            sock.link("add", ifname=name, kind=kind, **attrs)
+        except nl.NetlinkError as e:
+            if e.errno == errno.EOPNOTSUPP:
+                return False
+            raise
+        sock.link("del", index=sock.link_lookup(name)[0])
+        return True
 
 
 @pytest.fixture
@@ -264,3 +283,30 @@ def test_macvlan_without_ipam_ignores_prev_result_ips(lan: tuple[Namespace, Name
     r = ok(call(macvlan.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
     assert "ips" not in r
     assert "192.168.77.50" not in container_ns.run(["ip", "addr", "show", "eth0"]).stdout
+
+
+_CHECK_IMPORTS = """
+import json, sys
+from pycni.plugins.main import macvlan
+from pycni.skel import dispatch
+conf = json.loads(sys.argv[1])
+env = {"CNI_CONTAINERID": "c1", "CNI_NETNS": sys.argv[2], "CNI_IFNAME": "eth0", "CNI_PATH": sys.argv[3]}
+out = dispatch(macvlan.PLUGIN, dict(env, CNI_COMMAND="ADD"), json.dumps(conf).encode())
+assert out.exit_code == 0, out.stdout
+conf["prevResult"] = json.loads(out.stdout)
+out = dispatch(macvlan.PLUGIN, dict(env, CNI_COMMAND="CHECK"), json.dumps(conf).encode())
+assert out.exit_code == 0, out.stdout
+print("pyroute2" in sys.modules)
+"""
+
+
+def test_check_needs_no_pyroute2(lan: tuple[Namespace, Namespace], container_ns: Namespace, plugin_dir: str,
+                                 tmp_path: Path) -> None:
+    """CHECK reads the link's kind data with our own netlink client: no ~100 ms pyroute2 import."""
+    import sys
+
+    host, _ = lan
+    conf = {"cniVersion": "1.0.0", "name": "mv", "type": "macvlan", "master": "uplink",
+            "ipam": {"type": "host-local", "subnet": "192.168.77.0/24", "dataDir": str(tmp_path)}}
+    proc = host.run([sys.executable, "-c", _CHECK_IMPORTS, json.dumps(conf), container_ns.path, plugin_dir])
+    assert proc.stdout.strip() == "False"

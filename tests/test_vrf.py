@@ -35,8 +35,7 @@ def test_config_errors(raw: dict[str, Any], text: str) -> None:
     assert e.value.code == 7 and text in e.value.msg
 
 
-def test_request_and_table_choice() -> None:
-    assert vrf.vrf_link_spec("blue", 100) == {"ifname": "blue", "kind": "vrf", "vrf_table": 100}
+def test_table_choice() -> None:
     assert vrf.first_free_table(set()) == 1
     assert vrf.first_free_table({1, 2, 4}) == 3
 

@@ -8,7 +8,7 @@
     pycni daemon [--socket PATH]            serve installed plugin shims with warm imports
     pycni node [status | remove NAME] ...   the node agent routing pod blocks between nodes (etcd)
     pycni ipam list|check NETWORK           cluster-ipam allocations in etcd (JSON lines) / consistency
-    pycni ipam release NETWORK --ip IP      free one cluster-ipam address
+    pycni ipam release NETWORK --ip IP      free one cluster-ipam address (--node N: all of a dead node's)
     pycni demo                              the end-to-end demo, in throwaway namespaces
 
 Environment as cnitool: NETCONFPATH (default /etc/cni/net.d), CNI_PATH, CNI_IFNAME (default
@@ -189,7 +189,7 @@ def cmd_install_plugins(opts: argparse.Namespace) -> int:
 
     try:
         written = registry.install(opts.dir, opts.names or None, python=opts.python,
-                                   daemon=not opts.direct and registry.daemon_shims_available(),
+                                   daemon=not opts.direct,
                                    socket=opts.socket, force=opts.force)
     except KeyError as e:
         raise CNIError(INVALID_CONFIG, "cannot install plugins", str(e.args[0])) from None
@@ -209,7 +209,7 @@ def cmd_install_plugins(opts: argparse.Namespace) -> int:
 def cmd_plugin(opts: argparse.Namespace) -> int:
     from pycni.plugins import registry
 
-    mods = registry.available()
+    mods = registry.PLUGIN_MODULES
     if opts.type not in mods:
         raise CNIError(INVALID_CONFIG, f"unknown plugin type {opts.type!r}", f"available: {', '.join(sorted(mods))}")
     from pycni.skel import run_plugin
@@ -268,11 +268,21 @@ def cmd_ipam_list(opts: argparse.Namespace) -> int:
 
 
 def cmd_ipam_release(opts: argparse.Namespace) -> int:
-    """Free one address, whoever holds it (its handle keeps its other addresses)."""
+    """Free one address, whoever holds it (its handle keeps its other addresses); or, with
+    --node, everything a node that is gone for good holds (handles, then its empty blocks)."""
     import ipaddress
 
     from pycni.plugins.ipam.cluster_ipam import session
 
+    if bool(opts.ip) == bool(opts.node):
+        raise CNIError(INVALID_ENV, "give exactly one of --ip IP and --node NODE")
+    if opts.node:
+        cfg = _cluster_ipam(opts)
+        cfg.node = opts.node
+        with session(cfg) as store:
+            handles, blocks = store.release_node()
+        print(f"released {len(handles)} attachment(s) and {len(blocks)} block(s) of node {opts.node}")
+        return 0
     try:
         ip = ipaddress.ip_address(opts.ip)
     except ValueError:
@@ -416,12 +426,13 @@ def _parser() -> argparse.ArgumentParser:
     ipam_sub = ipam_p.add_subparsers(dest="ipam_verb", metavar="ACTION")
     ipam_sub.required = True
     for action, fn, text in (("list", cmd_ipam_list, "one JSON object per allocated address"),
-                             ("release", cmd_ipam_release, "free one address (--ip)"),
+                             ("release", cmd_ipam_release, "free one address (--ip) or a node's all (--node)"),
                              ("check", cmd_ipam_check, "blocks vs handles consistency; exit 1 when not")):
         sp = ipam_sub.add_parser(action, help=text, description=text)
         sp.add_argument("network", metavar="NETWORK")
         if action == "release":
-            sp.add_argument("--ip", required=True, help="the address to free")
+            sp.add_argument("--ip", help="the address to free")
+            sp.add_argument("--node", help="free everything this node holds (a node gone for good)")
         if action == "list":
             sp.add_argument("--node", help="only this node's allocations")
         common(sp)

@@ -1,14 +1,15 @@
 """Finding and executing plugins: the runtime's exec and a plugin's delegation. Stdlib only.
 
 Every function takes the environment explicitly (never ``os.environ`` below the entry point)
-so the same code runs in a one-shot plugin and in the daemon.
+so the same code runs in a one-shot plugin and in the daemon. Delegation runs a plugin with the
+:data:`Runner` its caller put on :class:`pycni.skel.CmdArgs` (``skel.dispatch(..., runner=)``),
+else with :func:`exec_plugin`; this module knows nothing of our own plugins.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -24,6 +25,12 @@ if TYPE_CHECKING:
     from typing import Any
 
     from pycni.skel import CmdArgs
+
+# How a plugin is run: (path, stdin, env) -> stdout, or the CNIError it reported. exec_plugin is
+# the default; an in-process runner (pycni.shim.run_delegate: the one-shot shim and the daemon
+# inject it through skel.dispatch) runs our own plugins without a new interpreter, as libcni's
+# invoke.Exec lets a caller replace exec.
+Runner = Callable[[str, bytes, Mapping[str, str]], bytes]
 
 # Variables a plugin inherits from its caller's environment besides the CNI_* ones.
 CNI_ENV_KEYS = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
@@ -83,11 +90,11 @@ def exec_plugin(plugin_path: str, stdin: bytes, env: Mapping[str, str], timeout:
 
             sys.stderr.buffer.write(b"--- stderr of %s:\n%s\n" % (name.encode(), proc.stderr.rstrip()))
             sys.stderr.flush()
-        raise _error_from_output(plugin_path, proc.returncode, proc.stdout, proc.stderr)
+        raise error_from_output(plugin_path, proc.returncode, proc.stdout, proc.stderr)
     return proc.stdout
 
 
-def _error_from_output(plugin_path: str, rc: int, stdout: bytes, stderr: bytes) -> CNIError:
+def error_from_output(plugin_path: str, rc: int, stdout: bytes, stderr: bytes) -> CNIError:
     """The error a failed plugin reported; Go's wording and code 0 when it printed no error JSON."""
     name = os.path.basename(plugin_path)
     status = f"{name} exited with status {rc}" if rc > 0 else f"{name} was killed by signal {-rc}"
@@ -120,8 +127,7 @@ def plugin_env(base: Mapping[str, str], command: str, *, container_id: str = "",
 
 
 def exec_with_result(plugin_path: str, netconf: bytes, env: Mapping[str, str],
-                     timeout: float | None = None,
-                     runner: Callable[[str, bytes, Mapping[str, str]], bytes] | None = None) -> Result:
+                     timeout: float | None = None, runner: Runner | None = None) -> Result:
     """Run an ADD and parse its result; a result without cniVersion is read as the config's version."""
     out = exec_plugin(plugin_path, netconf, env, timeout) if runner is None else runner(plugin_path, netconf, env)
     name = os.path.basename(plugin_path)
@@ -154,42 +160,20 @@ def _delegate_env(args: CmdArgs, command: str) -> dict[str, str]:
     return env
 
 
-# In-process delegation: inside the daemon (PYCNI_IN_DAEMON=1) or a one-shot shim process
-# (PYCNI_INPROC_DELEGATE=1), a delegate that is one of our generated executables runs through
-# skel.dispatch here instead of in a new interpreter; the result is the same, the start-up is not.
-def _our_plugin_module(path: str) -> str | None:
-    """The module behind ``path`` when it is an executable written by ``pycni install-plugins``."""
-    from pycni.plugins.registry import PLUGIN_MODULES, shim_type
-
-    name = shim_type(path)
-    return PLUGIN_MODULES.get(name) if name else None
-
-
-def _run_delegate(path: str, netconf: bytes, env: Mapping[str, str]) -> bytes:
-    """exec_plugin, or the same in this process when allowed and the delegate is ours."""
-    module = None
-    if env.get("PYCNI_IN_DAEMON") == "1" or env.get("PYCNI_INPROC_DELEGATE") == "1":
-        module = _our_plugin_module(path)
-    if module is None:
-        return exec_plugin(path, netconf, env)
-    from pycni.skel import dispatch
-
-    __import__(module)  # not importlib.import_module: see pycni.shim._run_here
-    outcome = dispatch(sys.modules[module].PLUGIN, env, netconf)
-    if outcome.exit_code != 0:
-        raise _error_from_output(path, outcome.exit_code, outcome.stdout, outcome.stderr)
-    return outcome.stdout
+def _runner(args: CmdArgs) -> Runner:
+    """How this invocation runs its delegates: the runner its caller injected, else exec."""
+    return args.runner or exec_plugin
 
 
 def delegate_add(plugin: str, netconf: bytes, args: CmdArgs) -> Result:
     """ADD through ``plugin`` with the caller's environment; the caller undoes with delegate_del."""
     path = find_in_path(plugin, args.cni_path)
-    return exec_with_result(path, netconf, _delegate_env(args, "ADD"), runner=_run_delegate)
+    return exec_with_result(path, netconf, _delegate_env(args, "ADD"), runner=_runner(args))
 
 
 def _delegate(command: str, plugin: str, netconf: bytes, args: CmdArgs) -> None:
     """A delegated command that returns no result (CHECK, DEL, GC, STATUS)."""
-    _run_delegate(find_in_path(plugin, args.cni_path), netconf, _delegate_env(args, command))
+    _runner(args)(find_in_path(plugin, args.cni_path), netconf, _delegate_env(args, command))
 
 
 def delegate_check(plugin: str, netconf: bytes, args: CmdArgs) -> None:

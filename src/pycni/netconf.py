@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pycni.spec.errors import INCOMPATIBLE_VERSION, INVALID_CONFIG, CNIError
+from pycni.spec.validate import is_colon_mac
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
@@ -120,12 +121,6 @@ def args_cni(conf: Mapping[str, Any]) -> dict[str, Any]:
     return get_dict(get_dict(conf, "args"), "cni", label="args.cni")
 
 
-def is_colon_mac(mac: str) -> bool:
-    """Whether ``mac`` is six colon-separated hex pairs (0a:58:0a:f4:00:05), the form configs use."""
-    parts = mac.split(":")
-    return len(parts) == 6 and all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts)
-
-
 def check_mac(mac: str, where: str) -> str:
     """``mac`` lower-cased; code 7 naming ``where`` it came from unless it is a colon MAC."""
     if not is_colon_mac(mac):
@@ -213,5 +208,5 @@ def valid_attachments(conf: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 __all__ = ["get_int", "get_bool", "get_str", "get_list", "get_dict", "ipam_type", "runtime_config", "args_cni",
-           "is_colon_mac", "check_mac", "container_mac", "prev_result", "require_prev_result", "require_ip_result",
+           "check_mac", "container_mac", "prev_result", "require_prev_result", "require_ip_result",
            "valid_attachments", "invalid", "VALID_ATTACHMENTS"]

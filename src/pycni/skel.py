@@ -29,9 +29,7 @@ TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin 
 if TYPE_CHECKING:
     from typing import Any
 
-# Deprecated spelling of pycni.spec.errors.INTERNAL (999), kept only until branches that still
-# import it are merged; new code imports INTERNAL from pycni.spec.errors.
-INTERNAL_ERROR = E.INTERNAL
+    from pycni.invoke import Runner
 
 # Which environment variables each command requires (spec: "Parameters").
 REQUIRED_ENV: dict[str, tuple[str, ...]] = {
@@ -59,6 +57,8 @@ class CmdArgs:
     stdin_data: bytes = b""
     netns_override: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
+    # How delegates run (pycni.invoke): injected by dispatch's caller; None execs them.
+    runner: Runner | None = field(default=None, compare=False, repr=False)
 
     @property
     def cni_path(self) -> list[str]:
@@ -145,7 +145,7 @@ _VALIDATORS: dict[str, Callable[[str], None]] = {
 }
 
 
-def _cmd_args(command: str, env: Mapping[str, str], stdin: bytes) -> CmdArgs:
+def _cmd_args(command: str, env: Mapping[str, str], stdin: bytes, runner: Runner | None = None) -> CmdArgs:
     """Check the environment as Go's skel does: a present-but-invalid value first, then all missing ones."""
     required = REQUIRED_ENV.get(command, ())
     missing = []
@@ -163,7 +163,7 @@ def _cmd_args(command: str, env: Mapping[str, str], stdin: bytes) -> CmdArgs:
                        f"the runtime must set {', '.join(missing)} for CNI_COMMAND={command or '(unset)'}")
     return CmdArgs(command=command, container_id=env.get("CNI_CONTAINERID", ""), netns=env.get("CNI_NETNS", ""),
                    ifname=env.get("CNI_IFNAME", ""), args=env.get("CNI_ARGS", ""), path=env.get("CNI_PATH", ""),
-                   stdin_data=stdin, netns_override=_netns_override(env), env=dict(env))
+                   stdin_data=stdin, netns_override=_netns_override(env), env=dict(env), runner=runner)
 
 
 def _netns_override(env: Mapping[str, str]) -> bool:
@@ -208,8 +208,10 @@ def _same_netns_as_plugin(netns: str) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes) -> Outcome:
+def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes, runner: Runner | None = None) -> Outcome:
     """Run one invocation; never raises, never exits: errors become the spec's error JSON.
+
+    ``runner`` runs the handler's delegates (see :data:`pycni.invoke.Runner`); None execs them.
 
     The order of checks follows Go's skel, so the same bad input gets the same code:
     invalid CNI_CONTAINERID/CNI_IFNAME, missing variables (4), VERSION, undecodable config
@@ -222,7 +224,7 @@ def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes) -> Outcome:
     try:
         command = env.get("CNI_COMMAND", "")
         try:
-            args = _cmd_args(command, env, stdin)
+            args = _cmd_args(command, env, stdin, runner)
         except CNIError as e:
             if e.code == E.INVALID_ENV and not command and plugin.about:
                 # Run by hand with no CNI_COMMAND: say what this is, as the Go plugins do.

@@ -349,6 +349,21 @@ class ClusterStore:
                 gone.append(h)
         return gone
 
+    def release_node(self) -> tuple[list[dict[str, Any]], list[IPNetwork]]:
+        """Everything this store's node holds in the network, for a node that is gone for good:
+        its handles are released, then each of its blocks left empty is deleted with its affinity
+        (one transaction each, guarded by the block's revision). A block still holding another
+        node's borrowed addresses stays. Returns (handles released, blocks freed)."""
+        gone = self.gc([])
+        freed = []
+        for b in self.blocks():
+            if b.node != self.node or b.allocations:
+                continue
+            if self.etcd.txn([if_mod(self.block_key(b.cidr), b.mod_revision)],
+                             [op_delete(self.block_key(b.cidr)), op_delete(self.affinity_key(b.cidr))]).succeeded:
+                freed.append(b.cidr)
+        return gone, freed
+
     # -- consistency --
 
     def inconsistencies(self) -> list[dict[str, Any]]:
@@ -372,10 +387,14 @@ class ClusterStore:
                     problems.append({"problem": "allocation not in its handle", "ip": str(ip),
                                      "block": str(b.cidr), "handle": owner})
         for hid, ips in held.items():
+            listed = [ipaddress.ip_network(b) for b in handles[hid].get("blocks", ())]
             for ip in ips:
                 if taken.get(ip) != hid:
                     problems.append({"problem": "handle address not allocated to it", "ip": str(ip),
                                      "handle": hid, "allocatedTo": taken.get(ip)})
+                if not any(ip in b for b in listed):  # DEL frees only in the blocks the handle lists
+                    problems.append({"problem": "handle address outside its blocks", "ip": str(ip),
+                                     "handle": hid})
         return problems
 
 

@@ -34,6 +34,7 @@ from pycni.daemon import protocol
 from pycni.daemon.options import READ_TIMEOUT, STOP_TIMEOUT
 from pycni.net import netns
 from pycni.plugins.registry import PLUGIN_MODULES
+from pycni.shim import run_delegate
 from pycni.skel import Outcome, Plugin, dispatch
 from pycni.spec.errors import INTERNAL, INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIError
 
@@ -217,7 +218,7 @@ class Daemon:
             self.preload()
 
     def preload(self) -> None:
-        """Import every plugin (and with them pyroute2) once, up front."""
+        """Import every plugin (and with them the net/ layer) once, up front."""
         for name in PLUGIN_MODULES:
             try:
                 self._plugin(name)
@@ -644,7 +645,7 @@ class Daemon:
             plock = self.process_locks.hold(key) if locked and self.process_locks else nullcontext()
             with lock, plock, netns.enter(f"/proc/self/fd/{ns_fd}"):
                 started = time.perf_counter()
-                outcome = dispatch(plugin, env, stdin)
+                outcome = dispatch(plugin, env, stdin, runner=run_delegate)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s %s %s (pid %d): exit %d in %.1f ms", name, env.get("CNI_COMMAND"), key, peer_pid,
                           outcome.exit_code, (time.perf_counter() - started) * 1000)

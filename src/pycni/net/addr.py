@@ -8,7 +8,17 @@ import time
 
 from pycni.net.errors import kernel_errors
 from pycni.net.link import require_index, rtnl
-from pycni.net.nl import AF_INET, AF_INET6, AF_UNSPEC
+from pycni.net.nl import (  # noqa: F401 - the address constants, re-exported for callers of this module
+    AF_INET,
+    AF_INET6,
+    AF_UNSPEC,
+    IFA_F_DADFAILED,
+    IFA_F_NODAD,
+    IFA_F_TENTATIVE,
+    RT_SCOPE_HOST,
+    RT_SCOPE_LINK,
+    RT_SCOPE_UNIVERSE,
+)
 from pycni.record import record
 from pycni.spec.errors import INTERNAL, CNIError
 
@@ -17,13 +27,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
-
-IFA_F_NODAD = 0x02
-IFA_F_DADFAILED = 0x08
-IFA_F_TENTATIVE = 0x40
-RT_SCOPE_UNIVERSE = 0
-RT_SCOPE_LINK = 253
-RT_SCOPE_HOST = 254
 
 
 @record

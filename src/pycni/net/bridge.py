@@ -5,26 +5,15 @@ from __future__ import annotations
 import errno
 
 from pycni.net.errors import kernel_errors
-from pycni.net.link import (
-    IFF_PROMISC,
-    Link,
-    ipr,
-    lookup_msg,
-    require_index,
-    require_msg,
-    rtnl,
-    setlink,
-)
+from pycni.net.link import IFF_PROMISC, Link, lookup_msg, require_index, require_msg, rtnl, setlink
+from pycni.net.nl import AF_BRIDGE, BRIDGE_VLAN_INFO_PVID, BRIDGE_VLAN_INFO_UNTAGGED, RTEXT_FILTER_BRVLAN
+from pycni.net.sysctl import try_write_sysctl
 from pycni.record import field, record
 from pycni.spec.errors import INTERNAL, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
     from typing import Any
-
-AF_BRIDGE = 7
-BRIDGE_VLAN_INFO_PVID = 0x2
-BRIDGE_VLAN_INFO_UNTAGGED = 0x4
 
 
 def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filtering: bool = False) -> Link:
@@ -52,8 +41,6 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
         if promisc:
             setlink(sock, f"could not set promiscuous mode on {name!r}", index=link.index, flags=IFF_PROMISC,
                     change=IFF_PROMISC)
-    from pycni.net.sysctl import try_write_sysctl
-
     try_write_sysctl(f"net/ipv6/conf/{name}/accept_ra", "0")  # IPv6 disabled: nothing to own
     with rtnl() as sock:
         setlink(sock, f"could not set {name!r} up", index=link.index, state="up")
@@ -62,7 +49,7 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
 
 def bridge_vlan_filtering(name: str) -> bool | None:
     """Whether bridge ``name`` filters VLANs (None when it is not there)."""
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = lookup_msg(sock, name)
         if msg is None:
             return None
@@ -104,7 +91,7 @@ def set_port(name: str | int, *, hairpin: bool | None = None, isolated: bool | N
 
 def get_port(name: str | int) -> PortInfo | None:
     """Hairpin, isolation and VLANs of bridge port ``name`` (None when not a bridge port)."""
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = lookup_msg(sock, name)
         if msg is None:
             return None
@@ -121,7 +108,7 @@ def get_port(name: str | int) -> PortInfo | None:
 def _port_vlans(sock: Any, index: int) -> dict[int, int]:
     """VLAN id -> BRIDGE_VLAN_INFO flags of port ``index``, read from the AF_BRIDGE link dump."""
     out: dict[int, int] = {}
-    for m in sock.get_links(family=AF_BRIDGE, ext_mask=2):  # RTEXT_FILTER_BRVLAN
+    for m in sock.get_links(family=AF_BRIDGE, ext_mask=RTEXT_FILTER_BRVLAN):
         if int(m["index"]) != index:
             continue
         spec = m.get_attr("IFLA_AF_SPEC")
@@ -144,15 +131,15 @@ def del_port_vlan(name: str | int, vid: int) -> None:
 
 def _port_vlan(cmd: str, name: str | int, vid: int, pvid: bool, untagged: bool) -> None:
     flags = (BRIDGE_VLAN_INFO_PVID if pvid else 0) | (BRIDGE_VLAN_INFO_UNTAGGED if untagged else 0)
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = require_msg(sock, name)
         with kernel_errors(f"failed to {cmd} vlan {vid} on interface {name!r}"):
-            sock.vlan_filter(cmd, index=int(msg["index"]), vlan_info={"vid": vid, "flags": flags})
+            sock.vlan_filter(cmd, index=int(msg["index"]), vid=vid, flags=flags)
 
 
 def port_vlans(name: str | int) -> dict[int, int]:
     """VLAN id -> BRIDGE_VLAN_INFO flags of bridge port ``name`` ({} when there is no such link)."""
-    with ipr() as sock:
+    with rtnl() as sock:
         msg = lookup_msg(sock, name)
         if msg is None:
             return {}

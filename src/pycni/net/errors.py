@@ -4,8 +4,7 @@ Plugins never see an ``OSError`` or a netlink exception from a kernel refusal; e
 ``pycni.net`` function that asks the kernel for a change wraps the request in
 :class:`kernel_errors`, which turns the refusal into ``CNIError(INTERNAL, failure, why)``
 (the Go reference reports such failures as code 999 too). Anything else — a bug, a
-``CNIError`` already raised — passes through untouched. Stdlib only; pyroute2's exception
-type is recognised without importing pyroute2.
+``CNIError`` already raised — passes through untouched. Stdlib only.
 
     with kernel_errors(f"failed to add IP addr {addr} to {name!r}", ignore=(errno.EEXIST,)):
         sock.addr("add", **kw)
@@ -13,14 +12,13 @@ type is recognised without importing pyroute2.
 
 from __future__ import annotations
 
-import sys
 from types import TracebackType
 
 from pycni.spec.errors import INTERNAL, CNIError
 
 
 def netlink_errno(exc: BaseException) -> int | None:
-    """The errno of a netlink refusal (ours, pyroute2's, or any OSError), else None."""
+    """The errno of a netlink refusal (:class:`pycni.net.nl.NetlinkError`, or any OSError), else None."""
     code = getattr(exc, "code", None)
     if isinstance(code, int):
         return code
@@ -31,10 +29,7 @@ def netlink_errno(exc: BaseException) -> int | None:
 
 def is_netlink_error(exc: BaseException) -> bool:
     """Whether ``exc`` is a kernel refusal (to report as a CNIError) rather than a bug."""
-    if isinstance(exc, OSError):  # pycni.net.nl.NetlinkError is one
-        return True
-    exceptions = sys.modules.get("pyroute2.netlink.exceptions")  # not loaded: cannot be pyroute2's
-    return exceptions is not None and isinstance(exc, exceptions.NetlinkError)
+    return isinstance(exc, OSError)  # pycni.net.nl.NetlinkError is one
 
 
 class kernel_errors:  # noqa: N801 - used like contextlib.suppress

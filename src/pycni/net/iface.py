@@ -17,6 +17,7 @@ import ipaddress
 from pycni.net import addr as _addr
 from pycni.net import link as _link
 from pycni.net import route as _route
+from pycni.net.sysctl import read_sysctl, write_sysctl
 from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import Result
 
@@ -25,8 +26,6 @@ DAD_SETTLE_TIMEOUT = 5.0
 
 def enable_ipv6(ifname: str) -> None:
     """Turn IPv6 on for lo and ``ifname`` and keep addresses across link down, as the reference before adding IPv6."""
-    from pycni.net.sysctl import read_sysctl, write_sysctl
-
     for name in ("lo", ifname):
         key = f"net/ipv6/conf/{name}/disable_ipv6"
         try:

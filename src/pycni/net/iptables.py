@@ -131,15 +131,6 @@ def list_rules(table: str, chain: str, ipv6: bool = False) -> list[str]:
     return [line for line in out.splitlines() if line.startswith("-A ")]
 
 
-def list_chains(table: str, ipv6: bool = False) -> list[str]:
-    out = run(["-t", table, "-S"], ipv6)
-    chains = []
-    for line in out.splitlines():
-        if line.startswith(("-N ", "-P ")):
-            chains.append(line.split()[1])
-    return chains
-
-
 def chain_exists(table: str, chain: str, ipv6: bool = False) -> bool:
     try:
         run(["-t", table, "-n", "-L", chain], ipv6)
@@ -148,22 +139,6 @@ def chain_exists(table: str, chain: str, ipv6: bool = False) -> bool:
             return False
         raise
     return True
-
-
-def ensure_chain(table: str, chain: str, ipv6: bool = False) -> None:
-    try:
-        run(["-t", table, "-N", chain], ipv6)
-    except IptablesError as e:
-        if not e.chain_exists:
-            raise
-
-
-def append_unique(table: str, chain: str, rule: Sequence[str], ipv6: bool = False, *,
-                  prepend: bool = False) -> None:
-    """Add ``rule`` unless an identical one is there (``prepend`` inserts it first)."""
-    if rule_exists(table, chain, rule, ipv6):
-        return
-    run(["-t", table, "-I" if prepend else "-A", chain, *([] if not prepend else ["1"]), *rule], ipv6)
 
 
 def delete_rule(table: str, chain: str, rule: Sequence[str], ipv6: bool = False) -> None:

@@ -4,41 +4,26 @@ Namespace contract of the whole ``pycni.net`` link/addr/route layer: every funct
 the network namespace of the *calling thread*; callers switch with
 ``with pycni.net.netns.enter(path): ...``.
 
-How that holds with pyroute2 0.9 (verified on 0.9.7): the synchronous ``IPRoute`` is a thin
-wrapper over an asyncio core, but it runs its event loop in the calling thread and creates
-its netlink socket in its constructor, with a plain ``socket()`` call in the calling thread —
-so an ``IPRoute()`` constructed *after* ``netns.enter`` talks to that namespace, and one
-constructed before keeps talking to the namespace it was born in, even if used inside. Hence
-the rule here: open one ``IPRoute`` per operation group, inside the namespace, via
-:func:`ipr`, and close it before leaving. We never use ``IPRoute(netns=...)``: it forks a
-helper process per socket (slow) and, with its default ``O_CREAT`` flag, would *create* a
-missing namespace instead of failing.
-
-Two kinds of socket, same calling shape: :func:`rtnl` is our own stdlib rtnetlink client
-(:mod:`pycni.net.nl`) and serves links, addresses, routes and bridge ports — everything on the
-plugins' hot path — without importing pyroute2; :func:`ipr` is pyroute2's ``IPRoute``, imported
-lazily, for what ``nl`` does not speak (tc, policy rules, bridge VLAN filtering). Helpers that
-take a ``sock`` (:func:`lookup_msg`, :func:`link_index`…) accept either.
+:func:`rtnl` opens our netlink client (:mod:`pycni.net.nl`, the one netlink stack) in the
+calling thread, so a socket opened inside ``netns.enter`` talks to that namespace; open one
+per operation group and close it before leaving. Helpers that take a ``sock``
+(:func:`lookup_msg`, :func:`link_index`…) take such a socket.
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
-from contextlib import contextmanager
 
+from pycni.net import netns
 from pycni.net.errors import is_netlink_error, kernel_errors
+from pycni.net.nl import IFF_ALLMULTI, IFF_PROMISC, IFF_UP
 from pycni.net.nl import IPRoute as _NlIPRoute
-from pycni.record import record
+from pycni.record import field, record
 from pycni.spec.errors import INTERNAL, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
     from typing import Any
-
-IFF_UP = 0x1
-IFF_PROMISC = 0x100
-IFF_ALLMULTI = 0x200
 
 _UNSET: Any = ...  # sentinel: "leave this attribute alone" (None means "detach" for master)
 
@@ -47,18 +32,6 @@ def rtnl() -> _NlIPRoute:
     """Our stdlib rtnetlink socket (:mod:`pycni.net.nl`) in the calling thread's namespace;
     use it in a ``with`` block, which closes it."""
     return _NlIPRoute()
-
-
-@contextmanager
-def ipr() -> Iterator[Any]:
-    """A pyroute2 ``IPRoute`` bound to the calling thread's current namespace, closed on exit."""
-    from pyroute2 import IPRoute
-
-    sock = IPRoute()
-    try:
-        yield sock
-    finally:
-        sock.close()
 
 
 @record
@@ -79,6 +52,10 @@ class Link:
     link_netnsid: int | None = None
     peer_index: int | None = None  # IFLA_LINK: a veth's peer index (in its own netns)
     operstate: int = 0  # IFLA_OPERSTATE (RFC 2863): 6 is "up"
+    alias: str = ""  # IFLA_IFALIAS
+    # The kind's own settings (IFLA_INFO_DATA) under the keywords link("add") takes for them:
+    # vlan_id, macvlan_mode, ipvlan_mode, vrf_table, vxlan_id, br_vlan_filtering…
+    data: dict[str, Any] = field(default_factory=dict)
 
     @property
     def oper_up(self) -> bool:
@@ -88,9 +65,13 @@ class Link:
     def from_msg(cls, msg: Any) -> Link:
         flags = int(msg["flags"])
         kind = ""
+        data: dict[str, Any] = {}
         linkinfo = msg.get_attr("IFLA_LINKINFO")
         if linkinfo is not None:
             kind = linkinfo.get_attr("IFLA_INFO_KIND") or ""
+            info_data = linkinfo.get_attr("IFLA_INFO_DATA")
+            if info_data is not None:
+                data = {name[5:].lower(): value for name, value in info_data.attrs}  # IFLA_VLAN_ID -> vlan_id
         master = msg.get_attr("IFLA_MASTER")
         return cls(index=int(msg["index"]), name=msg.get_attr("IFLA_IFNAME") or "", kind=kind,
                    mac=(msg.get_attr("IFLA_ADDRESS") or "").lower(), mtu=int(msg.get_attr("IFLA_MTU") or 0),
@@ -98,16 +79,12 @@ class Link:
                    allmulti=bool(flags & IFF_ALLMULTI), txqlen=int(msg.get_attr("IFLA_TXQLEN") or 0),
                    master=int(master) if master else None, flags=flags,
                    link_netnsid=msg.get_attr("IFLA_LINK_NETNSID"), peer_index=msg.get_attr("IFLA_LINK"),
-                   operstate=_operstate(msg.get_attr("IFLA_OPERSTATE")))
-
-
-_OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DORMANT", "UP")
+                   operstate=_operstate(msg.get_attr("IFLA_OPERSTATE")), alias=msg.get_attr("IFLA_IFALIAS") or "",
+                   data=data)
 
 
 def _operstate(value: Any) -> int:
-    """IFLA_OPERSTATE as its number (pyroute2 decodes it to a name such as 'UP')."""
-    if isinstance(value, str):
-        return _OPERSTATES.index(value) if value in _OPERSTATES else 0
+    """IFLA_OPERSTATE as its number (RFC 2863: 6 is "up"), 0 when the kernel sent none."""
     return int(value or 0)
 
 
@@ -186,8 +163,6 @@ def require_free_ifname(ifname: str, netns_path: str) -> None:
 
 def check_container_ifname(netns_path: str, ifname: str) -> None:
     """Before an ADD makes anything: the container namespace opens and has no ``ifname`` yet."""
-    from pycni.net import netns
-
     with netns.enter(netns_path):
         require_free_ifname(ifname, netns_path)
 
@@ -267,17 +242,6 @@ def try_set_ipv4_devconf(index: int, values: dict[int, int]) -> bool:
                 raise
             return False
     return True
-
-
-def set_master(name: str | int, master: str | int) -> None:
-    """Enslave link ``name`` to ``master`` (e.g. a bridge). Given indexes, this is one request and
-    no lookups, which matters on a bridge with many ports, where every RTNL round trip is slow."""
-    with rtnl() as sock:
-        index = require_index(sock, name)
-        master_index = link_index(sock, master)
-        if master_index is None:
-            raise CNIError(INTERNAL, f"failed to lookup master {master!r}", f"link {master!r} not found")
-        setlink(sock, f"failed to connect {name!r} to {master!r}", index=index, master=master_index)
 
 
 def delete_link(name: str | int) -> bool:

@@ -1,17 +1,19 @@
-"""A small rtnetlink client on a plain AF_NETLINK socket: links, addresses, routes, bridge ports.
+"""Our netlink client on a plain AF_NETLINK socket: links, addresses, routes, rules, bridges, tc.
 
-Why not pyroute2 here: importing it costs a one-shot plugin process ~100 ms (asyncio,
-multiprocessing, its message classes) and every ``IPRoute()`` spins an asyncio loop. The
-plugins on the hot path (bridge, ptp, macvlan, …) need a dozen request shapes, which this module
-encodes and decodes with :mod:`struct` alone. pyroute2 stays for the rest (tc, rules, VLAN
-filtering) through :func:`pycni.net.link.ipr`.
+Why not pyroute2: importing it costs a one-shot plugin process ~130 ms of CPU even lean
+(asyncio, multiprocessing, its message classes; see docs/architecture.md) and every
+``IPRoute()`` spins an asyncio loop. The plugins need a few dozen request shapes, which this
+module encodes and decodes with :mod:`struct` alone: links, addresses, routes, policy rules,
+neighbours, bridge ports and their VLANs, qdiscs and classes. It is the one netlink stack of
+pycni (:class:`NetlinkSocket` carries other families, such as ctnetlink) and the one home of
+the kernel's constants (``RT_*``, ``RTN_*``, ``IFF_*``…). A new netlink operation goes here, a
+helper that plugins call goes in the ``net/`` module of its subject.
 
-The interface deliberately mirrors the subset of pyroute2's ``IPRoute`` that :mod:`pycni.net`
-uses — ``link("get"|"add"|"set"|"del", **kw)``, ``link_lookup``, ``get_links``,
-``addr``/``get_addr``, ``route``/``get_routes``, ``brport("set")`` — and messages answer
-``msg["index"]`` (header fields, pyroute2's names) and ``msg.get_attr("IFLA_IFNAME")``
-(attributes, kernel names, values decoded as pyroute2 decodes them), so helpers such as
-:func:`pycni.net.link.lookup_msg` work on either kind of socket.
+The interface keeps the shape of pyroute2's ``IPRoute`` that :mod:`pycni.net` was written
+against — ``link("get"|"add"|"set"|"del", **kw)``, ``link_lookup``, ``get_links``,
+``addr``/``get_addr``, ``route``/``get_routes``, ``rule``/``get_rules``, ``brport("set")``,
+``vlan_filter``, ``qdisc``/``get_qdiscs``/``get_classes`` — and messages answer ``msg["index"]``
+(header fields) and ``msg.get_attr("IFLA_IFNAME")`` (attributes by their kernel names).
 
 Namespace contract as in :mod:`pycni.net.link`: the socket talks to the network namespace
 of the thread that created it. Errors are :class:`NetlinkError`, an :class:`OSError` whose
@@ -26,8 +28,8 @@ import struct
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
-    from typing import Any
+    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from typing import Any, Self
 
 AF_UNSPEC, AF_INET, AF_BRIDGE, AF_INET6 = 0, 2, 7, 10
 NETLINK_ROUTE = 0
@@ -46,21 +48,41 @@ RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_SETLINK = 16, 17, 18, 19
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RTM_NEWNEIGH, RTM_DELNEIGH, RTM_GETNEIGH = 28, 29, 30
+RTM_NEWRULE, RTM_DELRULE, RTM_GETRULE = 32, 33, 34
+RTM_NEWQDISC, RTM_DELQDISC, RTM_GETQDISC = 36, 37, 38
+RTM_NEWTCLASS, RTM_GETTCLASS = 40, 42
+TC_H_ROOT, TC_H_INGRESS = 0xFFFFFFFF, 0xFFFFFFF1
 
-IFF_UP = 0x1
-RT_TABLE_MAIN = 254
-RT_SCOPE_NOWHERE = 255
-RTN_UNICAST = 1
+IFF_UP, IFF_PROMISC, IFF_ALLMULTI = 0x1, 0x100, 0x200
+IFA_F_NODAD, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x08, 0x40
+RT_TABLE_UNSPEC, RT_TABLE_COMPAT, RT_TABLE_DEFAULT, RT_TABLE_MAIN, RT_TABLE_LOCAL = 0, 252, 253, 254, 255
+RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_HOST = 0, 253, 254
+RT_SCOPE_NOWHERE = 255  # as a delete filter: a route of any scope
+RTN_UNICAST, RTN_BLACKHOLE = 1, 6
+RTPROT_KERNEL = 2  # routes the kernel made itself (e.g. for an address's subnet)
+RTPROT_BOOT = 3    # what vishvananda/netlink (and so the Go plugins) stamp on routes they add
 RTPROT_STATIC = 4
 RTNH_F_ONLINK = 4
+FR_ACT_TO_TBL = 1
 NUD_PERMANENT = 0x80
 NTF_SELF = 0x02
+RTEXT_FILTER_BRVLAN = 2
+BRIDGE_FLAGS_MASTER = 1
+BRIDGE_VLAN_INFO_PVID, BRIDGE_VLAN_INFO_UNTAGGED = 0x2, 0x4
 
 _HDR = struct.Struct("=IHHII")        # nlmsghdr: len, type, flags, seq, pid
 _IFINFO = struct.Struct("=BxHiII")    # ifinfomsg: family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")     # ifaddrmsg: family, prefixlen, flags, scope, index
 _RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, proto, scope, type, flags
 _NDMSG = struct.Struct("=BxxxiHBB")   # ndmsg: family, (pad), ifindex, state, flags, type
+_FIBRULE = struct.Struct("=BBBBBBBBI")  # fib_rule_hdr: family, dst_len, src_len, tos, table, res1, res2, action, flags
+_VLAN_INFO = struct.Struct("=HH")     # bridge_vlan_info: flags, vid
+_TCMSG = struct.Struct("=BxxxiIII")   # tcmsg: family, (pad), ifindex, handle, parent, info
+_RATESPEC = "BBHhHI"                  # tc_ratespec: cell_log, linklayer, overhead, cell_align, mpu, rate
+_TBF_QOPT = struct.Struct("=" + _RATESPEC * 2 + "III")  # rate, peakrate, limit, buffer, mtu
+_HTB_GLOB = struct.Struct("=IIIII")   # version, rate2quantum, defcls, debug, direct_pkts
+_HTB_OPT = struct.Struct("=" + _RATESPEC * 2 + "IIIII")  # rate, ceil, buffer, cbuffer, quantum, level, prio
+_U64 = struct.Struct("=Q")
 _NLA = struct.Struct("=HH")
 _RTNH = struct.Struct("=HBBi")        # rtnexthop: len, flags, hops, ifindex
 _U16 = struct.Struct("=H")
@@ -71,6 +93,8 @@ _IFINFO_FIELDS = ("family", "ifi_type", "index", "flags", "change")
 _IFADDR_FIELDS = ("family", "prefixlen", "flags", "scope", "index")
 _RTMSG_FIELDS = ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags")
 _NDMSG_FIELDS = ("family", "ifindex", "state", "flags", "ndm_type")
+_FIBRULE_FIELDS = ("family", "dst_len", "src_len", "tos", "table", "res1", "res2", "action", "flags")
+_TCMSG_FIELDS = ("family", "index", "handle", "parent", "info")
 
 
 class NetlinkError(OSError):
@@ -264,11 +288,57 @@ _NDA: dict[int, tuple[str, Callable[[bytes], Any]]] = {
     1: ("NDA_DST", _ip), 2: ("NDA_LLADDR", _mac), 8: ("NDA_IFINDEX", _u32), 9: ("NDA_MASTER", _u32),
 }
 
+_FRA: dict[int, tuple[str, Callable[[bytes], Any]]] = {
+    1: ("FRA_DST", _ip), 2: ("FRA_SRC", _ip), 3: ("FRA_IIFNAME", _str), 6: ("FRA_PRIORITY", _u32),
+    10: ("FRA_FWMARK", _u32), 15: ("FRA_TABLE", _u32), 17: ("FRA_OIFNAME", _str),
+}
+
+
+def _vlan_info(data: bytes) -> dict[str, int]:
+    flags, vid = _VLAN_INFO.unpack_from(data)
+    return {"flags": flags, "vid": vid}
+
+
+# An AF_BRIDGE link message (a bridge port as the bridge sees it): IFLA_AF_SPEC holds its VLANs.
+# In other families IFLA_AF_SPEC nests per-family attributes, so it is decoded here only.
+_IFLA_BRIDGE: dict[int, tuple[str, Callable[[bytes], Any]]] = {
+    1: ("IFLA_ADDRESS", _mac), 3: ("IFLA_IFNAME", _str), 4: ("IFLA_MTU", _u32), 10: ("IFLA_MASTER", _u32),
+    26: ("IFLA_AF_SPEC", _nested({2: ("IFLA_BRIDGE_VLAN_INFO", _vlan_info)})),
+}
+
+def _u64(data: bytes) -> int:
+    return int(_U64.unpack_from(data)[0])
+
+
+def _tbf_parms(data: bytes) -> dict[str, int]:
+    v = _TBF_QOPT.unpack_from(data)
+    return {"rate": v[5], "limit": v[12], "buffer": v[13], "mtu": v[14]}
+
+
+def _htb_glob(data: bytes) -> dict[str, int]:
+    return {"defcls": _HTB_GLOB.unpack_from(data)[2]}
+
+
+def _htb_parms(data: bytes) -> dict[str, int]:
+    v = _HTB_OPT.unpack_from(data)
+    return {"rate": v[5], "ceil": v[11], "buffer": v[12], "cbuffer": v[13]}
+
+
+# TCA_OPTIONS by qdisc/class kind (decoded once TCA_KIND is known; see _decode).
+_TC_OPTIONS: dict[str, dict[int, tuple[str, Callable[[bytes], Any]]]] = {
+    "tbf": {1: ("TCA_TBF_PARMS", _tbf_parms), 4: ("TCA_TBF_RATE64", _u64)},
+    "htb": {1: ("TCA_HTB_PARMS", _htb_parms), 2: ("TCA_HTB_INIT", _htb_glob), 6: ("TCA_HTB_RATE64", _u64),
+            7: ("TCA_HTB_CEIL64", _u64)},
+}
+_TCA: dict[int, tuple[str, Callable[[bytes], Any]]] = {1: ("TCA_KIND", _str), 2: ("TCA_OPTIONS", bytes)}
+
 _DECODERS: dict[int, tuple[struct.Struct, tuple[str, ...], dict[int, tuple[str, Callable[[bytes], Any]]]]] = {
     RTM_NEWLINK: (_IFINFO, _IFINFO_FIELDS, _IFLA), RTM_DELLINK: (_IFINFO, _IFINFO_FIELDS, _IFLA),
     RTM_NEWADDR: (_IFADDR, _IFADDR_FIELDS, _IFA), RTM_DELADDR: (_IFADDR, _IFADDR_FIELDS, _IFA),
     RTM_NEWROUTE: (_RTMSG, _RTMSG_FIELDS, _RTA), RTM_DELROUTE: (_RTMSG, _RTMSG_FIELDS, _RTA),
     RTM_NEWNEIGH: (_NDMSG, _NDMSG_FIELDS, _NDA), RTM_DELNEIGH: (_NDMSG, _NDMSG_FIELDS, _NDA),
+    RTM_NEWRULE: (_FIBRULE, _FIBRULE_FIELDS, _FRA), RTM_DELRULE: (_FIBRULE, _FIBRULE_FIELDS, _FRA),
+    RTM_NEWQDISC: (_TCMSG, _TCMSG_FIELDS, _TCA), RTM_NEWTCLASS: (_TCMSG, _TCMSG_FIELDS, _TCA),
 }
 
 
@@ -277,7 +347,14 @@ def _decode(mtype: int, body: bytes) -> Msg | None:
     if spec is None:
         return None
     head, names, table = spec
-    return Msg(dict(zip(names, head.unpack_from(body), strict=True)), _attrs(body, head.size, table))
+    if table is _IFLA and body[:1] == bytes((AF_BRIDGE,)):
+        table = _IFLA_BRIDGE
+    msg = Msg(dict(zip(names, head.unpack_from(body), strict=True)), _attrs(body, head.size, table))
+    if table is _TCA:  # the options' layout depends on the kind: None when we do not decode it
+        kind = msg.get_attr("TCA_KIND", "")
+        msg.attrs = [(k, Attrs(_attrs(v, 0, _TC_OPTIONS[kind])) if kind in _TC_OPTIONS else None)
+                     if k == "TCA_OPTIONS" else (k, v) for k, v in msg.attrs]
+    return msg
 
 
 # ---- encoding -------------------------------------------------------------------------------------
@@ -409,13 +486,43 @@ def _link_request(kw: dict[str, Any]) -> bytes:
     return _IFINFO.pack(AF_UNSPEC, 0, index, flags, change) + attrs
 
 
+TBF_CELL_LOG = 3  # rate-table cells of 8 bytes: a 1600-byte MTU in 256 cells, as tc picks
+
+
+def _tbf_options(rate: int, limit: int, buffer: int, rtab: Sequence[int]) -> bytes:
+    """TCA_TBF_PARMS and TCA_TBF_RTAB as ``tc`` sends them; ``rtab[i]`` is the ticks a packet of
+    ``(i + 1) << TBF_CELL_LOG`` bytes takes at ``rate`` (:func:`pycni.net.tc.rate_table`)."""
+    if len(rtab) != 256:
+        raise ValueError("a tbf rate table has 256 cells")
+    qopt = _TBF_QOPT.pack(TBF_CELL_LOG, 0, 0, -1, 0, rate, 0, 0, 0, 0, 0, 0, limit, buffer, 0)
+    return _nla(1, qopt) + _nla(2, b"".join(_U32.pack(v) for v in rtab))
+
+
 # ---- the socket -----------------------------------------------------------------------------------
 
-class IPRoute:
-    """An rtnetlink socket in the calling thread's namespace; use as a context manager or close()."""
+def raw_attrs(data: bytes, offset: int = 0) -> Iterator[tuple[int, bytes]]:
+    """(type, payload) of each attribute in ``data[offset:]``, undecoded (flags masked off the type)."""
+    end = len(data)
+    while offset + 4 <= end:
+        length, kind = _NLA.unpack_from(data, offset)
+        if length < 4:
+            return
+        yield kind & NLA_TYPE_MASK, data[offset + 4:offset + length]
+        offset += (length + 3) & ~3
 
-    def __init__(self) -> None:
-        self._sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, NETLINK_ROUTE)
+
+def nla(kind: int, payload: bytes, nested: bool = False) -> bytes:
+    """One attribute, padded (``nested`` sets NLA_F_NESTED)."""
+    return _nla(kind | (NLA_F_NESTED if nested else 0), payload)
+
+
+class NetlinkSocket:
+    """A netlink socket of ``protocol`` in the calling thread's namespace: framing, sequence
+    numbers, ACKs and errors (:class:`NetlinkError`); use as a context manager or close().
+    :class:`IPRoute` speaks rtnetlink on it; :mod:`pycni.net.conntrack` ctnetlink."""
+
+    def __init__(self, protocol: int = NETLINK_ROUTE) -> None:
+        self._sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, protocol)
         try:
             self._sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVBUF, 1 << 20)
             self._sock.bind((0, 0))
@@ -423,37 +530,27 @@ class IPRoute:
             self._sock.close()
             raise
         self._seq = 0
-        self._strict: bool | None = None
-
-    def _strict_dumps(self) -> bool:
-        """Ask the kernel to filter dumps by the header's index/table (Linux 4.20+); False if it cannot."""
-        if self._strict is None:
-            try:
-                self._sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
-                self._strict = True
-            except OSError:
-                self._strict = False
-        return self._strict
 
     def close(self) -> None:
         self._sock.close()
 
-    def __enter__(self) -> IPRoute:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- transport --
+    def settimeout(self, seconds: float | None) -> None:
+        self._sock.settimeout(seconds)
 
-    def request(self, mtype: int, body: bytes, flags: int = 0) -> list[Msg]:
-        """Send one request and collect its replies until the ACK (or DONE, for a dump)."""
+    def exchange(self, mtype: int, body: bytes, flags: int = 0) -> list[tuple[int, bytes]]:
+        """Send one request; (type, body) of each reply until the ACK (or DONE, for a dump)."""
         self._seq += 1
         seq = self._seq
         self._sock.send(_HDR.pack(_HDR.size + len(body), mtype, flags | NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body)
         return list(self._replies(seq))
 
-    def _replies(self, seq: int) -> Iterator[Msg]:
+    def _replies(self, seq: int) -> Iterator[tuple[int, bytes]]:
         while True:
             data = self._sock.recv(1 << 18)
             offset = 0
@@ -475,9 +572,31 @@ class IPRoute:
                     if err < 0:
                         raise NetlinkError(-err)
                     return
-                msg = _decode(mtype, body)
-                if msg is not None:
-                    yield msg
+                yield mtype, body
+
+
+class IPRoute(NetlinkSocket):
+    """An rtnetlink socket in the calling thread's namespace; use as a context manager or close()."""
+
+    def __init__(self) -> None:
+        super().__init__(NETLINK_ROUTE)
+        self._strict: bool | None = None
+
+    def _strict_dumps(self) -> bool:
+        """Ask the kernel to filter dumps by the header's index/table (Linux 4.20+); False if it cannot."""
+        if self._strict is None:
+            try:
+                self._sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
+                self._strict = True
+            except OSError:
+                self._strict = False
+        return self._strict
+
+    # -- transport --
+
+    def request(self, mtype: int, body: bytes, flags: int = 0) -> list[Msg]:
+        """Send one request and collect its decoded replies until the ACK (or DONE, for a dump)."""
+        return [msg for msg in (_decode(t, b) for t, b in self.exchange(mtype, body, flags)) if msg is not None]
 
     def dump(self, mtype: int, body: bytes) -> list[Msg]:
         return self.request(mtype, body, NLM_F_DUMP)
@@ -510,8 +629,23 @@ class IPRoute:
             raise
         return [int(m["index"]) for m in msgs]
 
-    def get_links(self) -> list[Msg]:
-        return self.dump(RTM_GETLINK, _IFINFO.pack(AF_UNSPEC, 0, 0, 0, 0))
+    def get_links(self, family: int = AF_UNSPEC, ext_mask: int = 0) -> list[Msg]:
+        """Every link; ``family=AF_BRIDGE, ext_mask=RTEXT_FILTER_BRVLAN``: bridge ports with their VLANs."""
+        body = _IFINFO.pack(family, 0, 0, 0, 0)
+        if ext_mask:
+            body += _nla_u32(29, ext_mask)  # IFLA_EXT_MASK
+        return self.dump(RTM_GETLINK, body)
+
+    def vlan_filter(self, command: str, *, index: int, vid: int, flags: int = 0) -> list[Msg]:
+        """``add`` or ``del`` VLAN ``vid`` (BRIDGE_VLAN_INFO_* ``flags``) on bridge port ``index``, master side
+        (``bridge vlan add dev X vid N master``)."""
+        spec = _nla(26 | NLA_F_NESTED, _nla_u16(0, BRIDGE_FLAGS_MASTER) + _nla(2, _VLAN_INFO.pack(flags, vid)))
+        body = _IFINFO.pack(AF_BRIDGE, 0, index, 0, 0) + spec
+        if command == "add":
+            return self.request(RTM_SETLINK, body)
+        if command == "del":
+            return self.request(RTM_DELLINK, body)
+        raise ValueError(f"unsupported vlan_filter command {command!r}")
 
     def brport(self, command: str, *, index: int, **kw: Any) -> list[Msg]:
         """``set`` bridge-port flags (``mode`` = hairpin, ``isolated``, ``learning``, ``unicast_flood``)."""
@@ -592,7 +726,8 @@ class IPRoute:
         dst_len = int(kw.pop("dst_len", 0))
         if kw:
             raise TypeError(f"unsupported route keywords: {sorted(kw)}")
-        body = _RTMSG.pack(family, dst_len, 0, 0, table if table < 256 else 252, proto, scope, rtype, rflags)
+        body = _RTMSG.pack(family, dst_len, 0, 0, table if table < 256 else RT_TABLE_COMPAT, proto, scope, rtype,
+                           rflags)
         body += b"".join(attrs)
         if command == "add":
             return self.request(RTM_NEWROUTE, body, NLM_F_CREATE | NLM_F_EXCL)
@@ -615,10 +750,61 @@ class IPRoute:
         body = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
         if table is not None and self._strict_dumps():
             body += _nla_u32(15, table)  # RTA_TABLE: the kernel skips the other tables (local's grows with links)
-        msgs = self.dump(RTM_GETROUTE, body)
+        try:
+            msgs = self.dump(RTM_GETROUTE, body)
+        except NetlinkError as e:
+            if e.code == 2 and table is not None:  # ENOENT: IPv4 has no such table yet (a filtered dump says so)
+                return []
+            raise
         if table is None:
             return msgs
         return [m for m in msgs if m.get_attr("RTA_TABLE", m["table"]) == table]
+
+    # -- policy rules --
+
+    def rule(self, command: str, *, family: int, table: int, priority: int | None = None, src: str | None = None,
+             src_len: int = 0, action: int = FR_ACT_TO_TBL) -> list[Msg]:
+        """``add`` or ``del`` one policy rule (``ip rule add from src/src_len table T pref P``)."""
+        attrs = _nla_u32(15, table)  # FRA_TABLE
+        if priority is not None:
+            attrs += _nla_u32(6, priority)  # FRA_PRIORITY
+        if src:
+            attrs += _nla(2, _ip_bytes(src)[1])  # FRA_SRC
+        body = _FIBRULE.pack(family, 0, src_len, 0, table if table < 256 else RT_TABLE_COMPAT, 0, 0, action, 0) + attrs
+        if command == "add":
+            return self.request(RTM_NEWRULE, body, NLM_F_CREATE | NLM_F_EXCL)
+        if command == "del":
+            return self.request(RTM_DELRULE, body)
+        raise ValueError(f"unsupported rule command {command!r}")
+
+    def get_rules(self, family: int = AF_UNSPEC) -> list[Msg]:
+        """The policy rules of ``family``, in the kernel's order."""
+        return self.dump(RTM_GETRULE, _FIBRULE.pack(family, 0, 0, 0, 0, 0, 0, 0, 0))
+
+    # -- traffic control: qdiscs and classes --
+
+    def get_qdiscs(self, index: int | None = None) -> list[Msg]:
+        """Every qdisc, only link ``index``'s when given (``tc qdisc show``)."""
+        msgs = self.dump(RTM_GETQDISC, _TCMSG.pack(AF_UNSPEC, index or 0, 0, 0, 0))
+        return msgs if index is None else [m for m in msgs if m["index"] == index]
+
+    def get_classes(self, index: int) -> list[Msg]:
+        """The classes of link ``index`` (``tc class show dev``)."""
+        return self.dump(RTM_GETTCLASS, _TCMSG.pack(AF_UNSPEC, index, 0, 0, 0))
+
+    def qdisc(self, command: str, *, index: int, handle: int = 0, parent: int = TC_H_ROOT, kind: str = "",
+              **kw: Any) -> list[Msg]:
+        """``add`` a qdisc (``kind`` "tbf": ``rate`` bytes/s below 2**32, ``limit`` bytes, ``buffer`` ticks,
+        ``rtab`` its rate table), or ``del`` the one at ``parent`` (TC_H_ROOT, TC_H_INGRESS) of link ``index``."""
+        body = _TCMSG.pack(AF_UNSPEC, index, handle, parent, 0)
+        if command == "del":
+            return self.request(RTM_DELQDISC, body)
+        if command != "add":
+            raise ValueError(f"unsupported qdisc command {command!r}")
+        if kind != "tbf" or set(kw) != {"rate", "limit", "buffer", "rtab"}:
+            raise TypeError(f"unsupported qdisc {kind!r} with {sorted(kw)}")
+        return self.request(RTM_NEWQDISC, body + _nla_str(1, kind) + _nla(2 | NLA_F_NESTED, _tbf_options(**kw)),
+                            NLM_F_CREATE | NLM_F_EXCL)
 
     # -- neighbours (ARP/NDP entries) and bridge/vxlan forwarding database entries --
 
@@ -648,4 +834,4 @@ class IPRoute:
         return msgs if ifindex is None else [m for m in msgs if m["ifindex"] == ifindex]
 
 
-__all__ = ["IPRoute", "Msg", "Attrs", "NetlinkError"]
+__all__ = ["IPRoute", "NetlinkSocket", "Msg", "Attrs", "NetlinkError", "raw_attrs", "nla"]

@@ -14,8 +14,21 @@ import ipaddress
 
 from pycni.net.errors import kernel_errors
 from pycni.net.link import require_index, rtnl
-from pycni.net.nl import AF_INET, AF_INET6
-from pycni.record import record
+from pycni.net.nl import (  # noqa: F401 - the route constants, re-exported for callers of this module
+    AF_INET,
+    AF_INET6,
+    RT_SCOPE_LINK,
+    RT_SCOPE_NOWHERE,
+    RT_SCOPE_UNIVERSE,
+    RT_TABLE_LOCAL,
+    RT_TABLE_MAIN,
+    RTN_BLACKHOLE,
+    RTN_UNICAST,
+    RTNH_F_ONLINK,
+    RTPROT_BOOT,
+    RTPROT_KERNEL,
+)
+from pycni.record import field, record
 from pycni.spec.errors import CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
@@ -25,21 +38,11 @@ if TYPE_CHECKING:
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-RT_TABLE_MAIN = 254
-RT_TABLE_LOCAL = 255
-RT_SCOPE_UNIVERSE = 0
-RT_SCOPE_LINK = 253
-RT_SCOPE_NOWHERE = 255  # as a delete filter: a route of any scope
-RTN_UNICAST = 1
-RTN_BLACKHOLE = 6
-RTPROT_KERNEL = 2  # routes the kernel made itself (e.g. for an address's subnet)
-RTPROT_BOOT = 3  # what vishvananda/netlink (and so the Go plugins) stamp on routes they add
-RTNH_F_ONLINK = 4
-
 
 @record
 class RouteEntry:
-    """One route as the kernel reports it."""
+    """One route as the kernel reports it: what CHECK compares, and all it takes to re-create it
+    elsewhere (:func:`pycni.net.rule.put_route` copies routes between tables)."""
 
     dst: IPNetwork
     gw: IPAddress | None = None
@@ -50,6 +53,8 @@ class RouteEntry:
     proto: int = 0
     type: int = RTN_UNICAST
     multipath_gws: tuple[IPAddress, ...] = ()
+    prefsrc: IPAddress | None = None
+    metrics: dict[str, int] = field(default_factory=dict)  # RTAX_* name -> value
 
     @classmethod
     def from_msg(cls, msg: Any) -> RouteEntry:
@@ -66,10 +71,25 @@ class RouteEntry:
                 mp_gws.append(ipaddress.ip_address(g))
             if oif is None:
                 oif = nh["oif"]
+        prefsrc = msg.get_attr("RTA_PREFSRC")
+        mx = msg.get_attr("RTA_METRICS")
         return cls(dst=dst, gw=ipaddress.ip_address(gw) if gw else None, oif=oif,
                    table=int(table if table is not None else msg["table"]),
                    priority=int(msg.get_attr("RTA_PRIORITY") or 0), scope=int(msg["scope"]),
-                   proto=int(msg["proto"]), type=int(msg["type"]), multipath_gws=tuple(mp_gws))
+                   proto=int(msg["proto"]), type=int(msg["type"]), multipath_gws=tuple(mp_gws),
+                   prefsrc=ipaddress.ip_address(prefsrc) if prefsrc else None,
+                   metrics=dict(mx.attrs) if mx is not None else {})
+
+    def spec(self, table: int | None = None) -> dict[str, Any]:
+        """The ``route()`` keywords that re-create exactly this route, optionally in another ``table``."""
+        kw = _spec(self.dst, self.gw, self.oif, self.table if table is None else table, self.priority, self.scope,
+                   proto=self.proto)
+        kw["type"] = self.type
+        if self.prefsrc is not None:
+            kw["prefsrc"] = str(self.prefsrc)
+        if self.metrics:
+            kw["metrics"] = dict(self.metrics)
+        return kw
 
     def via(self, gw: IPAddress) -> bool:
         """Whether this route goes through ``gw``, as its gateway or one of its multipath hops."""
@@ -84,7 +104,7 @@ def _oif(sock: Any, dev: str | int | None) -> int | None:
 def _spec(dst: IPNetwork | str, gw: IPAddress | str | None, oif: int | None, table: int | None,
           priority: int | None, scope: int | None, mtu: int | None = None, advmss: int | None = None,
           proto: int | None = None) -> dict[str, Any]:
-    """The pyroute2 route() keywords; unset values are left out so the kernel defaults apply."""
+    """The nl ``route()`` keywords; unset values are left out so the kernel defaults apply."""
     net = ipaddress.ip_network(dst, strict=False) if isinstance(dst, str) else dst
     kw: dict[str, Any] = {"family": AF_INET if net.version == 4 else AF_INET6,
                           "dst_len": net.prefixlen}

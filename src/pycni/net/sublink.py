@@ -13,7 +13,7 @@ import errno
 import os
 
 from pycni.net import netns
-from pycni.net.errors import is_netlink_error, kernel_errors, netlink_errno
+from pycni.net.errors import kernel_errors
 from pycni.net.link import (
     Link,
     delete_link_quietly,
@@ -96,17 +96,3 @@ def _add(sock: Any, spec: dict[str, Any], kind: str) -> None:
         sock.link("add", **spec)
     if refused.ignored is not None:
         raise kernel_lacks(kind)
-
-
-def kernel_supports(kind: str, **attrs: Any) -> bool:
-    """Whether this kernel can create ``kind`` links (tried in a scratch namespace by tests)."""
-    with rtnl() as sock:
-        name = f"probe{os.urandom(3).hex()}"
-        try:
-            sock.link("add", ifname=name, kind=kind, **attrs)
-        except Exception as e:
-            if is_netlink_error(e) and netlink_errno(e) == errno.EOPNOTSUPP:
-                return False
-            raise
-        delete_link_quietly(name)
-        return True

@@ -4,8 +4,9 @@ Everything acts in the calling thread's network namespace (see :mod:`pycni.net.l
 Qdiscs, classes and filters are *created* with the ``tc`` command (it runs in the calling
 thread's namespace because forked processes inherit it): tc encodes rate64 attributes, u32
 selectors and mirred actions correctly, which pyroute2 0.9 does not for all of these. They
-are *read back* over netlink (pyroute2), which gives the kernel's exact numbers — what CHECK
-compares. pyroute2 is imported lazily.
+are *read back* over netlink (:mod:`pycni.net.nl`), which gives the kernel's exact numbers,
+64-bit rates included — what CHECK compares. A tbf below 2**32 bytes/s is created over netlink
+too, so its bucket is exactly the reference's (tc rounds the tick count differently).
 
 Numbers follow the Go reference's arithmetic: rates in bytes per second, a bucket ``buffer``
 in scheduler ticks (``burst`` bytes at ``rate``), and a tbf ``limit`` of 25 ms of traffic
@@ -21,16 +22,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from pycni.net.errors import kernel_errors
-from pycni.net.link import ipr, link_index
+from pycni.net.link import link_index, rtnl
+from pycni.net.nl import TBF_CELL_LOG, TC_H_INGRESS, TC_H_ROOT
 from pycni.record import field, record
 from pycni.spec.errors import TRY_AGAIN, CNIError
 
 TIME_UNITS_PER_SEC = 1_000_000
 LATENCY_MS = 25
 MAX_U32 = 0xFFFFFFFF
-TC_H_ROOT = 0xFFFFFFFF  # the parent of a root qdisc
 ROOT_HANDLE = 0x10000  # 1:
-INGRESS_HANDLE = 0xFFFF0000  # ffff:
 SHAPED_MINOR = 0x30  # class 1:30 carries shaped traffic (as the reference's htb mode)
 UNSHAPED_MINOR = 0x1  # class 1:1 is effectively unlimited
 UNCAPPED_RATE_BITS = 100_000_000_000
@@ -66,6 +66,12 @@ def tbf_buffer(rate_bytes: int, burst_bytes: int) -> int:
     return xmittime(rate_bytes, burst_bytes)
 
 
+def rate_table(rate_bytes: int) -> list[int]:
+    """A tbf's rate table: the ticks each 256th of a 2048-byte range takes at ``rate_bytes``/s."""
+    tick = tick_in_usec()
+    return [xmittime(rate_bytes, (i + 1) << TBF_CELL_LOG, tick) for i in range(256)]
+
+
 def tbf_limit(rate_bytes: int, burst_bytes: int) -> int:
     """Queue limit in bytes: what ``rate`` sends in the latency budget, plus the burst."""
     return int(rate_bytes * LATENCY_MS * 1000 / TIME_UNITS_PER_SEC) + burst_bytes
@@ -87,7 +93,7 @@ def run_tc(lines: Sequence[str], what: str) -> None:
 # ---- devices ---------------------------------------------------------------------------------
 def create_ifb(name: str, mtu: int) -> str:
     """Create an ifb device, up, with ``mtu``; return its MAC. Fails if ``name`` exists."""
-    with ipr() as sock:
+    with rtnl() as sock:
         with kernel_errors(f"failed to create ifb device {name!r}", code=TC_ERROR):
             sock.link("add", ifname=name, kind="ifb", mtu=mtu)
             idx = link_index(sock, name)
@@ -110,12 +116,13 @@ def add_tbf(dev: str, rate_bytes: int, burst_bytes: int) -> None:
         run_tc([f"qdisc add dev {dev} root handle 1: tbf rate {rate_bytes}bps burst {burst_bytes} "
                 f"limit {limit}"], f"create tbf qdisc on {dev}")
         return
-    with ipr() as sock:
+    with rtnl() as sock:
         idx = link_index(sock, dev)
         if idx is None:
             raise CNIError(TC_ERROR, f"get host device: {dev} not found")
         with kernel_errors(f"failed to create tbf qdisc on {dev}", code=TC_ERROR):
-            sock.tc("add", "tbf", idx, ROOT_HANDLE, rate=rate_bytes, burst=burst_bytes, limit=limit)
+            sock.qdisc("add", index=idx, handle=ROOT_HANDLE, kind="tbf", rate=rate_bytes, limit=limit,
+                       buffer=xmittime(rate_bytes, burst_bytes), rtab=rate_table(rate_bytes))
 
 
 def _u32_match(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[str, int, str]:
@@ -160,7 +167,7 @@ def add_ingress_redirect(dev: str, ifb: str) -> None:
 
 def delete_qdisc(dev: str, ingress: bool = False) -> bool:
     """Remove the root (or ingress) qdisc of ``dev``; False when there was none or no ``dev``."""
-    with ipr() as sock:
+    with rtnl() as sock:
         idx = link_index(sock, dev)
         if idx is None:
             return False
@@ -170,10 +177,7 @@ def delete_qdisc(dev: str, ingress: bool = False) -> bool:
                                                  and kind in ("tbf", "htb")):
                 with kernel_errors(f"failed to delete qdisc on {dev}", code=TC_ERROR,
                                    ignore=(errno.ENOENT, errno.ENODEV, errno.EINVAL)) as refused:  # already gone
-                    if ingress:
-                        sock.tc("del", "ingress", idx, INGRESS_HANDLE)
-                    else:
-                        sock.tc("del", index=idx, handle=int(q["handle"]), parent=TC_H_ROOT)
+                    sock.qdisc("del", index=idx, handle=int(q["handle"]), parent=TC_H_INGRESS if ingress else TC_H_ROOT)
                 return refused.ignored is None
     return False
 
@@ -200,15 +204,9 @@ class HtbClass:
     cbuffer: int
 
 
-def _opts(msg: Any) -> Any:
-    """TCA_OPTIONS of a tc message when pyroute2 decoded it into attributes, else None."""
-    opts = msg.get_attr("TCA_OPTIONS")
-    return opts if opts is not None and hasattr(opts, "get_attr") else None
-
-
 def qdiscs(dev: str) -> list[Qdisc] | None:
     """The qdiscs of ``dev`` (without pfifo_fast/noqueue defaults); None when there is no ``dev``."""
-    with ipr() as sock:
+    with rtnl() as sock:
         idx = link_index(sock, dev)
         if idx is None:
             return None
@@ -218,12 +216,11 @@ def qdiscs(dev: str) -> list[Qdisc] | None:
             if kind in ("pfifo_fast", "noqueue", "mq", "fq_codel"):
                 continue
             params: dict[str, Any] = {}
-            opts = _opts(q)
+            opts = q.get_attr("TCA_OPTIONS")
             if kind == "tbf" and opts is not None:
                 p = opts.get_attr("TCA_TBF_PARMS") or {}
-                params = {"rate": p.get("rate"), "limit": p.get("limit"), "buffer": p.get("buffer")}
-                if params["rate"] == MAX_U32:  # the real rate is in TCA_TBF_RATE64, which pyroute2 skips
-                    params["rate"] = _tc_json_rate(dev, int(q["handle"])) or params["rate"]
+                params = {"rate": opts.get_attr("TCA_TBF_RATE64") or p.get("rate"), "limit": p.get("limit"),
+                          "buffer": p.get("buffer")}
             elif kind == "htb" and opts is not None:
                 p = opts.get_attr("TCA_HTB_INIT") or {}
                 params = {"defcls": p.get("defcls")}
@@ -231,30 +228,15 @@ def qdiscs(dev: str) -> list[Qdisc] | None:
         return out
 
 
-def _tc_json_rate(dev: str, handle: int) -> int | None:
-    """A qdisc's rate in bytes/s as ``tc -j`` reports it (it decodes 64-bit rates)."""
-    import json
-
-    proc = subprocess.run(["tc", "-j", "qdisc", "show", "dev", dev], capture_output=True, text=True, timeout=30)
-    try:
-        for q in json.loads(proc.stdout or "[]"):
-            if q.get("handle") == f"{handle >> 16:x}:":
-                rate = (q.get("options") or {}).get("rate")
-                return int(rate) if rate is not None else None
-    except (ValueError, TypeError):
-        return None
-    return None
-
-
 def htb_classes(dev: str) -> list[HtbClass]:
     """The htb classes of ``dev`` ([] when there is no ``dev``), 64-bit rates decoded."""
-    with ipr() as sock:
+    with rtnl() as sock:
         idx = link_index(sock, dev)
         if idx is None:
             return []
         out = []
         for c in sock.get_classes(index=idx):
-            opts = _opts(c)
+            opts = c.get_attr("TCA_OPTIONS")
             if c.get_attr("TCA_KIND") != "htb" or opts is None:
                 continue
             p = opts.get_attr("TCA_HTB_PARMS") or {}

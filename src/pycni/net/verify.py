@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pycni.net import addr as _addr
+from pycni.net import netns
 from pycni.net import route as _route
 from pycni.net.link import Link, get_link
 from pycni.spec.errors import INTERNAL, CNIError
@@ -55,8 +56,6 @@ def container_link(prev: Result, ifname: str, netns_path: str, *, kind: str = ""
 
     Runs from the host; enters ``netns_path`` itself. Returns the link as found.
     """
-    from pycni.net import netns
-
     container_interface(prev.interfaces, ifname, netns_path)
     index = next(i for i, intf in enumerate(prev.interfaces) if intf.name == ifname and intf.sandbox == netns_path)
     expected = prev.interfaces[index]

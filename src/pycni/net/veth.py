@@ -22,9 +22,9 @@ from pycni.net.link import (
     setlink,
 )
 from pycni.net.sysctl import try_write_sysctl
-from pycni.netconf import is_colon_mac
 from pycni.record import record
 from pycni.spec.errors import INTERNAL, INVALID_CONFIG, CNIError
+from pycni.spec.validate import is_colon_mac
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:

@@ -31,22 +31,6 @@ INTERNAL = 999
 # What Go's invoke reports when a failed plugin printed no parsable error (ErrUnknown).
 UNKNOWN = 0
 
-CODE_NAMES: dict[int, str] = {
-    INCOMPATIBLE_VERSION: "incompatible CNI version",
-    UNSUPPORTED_FIELD: "unsupported field in network configuration",
-    UNKNOWN_CONTAINER: "container unknown or does not exist",
-    INVALID_ENV: "invalid necessary environment variables",
-    IO_FAILURE: "I/O failure",
-    DECODE_FAILURE: "failed to decode content",
-    INVALID_CONFIG: "invalid network config",
-    INVALID_NETNS: "invalid network namespace",
-    TRY_AGAIN: "try again later",
-    PLUGIN_NOT_AVAILABLE: "plugin not available",
-    LIMITED_CONNECTIVITY: "limited connectivity",
-    NO_CONNECTIVITY: "no connectivity",
-    INTERNAL: "internal error",
-}
-
 
 class CNIError(Exception):
     """A CNI error: what a plugin prints on failure and what the runtime raises.
@@ -93,6 +77,3 @@ class CNIError(Exception):
 def invalid_config(msg: str, details: str = "") -> CNIError:
     return CNIError(INVALID_CONFIG, msg, details)
 
-
-def invalid_env(msg: str, details: str = "") -> CNIError:
-    return CNIError(INVALID_ENV, msg, details)

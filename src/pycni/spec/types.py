@@ -82,11 +82,6 @@ def parse_cidr(value: object, what: str = "CIDR address") -> IPInterface:
         raise _decode_error(what, value, str(e)) from None
 
 
-def parse_network(value: object, what: str = "network") -> IPNetwork:
-    """Parse a CIDR as a network, masking host bits as Go's net.ParseCIDR does."""
-    return parse_cidr(value, what).network
-
-
 def _str_field(d: dict[str, Any], key: str, what: str) -> str:
     v = d.get(key)
     if v is None:

@@ -64,6 +64,12 @@ def validate_interface_name(ifname: str) -> None:
                            f"{ifname!r} contains {ch!r}; '/', ':' and white space are not allowed")
 
 
+def is_colon_mac(mac: str) -> bool:
+    """Whether ``mac`` is six colon-separated hex pairs (0a:58:0a:f4:00:05), the form configs use."""
+    parts = mac.split(":")
+    return len(parts) == 6 and all(len(p) == 2 and all(c in "0123456789abcdefABCDEF" for c in p) for p in parts)
+
+
 def validate_plugin_type(plugin_type: str) -> None:
     """A plugin ``type`` is a file name on CNI_PATH: never a path."""
     if not plugin_type:

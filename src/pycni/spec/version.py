@@ -52,18 +52,6 @@ def highest(versions: Iterable[str]) -> str:
     return best
 
 
-def select_config_version(cni_version: str, cni_versions: Sequence[str] | None,
-                          supported: Sequence[str] = ALL_VERSIONS) -> str:
-    """Spec 1.1: with ``cniVersions`` the runtime picks the highest version it supports."""
-    if cni_versions:
-        candidates = [v for v in cni_versions if v in supported]
-        if candidates:
-            return highest(candidates)
-        raise CNIError(INCOMPATIBLE_VERSION, "incompatible CNI versions",
-                       f"config lists versions {list(cni_versions)}, supported are {list(supported)}")
-    return cni_version or "0.1.0"
-
-
 def check_supported(config_version: str, plugin_versions: Sequence[str]) -> None:
     """Refuse a config whose version the plugin does not speak (spec error 1)."""
     if config_version not in plugin_versions:

@@ -74,6 +74,7 @@ class HostLocalConf:
     range_sets: list[RangeSet] = field(default_factory=list)
     requested: list[IPAddress] = field(default_factory=list)
     valid: list[tuple[str, str]] = field(default_factory=list)
+    prev: Result | None = None  # CHECK's prevResult, when given
 
     @property
     def store_dir(self) -> str:
@@ -96,6 +97,8 @@ def parse_conf(args: CmdArgs) -> HostLocalConf:
                         resolv_conf=netconf.get_str(ipam, "resolvConf", label="ipam.resolvConf"))
     if args.command in ("ADD", "CHECK"):
         _parse_ranges(conf, ipam, args.args, cfg)
+        if args.command == "CHECK":
+            cfg.prev = netconf.prev_result(conf)
     elif args.command == "GC":
         cfg.valid = netconf.valid_attachments(conf)
     return cfg
@@ -258,10 +261,9 @@ def cmd_check(args: CmdArgs) -> None:
         if not any(range_for(rs, ip) is not None for ip in held):
             raise CNIError(UNKNOWN_CONTAINER, f"host-local: container {cid} holds no address in range set {idx}",
                            f"range set {range_set_str(rs)}; held: {', '.join(map(str, held))}")
-    prev = netconf.prev_result(args.conf())
-    if prev is not None:
+    if cfg.prev is not None:
         mine = set(held)
-        for ipc in prev.ips:
+        for ipc in cfg.prev.ips:
             ip = ipc.address.ip
             if any(range_for(rs, ip) for rs in cfg.range_sets) and ip not in mine:
                 raise CNIError(UNKNOWN_CONTAINER, f"host-local: {ip} is not reserved for container {cid}",

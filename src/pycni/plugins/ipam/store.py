@@ -131,20 +131,60 @@ class Store:
         """Claim ``ip`` for the owner; False if someone holds it. Records the round-robin cursor."""
         path = self._path(str(ip))
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except FileExistsError:
-            return False
+            if not self._create_whole(path, owner_key(container_id, ifname)):
+                return False
         except OSError as e:
             raise _io_error(f"cannot reserve {ip}", e) from None
         try:
-            try:
-                _write_all(fd, owner_key(container_id, ifname))
-            finally:
-                os.close(fd)
             self._write_file(LAST_IP_PREFIX + range_id, str(ip).encode())
         except OSError as e:
             self._unlink(path)
             raise _io_error(f"cannot reserve {ip}", e) from None
+        return True
+
+    def _create_whole(self, path: str, data: bytes) -> bool:
+        """Create ``path`` holding ``data`` unless it exists (False then), never visible half-written.
+
+        The owner is written into an unnamed file (O_TMPFILE) that is then linked in place: a
+        process killed at any point leaves either no reservation or a complete one, never the
+        empty file an O_EXCL create followed by a write can leave (which no DEL could match).
+        Where the file system has no O_TMPFILE, the O_EXCL create is the fallback.
+        """
+        try:
+            fd = os.open(self.dir, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+            return self._create_excl(path, data)
+        dfd = -1
+        try:
+            _write_all(fd, data)
+            # linkat(AT_SYMLINK_FOLLOW) names the unnamed file; os.link uses linkat (not link(2),
+            # which would try to link the /proc symlink itself) only when given a dir fd.
+            dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.link(f"/proc/self/fd/{fd}", os.path.basename(path), dst_dir_fd=dfd, follow_symlinks=True)
+            except FileExistsError:
+                return False
+        finally:
+            os.close(fd)
+            if dfd >= 0:
+                os.close(dfd)
+        return True
+
+    def _create_excl(self, path: str, data: bytes) -> bool:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            return False
+        try:
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+        except OSError:
+            self._unlink(path)
+            raise
         return True
 
     def _write_file(self, name: str, data: bytes) -> None:

@@ -43,8 +43,8 @@ class SublinkSpec:
     mac_configurable: bool = False
     # config -> extra netlink attributes (e.g. macvlan_mode); raise CNIError(7) on bad values
     link_attrs: Callable[[Mapping[str, Any]], dict[str, Any]] = field(default=lambda conf: {})
-    # (config, netlink message of the container link) -> raise CNIError when CHECK must fail
-    check_link: Callable[[Mapping[str, Any], Any], None] = field(default=lambda conf, msg: None)
+    # (config, the container link) -> raise CNIError when CHECK must fail
+    check_link: Callable[[Mapping[str, Any], Link], None] = field(default=lambda conf, link: None)
     # Apply a prevResult's addresses when there is no ipam (ipvlan chained after an IPAM-only plugin)
     uses_prev_result_ips: bool = False
     # Make the link another way than netlink RTM_NEWLINK from a parent (tap): (conf, args, mac) -> Link
@@ -212,7 +212,7 @@ class SublinkPlugin:
     def check(self, args: CmdArgs) -> None:
         """CHECK: IPAM, the parent, the container link against prevResult, then the kind's own attributes."""
         from pycni.net import netns, verify
-        from pycni.net.link import ipr, lookup_msg
+        from pycni.net.link import require_link
 
         n = self.parse_conf(args)
         netns.check_netns(args.netns)
@@ -220,8 +220,8 @@ class SublinkPlugin:
         prev = netconf.require_prev_result(n.raw, self.spec.name)
         self._parent(n, args)
         verify.container_link(prev, args.ifname, args.netns, kind=self.spec.kind)
-        with netns.enter(args.netns), ipr() as sock:
-            self.spec.check_link(n.raw, lookup_msg(sock, args.ifname))
+        with netns.enter(args.netns):
+            self.spec.check_link(n.raw, require_link(args.ifname))
 
     def gc(self, args: CmdArgs) -> None:
         """GC: the IPAM plugin releases what ``cni.dev/valid-attachments`` does not list."""
@@ -232,18 +232,12 @@ class SublinkPlugin:
         ipam.status(self.parse_conf(args).raw, args)
 
 
-def link_info_data(msg: Any) -> Any:
-    """The IFLA_INFO_DATA of a link message (kind-specific attributes), or None."""
-    info = msg.get_attr("IFLA_LINKINFO")
-    return info.get_attr("IFLA_INFO_DATA") if info is not None else None
-
-
 @record(frozen=True)
 class LinkMode:
     """The ``mode`` key of macvlan and ipvlan: validated from the config, compared on CHECK."""
 
-    kind: str                 # netlink kind; the mode lives in IFLA_<KIND>_MODE
-    modes: Mapping[str, int]  # config name -> IFLA_<KIND>_MODE value
+    kind: str                 # netlink kind; the mode is the link's data["<kind>_mode"]
+    modes: Mapping[str, int]  # config name -> the kernel's mode number
     default: str
 
     def of(self, conf: Mapping[str, Any]) -> str:
@@ -254,12 +248,10 @@ class LinkMode:
                            f"use one of {', '.join(self.modes)}")
         return str(mode)
 
-    def check(self, conf: Mapping[str, Any], msg: Any) -> None:
+    def check(self, conf: Mapping[str, Any], link: Link) -> None:
         """CHECK: the container link's mode must still be the configured one."""
-        data = link_info_data(msg)
-        have = data.get_attr(f"IFLA_{self.kind.upper()}_MODE") if data is not None else None
-        names = {v: k for k, v in self.modes.items()}
-        have_name = names.get(have, have) if isinstance(have, int) else have  # pyroute2 may decode the name
+        have = link.data.get(f"{self.kind}_mode")
+        have_name = {v: k for k, v in self.modes.items()}.get(have, have) if isinstance(have, int) else have
         if have_name != self.of(conf):
             raise CNIError(INTERNAL, f"container {self.kind} mode {have_name} does not match expected value: "
                                      f"{self.of(conf)}")

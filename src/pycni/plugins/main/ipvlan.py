@@ -18,7 +18,7 @@ MODE = LinkMode("ipvlan", MODES, default="l2")
 
 
 def link_attrs(conf: Mapping[str, Any]) -> dict[str, Any]:
-    """The netlink attributes for the configured mode (pyroute2 takes ipvlan modes by number)."""
+    """The netlink attributes for the configured mode (ipvlan modes by number)."""
     return {"ipvlan_mode": MODES[MODE.of(conf)]}
 
 

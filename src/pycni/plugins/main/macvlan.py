@@ -17,7 +17,7 @@ MODE = LinkMode("macvlan", MODES, default="bridge")
 
 
 def link_attrs(conf: Mapping[str, Any]) -> dict[str, Any]:
-    """The netlink attributes for the configured mode (pyroute2 takes macvlan modes by name)."""
+    """The netlink attributes for the configured mode (net.nl takes macvlan modes by name)."""
     return {"macvlan_mode": MODE.of(conf)}
 
 

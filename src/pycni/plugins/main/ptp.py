@@ -168,9 +168,15 @@ def cmd_check(args: CmdArgs) -> None:
 
 
 def cmd_gc(args: CmdArgs) -> None:
-    """The IPAM plugin's GC releases what ``cni.dev/valid-attachments`` does not list."""
-    parse_conf(args)
-    ipam.gc(args.conf(), args)
+    """The IPAM plugin's GC releases what ``cni.dev/valid-attachments`` does not list; masquerade
+    rules of attachments not listed go too, in both layouts (as in bridge)."""
+    n = parse_conf(args)
+    conf = args.conf()
+    ipam.gc(conf, args)
+    if n.ip_masq:
+        from pycni.net import masq
+
+        masq.gc_ip_masq(n.name, netconf.valid_attachments(conf))
 
 
 def cmd_status(args: CmdArgs) -> None:

@@ -91,9 +91,8 @@ def _link_alias(name: str) -> str | None:
     """The alias of link ``name``, None when there is no such link."""
     from pycni.net import link
 
-    with link.rtnl() as sock:
-        msg = link.lookup_msg(sock, name)
-        return None if msg is None else str(msg.get_attr("IFLA_IFALIAS") or "")
+    found = link.get_link(name)
+    return None if found is None else found.alias
 
 
 def _claim_host_name(container_id: str, ifname: str) -> str:

@@ -6,10 +6,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from pycni import netconf
-from pycni.plugins.main._sublink import SublinkPlugin, SublinkSpec, link_info_data
+from pycni.plugins.main._sublink import SublinkPlugin, SublinkSpec
 from pycni.skel import run_plugin
 from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from pycni.net.link import Link
 
 
 def _vlan_id(conf: Mapping[str, Any]) -> int:
@@ -26,10 +30,9 @@ def link_attrs(conf: Mapping[str, Any]) -> dict[str, Any]:
     return {"vlan_id": _vlan_id(conf)}
 
 
-def check_link(conf: Mapping[str, Any], msg: Any) -> None:
+def check_link(conf: Mapping[str, Any], link: Link) -> None:
     """CHECK: the container link still carries the configured VLAN id."""
-    data = link_info_data(msg)
-    have = data.get_attr("IFLA_VLAN_ID") if data is not None else None
+    have = link.data.get("vlan_id")
     if have != _vlan_id(conf):
         raise CNIError(INTERNAL, f"error: Container interface vlan id {have} does not match expected {_vlan_id(conf)}")
 

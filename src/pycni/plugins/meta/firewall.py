@@ -428,8 +428,17 @@ def cmd_del(args: CmdArgs) -> None:
     conf = parse_conf(args)
     if conf.prev is None:
         return
+    # The configured backend first, then every other: rules made under another config, or by the
+    # other implementation after a swap, go too. Only the configured backend's failure is an error
+    # (another's tool may simply not be installed here).
+    others = [name for name in BACKENDS if name != conf.backend]
     with netns.locked():
         BACKENDS[conf.backend].delete(conf, conf.prev)
+        for name in others:
+            try:
+                BACKENDS[name].delete(conf, conf.prev)
+            except (CNIError, OSError):
+                pass
     # Per-bridge isolation chains stay: other containers on the bridge may still need them.
 
 

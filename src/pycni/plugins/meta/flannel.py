@@ -143,20 +143,10 @@ def delegate_conf(conf: FlannelConf, env: SubnetEnv) -> dict[str, Any]:
     return d
 
 
-# The saved config is named by the container ID, and its temporary file (statefile) by that
-# name with a prefix and a suffix (".<pid>.<6 hex>"): all must fit a file name (255 bytes).
-MAX_ID_BYTES = 255 - len(statefile.TMP_PREFIX) - len(".4194304.abcdef")
-
-
 def _scratch_path(data_dir: str, container_id: str) -> str:
     """Where ADD keeps the delegate config for DEL and CHECK to replay."""
     validate_container_id(container_id)  # the ID names a file: it must not escape dataDir
     return os.path.join(data_dir, container_id)
-
-
-def _fits(container_id: str) -> bool:
-    """Whether the ID can name the saved config; ADD refuses a longer one, so none was saved."""
-    return len(container_id.encode()) <= MAX_ID_BYTES
 
 
 def _read_saved(path: str) -> bytes | None:
@@ -205,10 +195,6 @@ def cmd_add(args: CmdArgs) -> Result:
     """Save the merged delegate config, then delegate ADD; a failed ADD is undone and forgotten."""
     conf = parse_conf(args)
     path = _scratch_path(conf.data_dir, args.container_id)
-    if not _fits(args.container_id):
-        raise CNIError(E.INVALID_ENV, "container ID too long for flannel",
-                       f"flannel saves the delegate config in a file named by the container ID: at most "
-                       f"{MAX_ID_BYTES} bytes, got {len(args.container_id.encode())}")
     env = load_subnet_env(conf.subnet_file)
     delegate = delegate_conf(conf, env)
     validate_delegate(delegate, args)
@@ -229,7 +215,7 @@ def cmd_del(args: CmdArgs) -> None:
     """Replay DEL with the config ADD saved (not the current subnet file), then forget it."""
     conf = parse_conf(args)
     path = _scratch_path(conf.data_dir, args.container_id)
-    saved = _read_saved(path) if _fits(args.container_id) else None
+    saved = _read_saved(path)
     if saved is None:
         return  # never added, or already deleted: DEL is idempotent
     try:
@@ -246,7 +232,7 @@ def cmd_check(args: CmdArgs) -> None:
     """Replay CHECK through the delegate with the saved configuration and our prevResult."""
     conf = parse_conf(args)
     path = _scratch_path(conf.data_dir, args.container_id)
-    saved = _read_saved(path) if _fits(args.container_id) else None
+    saved = _read_saved(path)
     if saved is None:
         raise CNIError(E.UNKNOWN_CONTAINER, f"no flannel delegate config for container {args.container_id}",
                        f"nothing saved in {conf.data_dir}; was ADD run for this container?")

@@ -106,10 +106,10 @@ def _gateway(conf: SbrConf, ip: IPConfig) -> IPAddress | None:
 
 def _add_default(undo: Rollback, ip: IPConfig, gw: IPAddress, index: int, table: int) -> None:
     """A default route via ``gw`` in ``table`` (undone if the ADD fails later)."""
-    from pycni.net import rule
+    from pycni.net import route, rule
 
     zero = ipaddress.ip_network("0.0.0.0/0" if ip.address.version == 4 else "::/0")
-    r = rule.RawRoute(family=ip.address.version, dst=zero, oif=index, gw=str(gw), proto=3, table=table)
+    r = route.RouteEntry(dst=zero, oif=index, gw=gw, proto=route.RTPROT_BOOT, table=table)
     rule.put_route(r, replace=False)
     undo.push(rule.remove_route, r)
 
@@ -143,20 +143,19 @@ def do_routes(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: Rollback) -
     for ip in ips:
         _source_table(conf, undo, ip, lk.index, table)
         for r in routes:
-            if r.dst.prefixlen == 0 and r.family in conf.gateways:
+            if r.dst.prefixlen == 0 and r.dst.version in conf.gateways:
                 continue  # a static gateway wins (the reference lets the copied default replace it)
-            src = ipaddress.ip_address(r.prefsrc) if r.prefsrc else None
-            gwa = ipaddress.ip_address(r.gw) if r.gw else None
+            src, gwa = r.prefsrc, r.gw
             if (src is not None and src in ip.address.network) or (gwa is not None and gwa in ip.address.network) \
                     or (src is None and gwa is None):
                 rule.put_route(r, table)  # replace: the default route above may be the same
-                undo.push(rule.remove_route, rule.RawRoute(**{**r.__dict__, "table": table}))
+                undo.push(rule.remove_route, r, table)
         used.add(table)
         table = rule.next_free_table(table + 1, used)
     if conf.add_source_hints:
         for ip in ips:
-            hint = rule.RawRoute(family=ip.address.version, dst=ip.address.network, oif=lk.index,
-                                 prefsrc=str(ip.address.ip), scope=route.RT_SCOPE_LINK, proto=3)
+            hint = route.RouteEntry(dst=ip.address.network, oif=lk.index, prefsrc=ip.address.ip,
+                                    scope=route.RT_SCOPE_LINK, proto=route.RTPROT_BOOT)
             try:
                 rule.put_route(hint)
             except CNIError:
@@ -183,40 +182,24 @@ def do_vrf(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: Rollback) -> N
 def vrf_table(name: str, table: int | None, undo: Rollback | None = None) -> int:
     """The table of VRF ``name``, creating the VRF (up, with ``table`` or a free one) if missing;
     a VRF created here is deleted by ``undo``."""
-    import errno
+    from pycni.net import link, rule, vrf
 
-    from pyroute2.netlink.exceptions import NetlinkError
-
-    from pycni.net import link, rule
-
-    with link.ipr() as sock:
-        index = link.link_index(sock, name)
-        if index is None:
-            t = table if table is not None else rule.next_free_table(FIRST_TABLE, rule.tables_in_use())
-            try:
-                sock.link("add", ifname=name, kind="vrf", vrf_table=t)
-            except NetlinkError as e:
-                if e.code in (errno.EOPNOTSUPP, errno.ENOTSUP) or "not supported" in str(e).lower():
-                    raise CNIError(PLUGIN_SPECIFIC, f"cannot create VRF {name!r}: the kernel lacks VRF support",
-                                   "load the vrf module, or drop vrfname from the config") from None
-                raise CNIError(PLUGIN_SPECIFIC, f"cannot create VRF {name!r}", str(e)) from None
-            if undo is not None:
-                undo.push(link.delete_link_quietly, name)
-            index = link.require_index(sock, name)
-            sock.link("set", index=index, state="up")
-        msg = link.require_msg(sock, index)
-    info = msg.get_attr("IFLA_LINKINFO")
-    kind = info.get_attr("IFLA_INFO_KIND") if info is not None else ""
+    found = vrf.vrf_of(name)
+    if found is None:
+        t = table if table is not None else rule.next_free_table(FIRST_TABLE, rule.tables_in_use())
+        vrf.create_vrf(name, t)
+        if undo is not None:
+            undo.push(link.delete_link_quietly, name)
+        found = vrf.vrf_of(name) or ("", 0)
+    kind, vt = found
     if kind != "vrf":
         raise CNIError(INVALID_CONFIG, f"{name!r} is not a VRF device", f"it is a {kind or 'plain'} link")
-    data = info.get_attr("IFLA_INFO_DATA")
-    vt = data.get_attr("IFLA_VRF_TABLE") if data is not None else None
     if table is not None and vt != table:
         raise CNIError(INVALID_CONFIG, f"VRF {name!r} uses table {vt}, not {table}",
                        "drop \"table\" or make it match the existing VRF")
-    if vt is None:
+    if not vt:
         raise CNIError(PLUGIN_SPECIFIC, f"cannot read the routing table of VRF {name!r}")
-    return int(vt)
+    return vt
 
 
 # ---- handlers --------------------------------------------------------------------------------
@@ -287,7 +270,7 @@ def cmd_check(args: CmdArgs) -> None:
             if gw is None or conf.table is not None and not conf.vrfname:
                 continue
             defaults = [r for r in rule.link_routes(lk.index, found[0].table)
-                        if r.dst.prefixlen == 0 and r.gw == str(gw)]
+                        if r.dst.prefixlen == 0 and r.gw == gw]
             if not defaults:
                 raise CNIError(PLUGIN_SPECIFIC, f"no default route via {gw} in table {found[0].table}")
 

@@ -11,7 +11,6 @@ that fails part-way takes back the VRF it made, the enslavement and the routes i
 
 from __future__ import annotations
 
-import errno
 from typing import Any
 
 from pycni import netconf
@@ -56,25 +55,11 @@ def parse_conf(args: CmdArgs) -> VrfConf:
                    prev=netconf.prev_result(conf))
 
 
-def vrf_link_spec(name: str, table: int) -> dict[str, Any]:
-    """The RTM_NEWLINK request that creates the VRF device."""
-    return {"ifname": name, "kind": "vrf", "vrf_table": table}
-
-
 def _vrfs() -> dict[str, tuple[int, int]]:
     """VRF devices here: name -> (index, table)."""
-    from pycni.net.link import ipr
+    from pycni.net.vrf import list_vrfs
 
-    out: dict[str, tuple[int, int]] = {}
-    with ipr() as sock:
-        for msg in sock.get_links():
-            info = msg.get_attr("IFLA_LINKINFO")
-            if info is None or info.get_attr("IFLA_INFO_KIND") != "vrf":
-                continue
-            data = info.get_attr("IFLA_INFO_DATA")
-            table = data.get_attr("IFLA_VRF_TABLE") if data is not None else 0
-            out[msg.get_attr("IFLA_IFNAME")] = (int(msg["index"]), int(table or 0))
-    return out
+    return list_vrfs()
 
 
 def first_free_table(taken: set[int]) -> int:
@@ -86,9 +71,7 @@ def _ensure_vrf(name: str, table: int | None, undo: Rollback) -> int:
     """The index of VRF ``name`` here, created (up) with ``table`` or a free one when missing
     (a failed ADD deletes the VRF it made)."""
     from pycni.net import link
-    from pycni.net.errors import kernel_errors
-    from pycni.net.link import ipr
-    from pycni.net.sublink import kernel_lacks
+    from pycni.net.vrf import create_vrf
 
     vrfs = _vrfs()
     if name in vrfs:
@@ -100,12 +83,9 @@ def _ensure_vrf(name: str, table: int | None, undo: Rollback) -> int:
     if link.get_link(name) is not None:
         raise CNIError(E.INVALID_CONFIG, f"interface {name!r} exists and is not a VRF")
     use = table if table is not None else first_free_table({t for _, t in vrfs.values()})
-    with ipr() as sock, kernel_errors(f"failed to create VRF {name!r}", ignore=(errno.EOPNOTSUPP,)) as refused:
-        sock.link("add", **vrf_link_spec(name, use))
-    if refused.ignored is not None:
-        raise kernel_lacks("vrf")
+    index = create_vrf(name, use)
     undo.push(link.delete_link, name)
-    return link.set_link(name, up=True).index
+    return index
 
 
 def cmd_add(args: CmdArgs) -> Result:

@@ -267,7 +267,3 @@ def release_routed(opts: ClientOptions, binding: Binding) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.sendto(_release_message(opts, binding).encode(), (str(binding.server_ip), SERVER_PORT))
 
-
-def describe_mac(mac: bytes) -> str:
-    return ":".join(f"{b:02x}" for b in mac)
-

@@ -34,7 +34,7 @@ from pycni.plugins.ipam.dhcp.lease import Lease, Timing
 from pycni.plugins.ipam.dhcp.protocol import DEFAULT_SOCKET_PATH, read_all
 from pycni.record import record
 from pycni.skel import config_version, load_conf
-from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, CNIError
+from pycni.spec.errors import DECODE_FAILURE, INTERNAL, INVALID_CONFIG, INVALID_ENV, PLUGIN_SPECIFIC, CNIError
 
 log = logging.getLogger("pycni.dhcp")
 
@@ -149,7 +149,7 @@ class DHCPService:
             return {"error": e.to_dict()}
         except Exception as e:  # noqa: BLE001 - report, never kill the connection thread silently
             log.exception("request failed")
-            return {"error": CNIError(999, f"DHCP daemon error: {e}", type(e).__name__).to_dict()}
+            return {"error": CNIError(INTERNAL, f"DHCP daemon error: {e}", type(e).__name__).to_dict()}
 
     def _parse(self, raw: Any) -> Request:
         if not isinstance(raw, dict):
@@ -203,10 +203,11 @@ class DHCPService:
         with self._lock:
             lease = self._leases.get(req.key)
         if lease is None or lease.binding is None:
-            raise CNIError(100, f"no DHCP lease held for {req.key}", "ADD was not done, or the lease was lost "
-                           "(daemon restarted, container namespace gone); run DEL and ADD again")
+            raise CNIError(PLUGIN_SPECIFIC, f"no DHCP lease held for {req.key}",
+                           "ADD was not done, or the lease was lost (daemon restarted, container namespace gone); "
+                           "run DEL and ADD again")
         if not lease.alive or not lease.held():
-            raise CNIError(100, f"the DHCP lease for {req.key} has expired or is no longer maintained",
+            raise CNIError(PLUGIN_SPECIFIC, f"the DHCP lease for {req.key} has expired or is no longer maintained",
                            "the server did not renew it; run DEL and ADD again")
         prev = req.conf.get("prevResult")
         if isinstance(prev, dict):
@@ -215,7 +216,7 @@ class DHCPService:
             if prev.get("ip4"):
                 listed.append(str(prev["ip4"].get("ip", "")).split("/")[0])
             if addr not in listed:
-                raise CNIError(100, f"leased address {addr} is not in prevResult",
+                raise CNIError(PLUGIN_SPECIFIC, f"leased address {addr} is not in prevResult",
                                f"prevResult lists {listed}; the server may have given a new address")
         return {}
 

@@ -25,6 +25,8 @@ someone removed — does a locked slow path look the shared pieces up and write 
 one restore. DEL is one restore of exactly the rules ADD made; when the runtime does not pass
 them (or they differ) it finds the jumps to the container's chain in a listing instead.
 A later ADD on the same host port wins (its jump goes first), as with our nftables backend.
+Every ADD rewrites the two mark chains with its own markMasqBit, so the latest bit serves all
+containers (both chains agree on it); the reference adds one rule per bit ever configured.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ Each element carries the comment ``id: <containerID> net: <network>``. ADD is on
 transaction. DEL is one transaction when the runtime passes portMappings and prevResult, and
 otherwise finds the elements by their comment, so rules never leak. A host port claimed by two
 containers goes to the later one; the earlier one's DEL leaves it alone (the delete
-transaction re-adds each element first, which fails when it maps elsewhere now).
+transaction re-adds each element first, which fails when it maps elsewhere now). Configured
+for nftables, DEL also removes the container's rules from the Go plugin's own nftables layout
+(tables ``ip``/``ip6 cni_hostport``, rules commented with the container ID).
 """
 
 from __future__ import annotations
@@ -188,6 +190,24 @@ def _delete_by_comment(match: Any, what: str, listing: dict[str, Any] | None = N
         nft.run("\n".join(cmds) + "\n", what=what)
 
 
+# The reference's own nftables layout (Go plugins from 1.5 with "backend": "nftables"): tables
+# ip/ip6 cni_hostport whose rules are commented with the bare container ID.
+REFERENCE_TABLE = "cni_hostport"
+REFERENCE_CHAINS = ("hostports", "hostip_hostports", "masquerading")
+
+
+def _unforward_reference(container_id: str) -> None:
+    """Delete the rules the reference's nftables backend made for ``container_id``."""
+    cmds = []
+    for family in ("ip", "ip6"):
+        listing = nft.list_json("table", family, REFERENCE_TABLE, missing_ok=True)
+        cmds += [f"delete rule {family} {REFERENCE_TABLE} {r['chain']} handle {r['handle']}"
+                 for r in nft.rules(listing)
+                 if r.get("chain") in REFERENCE_CHAINS and r.get("comment") == container_id and "handle" in r]
+    if cmds:
+        nft.run("\n".join(cmds) + "\n", what="port mapping teardown (reference layout)")
+
+
 class NftablesBackend(Backend):
     name = "nftables"
 
@@ -224,34 +244,39 @@ class NftablesBackend(Backend):
             raise CNIError(err.code, "unable to set up nftables rules for port mappings", err.details) from None
 
     def unforward(self, conf: PortmapConf) -> None:
-        """Idempotent, and complete without portMappings.
-
-        Where this layout is the configured one, the elements ADD made are deleted straight away
-        (one transaction when they are all there). Otherwise (the iptables backend, the default)
-        the table is usually absent: one listing says so, rather than a transaction that fails
-        and then the listing anyway.
-        """
+        """Idempotent, and complete without portMappings. Where the config says nftables, the
+        Go plugin (from 1.5) wrote its own nftables layout: that goes too."""
         try:
-            if conf.backend != "nftables":
-                listing = _list_table()
-                if nft.objects(listing, "table"):
-                    mine = element_comment(conf)
-                    _delete_by_comment(lambda c: c == mine, "port mapping teardown", listing)
-                return
-            if conf.mappings and conf.nets:
-                script = "".join(f"{e.probe()}\n{e.delete()}\n" for e in elements(conf))
-                try:
-                    nft.run(script, what="port mapping teardown")
-                    return
-                except nft.NftError as e:
-                    if _missing_tool(e):
-                        return
-                    # gone already, taken over by a newer container, or not what the runtime says
-            mine = element_comment(conf)
-            _delete_by_comment(lambda c: c == mine, "port mapping teardown")
+            self._unforward_ours(conf)
+            if conf.backend == "nftables":
+                _unforward_reference(conf.container_id)
         except nft.NftError as e:
             if not _missing_tool(e):
                 raise
+
+    @staticmethod
+    def _unforward_ours(conf: PortmapConf) -> None:
+        """Where this layout is the configured one, the elements ADD made are deleted straight
+        away (one transaction when they are all there). Otherwise (the iptables backend, the
+        default) the table is usually absent: one listing says so, rather than a transaction
+        that fails and then the listing anyway."""
+        if conf.backend != "nftables":
+            listing = _list_table()
+            if nft.objects(listing, "table"):
+                mine = element_comment(conf)
+                _delete_by_comment(lambda c: c == mine, "port mapping teardown", listing)
+            return
+        if conf.mappings and conf.nets:
+            script = "".join(f"{e.probe()}\n{e.delete()}\n" for e in elements(conf))
+            try:
+                nft.run(script, what="port mapping teardown")
+                return
+            except nft.NftError as e:
+                if _missing_tool(e):
+                    raise
+                # gone already, taken over by a newer container, or not what the runtime says
+        mine = element_comment(conf)
+        _delete_by_comment(lambda c: c == mine, "port mapping teardown")
 
     def check(self, conf: PortmapConf) -> None:
         """One listing of the table, compared as a set: linear in the elements."""
