@@ -203,7 +203,7 @@ def test_bad_sysctl_key_refused(setup, key: str) -> None:  # type: ignore[no-unt
     ({"mac": "0a:11:22:33:44"}, "MAC addr"),
     ({"mtu": "1400"}, "'mtu' must be an integer"),
     ({"mtu": 1400.5}, "'mtu' must be an integer"),
-    ({"mtu": -1}, "'mtu' must be an integer of at least 0"),
+    ({"mtu": -1}, "'mtu' must be an integer from 0 to 65535"),
     ({"args": "x"}, "'args' must be a JSON object"),
     ({"runtimeConfig": "x"}, "'runtimeConfig' must be a JSON object"),
     ({"txQLen": -5}, "txQLen"),

@@ -80,6 +80,8 @@ def get_str(conf: Mapping[str, Any], key: str, default: str = "", *, label: str 
         return default
     if not isinstance(value, str):
         raise invalid(label, "a string", value)
+    if "\0" in value:  # no name, path or address holds one; the OS would refuse it half-way through
+        raise invalid(label, "a string without NUL bytes", value)
     if choices and value not in choices:
         raise invalid(label, "one of " + ", ".join(choices), value)
     return value

@@ -20,6 +20,7 @@ from pycni.net.nl import IFF_ALLMULTI, IFF_PROMISC, IFF_UP
 from pycni.net.nl import IPRoute as _NlIPRoute
 from pycni.record import field, record
 from pycni.spec.errors import INTERNAL, CNIError
+from pycni.spec.validate import IFNAMSIZ
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
@@ -93,6 +94,8 @@ def lookup_msg(sock: Any, name: str | int) -> Any | None:
 
     The one lookup the net layer shares, for callers that need attributes :class:`Link` drops.
     """
+    if isinstance(name, str) and len(name.encode("utf-8", "surrogateescape")) >= IFNAMSIZ:
+        return None  # no link has a longer name (and netlink could not even carry a 64 KB one)
     with kernel_errors(f"failed to lookup {name!r}", ignore=(errno.ENODEV, errno.ENOENT)):
         msgs = list(sock.link("get", index=name) if isinstance(name, int) else sock.link("get", ifname=name))
         return msgs[0] if msgs else None

@@ -59,6 +59,9 @@ def validate_interface_name(ifname: str) -> None:
     if ifname in (".", ".."):
         raise CNIError(INVALID_ENV, "interface name is . or ..", f"{ifname!r} is not a valid interface name")
     for ch in ifname:
+        if ch == "\0":  # no environment carries one, a daemon request can; the kernel would cut the name there
+            raise CNIError(INVALID_ENV, "interface name contains a NUL byte",
+                           f"{ifname!r} is not a valid interface name")
         if ch in "/:" or ch.isspace():
             raise CNIError(INVALID_ENV, "interface name contains / or : or whitespace characters",
                            f"{ifname!r} contains {ch!r}; '/', ':' and white space are not allowed")

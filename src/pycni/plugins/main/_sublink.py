@@ -242,8 +242,9 @@ class LinkMode:
 
     def of(self, conf: Mapping[str, Any]) -> str:
         """The configured mode's name (the default when unset); CNIError 7 for an unknown one."""
-        mode = conf.get("mode") or self.default
-        if mode not in self.modes:
+        mode = conf.get("mode")
+        mode = self.default if mode is None or mode == "" else mode
+        if not isinstance(mode, str) or mode not in self.modes:
             raise CNIError(E.INVALID_CONFIG, f"unknown {self.kind} mode: {mode!r}",
                            f"use one of {', '.join(self.modes)}")
         return str(mode)

@@ -30,6 +30,8 @@ class LoopbackConf:
 def parse_conf(args: CmdArgs) -> LoopbackConf:
     """The config as a :class:`LoopbackConf` (prevResult parsed, so a bad one fails before we touch anything)."""
     conf = args.conf()
+    netconf.runtime_config(conf)  # read by nothing here, but a malformed config is refused as everywhere
+    netconf.args_cni(conf)
     try:
         prev = netconf.prev_result(conf)
     except CNIError as e:

@@ -118,6 +118,7 @@ def parse_conf(args: CmdArgs) -> BandwidthConf:
     version = config_version(raw)
     # Top-level limits win whole over runtimeConfig's (the reference embeds one entry or the other).
     rc = netconf.runtime_config(raw)
+    netconf.args_cni(raw)
     if any(k in raw for k in ENTRY_KEYS):
         entry, label = raw, ""
     else:

@@ -71,6 +71,8 @@ def parse_conf(args: CmdArgs) -> FirewallConf:
     """Every key checked, and for ADD/CHECK the prevResult required, before anything changes."""
     raw = args.conf()
     version = config_version(raw)
+    netconf.runtime_config(raw)
+    netconf.args_cni(raw)
     backend = netconf.get_str(raw, "backend") or "iptables"
     netconf.get_str(raw, "firewalldZone")  # type-checked only: there is no firewalld backend
     if backend == "firewalld":

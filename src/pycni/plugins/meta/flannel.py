@@ -66,6 +66,7 @@ def parse_conf(args: CmdArgs) -> FlannelConf:
     if "ipam" in delegate:
         raise CNIError(E.INVALID_CONFIG, "'delegate' dictionary must not have 'ipam' field, it'll be set by flannel")
     rc = netconf.runtime_config(raw)
+    netconf.args_cni(raw)
     return FlannelConf(name=str(raw.get("name", "")), cni_version=config_version(raw),
                        subnet_file=netconf.get_str(raw, "subnetFile") or DEFAULT_SUBNET_FILE,
                        data_dir=netconf.get_str(raw, "dataDir") or DEFAULT_DATA_DIR, delegate=dict(delegate),

@@ -45,6 +45,8 @@ class SbrConf:
 def parse_conf(args: CmdArgs) -> SbrConf:
     """Decode and check the whole config before anything is touched."""
     raw = args.conf()
+    netconf.runtime_config(raw)
+    netconf.args_cni(raw)
     conf = SbrConf(config_version(raw), netconf.prev_result(raw))
     if raw.get("table") is not None:
         from pycni.net.rule import RESERVED_TABLES  # net/ only where used: VERSION loads none of it

@@ -211,11 +211,11 @@ def _link_attrs(conf: TuningConf, section: dict[str, Any], where: str) -> None:
     if section.get("promisc") is not None:
         conf.promisc = netconf.get_bool(section, "promisc", label=where + "promisc")
     if section.get("mtu") is not None:
-        conf.mtu = netconf.get_int(section, "mtu", minimum=0, label=where + "mtu")
+        conf.mtu = netconf.get_int(section, "mtu", minimum=0, maximum=netconf.MAX_MTU, label=where + "mtu")
     if section.get("allmulti") is not None:
         conf.allmulti = netconf.get_bool(section, "allmulti", label=where + "allmulti")
     if section.get("txQLen") is not None:
-        conf.txqlen = netconf.get_int(section, "txQLen", minimum=0, label=where + "txQLen")
+        conf.txqlen = netconf.get_int(section, "txQLen", minimum=0, maximum=2**32 - 1, label=where + "txQLen")
 
 
 def parse_conf(args: CmdArgs, allowlist_file: str = ALLOWLIST_FILE) -> TuningConf:

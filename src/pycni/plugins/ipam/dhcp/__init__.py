@@ -18,6 +18,7 @@ import os
 import sys
 
 from pycni import netconf
+from pycni.cniargs import parse_cni_args
 from pycni.plugins.ipam.dhcp import protocol
 from pycni.record import record
 from pycni.skel import CmdArgs, Plugin, run_plugin
@@ -46,8 +47,19 @@ def parse_conf(args: CmdArgs) -> DhcpConf:
                        "the network configuration needs an \"ipam\" object")
     if args.command == "GC":
         netconf.valid_attachments(conf)
-    return DhcpConf(netconf.get_str(ipam, "daemonSocketPath", label="ipam.daemonSocketPath")
-                    or protocol.DEFAULT_SOCKET_PATH)
+    # What can be checked without the daemon is checked here, so a malformed config is code 7
+    # (4 for CNI_ARGS) whether or not the daemon runs, and never reaches it.
+    netconf.runtime_config(conf)
+    netconf.args_cni(conf)
+    netconf.get_int(ipam, "priority", minimum=0, maximum=2**32 - 1, label="ipam.priority")
+    netconf.get_list(ipam, "provide", label="ipam.provide")
+    netconf.get_list(ipam, "request", label="ipam.request")
+    if args.command in ("ADD", "CHECK"):
+        parse_cni_args(args.args)
+    path = netconf.get_str(ipam, "daemonSocketPath", label="ipam.daemonSocketPath") or protocol.DEFAULT_SOCKET_PATH
+    if len(path.encode()) > 107:  # sun_path holds 108 bytes with the NUL
+        raise netconf.invalid("ipam.daemonSocketPath", "a unix socket path of at most 107 bytes", path[:64] + "...")
+    return DhcpConf(path)
 
 
 def _call(args: CmdArgs, method: str) -> dict[str, Any]:

@@ -158,7 +158,12 @@ def parse_conf(args: CmdArgs) -> PortmapConf:
         snat = True
     if not isinstance(snat, bool):
         raise _bad("invalid snat", f"snat must be true or false, got {snat!r}")
-    masq_all = raw.get("masqAll", False) or False
+    conf_args = raw.get("args")
+    if conf_args is not None and (not isinstance(conf_args, dict) or not isinstance(conf_args.get("cni", {}), dict)):
+        raise _bad("invalid args", f"args must be an object (with an object under \"cni\"), got {conf_args!r}")
+    masq_all = raw.get("masqAll", False)
+    if masq_all is None:
+        masq_all = False
     if not isinstance(masq_all, bool):
         raise _bad("invalid masqAll", f"masqAll must be true or false, got {masq_all!r}")
     mark_bit, ext_chain = raw.get("markMasqBit"), raw.get("externalSetMarkChain")
@@ -193,7 +198,8 @@ def parse_conf(args: CmdArgs) -> PortmapConf:
         raise _bad(f"{backend} backend was requested but configuration contains {wrong}-specific options "
                    f"{wants[wrong]}", f"remove them or set \"backend\": \"{wrong}\"")
 
-    rc = raw.get("runtimeConfig") or {}
+    rc = raw.get("runtimeConfig")
+    rc = {} if rc is None else rc
     if not isinstance(rc, dict):
         raise _bad("invalid runtimeConfig", f"expected an object, got {rc!r}")
     conf = PortmapConf(name=name, cni_version=version, backend=backend, snat=snat, masq_all=masq_all,
