@@ -9,11 +9,11 @@ else with :func:`exec_plugin`; this module knows nothing of our own plugins.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from pycni import jsonlite as json
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import Result

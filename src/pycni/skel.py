@@ -13,11 +13,11 @@ it with a request's environment and stdin. Stdlib only.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
+from pycni import jsonlite as json
 from pycni.record import field, record
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError

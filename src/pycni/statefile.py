@@ -9,9 +9,9 @@ target (atomic within a directory); directories are made private (0700).
 
 from __future__ import annotations
 
-import json
 import os
 
+from pycni import jsonlite as json
 from pycni.spec.errors import IO_FAILURE, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)

@@ -10,13 +10,11 @@ Stdlib only.
 from __future__ import annotations
 
 import os
-import shlex
-import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from pycni.lockfile import flocked
-from pycni.net.nft import find_tool
+from pycni.net.tools import ToolTimeout, find_tool, run_tool
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
 
 LOCK_WAIT_SECONDS = "30"
@@ -60,21 +58,31 @@ def _binary(ipv6: bool, restore: bool = False) -> str:
 
 def _exec(cmd: list[str], stdin: str | None, code: int) -> str:
     try:
-        proc = subprocess.run([find_tool(cmd[0]), *cmd[1:]], input=stdin, capture_output=True, text=True,
-                              timeout=90)
+        status, out, err = run_tool(cmd, stdin, timeout=90)
     except FileNotFoundError:
         raise IptablesError(IO_FAILURE, f"{cmd[0]} command not found",
                             "install the iptables package or choose the nftables backend", 127) from None
-    except subprocess.TimeoutExpired:
+    except ToolTimeout:
         raise IptablesError(TRY_AGAIN, f"{cmd[0]} timed out", "the xtables lock was not released in time",
                             -1) from None
-    if proc.returncode != 0:
-        err = proc.stderr or proc.stdout
-        if proc.returncode == 4 or "Resource temporarily unavailable" in err or "xtables lock" in err:
+    if status != 0:
+        err = err or out
+        if status == 4 or "Resource temporarily unavailable" in err or "xtables lock" in err:
             code = TRY_AGAIN
-        shown = " ".join(shlex.quote(a) for a in cmd)
-        raise IptablesError(code, f"{shown} failed", err, proc.returncode)
-    return proc.stdout
+        shown = " ".join(_sh_quote(a) for a in cmd)
+        raise IptablesError(code, f"{shown} failed", err, status)
+    return out
+
+
+_SH_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-")
+
+
+def _sh_quote(arg: str) -> str:
+    """``shlex.quote(arg)``, whose module imports re: an expected failure (a rule to delete is
+    not there) formats this message on every DEL."""
+    if arg and all(c in _SH_SAFE for c in arg):
+        return arg
+    return "'" + arg.replace("'", "'\"'\"'") + "'"
 
 
 def run(args: Sequence[str], ipv6: bool = False, *, code: int = IO_FAILURE) -> str:
@@ -156,7 +164,54 @@ def delete_chain(table: str, chain: str, ipv6: bool = False) -> None:
 def split_rule(line: str) -> list[str]:
     """An ``-S`` line as arguments, without its leading ``-A CHAIN``."""
     # shlex is slow (~30 µs a line): only quoted lines (comments) need it.
-    parts = shlex.split(line) if any(c in line for c in "\"'\\") else line.split()
+    if any(c in line for c in "\"'\\"):
+        parts = _split_double_quoted(line)
+        if parts is None:
+            import shlex  # imports re: only for what iptables does not print
+
+            parts = shlex.split(line)
+        return _strip_append(parts)
+    return _strip_append(line.split())
+
+
+def _split_double_quoted(line: str) -> list[str] | None:
+    """``shlex.split(line)`` for what ``-S`` prints: words and double-quoted strings in which ``\\``
+    escapes ``"`` and ``\\``; None for anything else (single quotes, a backslash outside quotes,
+    an unterminated quote). Saves a quoted line (a rule comment) the import of re with shlex."""
+    parts: list[str] = []
+    cur: list[str] = []
+    quoted = in_word = False
+    i, n = 0, len(line)
+    while i < n:
+        c = line[i]
+        if quoted:
+            if c == "\\" and i + 1 < n and line[i + 1] in "\"\\":
+                cur.append(line[i + 1])
+                i += 1
+            elif c == '"':
+                quoted = False
+            else:
+                cur.append(c)
+        elif c == '"':
+            quoted = in_word = True
+        elif c in " \t\r\n":
+            if in_word:
+                parts.append("".join(cur))
+                cur, in_word = [], False
+        elif c in "'\\":
+            return None
+        else:
+            cur.append(c)
+            in_word = True
+        i += 1
+    if quoted:
+        return None
+    if in_word:
+        parts.append("".join(cur))
+    return parts
+
+
+def _strip_append(parts: list[str]) -> list[str]:
     return parts[2:] if parts[:1] == ["-A"] else parts
 
 

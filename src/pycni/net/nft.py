@@ -7,13 +7,14 @@ namespace (a process forked inside :func:`pycni.net.netns.enter` inherits it). S
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-from typing import Any
-
+from pycni.net.tools import SYSTEM_DIRS, ToolTimeout, find_tool, run_tool
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
+
+TYPE_CHECKING = False  # true for mypy only (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["SYSTEM_DIRS", "find_tool"]  # re-exported: they lived here first
 
 NFT = "nft"
 # knftables' limit, which the Go reference applies to its comments; the kernel allows 128 bytes.
@@ -43,22 +44,6 @@ class NftError(CNIError):
     def overlaps(self) -> bool:
         """An interval element overlapping one already in its set (nft's own check)."""
         return "overlaps with an existing" in self.stderr
-
-
-# Runtimes do not always pass PATH to plugins; look where distributions put these tools too.
-SYSTEM_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin", "/usr/local/sbin", "/usr/local/bin")
-
-
-def find_tool(name: str) -> str:
-    """The path of a command-line tool: on PATH, else in the usual system directories."""
-    found = shutil.which(name)
-    if found:
-        return found
-    for d in SYSTEM_DIRS:
-        path = os.path.join(d, name)
-        if os.access(path, os.X_OK):
-            return path
-    return name  # let exec fail with the usual "not found"
 
 
 def use_library(enabled: bool = True) -> bool:
@@ -92,13 +77,12 @@ def _exec(args: list[str], stdin: str | None, what: str, code: int) -> str:
 
 def _exec_tool(args: list[str], stdin: str | None, what: str) -> tuple[int, str, str]:
     try:
-        proc = subprocess.run([find_tool(NFT), *args], input=stdin, capture_output=True, text=True, timeout=60)
+        return run_tool([NFT, *args], stdin, timeout=60)
     except FileNotFoundError:
         raise NftError(IO_FAILURE, "nft command not found",
                        "install the nftables package (the nft binary) or choose the iptables backend") from None
-    except subprocess.TimeoutExpired:
+    except ToolTimeout:
         raise NftError(TRY_AGAIN, f"nft timed out during {what}", "nft did not answer within 60s") from None
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def run(script: str, *, code: int = IO_FAILURE, what: str = "transaction") -> None:
@@ -114,8 +98,10 @@ def list_json(*args: str, missing_ok: bool = False) -> dict[str, Any]:
         if missing_ok and e.not_found:
             return {"nftables": []}
         raise
+    from pycni import jsonlite
+
     try:
-        data = json.loads(out) if out.strip() else {"nftables": []}
+        data = jsonlite.loads(out) if out.strip() else {"nftables": []}
     except ValueError as e:
         raise NftError(IO_FAILURE, "cannot parse nft JSON output", str(e)) from None
     if not isinstance(data, dict):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from pycni import jsonlite as json
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:

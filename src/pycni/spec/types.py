@@ -26,11 +26,11 @@ number in a string field): that is refused with code 6 and says which field is w
 from __future__ import annotations
 
 import ipaddress
-import json
-import re
 
+from pycni import jsonlite as json
 from pycni.record import field, record
 from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CNIError
+from pycni.spec.validate import charset_match
 from pycni.spec.version import ALL_VERSIONS, LEGACY_RESULT_VERSIONS, V04_RESULT_VERSIONS, V1_RESULT_VERSIONS
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -43,7 +43,6 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 # Go's net.ParseCIDR takes a literal address, '/', and a decimal prefix length; no zones,
 # no netmask notation (which Python's ipaddress would also accept).
-_CIDR_RE = re.compile(r"^[0-9A-Fa-f:.]+/[0-9]{1,3}$")
 
 
 def _decode_error(what: str, value: object, why: str = "") -> CNIError:
@@ -61,9 +60,21 @@ def parse_ip(value: object, what: str = "IP address") -> IPAddress:
         raise _decode_error(what, value, str(e)) from None
 
 
+def _cidr_form(value: str) -> bool:
+    """``re.match(r"^[0-9A-Fa-f:.]+/[0-9]{1,3}$", value)`` without importing re."""
+    addr, slash, plen = value.partition("/")
+    if plen.endswith("\n"):
+        plen = plen[:-1]
+    return (bool(slash) and charset_match(addr, _ADDR_CHARS, _ADDR_CHARS)
+            and charset_match(plen, "0123456789", "0123456789", 3))
+
+
+_ADDR_CHARS = "0123456789ABCDEFabcdef:."
+
+
 def parse_cidr(value: object, what: str = "CIDR address") -> IPInterface:
     """Parse 'a.b.c.d/n' keeping host bits (an address with its prefix)."""
-    if not isinstance(value, str) or not _CIDR_RE.match(value):
+    if not isinstance(value, str) or not _cidr_form(value):
         raise _decode_error(what, value, "expected address/prefix, e.g. 10.1.2.3/24")
     try:
         return ipaddress.ip_interface(value)

@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
-import re
-
 from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, UNKNOWN_CONTAINER, CNIError
 
+ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 # Container IDs and network names: alphanumerics plus '_', '.', '-'; no leading punctuation.
-_ID_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")  # used with fullmatch: no "$"-before-newline
+_ID_REST = ALNUM + "_.-"
 IFNAMSIZ = 16
+
+
+def charset_match(value: str, first: str, rest: str, max_len: int | None = None, *, eol: bool = False) -> bool:
+    """Whether ``value`` is one character of ``first`` then characters of ``rest``, ``max_len`` at most.
+
+    The regular expression ``[first][rest]*`` without :mod:`re` (~3 ms of every one-shot call
+    to import, with enum). ``eol`` also accepts one trailing newline, as ``re.match`` with a
+    ``$`` does.
+    """
+    if eol and value.endswith("\n"):
+        value = value[:-1]
+    return (bool(value) and (max_len is None or len(value) <= max_len) and value[0] in first
+            and all(c in rest for c in value[1:]))
 
 
 def validate_container_id(container_id: str) -> None:
     """Empty is 'unknown container' (3), bad characters an env error (4), as in Go's utils."""
     if not container_id:
         raise CNIError(UNKNOWN_CONTAINER, "missing containerID", "CNI_CONTAINERID must not be empty")
-    if not _ID_RE.fullmatch(container_id):
+    if not charset_match(container_id, ALNUM, _ID_REST):
         raise CNIError(INVALID_ENV, "invalid characters in containerID",
                        f"{container_id!r}: only letters, digits, '_', '.' and '-' are allowed, "
                        "starting with a letter or digit")
@@ -25,7 +37,7 @@ def validate_network_name(name: str) -> None:
     """A network name becomes part of file names (cache, IPAM store): same rule as container IDs."""
     if not name:
         raise CNIError(INVALID_CONFIG, "missing network name", "the network configuration needs a \"name\"")
-    if not _ID_RE.fullmatch(name):
+    if not charset_match(name, ALNUM, _ID_REST):
         raise CNIError(INVALID_CONFIG, "invalid characters found in network name",
                        f"{name!r}: only letters, digits, '_', '.' and '-' are allowed, "
                        "starting with a letter or digit")

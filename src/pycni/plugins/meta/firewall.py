@@ -19,7 +19,6 @@ iptables chains for the bridge (first interface of prevResult), whatever the bac
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from pycni import netconf
@@ -28,6 +27,7 @@ from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import IPConfig, Result
+from pycni.spec.validate import ALNUM, charset_match
 from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
@@ -41,7 +41,6 @@ ADMIN_COMMENT = "CNI firewall plugin admin overrides"
 NFT_TABLE = "cni_firewall"
 STAGE1, STAGE2 = "CNI-ISOLATION-STAGE-1", "CNI-ISOLATION-STAGE-2"
 POLICIES = ("", "open", "same-bridge", "isolated")
-_CHAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,27}$")
 # Names the admin chain cannot take: the filter table's built-in chains and the standard
 # verdicts (iptables cannot jump to or create them), and the chains this plugin owns (a jump
 # to itself loops). iptables refuses other target names (LOG, REJECT, ...) itself: see
@@ -49,7 +48,6 @@ _CHAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,27}$")
 # base chain is "forward".
 _RESERVED_ADMIN = frozenset({"INPUT", "FORWARD", "OUTPUT", "ACCEPT", "DROP", "RETURN", "QUEUE", PRIV_CHAIN,
                              STAGE1, STAGE2})
-_NFT_CHAIN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
 
 @record
@@ -85,14 +83,14 @@ def parse_conf(args: CmdArgs) -> FirewallConf:
         raise CNIError(INVALID_CONFIG, f"unknown firewall backend {backend!r}",
                        "backend must be \"iptables\" or \"nftables\"")
     admin = netconf.get_str(raw, "iptablesAdminChainName") or DEFAULT_ADMIN_CHAIN
-    if not _CHAIN_RE.match(admin):
+    if not charset_match(admin, ALNUM + "_", ALNUM + "_.-", 28, eol=True):
         raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
                        "use up to 28 letters, digits, '_', '-' or '.'")
     if admin in (_RESERVED_ADMIN if backend == "iptables" else ("forward",)):
         raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
                        f"{admin} is a built-in chain, a verdict or a chain of the firewall plugin itself; "
                        f"name a chain of your own (default {DEFAULT_ADMIN_CHAIN})")
-    if backend == "nftables" and not _NFT_CHAIN_RE.match(admin):
+    if backend == "nftables" and not charset_match(admin, ALNUM[:52] + "_", ALNUM + "_.-", eol=True):
         raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
                        "an nftables chain name starts with a letter or '_'")
     policy = netconf.get_str(raw, "ingressPolicy")
@@ -158,8 +156,66 @@ def _add_rule(chain: str, rule: list[str], v6: bool, undo: Rollback, *, prepend:
     undo.push(ipt.delete_rule, "filter", chain, rule, v6)
 
 
+class _FilterTable:
+    """One ``iptables -S`` snapshot of the filter table: its chains and their rules.
+
+    One process to read and one ``iptables-restore`` to write replace the ``-N``/``-C``/``-A``
+    processes (six to eight a family) that ADD and CHECK would otherwise run.
+    """
+
+    def __init__(self, v6: bool) -> None:
+        from pycni.net import iptables as ipt
+
+        self.chains: set[str] = set()
+        self.user_chains: set[str] = set()
+        self.lines: dict[str, list[str]] = {}
+        for line in ipt.run(["-t", "filter", "-S"], v6).splitlines():
+            parts = line.split(None, 2)
+            if len(parts) >= 2 and parts[0] in ("-P", "-N"):
+                self.chains.add(parts[1])
+                if parts[0] == "-N":
+                    self.user_chains.add(parts[1])
+            elif len(parts) == 3 and parts[0] == "-A":
+                self.lines.setdefault(parts[1], []).append(line)
+
+    def has_rule(self, chain: str, rule: list[str]) -> bool:
+        """Whether ``chain`` holds ``rule`` (as ``-C`` would say, compared in canonical form)."""
+        from pycni.net import iptables as ipt
+
+        words = [a for a in rule if not a.startswith("-") and a != "!" and " " not in a]
+        want = ipt.canonical(rule)
+        return any(all(w in line for w in words) and ipt.canonical(ipt.split_rule(line)) == want
+                   for line in self.lines.get(chain, ()))
+
+
+def _iptables_add_at_once(conf: FirewallConf, rules: list[list[str]], v6: bool, undo: Rollback) -> bool:
+    """:func:`iptables_add` for one family in one ``iptables-restore``, once both chains exist;
+    False (nothing changed) otherwise, and the command-by-command path runs: it creates them with
+    ``-N``, which refuses a name iptables-restore would take (a target's, such as ``LOG``)."""
+    from pycni.net import iptables as ipt
+
+    try:
+        table = _FilterTable(v6)
+        if not {conf.admin_chain, PRIV_CHAIN} <= table.user_chains:
+            return False
+        wanted = [("FORWARD", _ipt_jump(PRIV_CHAIN, FILTER_COMMENT), True),
+                  (PRIV_CHAIN, _ipt_jump(conf.admin_chain, ADMIN_COMMENT), True),
+                  *((PRIV_CHAIN, rule, False) for rule in rules)]
+        missing = [(chain, rule, prepend) for chain, rule, prepend in wanted if not table.has_rule(chain, rule)]
+        if missing:
+            ipt.restore("*filter\n" + "".join(ipt.rule_line("-I" if prepend else "-A", chain, rule) + "\n"
+                                  for chain, rule, prepend in missing) + "COMMIT\n", v6)
+    except ipt.IptablesError:
+        return False
+    for chain, rule, _ in missing:
+        undo.push(ipt.delete_rule, "filter", chain, rule, v6)
+    return True
+
+
 def iptables_add(conf: FirewallConf, result: Result, undo: Rollback) -> None:
     for v6, rules in _ipt_rules_by_family(result).items():
+        if _iptables_add_at_once(conf, rules, v6, undo):
+            continue
         _create_chain(conf.admin_chain, v6, undo)
         _create_chain(PRIV_CHAIN, v6, undo)
         _add_rule("FORWARD", _ipt_jump(PRIV_CHAIN, FILTER_COMMENT), v6, undo, prepend=True)
@@ -177,17 +233,16 @@ def iptables_del(conf: FirewallConf, result: Result) -> None:
 
 
 def iptables_check(conf: FirewallConf, result: Result) -> None:
-    from pycni.net import iptables as ipt
-
     for v6, rules in _ipt_rules_by_family(result).items():
         fam = "ip6tables" if v6 else "iptables"
+        table = _FilterTable(v6)
         for chain in (PRIV_CHAIN, conf.admin_chain):
-            if not ipt.chain_exists("filter", chain, v6):
+            if chain not in table.chains:
                 raise CNIError(PLUGIN_SPECIFIC, f"{fam} chain {chain} not found")
         for chain, rule in [("FORWARD", _ipt_jump(PRIV_CHAIN, FILTER_COMMENT)),
                             (PRIV_CHAIN, _ipt_jump(conf.admin_chain, ADMIN_COMMENT)),
                             *((PRIV_CHAIN, r) for r in rules)]:
-            if not ipt.rule_exists("filter", chain, rule, v6):
+            if not table.has_rule(chain, rule):
                 raise CNIError(PLUGIN_SPECIFIC, f"expected {chain} rule not found",
                                f"{fam} -t filter -C {chain} {' '.join(rule)}")
 

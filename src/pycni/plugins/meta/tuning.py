@@ -22,10 +22,9 @@ multi-value sysctls ("4096 87380 6291456") whitespace-blind.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 
+from pycni import jsonlite as json
 from pycni import netconf, statefile
 from pycni.cniargs import load_cni_args
 from pycni.net.sysctl import normalize_key, proc_path, read_sysctl, try_write_sysctl, write_sysctl
@@ -34,6 +33,7 @@ from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, IO_FAILURE, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Result
+from pycni.spec.validate import charset_match
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
@@ -63,8 +63,14 @@ GLOBAL_SYSCTLS = (
     "net/nf_conntrack_max", "net/netfilter/nf_conntrack_max", "net/netfilter/nf_conntrack_buckets",
     "net/netfilter/nf_conntrack_expect_max", "net/netfilter/nf_log_all_netns",
 )
-# Compiled on first use (re caches it) rather than at import: ~1 ms that VERSION need not pay.
-_GLOBAL_PATTERN = "|".join(re.escape(g).replace(r"\*", "[^/]*") for g in GLOBAL_SYSCTLS) + r"\Z"
+
+
+def _global_pattern() -> str:
+    """A regular expression of GLOBAL_SYSCTLS. re is imported only where a call uses it: a tuning
+    call that sets no sysctl and no MAC should not pay ~3 ms for it."""
+    import re
+
+    return "|".join(re.escape(g).replace(r"\*", "[^/]*") for g in GLOBAL_SYSCTLS) + r"\Z"
 
 
 @record
@@ -124,6 +130,9 @@ def _load(stdin: bytes) -> dict[str, Any]:
     return conf
 
 
+_HEX = "0123456789abcdefABCDEF"
+
+
 def parse_mac(value: str) -> str:
     """Lower-case colon form of a hardware address in any form Go's net.ParseMAC takes."""
     s = value
@@ -137,7 +146,7 @@ def parse_mac(value: str) -> str:
         groups = [q[i:i + 2] for q in quads for i in (0, 2)]
     else:
         ok = False
-    if ok and len(groups) in (6, 8, 20) and all(re.fullmatch(r"[0-9a-fA-F]{2}", g) for g in groups):
+    if ok and len(groups) in (6, 8, 20) and all(charset_match(g, _HEX, _HEX) and len(g) == 2 for g in groups):
         return ":".join(groups).lower()
     raise CNIError(INVALID_CONFIG, f"invalid args {value} for MAC addr",
                    "expected a hardware address such as 0a:58:0a:f4:00:05")
@@ -165,7 +174,9 @@ def sysctl_file(key: str, ifname: str) -> str:
     if not name.startswith("net/"):
         raise CNIError(INVALID_CONFIG, f"invalid net sysctl key: {json.dumps(key)}",
                        "tuning only sets network sysctls (net.*), which belong to the container's namespace")
-    if re.match(_GLOBAL_PATTERN, name):
+    import re
+
+    if re.match(_global_pattern(), name):
         raise CNIError(INVALID_CONFIG, f"sysctl {key!r} is not namespaced",
                        "the kernel keeps it global (host-wide); it cannot be set for one container")
     return path
@@ -180,6 +191,8 @@ def check_allowlist(keys: list[str], allowlist_file: str = ALLOWLIST_FILE) -> No
         return
     except OSError as e:
         raise CNIError(IO_FAILURE, "failed to read the sysctl allowlist", f"{allowlist_file}: {e}") from None
+    import re
+
     for key in keys:
         try:
             if any(re.search(p, key) for p in patterns):
@@ -336,7 +349,6 @@ def _slash_key(path: str) -> str:
 
 def cmd_add(args: CmdArgs) -> Result:
     """Set sysctls, save the originals, change the link; undo all of it if any step fails."""
-    from pycni.net import link as netlink
     from pycni.net import netns
 
     conf = parse_conf(args)
@@ -345,6 +357,8 @@ def cmd_add(args: CmdArgs) -> Result:
     with netns.enter(args.netns), Rollback() as undo:  # a failure part-way undoes all of it
         link = None
         if conf.changes_link:
+            from pycni.net import link as netlink  # only here: a tuning that changes no link needs no netlink
+
             link = netlink.get_link(args.ifname)
             if link is None:
                 raise CNIError(PLUGIN_SPECIFIC, f"failed to get {args.ifname!r}",
@@ -396,14 +410,14 @@ def _remove(path: str) -> None:
 
 def cmd_del(args: CmdArgs) -> None:
     """Restore what ADD saved. Succeeds when there is nothing to restore or nowhere to restore it."""
-    from pycni.net import link as netlink
-    from pycni.net import netns
-
     conf = parse_conf(args)
     path = backup_path(conf.data_dir, args.container_id, args.ifname)
     saved = _read_backup(path)
     if saved is None:
-        return
+        return  # the usual case (ADD changed no link): neither netns nor netlink needed
+    from pycni.net import link as netlink
+    from pycni.net import netns
+
     if not saved or not args.netns or not netns.netns_exists(args.netns):
         _remove(path)  # nothing restorable, or the namespace (and interface) is gone
         return

@@ -27,8 +27,6 @@ for nftables, DEL also removes the container's rules from the Go plugin's own nf
 
 from __future__ import annotations
 
-import re
-
 from pycni.net import nft
 from pycni.plugins.meta.portmap.backend import Backend, Unusable
 from pycni.record import record
@@ -183,9 +181,10 @@ def _list_table() -> dict[str, Any]:
     return nft.list_json("table", "inet", NFT_TABLE, missing_ok=True)
 
 
-def _delete_by_comment(match: Any, what: str) -> None:
+def _delete_by_comment(match: Any, what: str, listing: dict[str, Any] | None = None) -> None:
     """Delete the elements whose comment ``match`` accepts (one listing, one transaction)."""
-    cmds = [f"delete element {T} {name} {{ {key} }}" for name, key, _data, comment in _listed(_list_table())
+    listing = _list_table() if listing is None else listing
+    cmds = [f"delete element {T} {name} {{ {key} }}" for name, key, _data, comment in _listed(listing)
             if comment and match(comment)]
     if cmds:
         nft.run("\n".join(cmds) + "\n", what=what)
@@ -257,6 +256,16 @@ class NftablesBackend(Backend):
 
     @staticmethod
     def _unforward_ours(conf: PortmapConf) -> None:
+        """Where this layout is the configured one, the elements ADD made are deleted straight
+        away (one transaction when they are all there). Otherwise (the iptables backend, the
+        default) the table is usually absent: one listing says so, rather than a transaction
+        that fails and then the listing anyway."""
+        if conf.backend != "nftables":
+            listing = _list_table()
+            if nft.objects(listing, "table"):
+                mine = element_comment(conf)
+                _delete_by_comment(lambda c: c == mine, "port mapping teardown", listing)
+            return
         if conf.mappings and conf.nets:
             script = "".join(f"{e.probe()}\n{e.delete()}\n" for e in elements(conf))
             try:
@@ -281,6 +290,8 @@ class NftablesBackend(Backend):
     def gc(self, conf: PortmapConf, valid: set[str]) -> None:
         """Drop elements of this network whose container is not among the valid attachments,
         and the shared sets earlier versions left behind."""
+        import re  # here: only GC needs it
+
         pattern = re.compile(r"^id: (\S+) net: (.*)$")
 
         def stale(comment: str) -> bool:

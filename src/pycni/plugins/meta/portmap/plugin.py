@@ -8,7 +8,6 @@ change and gives a :class:`PortmapConf`; the handlers then drive a backend
 from __future__ import annotations
 
 import ipaddress
-import re
 
 from pycni import netconf
 from pycni.plugins.meta.portmap import backend as backends
@@ -16,6 +15,7 @@ from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import Result
+from pycni.spec.validate import ALNUM, charset_match
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ PROTOCOLS = ("tcp", "udp", "sctp")
 BACKENDS = ("iptables", "nftables")
 # An iptables chain name the tools take as a jump target: no path characters, no option look,
 # within XT_EXTENSION_MAXNAMELEN. Built-in chains and verdicts would change what the rules mean.
-_CHAIN_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+\-]{0,27}$")
 _RESERVED_CHAINS = frozenset({"ACCEPT", "DROP", "RETURN", "QUEUE", "REJECT", "DNAT", "SNAT", "MASQUERADE", "MARK",
                               "PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING", "CNI-HOSTPORT-DNAT",
                               "CNI-HOSTPORT-MASQ", "CNI-HOSTPORT-SETMARK"})
@@ -139,7 +138,8 @@ def _conditions_backend(conds: list[str] | None) -> str:
 def _external_chain(v: Any) -> str | None:
     if v is None:
         return None
-    if not isinstance(v, str) or not _CHAIN_RE.match(v) or v in _RESERVED_CHAINS:
+    if (not isinstance(v, str) or not charset_match(v, ALNUM + "_", ALNUM + "_.+-", 28, eol=True)
+            or v in _RESERVED_CHAINS):
         raise _bad(f"invalid externalSetMarkChain {v!r}",
                    "expected the name of an existing nat chain that sets the masquerade mark "
                    "(letters, digits, '_', '-', '.', '+'; at most 28; not a built-in chain or target)")
