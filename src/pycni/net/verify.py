@@ -24,9 +24,18 @@ def expect_interface_ips(ifname: str, ips: Sequence[IPConfig]) -> None:
         raise CNIError(INTERNAL, f"failed to find interface {ifname!r}", "the container interface is gone")
     present = {a.address for a in _addr.list_addrs(link.index)}
     for ipc in ips:
-        if ipc.address not in present:
-            raise CNIError(INTERNAL, f"failed to find IP address {ipc.address} on interface {ifname!r}",
+        if ipc.address not in present:  # the reference's wording (pkg/ip ValidateExpectedInterfaceIPs)
+            raise CNIError(INTERNAL, f"Failed to match addr {ipc.address} on interface {ifname}",
                            f"addresses present: {sorted(str(a) for a in present) or 'none'}")
+
+
+def expect_subnet_routes(ifname: str, ips: Sequence[IPConfig]) -> None:
+    """Each address's subnet must still be routed, in some table (the bridge plugin's check)."""
+    routes = _route.list_routes(table=None)
+    for ipc in ips:
+        if not any(r.dst == ipc.address.network for r in routes):
+            raise CNIError(INTERNAL, f"Failed to find Gateway {ipc.gateway} for interface {ifname}",
+                           f"no route to {ipc.address.network} in any table")
 
 
 def expect_routes(routes: Sequence[Route]) -> None:
@@ -37,8 +46,8 @@ def expect_routes(routes: Sequence[Route]) -> None:
     for r in routes:
         if not any(e.dst == r.dst and (r.gw is None or e.gw == r.gw or r.gw in e.multipath_gws)
                    for e in installed):
-            raise CNIError(INTERNAL, f"route (dst {r.dst}{' via ' + str(r.gw) if r.gw else ''}) not found",
-                           "the container's routing no longer matches the ADD result")
+            raise CNIError(INTERNAL, f"Expected Route {r.to_dict()} not found in routing table",
+                           "looked in every routing table; the container's routing no longer matches the ADD result")
 
 
 def container_interface(result_interfaces: Sequence[object], ifname: str, netns_path: str) -> None:
@@ -50,9 +59,11 @@ def container_interface(result_interfaces: Sequence[object], ifname: str, netns_
                    "CHECK compares against the result of ADD for this container and interface")
 
 
-def container_link(prev: Result, ifname: str, netns_path: str, *, kind: str = "", label: str = "") -> Link:
+def container_link(prev: Result, ifname: str, netns_path: str, *, kind: str = "", label: str = "",
+                   subnet_routes: bool = False) -> Link:
     """CHECK the container side of a prevResult: the interface named with this sandbox exists
-    (of ``kind`` when given), keeps its MAC, and holds its addresses and routes.
+    (of ``kind`` when given), keeps its MAC, and holds its addresses and routes (and, with
+    ``subnet_routes``, a route to each address's subnet).
 
     Runs from the host; enters ``netns_path`` itself. Returns the link as found.
     """
@@ -69,6 +80,9 @@ def container_link(prev: Result, ifname: str, netns_path: str, *, kind: str = ""
         if expected.mac and expected.mac.lower() != found.mac:
             raise CNIError(INTERNAL, f"{prefix}Interface {ifname} Mac {expected.mac} doesn't match container "
                                      f"Mac: {found.mac}")
-        expect_interface_ips(ifname, [i for i in prev.ips if i.interface in (None, index)])
+        ips = [i for i in prev.ips if i.interface in (None, index)]
+        expect_interface_ips(ifname, ips)
+        if subnet_routes:
+            expect_subnet_routes(ifname, ips)
         expect_routes(prev.routes)
     return found

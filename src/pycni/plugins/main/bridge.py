@@ -431,7 +431,7 @@ def _fail(msg: str, details: str = "") -> CNIError:
 
 
 def cmd_check(args: CmdArgs) -> None:
-    from pycni.net import link, netns, spoofchk
+    from pycni.net import link, netns, spoofchk, verify
 
     n = parse_conf(args)
     netns.check_netns(args.netns)
@@ -439,7 +439,6 @@ def cmd_check(args: CmdArgs) -> None:
         invoke.delegate_check(n.ipam_type, args.stdin_data, args)
     result = netconf.require_prev_result(args.conf(), "bridge")
     br_map = next((i for i in result.interfaces if i.name == n.bridge), None)
-    cont_map = next((i for i in result.interfaces if i.name == args.ifname and i.sandbox == args.netns), None)
     # the bridge, in the host
     if br_map is None:
         raise _fail("Interface name missing ", f"prevResult lists no interface named {n.bridge!r}")
@@ -455,18 +454,8 @@ def cmd_check(args: CmdArgs) -> None:
     if br_link.promisc != n.promisc:
         raise _fail(f"Bridge interface {n.bridge} configured Promisc Mode {str(n.promisc).lower()} doesn't match "
                     f"current state: {str(br_link.promisc).lower()} ")
-    # the container side
-    if cont_map is None:
-        raise _fail(f"Sandbox in prevResult  doesn't match configured netns: {args.netns}",
-                    f"prevResult lists no {args.ifname!r} with sandbox {args.netns}")
-    with netns.enter(args.netns):
-        cont = link.get_link(args.ifname)
-    if cont is None:
-        raise _fail(f"Interface name {args.ifname} not found")
-    if cont.kind != "veth":
-        raise _fail(f"Error: Container interface {args.ifname} not of type veth")
-    if cont_map.mac and cont_map.mac.lower() != cont.mac:
-        raise _fail(f"Interface {args.ifname} Mac {cont_map.mac} doesn't match container Mac: {cont.mac}")
+    # the container side: the interface, its MAC, addresses, subnet routes and routes
+    cont = verify.container_link(result, args.ifname, args.netns, kind="veth", subnet_routes=True)
     # the host veth: peer of the container side, enslaved to the bridge
     host = None
     for intf in result.interfaces:
@@ -487,30 +476,6 @@ def cmd_check(args: CmdArgs) -> None:
     if n.macspoofchk and not spoofchk.is_set_up(host.name, cont.mac, spoofchk.ref_id(args.container_id,
                                                                                     args.ifname)):
         raise _fail(f"macspoofchk rules for {host.name} not found", "run ADD again to restore them")
-    with netns.enter(args.netns):
-        _check_ips_and_routes(args.ifname, result)
-
-
-def _check_ips_and_routes(ifname: str, result: Result) -> None:
-    """Every prevResult address is on ``ifname`` and every route exists — in ANY routing table.
-
-    The reference looks only in the main table and so fails after sbr or similar moved the
-    routes to a per-interface table; we accept a route wherever it lives.
-    """
-    from pycni.net import addr, route
-
-    have = {a.address for a in addr.list_addrs(ifname)}
-    routes = route.list_routes(table=None)
-    for ipc in result.ips:
-        if ipc.address not in have:
-            raise _fail(f"Failed to match addr {ipc.address} on interface {ifname}")
-        if not any(r.dst == ipc.address.network for r in routes):
-            raise _fail(f"Failed to find Gateway {ipc.gateway} for interface {ifname}",
-                        f"no route to {ipc.address.network} in any table")
-    for want in result.routes:
-        if not any(r.dst == want.dst and (want.gw is None or r.via(want.gw)) for r in routes):
-            raise _fail(f"Expected Route {want.to_dict()} not found in routing table",
-                        "looked in every routing table")
 
 
 # ---- STATUS / GC -------------------------------------------------------------------------------
