@@ -150,6 +150,8 @@ class Store:
         empty file an O_EXCL create followed by a write can leave (which no DEL could match).
         Where the file system has no O_TMPFILE, the O_EXCL create is the fallback.
         """
+        if os.path.lexists(path):  # the common answer while walking a full range: one stat, as O_EXCL was
+            return False
         try:
             fd = os.open(self.dir, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600)
         except OSError as e:
