@@ -40,11 +40,7 @@ def parse_cni_args(raw: str) -> dict[str, str]:
         if not key:
             raise CNIError(INVALID_ENV, f"ARGS: invalid pair {pair!r}", "a CNI_ARGS key cannot be empty")
         if key == "IgnoreUnknown":
-            try:
-                parse_bool(value)
-            except CNIError as e:
-                raise CNIError(INVALID_ENV, f"ARGS: error parsing value of pair {pair!r}: {e.msg}",
-                               e.details) from None
+            _ignore_unknown(value, pair)
         out[key] = value
     return out
 
@@ -56,6 +52,14 @@ def parse_bool(value: str) -> bool:
     if low in ("0", "false"):
         return False
     raise CNIError(INVALID_ENV, f"boolean unmarshal error: invalid input {low}", "use true/false or 1/0")
+
+
+def _ignore_unknown(value: str, pair: str) -> bool:
+    """``IgnoreUnknown``'s value; any other value than a boolean is refused, as Go's LoadArgs does."""
+    try:
+        return parse_bool(value)
+    except CNIError as e:
+        raise CNIError(INVALID_ENV, f"ARGS: error parsing value of pair {pair!r}: {e.msg}", e.details) from None
 
 
 def load_cni_args(raw: str, known: Iterable[str]) -> dict[str, str]:
@@ -73,11 +77,7 @@ def load_cni_args(raw: str, known: Iterable[str]) -> dict[str, str]:
             unknown.append(pair)
             continue
         if key == "IgnoreUnknown":
-            try:
-                parse_bool(value)
-            except CNIError as e:
-                raise CNIError(INVALID_ENV, f"ARGS: error parsing value of pair {pair!r}: {e.msg}",
-                               e.details) from None
+            _ignore_unknown(value, pair)
         out[key] = value
     ignore = parse_bool(out["IgnoreUnknown"]) if "IgnoreUnknown" in out else False
     if unknown and not ignore:
