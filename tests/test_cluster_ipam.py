@@ -427,8 +427,8 @@ def test_stale_or_garbage_hint_is_harmless(up: EtcdCluster, bin_dir: str) -> Non
 def test_add_and_del_import_only_the_stdlib(up: EtcdCluster, bin_dir: str, tmp_path: Path) -> None:
     """A one-shot cluster-ipam ADD/DEL against the real cluster loads no netlink, subprocess, runtime,
     dataclasses, ssl (plain http endpoints), http.client, nor socket.py and the IDNA codec (the C
-    socket module does)."""
-    from test_import_set import HEAVY, _heavy, _modules
+    socket module does), nor json and re (pycni.jsonlite does)."""
+    from test_import_set import HEAVY, NO_JSON_NO_RE, _heavy, _modules
 
     empty = tmp_path / "empty.py"
     empty.write_text("pass\n")
@@ -439,8 +439,8 @@ def test_add_and_del_import_only_the_stdlib(up: EtcdCluster, bin_dir: str, tmp_p
         env = dict(cni_env(command, None, bin_dir, container_id="imp"), CNI_NETNS="/var/run/netns/none")
         mods = _modules(os.path.join(bin_dir, "cluster-ipam"), env, conf, tmp_path, node.ns)
         assert "pycni.cluster.etcd" in mods
-        assert _heavy(mods - baseline, (*HEAVY, "ssl", "http", "email", "random", "socket", "selectors",
-                                        "unicodedata", "encodings.idna")) == [], command
+        assert _heavy(mods - baseline, (*HEAVY, *NO_JSON_NO_RE, "ssl", "http", "email", "random", "socket",
+                                        "selectors", "unicodedata", "encodings.idna")) == [], command
 
 
 def test_no_quorum_is_code_11_and_del_leaves_nothing(up: EtcdCluster, bin_dir: str) -> None:

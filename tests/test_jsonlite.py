@@ -103,3 +103,13 @@ def test_invalid_input_before_json_is_imported() -> None:
         except ValueError as e:
             want.append(f"{type(e).__name__} {e}")
     assert out.stdout.splitlines() == want, out.stderr
+
+
+def test_compact_separators_match_json() -> None:
+    """What the etcd store writes: json's compact form, byte for byte."""
+    import json
+
+    from pycni import jsonlite
+
+    for obj in ({"cidr": "10.0.0.0/26", "allocations": {"1": "h"}, "next": 2}, [1, "a", None], {}):
+        assert jsonlite.dumps(obj, separators=(",", ":")) == json.dumps(obj, separators=(",", ":"))

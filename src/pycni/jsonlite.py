@@ -61,9 +61,10 @@ def _refuse(o: object) -> object:
     raise TypeError(f"Object of type {o.__class__.__name__} is not JSON serializable")
 
 
-def _encoder(ensure_ascii: bool) -> "Callable[[Any, int], Any]":
+def _encoder(ensure_ascii: bool, separators: "tuple[str, str]" = (", ", ": ")) -> "Callable[[Any, int], Any]":
+    item_sep, key_sep = separators
     return _json.make_encoder({}, _refuse, _json.encode_basestring_ascii if ensure_ascii else _json.encode_basestring,
-                              None, ": ", ", ", False, False, True)
+                              None, key_sep, item_sep, False, False, True)
 
 
 def _layout(o: object, scalar: "Callable[[Any, int], Any]", step: str, level: int, out: list[str]) -> None:
@@ -100,16 +101,18 @@ def _layout(o: object, scalar: "Callable[[Any, int], Any]", step: str, level: in
         raise TypeError("not a JSON type")
 
 
-def dumps(obj: object, *, indent: "int | str | None" = None, ensure_ascii: bool = True) -> str:
-    """``json.dumps(obj, indent=..., ensure_ascii=...)``."""
+def dumps(obj: object, *, indent: "int | str | None" = None, ensure_ascii: bool = True,
+          separators: "tuple[str, str] | None" = None) -> str:
+    """``json.dumps(obj, indent=..., ensure_ascii=..., separators=...)`` (``separators`` without ``indent``)."""
     try:
         if indent is None:
-            return "".join(_encoder(ensure_ascii)(obj, 0))
-        out: list[str] = []
-        _layout(obj, _encoder(ensure_ascii), " " * indent if isinstance(indent, int) else indent, 0, out)
-        return "".join(out)
+            return "".join(_encoder(ensure_ascii, separators or (", ", ": "))(obj, 0))
+        if separators is None:
+            out: list[str] = []
+            _layout(obj, _encoder(ensure_ascii), " " * indent if isinstance(indent, int) else indent, 0, out)
+            return "".join(out)
     except (TypeError, ValueError, RecursionError):
         pass
     import json
 
-    return json.dumps(obj, indent=indent, ensure_ascii=ensure_ascii)
+    return json.dumps(obj, indent=indent, ensure_ascii=ensure_ascii, separators=separators)

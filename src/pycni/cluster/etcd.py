@@ -39,9 +39,9 @@ API (keys and values are ``str``, UTF-8 on the wire)::
 from __future__ import annotations
 
 import binascii
-import json
 import time
 
+from pycni import jsonlite as json
 from pycni.record import field, record
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -633,7 +633,9 @@ class Watch:
     def __init__(self, conn: _Conn, body: bytes, timeout: float) -> None:
         self._conn = conn
         self._pending = b""
-        self._dec = json.JSONDecoder()
+        import json as stdjson  # the stream decoder: only the long-lived agent watches
+
+        self._dec = stdjson.JSONDecoder()
         self.endpoint = conn.url
         conn.send("/v3/watch", body, timeout)
         status, headers = conn.read_head()

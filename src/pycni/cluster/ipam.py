@@ -20,10 +20,10 @@ out again at once (ARP caches on a shared L2 remember it).
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import time
 
+from pycni import jsonlite as json
 from pycni.cluster.etcd import Etcd, if_absent, if_mod, op_delete, op_get, op_put
 from pycni.plugins.ipam.ranges import IPAddress, IPNetwork, Range, RangeSet, address, range_for
 from pycni.record import field, record
