@@ -150,30 +150,17 @@ def parse_conf(args: CmdArgs) -> PortmapConf:
     """Decode and validate the config, and pick the container's addresses from prevResult."""
     raw = args.conf()
     version = config_version(raw)
-    name = raw.get("name", "")
-    if not isinstance(name, str):
-        raise _bad("invalid network name", f"name must be a string, got {name!r}")
-    snat = raw.get("snat", True)
-    if snat is None:
-        snat = True
-    if not isinstance(snat, bool):
-        raise _bad("invalid snat", f"snat must be true or false, got {snat!r}")
-    conf_args = raw.get("args")
-    if conf_args is not None and (not isinstance(conf_args, dict) or not isinstance(conf_args.get("cni", {}), dict)):
-        raise _bad("invalid args", f"args must be an object (with an object under \"cni\"), got {conf_args!r}")
-    masq_all = raw.get("masqAll", False)
-    if masq_all is None:
-        masq_all = False
-    if not isinstance(masq_all, bool):
-        raise _bad("invalid masqAll", f"masqAll must be true or false, got {masq_all!r}")
-    mark_bit, ext_chain = raw.get("markMasqBit"), raw.get("externalSetMarkChain")
-    if mark_bit is not None and ext_chain is not None:
+    name = netconf.get_str(raw, "name")
+    snat = netconf.get_bool(raw, "snat", True)
+    netconf.args_cni(raw)
+    masq_all = netconf.get_bool(raw, "masqAll")
+    if raw.get("markMasqBit") is not None and raw.get("externalSetMarkChain") is not None:
         raise _bad("Cannot specify externalSetMarkChain and markMasqBit",
                    "externalSetMarkChain replaces the mark chain markMasqBit configures; set one of them")
-    if mark_bit is None:
-        mark_bit = DEFAULT_MARK_BIT
-    if isinstance(mark_bit, bool) or not isinstance(mark_bit, int) or not 0 <= mark_bit <= 31:
+    mark_bit = netconf.get_int(raw, "markMasqBit", DEFAULT_MARK_BIT)
+    if not 0 <= mark_bit <= 31:  # the reference's wording
         raise _bad("MasqMarkBit must be between 0 and 31", f"markMasqBit is {mark_bit!r}")
+    ext_chain = raw.get("externalSetMarkChain")
     ext_chain = _external_chain(ext_chain)
     cond4, cond6 = _conditions(raw, "conditionsV4"), _conditions(raw, "conditionsV6")
 
@@ -198,10 +185,7 @@ def parse_conf(args: CmdArgs) -> PortmapConf:
         raise _bad(f"{backend} backend was requested but configuration contains {wrong}-specific options "
                    f"{wants[wrong]}", f"remove them or set \"backend\": \"{wrong}\"")
 
-    rc = raw.get("runtimeConfig")
-    rc = {} if rc is None else rc
-    if not isinstance(rc, dict):
-        raise _bad("invalid runtimeConfig", f"expected an object, got {rc!r}")
+    rc = netconf.runtime_config(raw)
     conf = PortmapConf(name=name, cni_version=version, backend=backend, snat=snat, masq_all=masq_all,
                        mark_masq_bit=mark_bit, external_set_mark_chain=ext_chain,
                        conditions_v4=cond4 or [], conditions_v6=cond6 or [],
