@@ -20,6 +20,10 @@ from pycni.cluster.settings import ClusterSettings, EtcdSettings
 from pycni.ipranges import parse_range_set
 from pycni.spec.errors import INTERNAL, TRY_AGAIN, CNIError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pycni.cluster.kv import KVStore
+
 RS = [parse_range_set([{"subnet": "10.90.0.0/24"}])]
 SIZES = (26, 122)
 
@@ -310,3 +314,60 @@ def test_delete_marker_ops_unchanged() -> None:
     kv.put("/pycni/ipam/blocks/net2/10.90.0.0-26", "y")
     res = kv.txn([], [op_delete("/pycni/ipam/blocks/net/", prefix=True)])
     assert res.responses == [1] and list(kv.dump()) == ["/pycni/ipam/blocks/net2/10.90.0.0-26"]
+
+
+# ---- MemKV against a real etcd: the same script, the same observations --------------------------
+
+
+def _script(kv: object) -> list[object]:
+    """Requests whose answers depend on etcd's revision rules; revisions relative to the start."""
+    k: KVStore = kv  # type: ignore[assignment]  (the interface both implement)
+    base = k.put("/cl/seed", "0")
+    out: list[object] = []
+
+    def rel(x: int) -> int:
+        return x - base if x else 0
+
+    def snap(key: str) -> object:
+        got = k.get(key)
+        return None if got is None else (got.value, rel(got.create_revision), rel(got.mod_revision), got.version)
+
+    out.append(rel(k.put("/cl/a", "1")))
+    out.append(rel(k.txn([], [op_put("/cl/a", "2"), op_put("/cl/b", "x")]).revision))
+    out.append((snap("/cl/a"), snap("/cl/b")))
+    out.append(rel(k.txn([], [op_get("/cl/a")]).revision))
+    out.append((k.delete("/cl/none"), rel(k.get_prefix("/cl/")[1])))
+    for compare in ([if_absent("/cl/c")], [if_mod("/cl/c", 0)], [if_version("/cl/c", 0)], [if_value("/cl/c", "")],
+                    [if_value("/cl/a", "2"), if_version("/cl/a", 2)], [if_mod("/cl/a", base + 1)]):
+        out.append(k.txn(compare).succeeded)
+    res = k.txn([if_mod("/cl/a", base + 1)], [op_put("/cl/a", "no")], [op_get("/cl/a"), op_delete("/cl/b")])
+    out.append((res.succeeded, rel(res.revision), [r if isinstance(r, int) else [x.value for x in r]
+                                                    for r in res.responses]))
+    k.delete("/cl/a")
+    k.put("/cl/a", "again")
+    out.append(snap("/cl/a"))
+    kvs, _rev = k.range("/cl/", prefix=True, keys_only=True, limit=1)
+    out.append([(x.key, x.value, x.version) for x in kvs])
+    with k.watch("/cl/a", start_revision=base + 1, prev_kv=True) as w:
+        events: list[object] = []
+        while len(events) < 5:
+            batch = w.next(timeout=5)
+            if batch is None:
+                break
+            events.extend((e.type, e.kv.value, rel(e.kv.mod_revision), e.prev.value if e.prev else None)
+                          for e in batch.events)
+    out.append(events)
+    return out
+
+
+def test_memkv_answers_as_etcd_does() -> None:
+    """The same requests on MemKV and on a real etcd member give the same answers."""
+    from etcd_util import EtcdCluster, etcd_available
+
+    if not etcd_available():
+        pytest.skip("needs root and /usr/bin/etcd (Debian etcd-server) to compare with")
+    with EtcdCluster(size=1, subnet="10.231.77.0/24", prefix="cl-etcd") as cluster, \
+            cluster.client(timeout=10) as real:
+        real.delete_prefix("/cl/")
+        want = _script(real)
+    assert _script(MemKV()) == want
