@@ -127,7 +127,7 @@ def _err(conf: dict[str, Any], cmd: str = "ADD") -> dict[str, Any]:
     ({"ingressRate": 1000000, "ingressBurst": 0}, 7, "burst must also be set"),
     ({"egressRate": 0, "egressBurst": 1000}, 7, "rate must also be set"),
     ({"ingressRate": 1000000, "ingressBurst": 8 * 0xFFFFFFFF}, 7, "4GB"),
-    ({"ingressRate": 8000, "ingressBurst": 8 * 0xFFFFFF}, 7, "too large"),
+
     ({"ingressRate": 4, "ingressBurst": 800}, 7, "too small"),
     ({"ingressRate": -5, "ingressBurst": 800}, 7, "'ingressRate' must be an integer from 0 to 18446744073709551615"),
     ({"ingressRate": "fast", "ingressBurst": 800}, 7, "'ingressRate' must be an integer"),

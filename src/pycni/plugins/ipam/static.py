@@ -70,8 +70,8 @@ def _config_addresses(ipam: Mapping[str, Any]) -> list[IPConfig]:
         if not isinstance(entry, dict):
             raise CNIError(INVALID_CONFIG, f"invalid address {i}",
                        f"each entry of ipam.addresses must be an object, got {entry!r}")
-        addr = _parse_cidr(entry.get("address"), "address")
-        gw = entry.get("gateway")
+        addr = _parse_cidr(netconf.lookup(entry, "address"), "address")
+        gw = netconf.lookup(entry, "gateway")
         out.append(IPConfig(address=addr, gateway=_parse_ip(gw, "gateway address") if gw else None))
     return out
 
@@ -103,7 +103,7 @@ def parse_conf(args: CmdArgs) -> StaticConf:
     cfg = StaticConf(cni_version=config_version(conf))
     if args.command not in ("ADD", "CHECK"):
         return cfg
-    ipam = conf.get("ipam")
+    ipam = netconf.lookup(conf, "ipam")
     if not isinstance(ipam, dict):
         raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
                        "the network configuration needs an \"ipam\" object")
@@ -138,7 +138,8 @@ def parse_conf(args: CmdArgs) -> StaticConf:
 
     try:
         cfg.routes = [Route.from_dict(r) for r in netconf.get_list(ipam, "routes", label="ipam.routes")]
-        cfg.dns = DNS.from_dict(ipam.get("dns"))
+        cfg.dns = DNS.from_dict(netconf.lookup(ipam, "dns"))
+
     except CNIError as e:
         raise CNIError(INVALID_CONFIG, f"invalid ipam section: {e.msg}", e.details) from None
     if args.command == "CHECK":
