@@ -537,3 +537,22 @@ def test_capabilities_reach_the_plugin_as_go_libcni_sends_them(go_libcni_tool: s
     assert go["gd-rec-a"]["runtimeConfig"] == CAPS
     assert ours["gd-rec-a"]["runtimeConfig"] == go["gd-rec-a"]["runtimeConfig"]
     assert ours["gd-rec-b"].get("runtimeConfig") == go["gd-rec-b"].get("runtimeConfig") == {"dns": CAPS["dns"]}
+
+
+@pytest.mark.parametrize("where", ["RuntimeConfig", "args"])
+def test_static_invalid_cidr_from_ips_has_go_message(where: str) -> None:
+    """The reference's static test "errors when passed an invalid CIDR via RuntimeConfig"."""
+    need_go("static")
+    from pycni.plugins.ipam import static
+
+    extra = {"RuntimeConfig": {"ips": ["10.10.0.1"]}} if where == "RuntimeConfig" else \
+        {"args": {"cni": {"ips": ["10.10.0.1"]}}}
+    conf = {"cniVersion": "1.0.0", "name": "mynet", "type": "bridge",
+            "ipam": {"type": "static", "routes": [{"dst": "0.0.0.0/0"}]}, **extra}
+    env = runtime_env("ADD", "c1", "/var/run/netns/none")
+    go_rc, go_out = _go_ipam("static", conf, env)
+    out = dispatch(static.PLUGIN, env, json.dumps(conf).encode())
+    ours = json.loads(out.stdout)
+    assert go_rc == out.exit_code == 1
+    assert ours["msg"] == go_out["msg"] == "an entry in the 'ips' field is NOT in CIDR notation, got: '10.10.0.1'"
+    assert ours["code"] == 7

@@ -78,7 +78,15 @@ def _config_addresses(ipam: Mapping[str, Any]) -> list[IPConfig]:
 
 def _replace_from(values: list[Any], where: str) -> list[IPConfig]:
     """``args.cni.ips`` / runtimeConfig ``ips``: a list of CIDRs that replaces the config's."""
-    return [IPConfig(address=_parse_cidr(v, where)) for v in values]
+    out = []
+    for v in values:
+        try:
+            out.append(IPConfig(address=_parse_cidr(v, where)))
+        except CNIError as e:  # the reference's words for these two lists
+            raise CNIError(INVALID_CONFIG, f"an entry in the '{where}' field is NOT in CIDR notation, got: "
+                           f"'{v}'", e.details) from None
+    return out
+
 
 
 def _apply_env_args(addresses: list[IPConfig], raw_args: str) -> None:
