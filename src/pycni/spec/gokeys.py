@@ -24,7 +24,12 @@ entries, tuning's ``sysctl`` names, ``args``' free-form values): those are read 
 not with :func:`lookup`. docs/sdk.md lists which is which.
 
 Cost: one pass over the object's keys comparing lengths (a folded key has the same length as
-the name in Python), ``str.lower`` only for the keys of that length; no ``re``.
+the name in Python), ``str.lower`` only for the keys of that length; no ``re``. Measured here
+(loaded machine, a 10-key config): 0.5–0.9 µs a lookup against 0.04 µs for ``dict.get``, so
+~15 µs for the ~20 keys a plugin reads — a fraction of a percent of a one-shot call. An
+"exact key first" shortcut would be no cheaper: a later key in another case still wins in Go,
+so the keys must be looked at either way.
+
 """
 
 from __future__ import annotations
