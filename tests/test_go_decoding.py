@@ -556,3 +556,72 @@ def test_static_invalid_cidr_from_ips_has_go_message(where: str) -> None:
     assert go_rc == out.exit_code == 1
     assert ours["msg"] == go_out["msg"] == "an entry in the 'ips' field is NOT in CIDR notation, got: '10.10.0.1'"
     assert ours["code"] == 7
+
+
+# ---- the Kubernetes path without kubelet: Go's libcni, CRI's capability args, our executables ----
+SERVER = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8080)); s.listen(4); print("ready", flush=True)
+while True:
+    c, peer = s.accept(); c.sendall(b"pod\\n"); c.close()
+"""
+
+
+def test_cri_pod_with_host_port_and_bandwidth_under_go_libcni(go_libcni_tool: str, host_ns: Namespace,
+                                                             container_ns: Namespace, plugin_dir: str,
+                                                             tmp_path: Path) -> None:
+    """What containerd 1.6's CRI does for a pod with a hostPort and bandwidth annotations: go-cni
+    calls libcni with Go-cased portMappings and bandwidth (burst MaxUint32). Our bridge,
+    host-local, portmap and bandwidth executables start the pod (hostPort answers, tbf on the
+    veth and the ifb), and the DEL that repeats the same runtimeConfig removes everything."""
+    import subprocess
+    import sys
+
+    conf_dir = tmp_path / "net.d"
+    conf_dir.mkdir()
+    conflist = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "plugins": [
+        {"type": "bridge", "bridge": "gdcni0", "isGateway": True, "ipMasq": True, "hairpinMode": True,
+         "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.86.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}],
+                  "dataDir": str(tmp_path / "ipam")}},
+        {"type": "portmap", "capabilities": {"portMappings": True}},
+        {"type": "bandwidth", "capabilities": {"bandwidth": True}}]}
+    (conf_dir / "10-k8s.conflist").write_text(json.dumps(conflist))
+    caps = {"portMappings": [{"HostPort": 18081, "ContainerPort": 8080, "Protocol": "tcp", "HostIP": ""}],
+            "bandwidth": {"IngressRate": 10_000_000, "IngressBurst": 4294967295, "EgressRate": 10_000_000,
+                          "EgressBurst": 4294967295}}
+
+    def libcni(command: str) -> Any:
+        argv = [go_libcni_tool, "-confdir", str(conf_dir), "-net", "k8s-pod-network", "-path", plugin_dir,
+                "-cachedir", str(tmp_path / "cache"), "-cid", "sandbox1", "-netns", container_ns.path,
+                "-ifname", "eth0", "-args", "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web",
+                "-cap", json.dumps(caps), command]
+        p = host_ns.run(argv, check=False, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                                "PYCNI_SOCKET": "off"})
+        assert p.returncode == 0, f"libcni {command}: {p.stdout} {p.stderr}"
+        return json.loads(p.stdout) if p.stdout.strip() else None
+
+    res = libcni("add")
+    pod_ip = res["ips"][0]["address"].split("/")[0]
+    host_veth = [i["name"] for i in res["interfaces"] if not i.get("sandbox") and i["name"] != "gdcni0"
+                 and not i["name"].startswith("bwp")][0]
+    assert any(i["name"].startswith("bwp") for i in res["interfaces"])
+    server = subprocess.Popen(["ip", "netns", "exec", container_ns.name, sys.executable, "-c", SERVER],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        got = host_ns.run([sys.executable, "-c", "import socket; c = socket.create_connection(('10.86.0.1', 18081),"
+                                                 " timeout=5); print(c.recv(16).decode().strip())"], timeout=20)
+        assert got.stdout.strip() == "pod"
+    finally:
+        server.kill()
+        server.wait()
+    nat = host_ns.run(["iptables-save", "-t", "nat"]).stdout
+    assert f"--dport 18081 -j DNAT --to-destination {pod_ip}:8080" in nat
+    tbf = host_ns.run(["tc", "qdisc", "show", "dev", host_veth]).stdout
+    assert "tbf" in tbf and "rate 10Mbit" in tbf
+    libcni("check")
+    libcni("del")
+    libcni("del")  # StopPodSandbox repeats it
+    assert "18081" not in host_ns.run(["iptables-save", "-t", "nat"]).stdout
+    assert "bwp" not in host_ns.run(["ip", "-o", "link"]).stdout
