@@ -625,3 +625,27 @@ def test_cri_pod_with_host_port_and_bandwidth_under_go_libcni(go_libcni_tool: st
     libcni("del")  # StopPodSandbox repeats it
     assert "18081" not in host_ns.run(["iptables-save", "-t", "nat"]).stdout
     assert "bwp" not in host_ns.run(["ip", "-o", "link"]).stdout
+
+
+def test_delegate_answers_in_go_spelling(tmp_path: Path) -> None:
+    """What a plugin prints is read as libcni reads it: version info, errors and results whose
+    keys are in another case (Go's structs) mean the same."""
+    from pycni import invoke
+    from pycni.spec.errors import CNIError
+
+    plugin = tmp_path / "gd-go-cased"
+    plugin.write_text("#!/bin/sh\n"
+                      "case $CNI_COMMAND in\n"
+                      "VERSION) echo '{\"CNIVersion\":\"1.0.0\",\"SupportedVersions\":[\"0.4.0\",\"1.0.0\"]}';;\n"
+                      "ADD) echo '{\"CNIVersion\":\"1.0.0\",\"IPs\":[{\"Address\":\"10.3.0.2/24\"}]}';;\n"
+                      "*) echo '{\"Code\":7,\"Msg\":\"bad config\",\"Details\":\"why\"}'; exit 1;;\n"
+                      "esac\n")
+    plugin.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "CNI_COMMAND": "ADD"}
+    want = {"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}
+    assert invoke.get_version_info(str(plugin), env) == want
+    res = invoke.exec_with_result(str(plugin), b'{"cniVersion": "1.0.0"}', env)
+    assert [str(ip.address) for ip in res.ips] == ["10.3.0.2/24"]
+    with pytest.raises(CNIError) as ei:
+        invoke.exec_plugin(str(plugin), b'{"cniVersion": "1.0.0"}', {**env, "CNI_COMMAND": "DEL"})
+    assert (ei.value.code, ei.value.msg, ei.value.details) == (7, "bad config", "why")
