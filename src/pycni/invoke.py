@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pycni import jsonlite as json
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
+from pycni.spec.gokeys import lookup
 from pycni.spec.types import Result
 from pycni.spec.validate import validate_plugin_type
 from pycni.spec.version import CURRENT_VERSION
@@ -109,12 +110,13 @@ def error_from_output(plugin_path: str, rc: int, stdout: bytes, stderr: bytes) -
     except (ValueError, UnicodeDecodeError) as e:
         return CNIError(E.UNKNOWN, "netplugin failed but error parsing its diagnostic message",
                         f"{out_text[-2000:]!r}: {e}; {status}")
-    code = obj.get("code", 0) if isinstance(obj, dict) else None
+    code = lookup(obj, "code", 0) if isinstance(obj, dict) else None  # Go's types.Error: keys in any case
+    msg, details = lookup(obj, "msg", ""), lookup(obj, "details", "")
     if isinstance(code, bool) or not isinstance(code, int) or code < 0 \
-            or not isinstance(obj.get("msg", ""), str) or not isinstance(obj.get("details", ""), str):
+            or not isinstance(msg, str) or not isinstance(details, str):
         return CNIError(E.UNKNOWN, "netplugin failed but error parsing its diagnostic message",
                         f"{out_text[-2000:]!r}: not a CNI error object; {status}")
-    return CNIError(code, obj.get("msg", ""), obj.get("details", ""), str(obj.get("cniVersion", "") or ""))
+    return CNIError(code, msg, details, str(lookup(obj, "cniVersion", "") or ""))
 
 
 def plugin_env(base: Mapping[str, str], command: str, *, container_id: str = "", netns: str = "",
@@ -135,7 +137,7 @@ def exec_with_result(plugin_path: str, netconf: bytes, env: Mapping[str, str],
         conf: Any = json.loads(netconf)
     except (ValueError, UnicodeDecodeError) as e:
         raise CNIError(E.DECODE_FAILURE, "decoding version from network config", str(e)) from None
-    conf_version = conf.get("cniVersion") if isinstance(conf, dict) else None
+    conf_version = lookup(conf, "cniVersion")
     try:
         obj: Any = json.loads(out)
     except (ValueError, UnicodeDecodeError) as e:
@@ -146,9 +148,11 @@ def exec_with_result(plugin_path: str, netconf: bytes, env: Mapping[str, str],
     if not isinstance(obj, dict):
         raise CNIError(E.DECODE_FAILURE, f"failed to decode result of {name}",
                        f"expected a JSON object, got {out[:500]!r}")
-    version = obj.get("cniVersion")
+    version = lookup(obj, "cniVersion")
     if not isinstance(version, str) or not version:
-        obj["cniVersion"] = version = (conf_version if isinstance(conf_version, str) else "") or "0.1.0"
+        version = (conf_version if isinstance(conf_version, str) else "") or "0.1.0"
+        obj = {**obj, "cniVersion": version}  # appended: it wins over a "CNIVersion": "" before it
+
     return Result.from_dict(obj, version)
 
 
@@ -212,15 +216,16 @@ def get_version_info(plugin_path: str, env: Mapping[str, str], cni_version: str 
         raise CNIError(E.DECODE_FAILURE, "decoding version info", f"{err}: {out[:200]!r}") from None
     if not isinstance(info, dict):
         raise CNIError(E.DECODE_FAILURE, "decoding version info", f"expected a JSON object: {out[:200]!r}")
-    if not isinstance(info.get("cniVersion"), str) or not info["cniVersion"]:
+    reported = lookup(info, "cniVersion")  # Go's PluginDecoder reads a struct: keys in any case
+    if not isinstance(reported, str) or not reported:
         raise CNIError(E.DECODE_FAILURE, "decoding version info: missing field cniVersion", repr(out[:200]))
-    supported = info.get("supportedVersions")
+    supported = lookup(info, "supportedVersions")
     if not supported:
-        if info["cniVersion"] != "0.2.0":
+        if reported != "0.2.0":
             raise CNIError(E.DECODE_FAILURE, "decoding version info: missing field supportedVersions",
                            repr(out[:200]))
-        info["supportedVersions"] = ["0.1.0", "0.2.0"]
+        supported = ["0.1.0", "0.2.0"]
     elif not isinstance(supported, list) or not all(isinstance(v, str) for v in supported):
         raise CNIError(E.DECODE_FAILURE, "decoding version info: supportedVersions is not a list of strings",
                        repr(out[:200]))
-    return info
+    return {"cniVersion": reported, "supportedVersions": supported}  # in the spec's spelling

@@ -82,7 +82,7 @@ def parse_etcd_settings(section: Mapping[str, Any], label: str = "ipam") -> Etcd
                           f"{label}.etcdEndpoints")
     prefix = check_prefix(netconf.get_str(section, "etcdPrefix", DEFAULT_PREFIX, label=f"{label}.etcdPrefix"),
                           f"{label}.etcdPrefix")
-    timeout = section.get("etcdTimeout", DEFAULT_TIMEOUT)
+    timeout = netconf.lookup(section, "etcdTimeout", DEFAULT_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 300:
         raise netconf.invalid(f"{label}.etcdTimeout", "a number of seconds (0 < t <= 300)", timeout)
     out = EtcdSettings(endpoints=eps, prefix=prefix, timeout=float(timeout),
@@ -107,11 +107,11 @@ def parse_cluster_settings(conf: Mapping[str, Any]) -> ClusterSettings:
     """Everything of a cluster-ipam network config but its ranges (what the CLI needs too)."""
     from pycni.spec.validate import validate_network_name
 
-    ipam = conf.get("ipam")
+    ipam = netconf.lookup(conf, "ipam")
     if not isinstance(ipam, Mapping):
         raise invalid_config("IPAM config missing 'ipam' key", "cluster-ipam reads its settings from the \"ipam\" "
                              "object")
-    name = conf.get("name")
+    name = netconf.lookup(conf, "name")
     if not isinstance(name, str):
         raise invalid_config("missing network name", "the network config needs a \"name\": its blocks and "
                              "handles live under <etcdPrefix>/ipam/.../<name>")
@@ -132,7 +132,7 @@ def parse_cluster_settings(conf: Mapping[str, Any]) -> ClusterSettings:
     bs = netconf.get_int(ipam, "blockSize", DEFAULT_BLOCK_V4, label="ipam.blockSize")
     if 20 <= bs <= 32:
         v4 = bs
-    elif 116 <= bs <= 128 and "blockSizeV6" not in ipam:
+    elif 116 <= bs <= 128 and netconf.lookup(ipam, "blockSizeV6") is None:
         v6 = bs
     else:
         raise netconf.invalid("ipam.blockSize", "a prefix length from 20 to 32 (IPv4 blocks), or 116 to 128 "

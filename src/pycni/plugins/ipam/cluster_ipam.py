@@ -62,9 +62,9 @@ class ClusterIpamConf:
 def parse_conf_dict(conf: Mapping[str, Any], cni_args: str = "", *, need_ranges: bool = True) -> ClusterIpamConf:
     """Parse and check the whole config: the cluster settings, then ranges, routes and requested IPs."""
     cfg = ClusterIpamConf(cluster=parse_cluster_settings(conf))
-    ipam = conf["ipam"]
-    cfg.routes = parse_routes(ipam.get("routes"), "ipam.routes")
-    ranges = ipam.get("ranges")
+    ipam = netconf.lookup(conf, "ipam")
+    cfg.routes = parse_routes(netconf.lookup(ipam, "routes"), "ipam.routes")
+    ranges = netconf.lookup(ipam, "ranges")
     if ranges is None or ranges == []:
         if need_ranges:
             raise invalid_config("no IP ranges specified", "set ipam.ranges: [[{\"subnet\": \"10.90.0.0/16\"}]] "
