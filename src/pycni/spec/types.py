@@ -275,6 +275,14 @@ class DNS:
     def is_empty(self) -> bool:
         return not (self.nameservers or self.domain or self.search or self.options)
 
+    @staticmethod
+    def is_set(d: Any) -> bool:
+        """Whether a plugin's raw ``dns`` object overrides IPAM's, as Go's dnsConfSet: any list
+        given, even empty (``"nameservers": []`` clears IPAM's), or a non-empty domain."""
+        if not isinstance(d, dict):
+            return False
+        return any(d.get(k) is not None for k in ("nameservers", "search", "options")) or bool(d.get("domain"))
+
     @classmethod
     def from_dict(cls, d: Any) -> DNS:
         if d is None:
