@@ -408,7 +408,7 @@ class Result:
             if key in blocks:
                 blocks[key].setdefault("routes", []).append(r.to_dict(attributes=source == "legacy"))
         if not blocks:
-            raise CNIError(INCOMPATIBLE_VERSION, "cannot convert result",
+            raise CNIError(INCOMPATIBLE_VERSION, "cannot convert: no valid IP addresses",  # Go's words
                            f"cannot convert to version {ver}: no valid IP addresses "
                            "(0.1.0/0.2.0 results need at least one)")
         d: dict[str, Any] = {"cniVersion": ver}
