@@ -43,16 +43,16 @@ class StaticConf:
     prev: Result | None = None
 
 
-def _parse_cidr(value: object, where: str, msg: str = "") -> IPInterface:
-    """An address with its prefix length, host bits kept (Go's net.ParseCIDR + IP); ``msg``
-    replaces the error's message (Go words the ``ips`` lists' differently)."""
-    msg = msg or f"the '{where}' field is expected to be in CIDR notation, got: {value!r}"
+def _parse_cidr(value: object, where: str) -> IPInterface:
+    """An address with its prefix length, host bits kept (Go's net.ParseCIDR + IP)."""
     if not isinstance(value, str) or "/" not in value:
-        raise CNIError(INVALID_CONFIG, msg, "write addresses as ADDRESS/PREFIX, e.g. 10.10.0.1/24 or 2001:db8::1/64")
+        raise CNIError(INVALID_CONFIG, f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
+                   "write addresses as ADDRESS/PREFIX, e.g. 10.10.0.1/24 or 2001:db8::1/64")
     try:
         return ipaddress.ip_interface(value.strip())
     except ValueError as e:
-        raise CNIError(INVALID_CONFIG, msg, str(e)) from None
+        raise CNIError(INVALID_CONFIG, f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
+                   str(e)) from None
 
 
 def _parse_ip(value: object, where: str) -> IPAddress:
@@ -78,8 +78,15 @@ def _config_addresses(ipam: Mapping[str, Any]) -> list[IPConfig]:
 
 def _replace_from(values: list[Any], where: str) -> list[IPConfig]:
     """``args.cni.ips`` / runtimeConfig ``ips``: a list of CIDRs that replaces the config's."""
-    return [IPConfig(address=_parse_cidr(v, where, f"an entry in the 'ips' field is NOT in CIDR notation, "
-                                                   f"got: {v!r}")) for v in values]
+    out = []
+    for v in values:
+        try:
+            out.append(IPConfig(address=_parse_cidr(v, where)))
+        except CNIError as e:  # the reference's words for these two lists
+            raise CNIError(INVALID_CONFIG, f"an entry in the '{where}' field is NOT in CIDR notation, got: "
+                           f"'{v}'", e.details) from None
+    return out
+
 
 
 def _apply_env_args(addresses: list[IPConfig], raw_args: str) -> None:
