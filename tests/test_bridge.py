@@ -521,6 +521,88 @@ def test_installed_shim(host_ns: Namespace, container_ns: Namespace, plugin_dir:
     assert "eth0" not in links(container_ns)
 
 
+# ---- the bridge's own MAC (issue 26, group 1) ---------------------------------------------------
+def _run_go(host: Namespace, cmd: str, conf: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """The Go reference bridge on the same input; its JSON result (None for DEL)."""
+    proc = host.run([GO_BRIDGE], input=json.dumps(conf), env=dict(env, CNI_COMMAND=cmd, CNI_PATH=GO_DIR),
+                    check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+
+def _bridge_mac_alone(host: Namespace) -> str:
+    """The bridge's MAC, after checking that no port (no other link of the host) shares it."""
+    hl = links(host)
+    mac = hl["cni0"]["address"]
+    assert [n for n, x in hl.items() if x.get("address") == mac] == ["cni0"], hl
+    return str(mac)
+
+
+@pytest.mark.parametrize("who,case", [("py", "gateway"), ("py", "l2"), ("py", "existing-bridge"),
+                                      ("go", "gateway"), ("go", "existing-bridge")])
+def test_bridge_keeps_its_own_mac(who: str, case: str, br: Bridge, host_ns: Namespace,
+                                  netns_factory: Callable[[], Namespace], tmp_path: Path) -> None:
+    """The bridge (every container's gateway) answers to its own MAC, not its first port's,
+    and keeps it as containers come and go, the first one included — as the reference's tests
+    expect (`Expect(hostVethMAC).NotTo(Equal(bridgeMAC))`). An L2 bridge we make keeps its own
+    too (Go's takes its first port's MAC there); a bridge someone else made keeps the MAC it
+    had before our first port joined."""
+    if who == "go" and not os.access(GO_BRIDGE, os.X_OK):
+        pytest.skip("Go reference bridge not installed")
+    conf = make_conf(tmp_path, ipam=case != "l2", isGateway=case != "l2")
+    before = ""
+    if case == "existing-bridge":
+        host_ns.run(["ip", "link", "add", "cni0", "type", "bridge"])
+        before = links(host_ns)["cni0"]["address"]
+
+    def run(cmd: str, ctr: Namespace, cid: str) -> dict[str, Any]:
+        if who == "go":
+            return _run_go(host_ns, cmd, conf, br.env(cmd, ctr, cid=cid))
+        if cmd == "ADD":
+            return br.add(conf, ctr, cid=cid)
+        br.ok(cmd, conf, ctr, cid=cid)
+        return {}
+
+    c1, c2, c3 = netns_factory(), netns_factory(), netns_factory()
+    r1 = run("ADD", c1, "c1")
+    mac = _bridge_mac_alone(host_ns)
+    assert r1["interfaces"][0]["mac"] == mac != r1["interfaces"][1]["mac"]
+    if before:
+        assert mac == before
+    run("ADD", c2, "c2")
+    assert _bridge_mac_alone(host_ns) == mac
+    run("DEL", c1, "c1")                                  # the first container goes
+    assert _bridge_mac_alone(host_ns) == mac
+    run("DEL", c2, "c2")                                  # no port left
+    assert host_veths(host_ns) == [] and _bridge_mac_alone(host_ns) == mac
+    r3 = run("ADD", c3, "c3")
+    assert _bridge_mac_alone(host_ns) == mac == r3["interfaces"][0]["mac"]
+
+
+def test_emptied_bridge_gets_a_mac_of_its_own(br: Bridge, host_ns: Namespace, container_ns: Namespace,
+                                               tmp_path: Path) -> None:
+    """A bridge someone else made whose last port left has MAC 00:00:00:00:00:00, which cannot
+    be pinned: Go's ADD fails there (code 999, "could not set bridge's mac"); ours pins a new
+    random MAC of the bridge's own (docs/plugins.md)."""
+    host_ns.run(["ip", "link", "add", "cni0", "type", "bridge"])
+    host_ns.run(["ip", "link", "add", "rfv0", "type", "veth", "peer", "name", "rfv1"])
+    host_ns.run(["ip", "link", "set", "rfv0", "master", "cni0"])
+    host_ns.run(["ip", "link", "del", "rfv0"])
+    assert links(host_ns)["cni0"]["address"] == "00:00:00:00:00:00"
+    conf = make_conf(tmp_path, isGateway=True)
+    if os.access(GO_BRIDGE, os.X_OK):
+        env = dict(br.env("ADD", container_ns), CNI_PATH=GO_DIR)
+        proc = host_ns.run([GO_BRIDGE], input=json.dumps(conf), env=env, check=False)
+        assert proc.returncode == 1 and "could not set bridge's mac" in json.loads(proc.stdout)["msg"]
+        host_ns.run([GO_BRIDGE], input=json.dumps(conf), env=dict(env, CNI_COMMAND="DEL"))
+        assert links(host_ns)["cni0"]["address"] == "00:00:00:00:00:00"
+    r = br.add(conf, container_ns)
+    mac = _bridge_mac_alone(host_ns)
+    assert mac == r["interfaces"][0]["mac"] != "00:00:00:00:00:00"
+    br.ok("DEL", conf, container_ns)
+    assert _bridge_mac_alone(host_ns) == mac
+
+
 def _normalise(result: dict[str, Any]) -> dict[str, Any]:
     """Random names and MACs replaced by placeholders; empty dns dropped."""
     text = json.dumps(result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -123,3 +124,45 @@ def test_del_without_netns_still_releases_ipam(wired: tuple[Namespace, Namespace
     ok(call(host_device.PLUGIN, host, "DEL", cfg, None, plugin_dir))
     assert not [f for f in (tmp_path / "ipam" / "hd").iterdir() if f.name[0].isdigit()]
     ok(call(host_device.PLUGIN, host, "DEL", cfg, container_ns, plugin_dir))
+
+
+GO_HOST_DEVICE = "/usr/lib/cni/host-device"
+
+
+@pytest.mark.parametrize("who", ["py", "go"])
+def test_failed_del_leaves_the_container_interface_up(who: str, wired: tuple[Namespace, Namespace],
+                                                      container_ns: Namespace, plugin_dir: str,
+                                                      tmp_path: Path) -> None:
+    """A DEL that cannot move the device back (a same-named device appeared in the host) fails
+    and leaves the container's interface as it was: named CNI_IFNAME and up, so the container
+    keeps its network and a later DEL can retry — the reference's test, against Go and ours."""
+    if who == "go" and not os.access(GO_HOST_DEVICE, os.X_OK):
+        pytest.skip("Go reference host-device not installed")
+    host, _ = wired
+    cfg = conf(tmp_path)
+    del cfg["ipam"]
+    env = {"CNI_CONTAINERID": "ctr", "CNI_NETNS": container_ns.path, "CNI_IFNAME": "eth0",
+           "CNI_PATH": "/usr/lib/cni", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+
+    def run(cmd: str) -> tuple[int, dict[str, Any]]:
+        if who == "py":
+            out = call(host_device.PLUGIN, host, cmd, cfg, container_ns, plugin_dir)
+            return out.exit_code, json.loads(out.stdout) if out.stdout else {}
+        proc = host.run([GO_HOST_DEVICE], input=json.dumps(cfg), env=dict(env, CNI_COMMAND=cmd), check=False)
+        return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+    rc, out = run("ADD")
+    assert rc == 0, out
+    mac = out["interfaces"][0]["mac"]
+    host.run(["ip", "link", "add", "dev0", "type", "veth", "peer", "name", "rfpeer0"])  # the conflict
+    rc, out = run("DEL")
+    assert rc != 0 and out["msg"], out
+    inside = link(container_ns, "eth0")
+    assert inside is not None and inside["address"] == mac and "UP" in inside["flags"], inside
+    host.run(["ip", "link", "del", "dev0"])
+    rc, out = run("DEL")
+    assert rc == 0, out
+    back = link(host, "dev0")
+    assert back is not None and back["address"] == mac and link(container_ns, "eth0") is None
+    if who == "py":  # ours also gives the device back its state
+        assert "UP" in back["flags"] and back["mtu"] == 1450

@@ -128,3 +128,37 @@ def test_installed_shim(host_ns: Namespace, container_ns: Namespace, plugin_dir:
                        env=env_for("ADD", container_ns.path))
     assert json.loads(proc.stdout)["interfaces"][0]["name"] == "lo"
     assert "UP" in lo_state(container_ns).split(">")[0]
+
+
+@pytest.mark.parametrize("version", ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+def test_output_has_a_line_with_both_braces(version: str, host_ns: Namespace, container_ns: Namespace,
+                                            plugin_dir: str) -> None:
+    """The reference's loopback test (v1.1.1) waits for output matching `{.*}` — one line holding
+    both braces — which at 1.0.0 only the empty `"dns": {}` Go's loopback prints provides; ours
+    prints it too (and at 1.1.0, which Go 1.1.1 does not speak, leaves it out as libcni 1.2 does)."""
+    import re
+
+    exe = os.path.join(plugin_dir, "loopback")
+    env = dict(env_for("ADD", container_ns.path), PYCNI_SOCKET="off")
+    ours = host_ns.run([exe], input=conf(version), env=env).stdout
+    parsed = json.loads(ours)
+    if version == "1.1.0":  # the reference's current test matches `(?s){.*}` for this reason
+        assert "dns" not in parsed
+        return
+    assert re.search(r"{.*}", ours), ours
+    if version == "1.0.0":
+        assert parsed["dns"] == {}
+    if os.access(GO_LOOPBACK, os.X_OK) and version == "1.0.0":
+        go = host_ns.run([GO_LOOPBACK], input=conf(version), env=env).stdout
+        assert json.loads(go) == parsed
+
+
+def test_chained_output_at_100_keeps_gos_empty_dns(host_ns: Namespace, container_ns: Namespace) -> None:
+    prev = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": container_ns.path}],
+            "ips": [{"interface": 0, "address": "10.1.0.5/24"}]}
+    with host_ns.enter():
+        out = dispatch(PLUGIN, env_for("ADD", container_ns.path), conf(prevResult=prev))
+    assert json.loads(out.stdout) == {**prev, "dns": {}}
+    if os.access(GO_LOOPBACK, os.X_OK):
+        go = host_ns.run([GO_LOOPBACK], input=conf(prevResult=prev), env=env_for("ADD", container_ns.path))
+        assert json.loads(go.stdout) == {**prev, "dns": {}}

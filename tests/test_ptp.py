@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from netns_util import Namespace
 from plugin_util import call, err, ok
 
@@ -146,3 +148,43 @@ def test_gc_removes_masquerade_of_forgotten_attachments(netns_factory: Callable[
     assert len(reservations(tmp_path)) == 1
     assert err(call(ptp.PLUGIN, host, "GC", cfg, None, plugin_dir))["code"] == 7  # no list: nothing freed
     assert len(reservations(tmp_path)) == 1
+
+
+GO_PTP = "/usr/lib/cni/ptp"
+IPAM_DNS = {"nameservers": ["10.1.2.123"], "domain": "some.domain.test", "search": ["search.test"],
+            "options": ["option1:foo"]}
+
+
+@pytest.mark.parametrize("dns,want", [
+    (None, IPAM_DNS),                                                    # IPAM's stays
+    ({}, IPAM_DNS),                                                      # nothing set: IPAM's stays
+    ({"nameservers": ["10.1.2.234"]}, {"nameservers": ["10.1.2.234"]}),  # any key set replaces all
+    ({"domain": "someother.domain.test"}, {"domain": "someother.domain.test"}),
+    ({"nameservers": [], "search": [], "options": []}, {}),             # empty lists clear IPAM's
+    ({"options": []}, {}),
+])
+def test_dns_override_as_go(dns: dict[str, Any] | None, want: dict[str, Any],
+                            netns_factory: Callable[[], Namespace], plugin_dir: str, tmp_path: Path) -> None:
+    """The reference's rule (dnsConfSet): the plugin's `dns` replaces IPAM's as soon as any of its
+    lists is given — even empty — or its domain; the reference's own test inputs, Go run alongside."""
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 10.1.2.123\ndomain some.domain.test\nsearch search.test\noptions option1:foo\n")
+    results = {}
+    for who in ("py", "go"):
+        if who == "go" and not os.access(GO_PTP, os.X_OK):
+            continue
+        host, ctr = netns_factory(), netns_factory()
+        cfg = conf(tmp_path / who)
+        cfg["ipam"]["resolvConf"] = str(resolv)
+        if dns is not None:
+            cfg["dns"] = dns
+        if who == "py":
+            results[who] = ok(call(ptp.PLUGIN, host, "ADD", cfg, ctr, plugin_dir)).get("dns", {})
+            continue
+        env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "ctr", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
+               "CNI_PATH": "/usr/lib/cni", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+        proc = host.run([GO_PTP], input=json.dumps(cfg), env=env)
+        results[who] = json.loads(proc.stdout).get("dns", {})
+    assert results["py"] == want
+    if "go" in results:
+        assert results["go"] == want

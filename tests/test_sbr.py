@@ -91,8 +91,14 @@ def test_bad_config_refused(container_ns: Any, extra: dict[str, Any], code: int,
                                    "32767:\tfrom all lookup default"]
 
 
-def test_needs_prev_result_and_addresses(container_ns: Any) -> None:
-    assert run_sbr("ADD", sbr_conf(None), container_ns)[1]["code"] == 7
+def test_needs_prev_result_and_addresses(container_ns: Any, host_ns: Any) -> None:
+    """Without prevResult: the reference's msg (its sbr_linux_test.go matches it), code 7, our hint in details."""
+    e = run_sbr("ADD", sbr_conf(None), container_ns)[1]
+    assert e["code"] == 7 and e["msg"] == "This plugin must be called as chained plugin" and "conflist" in e["details"]
+    if os.access(GO_SBR, os.X_OK):
+        p = host_ns.run([GO_SBR], input=json.dumps(sbr_conf(None)), env=env("ADD", "c1", container_ns.path),
+                        check=False)
+        assert p.returncode == 1 and json.loads(p.stdout)["msg"] == e["msg"]
     rc, e = run_sbr("ADD", sbr_conf({**PREV, "ips": []}), container_ns)
     assert rc == 1 and e["code"] == 7 and "No IP addresses" in e["msg"]
 

@@ -397,3 +397,12 @@ def test_every_pair_matches_go(go_types: GoConverter) -> None:
         if ("error" in ours) != ("error" in theirs) or ours.get("result") != theirs.get("result"):
             mismatches.append((doc, to, ours, theirs))
     assert not mismatches, json.dumps(mismatches[:3], indent=1)
+
+
+@pytest.mark.parametrize("raw,is_set", [
+    (None, False), ({}, False), ({"domain": ""}, False), ({"nameservers": None}, False),
+    ({"nameservers": []}, True), ({"search": []}, True), ({"options": ["x"]}, True), ({"domain": "a.test"}, True),
+])
+def test_dns_is_set_as_gos_dnsconfset(raw: Any, is_set: bool) -> None:
+    """A plugin's `dns` overrides IPAM's when any list is given, even empty, or a domain (Go's dnsConfSet)."""
+    assert DNS.is_set(raw) is is_set

@@ -85,6 +85,75 @@ def test_same_result_as_go_reference(shim: str, name: str, conf: dict[str, Any],
     assert py_out == go_out
 
 
+# The inputs of the reference's own static_test.go (plugins v1.1.1), at every version it runs.
+GO_VERSIONS = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"]
+UPSTREAM_ROUTES = [{"dst": "0.0.0.0/0", "gw": "10.10.0.254"}, {"dst": "3ffe:ffff:0:01ff::1/64", "gw": "3ffe:ffff:0::1"}]
+UPSTREAM_DNS = {"nameservers": ["8.8.8.8"], "domain": "example.com", "search": ["example.com"]}
+UPSTREAM_CASES: dict[str, tuple[dict[str, Any], str]] = {
+    # an IPv6 gateway outside its address's /64 is taken as it is
+    "add-del": ({"addresses": [{"address": "10.10.0.1/24", "gateway": "10.10.0.254"},
+                               {"address": "3ffe:ffff:0:01ff::1/64", "gateway": "3ffe:ffff:0::1"}],
+                 "routes": [{"dst": "0.0.0.0/0"}, {"dst": "192.168.0.0/16", "gw": "10.10.5.1"},
+                            {"dst": "3ffe:ffff:0:01ff::1/64"}], "dns": UPSTREAM_DNS}, ""),
+    "env-multi": ({}, "IP=10.10.0.1/24,11.11.0.1/24;GATEWAY=10.10.0.254"),
+    # runtimeConfig wins over args.cni.ips, which wins over CNI_ARGS (the reference's test
+    # spells it "RuntimeConfig": Go's case-blind decoding, another item of issue 26)
+    "runtime-args-cni-args": ({"routes": UPSTREAM_ROUTES, "dns": UPSTREAM_DNS},
+                              "IP=10.10.0.3/24,11.11.0.3/24;GATEWAY=10.10.0.254"),
+}
+UPSTREAM_TOP: dict[str, dict[str, Any]] = {
+    "runtime-args-cni-args": {"capabilities": {"ips": True},
+                              "runtimeConfig": {"ips": ["10.10.0.1/24", "3ffe:ffff:0:01ff::1/64"]},
+                              "args": {"cni": {"ips": ["10.10.0.2/24", "3ffe:ffff:0:01ff::2/64"]}}},
+}
+
+
+@pytest.mark.skipif(not os.access(GO_STATIC, os.X_OK), reason="Go reference static plugin not installed")
+@pytest.mark.parametrize("version", GO_VERSIONS)
+@pytest.mark.parametrize("case", sorted(UPSTREAM_CASES))
+def test_upstream_specs_same_as_go(shim: str, case: str, version: str) -> None:
+    """The reference's static_test.go inputs: the same result, or the same refusal (msg), as Go."""
+    ipam, cni_args = UPSTREAM_CASES[case]
+    conf = {**_conf(version, **ipam), "type": "ipvlan", "master": "foo0", **UPSTREAM_TOP.get(case, {})}
+    go_rc, go_out = _run(GO_STATIC, conf, cni_args=cni_args)
+    py_rc, py_out = _run(shim, conf, cni_args=cni_args)
+    if go_rc:
+        assert py_rc == 1 and py_out["msg"] == go_out["msg"], (go_out, py_out)
+        return
+    assert py_rc == 0, py_out
+    if go_out.get("dns") == {} and go_out["cniVersion"].startswith("1."):
+        go_out.pop("dns")
+    assert py_out == go_out
+    if case == "runtime-args-cni-args":
+        first = py_out["ips"][0]["address"] if "ips" in py_out else py_out["ip4"]["ip"]
+        assert first == "10.10.0.1/24"
+
+
+@pytest.mark.skipif(not os.access(GO_STATIC, os.X_OK), reason="Go reference static plugin not installed")
+@pytest.mark.parametrize(("where", "msg"), [
+    ("address", "the 'address' field is expected to be in CIDR notation, got: '10.10.0.1'"),
+    ("CNI_ARGS", "the 'ip' field is expected to be in CIDR notation, got: '10.10.0.1'"),
+    ("args", "an entry in the 'ips' field is NOT in CIDR notation, got: '10.10.0.1'"),
+    ("runtimeConfig", "an entry in the 'ips' field is NOT in CIDR notation, got: '10.10.0.1'"),
+])
+def test_invalid_cidr_has_gos_message(shim: str, where: str, msg: str) -> None:
+    """An address without a prefix: Go's msg (upstream's MatchError), ours code 7 with a hint in details."""
+    conf: dict[str, Any] = _conf("1.0.0", routes=[{"dst": "0.0.0.0/0"}])
+    cni_args = ""
+    if where == "address":
+        conf["ipam"]["addresses"] = [{"address": "10.10.0.1"}]
+    elif where == "CNI_ARGS":
+        cni_args = "IP=10.10.0.1"
+    elif where == "args":
+        conf["args"] = {"cni": {"ips": ["10.10.0.1"]}}
+    else:
+        conf["runtimeConfig"] = {"ips": ["10.10.0.1"]}
+    go_rc, go_out = _run(GO_STATIC, conf, cni_args=cni_args)
+    py_rc, py_out = _run(shim, conf, cni_args=cni_args)
+    assert go_rc == 1 and go_out["msg"] == msg
+    assert py_rc == 1 and py_out["code"] == 7 and py_out["msg"] == msg and "ADDRESS/PREFIX" in py_out["details"]
+
+
 @pytest.mark.skipif(not os.access(GO_STATIC, os.X_OK), reason="Go reference static plugin not installed")
 @pytest.mark.parametrize("conf", [
     _conf("1.0.0", addresses=[{"address": "10.10.0.5"}]),                     # no prefix
@@ -109,6 +178,7 @@ def _add(conf: dict[str, Any], cni_args: str = "") -> tuple[int, dict[str, Any]]
 
 @pytest.mark.parametrize(("conf", "cni_args", "code", "fragment"), [
     (_conf(addresses=[{"address": "10.0.0.5/24", "gateway": "10.0.1.1"}]), "", 7, "outside"),
+    (_conf(addresses=[{"address": "10.0.0.5/25", "gateway": "10.0.0.129"}]), "", 7, "outside"),
     (_conf(addresses=[{"address": "10.0.0.5/24", "gateway": "fd00::1"}]), "", 7, "family"),
     (_conf(addresses=[{"address": "10.0.0.5/24"}]), "GATEWAY=192.168.9.1", 7, "not inside any address"),
     (_conf(addresses=[{"address": "10.0.0.5/24"}]), "IP=10.0.0.9", 7, "CIDR"),

@@ -171,11 +171,11 @@ def container_mac(conf: Mapping[str, Any], cni_args: str, *, config_key: bool = 
 def require_ip_result(cni_version: str, has_ips: bool, plugin: str) -> None:
     """Code 1 before ADD makes anything when its result will have no address but the config's
     version (0.1.0, 0.2.0) has results that are nothing but addresses: the conversion would fail
-    after the interface exists (the reference fails there, leaving it)."""
+    after the interface exists (the reference fails there, leaving it, with this msg)."""
     if not has_ips and cni_version in ("0.1.0", "0.2.0"):
-        raise CNIError(INCOMPATIBLE_VERSION, f"{plugin}: cniVersion {cni_version} cannot carry this result",
-                       f"a {cni_version} result is IP addresses only and this config assigns none (no ipam); "
-                       "use cniVersion 0.3.0 or later, or add an ipam section")
+        raise CNIError(INCOMPATIBLE_VERSION, "cannot convert: no valid IP addresses",
+                       f"{plugin}: a {cni_version} result is IP addresses only and this config assigns none "
+                       "(no ipam); use cniVersion 0.3.0 or later, or add an ipam section")
 
 
 def prev_result(conf: Mapping[str, Any]) -> Result | None:

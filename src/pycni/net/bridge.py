@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 
 from pycni.net.errors import kernel_errors
 from pycni.net.link import IFF_PROMISC, Link, lookup_msg, require_index, require_msg, rtnl, setlink
@@ -22,14 +23,20 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
     As in the reference: an existing non-bridge link of that name is an error, an existing
     bridge is taken as it is (its MTU and vlan_filtering are not changed), ``accept_ra`` is
     turned off so we own its routes.
+
+    Its MAC is pinned before any port joins: a bridge we make gets its own in the creating
+    request, an existing one keeps the one it has (set again, which tells the kernel it was
+    chosen; a bridge whose last port left has none — 00:00:00:00:00:00 — and gets a new one).
+    Unpinned, a bridge takes the lowest MAC of its ports: its first port's address, changing as
+    ports come and go. (Go pins it after its first port joined, to what it read before.)
     """
     with rtnl() as sock:
-        kw: dict[str, Any] = {"ifname": name, "kind": "bridge"}
+        kw: dict[str, Any] = {"ifname": name, "kind": "bridge", "address": random_mac()}
         if mtu:
             kw["mtu"] = mtu
         if vlan_filtering:
             kw["br_vlan_filtering"] = 1
-        with kernel_errors(f"could not add {name!r}", ignore=(errno.EEXIST,)):
+        with kernel_errors(f"could not add {name!r}", ignore=(errno.EEXIST,)) as made:
             sock.link("add", **kw)
         msg = lookup_msg(sock, name)
         if msg is None:
@@ -42,9 +49,19 @@ def ensure_bridge(name: str, *, mtu: int = 0, promisc: bool = False, vlan_filter
             setlink(sock, f"could not set promiscuous mode on {name!r}", index=link.index, flags=IFF_PROMISC,
                     change=IFF_PROMISC)
     try_write_sysctl(f"net/ipv6/conf/{name}/accept_ra", "0")  # IPv6 disabled: nothing to own
+    pin: dict[str, Any] = {}
+    if made.ignored is not None:  # it was there: pin what it has
+        pin["address"] = random_mac() if link.mac == "00:00:00:00:00:00" else link.mac
     with rtnl() as sock:
-        setlink(sock, f"could not set {name!r} up", index=link.index, state="up")
+        setlink(sock, f"could not set {name!r} up", index=link.index, state="up", **pin)
         return Link.from_msg(lookup_msg(sock, link.index))
+
+
+def random_mac() -> str:
+    """A random locally administered unicast MAC, as the kernel's eth_hw_addr_random makes."""
+    b = bytearray(os.urandom(6))
+    b[0] = (b[0] & 0xFE) | 0x02
+    return ":".join(f"{x:02x}" for x in b)
 
 
 def bridge_vlan_filtering(name: str) -> bool | None:
@@ -152,5 +169,5 @@ def remove_all_port_vlans(name: str | int) -> None:
         del_port_vlan(name, vid)
 
 
-__all__ = ["ensure_bridge", "bridge_vlan_filtering", "set_port", "get_port", "add_port_vlan",
+__all__ = ["ensure_bridge", "random_mac", "bridge_vlan_filtering", "set_port", "get_port", "add_port_vlan",
            "del_port_vlan", "port_vlans", "remove_all_port_vlans", "PortInfo"]

@@ -280,6 +280,14 @@ class DNS:
     def is_empty(self) -> bool:
         return not (self.nameservers or self.domain or self.search or self.options)
 
+    @staticmethod
+    def is_set(d: Any) -> bool:
+        """Whether a plugin's raw ``dns`` object overrides IPAM's, as Go's dnsConfSet: any list
+        given, even empty (``"nameservers": []`` clears IPAM's), or a non-empty domain."""
+        if not isinstance(d, dict):
+            return False
+        return any(d.get(k) is not None for k in ("nameservers", "search", "options")) or bool(d.get("domain"))
+
     @classmethod
     def from_dict(cls, d: Any) -> DNS:
         if d is None:
@@ -406,7 +414,7 @@ class Result:
             if key in blocks:
                 blocks[key].setdefault("routes", []).append(r.to_dict(attributes=source == "legacy"))
         if not blocks:
-            raise CNIError(INCOMPATIBLE_VERSION, "cannot convert result",
+            raise CNIError(INCOMPATIBLE_VERSION, "cannot convert: no valid IP addresses",  # Go's words
                            f"cannot convert to version {ver}: no valid IP addresses "
                            "(0.1.0/0.2.0 results need at least one)")
         d: dict[str, Any] = {"cniVersion": ver}

@@ -7,9 +7,9 @@ from the ``ips`` runtimeConfig capability (each of those two replaces the list).
 allocated, so DEL and GC have nothing to do.
 
 Stricter than the reference where it only fails later or never: a gateway of the other IP
-family, a gateway outside its address's subnet (host addresses, /32 or /128, excepted: their
+family, an IPv4 gateway outside its address's subnet (host addresses, /32, excepted: their
 gateway is on-link by design), or a CNI_ARGS ``GATEWAY`` that matches no address, is refused
-(code 7).
+(code 7). An IPv6 gateway may lie anywhere, as in the reference (routers are often link-local).
 Stdlib only.
 """
 
@@ -134,8 +134,10 @@ def parse_conf(args: CmdArgs) -> StaticConf:
                            f"invalid address {i}: gateway {a.gateway} is not of the family of {a.address}",
                            "give an IPv4 gateway to an IPv4 address and an IPv6 one to an IPv6 address")
         # A host address (/32, /128) with an on-link gateway elsewhere (e.g. 169.254.1.1) is a
-        # common pattern the reference accepts; only proper subnets are checked.
-        if a.address.network.num_addresses > 1 and a.gateway not in a.address.network:
+        # common pattern the reference accepts; only proper IPv4 subnets are checked. An IPv6
+        # router is often outside the prefix (link-local fe80::1, or another /64 of the site's
+        # on-link range) and Go takes any: so do we.
+        if a.address.version == 4 and a.address.network.num_addresses > 1 and a.gateway not in a.address.network:
             raise CNIError(INVALID_CONFIG, f"invalid address {i}: gateway {a.gateway} is outside {a.address.network}",
                        "a gateway must lie inside the subnet of its address")
     v4 = sum(1 for a in cfg.addresses if a.address.version == 4)

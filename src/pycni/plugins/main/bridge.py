@@ -184,8 +184,9 @@ def _calc_gateways(result: Result, n: BridgeConf) -> dict[int, list[Any]]:
 
 def _ensure_addr(link_name: str, gw: Any, force: bool) -> bool:
     """Put gateway address ``gw`` on the bridge (or its VLAN interface), as Go's ensureAddr;
-    True when this call added it."""
-    from pycni.net import addr, link
+    True when this call added it. Go pins the bridge's MAC here, after the first port joined;
+    ours was pinned before any port joined (pycni.net.bridge.ensure_bridge)."""
+    from pycni.net import addr
 
     for a in addr.list_addrs(link_name, gw.version):
         if a.address == gw:
@@ -197,9 +198,6 @@ def _ensure_addr(link_name: str, gw: Any, force: bool) -> bool:
                                f"it has {a.address}; set forceAddress to replace it, or use another bridge")
             addr.del_addr(link_name, a.address)
     addr.add_addr(link_name, gw, exist_ok=True)
-    # Pin the bridge MAC, or it follows the lowest port MAC as ports come and go.
-    current = link.require_link(link_name)
-    link.set_link(link_name, mac=current.mac)
     return True
 
 
@@ -313,8 +311,6 @@ def cmd_add(args: CmdArgs) -> Result:
             host_if.mac = _wait_port_up(pair.host.name).mac
         else:
             host_if.mac = link.require_link(pair.host.name).mac
-        # The bridge MAC may change when the first port joins or an address is set.
-        br_if.mac = link.require_link(n.bridge).mac
         if n.dns_set:
             result.dns = n.dns
         return result

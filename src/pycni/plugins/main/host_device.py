@@ -190,7 +190,9 @@ def _move_out(args: CmdArgs, current_name: str) -> str | None:
             try:
                 link.move_link_to_netns(original, host_fd)
             except CNIError:
-                link.set_link(original, new_name=current_name)  # leave it retryable, as the reference
+                # Leave it as it was, so the container keeps its network and a DEL can retry
+                # (a same-named device in the host, say), as the reference does.
+                link.set_link(found.index, new_name=current_name, up=True if found.up else None)
                 raise
             return original
     finally:

@@ -14,8 +14,25 @@ from pycni.spec import errors as E
 from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import Interface, IPConfig, Result
 
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
+
 LOOPBACK = "lo"
 LOOPBACK_MAC = "00:00:00:00:00:00"
+
+
+class LoopbackResult(Result):
+    """Printed as Go's loopback (v1.1.1, Debian's) prints it: a 1.0.0 result with an empty
+    ``"dns": {}`` (libcni before 1.2 wrote it for every 1.0.0 result; later ones, and our other
+    plugins, leave it out). Callers that wait for the first output line holding both braces,
+    as the reference's own loopback test did, see it; at 1.1.0 it is left out, as libcni 1.2 does."""
+
+    def to_dict(self, version: str | None = None) -> dict[str, Any]:
+        d = super().to_dict(version)
+        if (version or self.cni_version) == "1.0.0":
+            d.setdefault("dns", {})
+        return d
 
 
 @record
@@ -52,9 +69,11 @@ def cmd_add(args: CmdArgs) -> Result:
             raise CNIError(INTERNAL, f"loopback interface found with non-loopback address {str(a.address.ip)!r}",
                            "lo carries an address outside 127.0.0.0/8 and ::1; remove it or use another netns")
     if n.prev is not None:
-        return n.prev
-    result = Result(cni_version=n.cni_version,
-                    interfaces=[Interface(name=LOOPBACK, mac=LOOPBACK_MAC, sandbox=args.netns)])
+        p = n.prev
+        return LoopbackResult(cni_version=p.cni_version, interfaces=p.interfaces, ips=p.ips, routes=p.routes,
+                              dns=p.dns)
+    result = LoopbackResult(cni_version=n.cni_version,
+                            interfaces=[Interface(name=LOOPBACK, mac=LOOPBACK_MAC, sandbox=args.netns)])
     for found in (v4, v6):
         if found:
             result.ips.append(IPConfig(address=found[0].address, interface=0))

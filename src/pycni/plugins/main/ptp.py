@@ -29,6 +29,7 @@ class PtpConf:
     ip_masq: bool = False
     ip_masq_backend: str = ""
     dns: DNS = field(default_factory=DNS)
+    dns_set: bool = False  # the config's dns replaces IPAM's (an empty list given clears it)
 
     def masq_backend(self) -> str:
         """``ipMasqBackend``, or the backend that works here."""
@@ -47,6 +48,7 @@ def parse_conf(args: CmdArgs) -> PtpConf:
                 mtu=netconf.get_int(raw, "mtu", minimum=0, maximum=netconf.MAX_MTU),
                 ip_masq=netconf.get_bool(raw, "ipMasq"), ip_masq_backend=netconf.get_str(raw, "ipMasqBackend"),
                 dns=DNS.from_dict(netconf.get_dict(raw, "dns")))
+    n.dns_set = DNS.is_set(raw.get("dns"))
     return n
 
 
@@ -129,7 +131,7 @@ def cmd_add(args: CmdArgs) -> Result:
             backend = n.masq_backend()
             undo.push(masq.undo_ip_masq, backend, n.name, args.container_id, args.ifname, addrs)
             masq.setup_ip_masq(backend, n.name, args.container_id, args.ifname, addrs)
-        if not n.dns.is_empty():
+        if n.dns_set:
             result.dns = n.dns  # the plugin's own DNS settings win over IPAM's, as in the reference
     return result
 
