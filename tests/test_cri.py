@@ -1,0 +1,276 @@
+"""Kubernetes' path: containerd 1.6's CRI plugin drives the plugins as it does under kubelet.
+
+A CRI v1 client (tests/cri/) plays kubelet over containerd's socket: RunPodSandbox,
+PodSandboxStatus, ListPodSandbox, StopPodSandbox, RemovePodSandbox. containerd runs on a
+throwaway host (tests/runtime_host.py: its own network, mount and PID namespaces, scratch
+/etc/cni/net.d, /opt/cni/bin, /var/lib/cni, /run and containerd state), its CRI plugin
+configured as on a kubeadm node (runc on cgroupfs, a local sandbox image built from
+busybox-static whose process is an HTTP server on port 80, so a hostPort has something to
+reach). One containerd serves the module; every scenario runs twice, with the Go reference
+plugins (/usr/lib/cni) and with ours (``pycni install-plugins``) in its /opt/cni/bin.
+
+The network is a kubeadm-like conflist: bridge (isGateway, ipMasq, hairpinMode) with
+host-local v4 + v6, portmap (capabilities.portMappings), bandwidth (capabilities.bandwidth),
+and a small recording plugin at the end of the chain (cr-record, a test plugin: it writes the
+environment and runtimeConfig each call got, and fails on request, which is how a failed ADD
+is made).
+
+Skipped, saying why, only when a runtime's binaries or grpcio are not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from netns_util import Namespace, have_root, new_namespace
+from runtime_host import RuntimeHost, busybox_rootfs, connect_outside, missing
+
+PYCNI = str(Path(sys.executable).with_name("pycni"))
+SANDBOX_IMAGE = "localhost/pycni-pause:test"
+HOST_IP, OUTSIDE_IP = "192.0.2.1", "192.0.2.2"
+HOST_IP6, OUTSIDE_IP6 = "fd93::1", "fd93::2"
+NETWORK = "k8s-pod-network"
+SUBNET4, SUBNET6 = "10.92.0.0/24", "fd92::/64"
+BRIDGE = "cr0"
+IMPLS = ("go", "ours")
+CONFLIST = "/etc/cni/net.d/10-k8s.conflist"
+RECORDS = "/run/cr-record"
+
+# A chained plugin that only records: the env of every call into RECORDS, prevResult passed on.
+# It fails ADD of a pod named cr-fail*, and its DEL while /run/cr-fail-del exists.
+RECORDER = f"""#!/usr/bin/python3
+import json, os, sys
+conf = json.load(sys.stdin)
+cmd = os.environ.get("CNI_COMMAND", "")
+if cmd == "VERSION":
+    print(json.dumps({{"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}}))
+    sys.exit(0)
+os.makedirs("{RECORDS}", exist_ok=True)
+env = {{k: v for k, v in os.environ.items() if k.startswith("CNI_")}}
+name = "%s-%s-%s.json" % (cmd, env.get("CNI_CONTAINERID", ""), env.get("CNI_IFNAME", ""))
+with open(os.path.join("{RECORDS}", name), "w") as f:
+    json.dump({{"env": env, "runtimeConfig": conf.get("runtimeConfig")}}, f)
+pod = dict(kv.split("=", 1) for kv in env.get("CNI_ARGS", "").split(";") if "=" in kv).get("K8S_POD_NAME", "")
+if pod.startswith("cr-fail") and (cmd == "ADD" or (cmd == "DEL" and os.path.exists("/run/cr-fail-del"))):
+    print(json.dumps({{"cniVersion": conf["cniVersion"], "code": 999, "msg": "cr-record: %s refused" % cmd}}))
+    sys.exit(1)
+if cmd == "ADD":
+    print(json.dumps(conf.get("prevResult") or {{"cniVersion": conf["cniVersion"]}}))
+"""
+
+
+def kubeadm_conflist(subnet4: str = SUBNET4, subnet6: str = SUBNET6) -> str:
+    return json.dumps({
+        "cniVersion": "1.0.0",
+        "name": NETWORK,
+        "plugins": [
+            {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": True, "hairpinMode": True,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet4}], [{"subnet": subnet6}]],
+                      "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}},
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+            {"type": "bandwidth", "capabilities": {"bandwidth": True}},
+            {"type": "cr-record", "capabilities": {"portMappings": True, "bandwidth": True}},
+        ],
+    }, indent=2)
+
+
+def need(*binaries: str) -> None:
+    if not have_root():
+        pytest.skip("real runtimes need root")
+    absent = missing(*binaries)
+    if absent:
+        reason = f"runtime binaries not installed: {', '.join(absent)} (bash scripts/setup installs them)"
+        print(f"SKIP: {reason}", file=sys.stderr)
+        pytest.skip(reason)
+    try:
+        import grpc  # noqa: F401
+        import grpc_tools  # noqa: F401
+    except ImportError:
+        pytest.skip("grpcio and grpcio-tools (the test extras) are not installed")
+
+
+class Kubelet:
+    """The module's containerd (CRI) host, a client for it, and the outside namespace."""
+
+    def __init__(self, host: RuntimeHost, outside: Namespace) -> None:
+        from cri.client import CRIClient
+
+        self.host, self.outside = host, outside
+        self.cri = CRIClient(host.outside_path("/run/containerd/containerd.sock"))
+        self.cgroup_parent = f"/{host.ctr_namespace}"
+
+    def pod(self, name: str, **kw: Any) -> Any:
+        from cri.client import Pod
+
+        return Pod(name=name, cgroup_parent=self.cgroup_parent, **kw)
+
+    def in_pod(self, sandbox_id: str, cmd: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run ``cmd`` in the pod's network namespace (entered by its sandbox process)."""
+        info = json.loads(self.cri.status(sandbox_id, verbose=True).info["info"])
+        return self.host.run(["nsenter", "-t", str(info["pid"]), "-n", "--", *cmd], check=check)
+
+
+@pytest.fixture(scope="module")
+def kubelet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubelet]:
+    """containerd with its CRI plugin on a throwaway host, the sandbox image imported, the
+    network conflist in place (the CRI plugin reports no network until one is), an outside
+    namespace joined to the host by a veth (v4 and v6)."""
+    need("containerd", "ctr", "containerd-shim-runc-v2", "runc", "podman", "busybox", "nsenter", "unshare")
+    scratch = tmp_path_factory.mktemp("cri-host")
+    outside = new_namespace("cr")
+    try:
+        with RuntimeHost(scratch) as host:
+            host.path(CONFLIST).write_text(kubeadm_conflist())
+            host.start_containerd(host.cri_config(SANDBOX_IMAGE))
+            host.import_image(busybox_rootfs(scratch), SANDBOX_IMAGE, ["/bin/httpd", "-f", "-p", "80", "-h", "/www"])
+            connect_outside(host, outside, HOST_IP, OUTSIDE_IP)
+            host.sh(f"ip addr add {HOST_IP6}/64 dev uplink0 nodad; sysctl -qw net.ipv6.conf.all.forwarding=1")
+            outside.run(["ip", "addr", "add", f"{OUTSIDE_IP6}/64", "dev", "out0", "nodad"])
+            outside.run(["ip", "-6", "route", "add", "default", "via", HOST_IP6])
+            kubelet = Kubelet(host, outside)
+            try:
+                kubelet.cri.wait_ready()
+                yield kubelet
+            finally:
+                kubelet.cri.close()
+    finally:
+        outside.delete()
+
+
+@pytest.fixture(params=IMPLS)
+def k8s(request: pytest.FixtureRequest, kubelet: Kubelet) -> Iterator[Kubelet]:
+    """The module's host with one implementation's plugins (and the recorder) in /opt/cni/bin
+    and the kubeadm-like conflist; every pod removed after, and the host's rules reset."""
+    host = kubelet.host
+    if request.param == "go":
+        if missing("/usr/lib/cni/bridge"):
+            pytest.skip("Go reference plugins not installed (containernetworking-plugins)")
+        host.install_go()
+    else:
+        host.install_ours(PYCNI)
+    host.run(["sh", "-c", "cat > /opt/cni/bin/cr-record && chmod 755 /opt/cni/bin/cr-record"], input=RECORDER)
+    write_conflist(host, kubeadm_conflist())
+    kubelet.impl = request.param  # type: ignore[attr-defined]
+    yield kubelet
+    for sandbox in kubelet.cri.list():
+        try:
+            kubelet.cri.stop_remove(sandbox.id)
+        except Exception as e:  # noqa: BLE001 - the case itself reports what it left
+            print(f"teardown: {sandbox.metadata.name}: {e}", file=sys.stderr)
+    host.sh(f"rm -rf {RECORDS} /run/cr-fail-del; iptables -t nat -F; iptables -t nat -X; "
+            "ip6tables -t nat -F; ip6tables -t nat -X; iptables -F; iptables -X; ip6tables -F; ip6tables -X; "
+            "nft flush ruleset", check=False)
+
+
+def write_conflist(host: RuntimeHost, text: str, path: str = CONFLIST) -> None:
+    """Replace the network's conflist as an operator would (write aside, rename over)."""
+    tmp = host.path("/etc/cni/net.d") / ".conflist.tmp"
+    tmp.write_text(text)
+    tmp.rename(host.path(path))
+
+
+# ---- what is left ------------------------------------------------------------------------------
+
+def leftovers(host: RuntimeHost, needles: tuple[str, ...] = ("10.92.", "fd92:")) -> list[str]:
+    """Everything a pod's network may leave on the host: interfaces but the bridge, uplink and
+    lo, host-local reservations, libcni's result cache, netns files, rules naming a pod address
+    or a per-pod chain, qdiscs of a pod."""
+    left: list[str] = []
+    links = host.run(["ip", "-o", "link", "show"]).stdout
+    names = sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines())
+    left += [f"link {n}" for n in names if n not in ("lo", "uplink0", BRIDGE)]
+    networks = host.path("/var/lib/cni") / "networks"
+    for f in networks.glob("*/*") if networks.is_dir() else []:
+        if f.name != "lock" and not f.name.startswith("last_reserved_ip"):
+            left.append(f"reservation {f.parent.name}/{f.name}")
+    results = host.path("/var/lib/cni") / "results"
+    left += [f"cache file {f.name}" for f in results.iterdir()] if results.is_dir() else []
+    left += [f"netns file {n}" for n in host.sh("ls /run/netns").split()]
+    dump = host.sh("iptables-save 2>/dev/null; ip6tables-save 2>/dev/null; nft list ruleset 2>/dev/null",
+                   check=False)
+    per_pod = re.compile(r"CNI-(?:[A-Z]{2}-)?[0-9a-f]{24}")
+    left += [f"rule {line.strip()}" for line in dump.splitlines()
+             if per_pod.search(line) or any(n in line for n in needles)]
+    return left
+
+
+# ---- the scenarios -----------------------------------------------------------------------------
+
+def fetch(host: RuntimeHost, url: str, wrap: list[str] | None = None) -> str:
+    # busybox wget's own -T crashes in the static build here: bound it with timeout instead
+    proc = host.run([*(wrap or []), "timeout", "10", "busybox", "wget", "-q", "-O", "-", url], check=False)
+    assert proc.returncode == 0, f"GET {url} failed: {proc.stderr.strip()}"
+    return proc.stdout
+
+
+def url(ip: str, port: int) -> str:
+    return f"http://[{ip}]:{port}/" if ":" in ip else f"http://{ip}:{port}/"
+
+
+def ping(k: Kubelet, sandbox_id: str, ip: str) -> None:
+    """One echo answered; IPv6 retried while fresh addresses finish duplicate address detection."""
+    tries = 30 if ":" in ip else 1
+    k.in_pod(sandbox_id, ["sh", "-c", f"for i in $(seq {tries}); do busybox ping -c 1 -W 3 {ip} && exit 0; "
+                                      "sleep 0.2; done; exit 1"])
+
+
+def test_cri_version(kubelet: Kubelet) -> None:
+    v = kubelet.cri.version()
+    assert v.runtime_name == "containerd" and v.runtime_api_version == "v1", v
+
+
+def test_hostport_pods(k8s: Kubelet) -> None:
+    """Three pods; one publishes hostPort 18080 (v4 and v6): reachable from the outside
+    namespace, from the host and from itself (hairpin); pods ping each other v4 and v6;
+    K8S_POD_* reach the plugins; Stop + Remove leave nothing."""
+    from cri.client import Port
+
+    cri, host = k8s.cri, k8s.host
+    web = cri.run_pod(k8s.pod("cr-web", namespace="shop", ports=[Port(80, 18080)]))
+    a = cri.run_pod(k8s.pod("cr-a"))
+    b = cri.run_pod(k8s.pod("cr-b"))
+    ips = {sid: cri.ips(sid) for sid in (web, a, b)}
+    for sid, got in ips.items():
+        assert len(got) == 2 and got[0].startswith("10.92.0.") and got[1].startswith("fd92::"), (sid, got)
+    assert len({ip for got in ips.values() for ip in got}) == 6
+
+    for ip in ips[b]:
+        ping(k8s, a, ip)
+    for ip in ips[a]:
+        ping(k8s, b, ip)
+    assert fetch(host, url(ips[web][0], 80), ["nsenter", "-t", pod_pid(k8s, a), "-n"]) == "pycni\n"
+
+    for front in (HOST_IP, HOST_IP6):
+        proc = k8s.outside.run(["timeout", "10", "busybox", "wget", "-q", "-O", "-", url(front, 18080)],
+                               check=False)
+        assert proc.stdout == "pycni\n", f"outside -> {front}:18080: {proc.stderr}"
+        assert fetch(host, url(front, 18080)) == "pycni\n", f"host -> {front}:18080"
+        hairpin = ["nsenter", "-t", pod_pid(k8s, web), "-n"]
+        assert fetch(host, url(front, 18080), hairpin) == "pycni\n", f"hairpin {front}:18080"
+        neighbour = ["nsenter", "-t", pod_pid(k8s, b), "-n"]
+        assert fetch(host, url(front, 18080), neighbour) == "pycni\n", f"pod -> {front}:18080"
+
+    # K8S_POD_* reached every plugin of the chain (the recorder is the last)
+    rec = json.loads(Path(host.outside_path(f"{RECORDS}/ADD-{web}-eth0.json")).read_text())
+    args = dict(kv.split("=", 1) for kv in rec["env"]["CNI_ARGS"].split(";"))
+    assert args["K8S_POD_NAME"] == "cr-web" and args["K8S_POD_NAMESPACE"] == "shop", args
+    assert args["K8S_POD_INFRA_CONTAINER_ID"] == web and args["IgnoreUnknown"] in ("1", "true"), args
+    # containerd sends Go's field names (what godecode's case-insensitive reading is for)
+    assert rec["runtimeConfig"]["portMappings"] == [
+        {"HostPort": 18080, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}], rec
+
+    for sid in (web, a, b):
+        cri.stop_remove(sid)
+    assert cri.list() == []
+    assert leftovers(host) == []
+
+
+def pod_pid(k: Kubelet, sandbox_id: str) -> str:
+    return str(json.loads(k.cri.status(sandbox_id, verbose=True).info["info"])["pid"])
