@@ -263,6 +263,16 @@ class RuntimeHost:
         """Replace the plugins in ``plugin_dir`` by the Go reference plugins."""
         self.sh(f"rm -rf {plugin_dir}/* && cp -a {go_dir}/. {plugin_dir}/")
 
+    def start_pycni_daemon(self, pycni: str, *args: str) -> None:
+        """``pycni daemon`` on its default socket (this host's /run/pycni/pycni.sock), in this
+        host's PID namespace so the peer credentials of its callers resolve."""
+        self.popen([pycni, "daemon", *args], self.scratch / "daemon.log")
+        deadline = time.monotonic() + 30
+        while self.run(["test", "-S", "/run/pycni/pycni.sock"], check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pycni daemon did not start: {(self.scratch / 'daemon.log').read_text()}")
+            time.sleep(0.05)
+
     # ---- podman --------------------------------------------------------------------------------
 
     def podman(self, *args: str, check: bool = True, timeout: float = 120) -> str:

@@ -30,18 +30,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cri import kubeadm
+from cri.kubeadm import BRIDGE, CONFLIST, SANDBOX_CMD, SANDBOX_IMAGE, SUBNET4, SUBNET6
 from netns_util import Namespace, have_root, new_namespace
 from runtime_host import RuntimeHost, busybox_rootfs, connect_outside, missing
 
 PYCNI = str(Path(sys.executable).with_name("pycni"))
-SANDBOX_IMAGE = "localhost/pycni-pause:test"
 HOST_IP, OUTSIDE_IP = "192.0.2.1", "192.0.2.2"
 HOST_IP6, OUTSIDE_IP6 = "fd93::1", "fd93::2"
-NETWORK = "k8s-pod-network"
-SUBNET4, SUBNET6 = "10.92.0.0/24", "fd92::/64"
-BRIDGE, BRIDGE2 = "cr0", "cr1"  # the second for a changed conflist
+BRIDGE2 = "cr1"  # the bridge of a changed conflist
 IMPLS = ("go", "ours")
-CONFLIST = "/etc/cni/net.d/10-k8s.conflist"
 RECORDS = "/run/cr-record"
 # cases whose pods carry hostPorts or bandwidth: ours until Go's key matching is in (helper godecode)
 DECODING_PENDING = {"test_hostport_pods", "test_bandwidth_annotations", "test_failed_add_cleaned_by_stop"}
@@ -70,18 +68,9 @@ if cmd == "ADD":
 
 
 def kubeadm_conflist(subnet4: str = SUBNET4, subnet6: str = SUBNET6, bridge: str = BRIDGE) -> str:
-    return json.dumps({
-        "cniVersion": "1.0.0",
-        "name": NETWORK,
-        "plugins": [
-            {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": True, "hairpinMode": True,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet4}], [{"subnet": subnet6}]],
-                      "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}},
-            {"type": "portmap", "capabilities": {"portMappings": True}},
-            {"type": "bandwidth", "capabilities": {"bandwidth": True}},
-            {"type": "cr-record", "capabilities": {"portMappings": True, "bandwidth": True}},
-        ],
-    }, indent=2)
+    """The kubeadm-like network with the recorder at the end of the chain."""
+    return kubeadm.kubeadm_conflist(subnet4, subnet6, bridge, extra=[
+        {"type": "cr-record", "capabilities": {"portMappings": True, "bandwidth": True}}])
 
 
 def need(*binaries: str) -> None:
@@ -132,7 +121,7 @@ def kubelet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubelet]:
         with RuntimeHost(scratch) as host:
             host.path(CONFLIST).write_text(kubeadm_conflist())
             host.start_containerd(host.cri_config(SANDBOX_IMAGE))
-            host.import_image(busybox_rootfs(scratch), SANDBOX_IMAGE, ["/bin/httpd", "-f", "-p", "80", "-h", "/www"])
+            host.import_image(busybox_rootfs(scratch), SANDBOX_IMAGE, SANDBOX_CMD)
             connect_outside(host, outside, HOST_IP, OUTSIDE_IP)
             host.sh(f"ip addr add {HOST_IP6}/64 dev uplink0 nodad; sysctl -qw net.ipv6.conf.all.forwarding=1")
             outside.run(["ip", "addr", "add", f"{OUTSIDE_IP6}/64", "dev", "out0", "nodad"])
