@@ -93,6 +93,7 @@ state = "/run/containerd"
     conf_dir = "/etc/cni/net.d"
     max_conf_num = 1
 """
+DAEMON_PID = "/run/pycni-daemon.pid"
 CRI_NAMESPACE = "k8s.io"  # the containerd namespace the CRI plugin keeps its images and sandboxes in
 
 POLICY = {"default": [{"type": "insecureAcceptAnything"}]}
@@ -266,12 +267,18 @@ class RuntimeHost:
     def start_pycni_daemon(self, pycni: str, *args: str) -> None:
         """``pycni daemon`` on its default socket (this host's /run/pycni/pycni.sock), in this
         host's PID namespace so the peer credentials of its callers resolve."""
-        self.popen([pycni, "daemon", *args], self.scratch / "daemon.log")
+        self.popen(["sh", "-c", f"echo $$ > {DAEMON_PID}; exec {pycni} daemon {' '.join(args)}"],
+                   self.scratch / "daemon.log")
         deadline = time.monotonic() + 30
         while self.run(["test", "-S", "/run/pycni/pycni.sock"], check=False).returncode != 0:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"pycni daemon did not start: {(self.scratch / 'daemon.log').read_text()}")
             time.sleep(0.05)
+
+    def stop_pycni_daemon(self) -> None:
+        """SIGTERM to the daemon :meth:`start_pycni_daemon` started; back once its socket is gone."""
+        self.sh(f"kill $(cat {DAEMON_PID}) && rm -f {DAEMON_PID} && for i in $(seq 300); do "
+                "[ -S /run/pycni/pycni.sock ] || exit 0; sleep 0.1; done; exit 1")
 
     # ---- podman --------------------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ throwaway host (tests/runtime_host.py: its own network, mount and PID namespaces
 configured as on a kubeadm node (runc on cgroupfs, a local sandbox image built from
 busybox-static whose process is an HTTP server on port 80, so a hostPort has something to
 reach). One containerd serves the module; every scenario runs twice, with the Go reference
-plugins (/usr/lib/cni) and with ours (``pycni install-plugins``) in its /opt/cni/bin.
+plugins (/usr/lib/cni) and with ours (``pycni install-plugins``) in its /opt/cni/bin, one-shot and with ``pycni
+daemon`` on its default socket.
 
 The network is a kubeadm-like conflist: bridge (isGateway, ipMasq, hairpinMode) with
 host-local v4 + v6, portmap (capabilities.portMappings), bandwidth (capabilities.bandwidth),
@@ -39,7 +40,8 @@ PYCNI = str(Path(sys.executable).with_name("pycni"))
 HOST_IP, OUTSIDE_IP = "192.0.2.1", "192.0.2.2"
 HOST_IP6, OUTSIDE_IP6 = "fd93::1", "fd93::2"
 BRIDGE2 = "cr1"  # the bridge of a changed conflist
-IMPLS = ("go", "ours")
+IMPLS = ("go", "ours", "daemon")  # daemon: ours, served by `pycni daemon` on its default socket
+DAEMON_LOG = "/run/pycni-daemon.log"
 RECORDS = "/run/cr-record"
 # cases whose pods carry hostPorts or bandwidth: ours until Go's key matching is in (helper godecode)
 DECODING_PENDING = {"test_hostport_pods", "test_bandwidth_annotations", "test_failed_add_cleaned_by_stop"}
@@ -147,6 +149,8 @@ def k8s(request: pytest.FixtureRequest, kubelet: Kubelet) -> Iterator[Kubelet]:
         host.install_go()
     else:
         host.install_ours(PYCNI)
+        if request.param == "daemon":
+            host.start_pycni_daemon(PYCNI, "--debug", "--log-file", DAEMON_LOG)
         if request.node.originalname in DECODING_PENDING:
             request.applymarker(pytest.mark.xfail(strict=True, reason="our portmap and bandwidth read only the "
                                                   "camelCase keys; containerd sends Go's field names (issue 20)"))
@@ -170,6 +174,8 @@ def k8s(request: pytest.FixtureRequest, kubelet: Kubelet) -> Iterator[Kubelet]:
                 kubelet.cri.stop_remove(sandbox.id)
             except Exception as e:  # noqa: BLE001 - the case itself reports what it left
                 print(f"teardown ({attempt}): {sandbox.metadata.name}: {e}", file=sys.stderr)
+    if request.param == "daemon":
+        host.stop_pycni_daemon()
     host.sh("iptables -t nat -F; iptables -t nat -X; ip6tables -t nat -F; ip6tables -t nat -X; "
             "iptables -F; iptables -X; ip6tables -F; ip6tables -X; nft flush ruleset; "
             "rm -rf /var/lib/cni/networks/* /var/lib/cni/results/*", check=False)
@@ -273,10 +279,21 @@ def test_hostport_pods(k8s: Kubelet) -> None:
     assert rec["runtimeConfig"]["portMappings"] == [
         {"HostPort": 18080, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}], rec
 
+    served_by_daemon(k8s, web)
     for sid in (web, a, b):
         cri.stop_remove(sid)
     assert cri.list() == []
     assert leftovers(host) == []
+
+
+def served_by_daemon(k: Kubelet, sandbox_id: str) -> None:
+    """With the daemon up, it ran the pod's plugin calls (the executables forwarded them with
+    nothing set in containerd's environment)."""
+    if k.impl != "daemon":  # type: ignore[attr-defined]
+        return
+    served = k.host.sh(f"cat {DAEMON_LOG}")
+    for plugin in ("bridge", "portmap", "bandwidth"):
+        assert re.search(rf"{plugin} ADD {sandbox_id}", served), (plugin, served[-2000:])
 
 
 def pod_pid(k: Kubelet, sandbox_id: str) -> str:
@@ -313,6 +330,7 @@ def test_bandwidth_annotations(k8s: Kubelet) -> None:
     the pod), as Go's bandwidth plugin makes them; a pod without annotations gets neither."""
     cri, host = k8s.cri, k8s.host
     plain = cri.run_pod(k8s.pod("cr-plain"))
+    served_by_daemon(k8s, plain)
     assert tbf(host, host_veth(host)) == {} and ifbs(host) == []
     cri.stop_remove(plain)
 
@@ -397,7 +415,7 @@ def test_routed_cluster_ipam(k8s: Kubelet, tmp_path: Path) -> None:
     """Our routed + cluster-ipam under the CRI, on a local etcd: two pods get addresses from
     the cluster pool and ping each other; ``pycni ipam list`` names their sandboxes; after
     Stop + Remove the pool is empty and nothing is left on the host."""
-    if k8s.impl != "ours":  # type: ignore[attr-defined]
+    if k8s.impl == "go":  # type: ignore[attr-defined]
         pytest.skip("routed and cluster-ipam are pycni's own (no Go reference plugin to compare)")
     from etcd_util import EtcdCluster, etcd_available
 
