@@ -127,7 +127,7 @@ def _err(conf: dict[str, Any], cmd: str = "ADD") -> dict[str, Any]:
     ({"ingressRate": 1000000, "ingressBurst": 0}, 7, "burst must also be set"),
     ({"egressRate": 0, "egressBurst": 1000}, 7, "rate must also be set"),
     ({"ingressRate": 1000000, "ingressBurst": 8 * 0xFFFFFFFF}, 7, "4GB"),
-    ({"ingressRate": 8000, "ingressBurst": 8 * 0xFFFFFF}, 7, "too large"),
+
     ({"ingressRate": 4, "ingressBurst": 800}, 7, "too small"),
     ({"ingressRate": -5, "ingressBurst": 800}, 7, "'ingressRate' must be an integer from 0 to 18446744073709551615"),
     ({"ingressRate": "fast", "ingressBurst": 800}, 7, "'ingressRate' must be an integer"),
@@ -379,3 +379,87 @@ def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: in
         assert json.loads(out.stdout)["code"] == code
     out = dispatch(bw.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
     assert out.exit_code == 0, out.stdout
+
+
+# ---- bursts a runtime sends, and the smallest rates ------------------------------------------
+MAX_U32_BITS = 0xFFFFFFFF  # containerd's burst when the pod asked for none: "no particular burst"
+
+
+@pytest.mark.parametrize("rate_bits", [8, 1000, 10_000_000, 15_000_000, 1_000_000_000, 40_000_000_000])
+def test_max_uint32_burst_takes_the_largest_bucket(rate_bits: int) -> None:
+    """Never refused: the burst becomes the largest bucket the kernel's 32-bit fields hold."""
+    from pycni.net import tc
+
+    rc = {"runtimeConfig": {"bandwidth": {"IngressRate": rate_bits, "IngressBurst": MAX_U32_BITS,
+                                          "EgressRate": rate_bits, "EgressBurst": MAX_U32_BITS}}}
+    c = bw.parse_conf(bw.CmdArgs("DEL", stdin_data=json.dumps(bw_conf(None, **rc)).encode()))
+    assert c.ingress == c.egress and c.ingress is not None
+    rate, burst = c.ingress.rate, c.ingress.burst
+    assert rate == rate_bits // 8 and 0 < burst <= MAX_U32_BITS // 8
+    for ticks in (tc.xmittime(rate, burst), tc.tc_xmittime(rate, burst)):
+        assert ticks <= tc.MAX_U32
+    assert tc.tbf_limit(rate, burst) <= tc.MAX_U32
+    if burst < MAX_U32_BITS // 8:  # clamped: one byte more would not fit
+        assert max(tc.xmittime(rate, burst + 1), tc.tc_xmittime(rate, burst + 1)) > tc.MAX_U32 \
+            or tc.tbf_limit(rate, burst + 1) > tc.MAX_U32
+    assert all(0 <= v <= tc.MAX_U32 for v in tc.rate_table(rate))
+
+
+def test_max_uint32_burst_at_10mbit_gives_a_working_tbf(host_ns: Any, netns_factory: Any, tmp_path: Any) -> None:
+    """What containerd sends for a pod annotated kubernetes.io/ingress-bandwidth: 10M: ADD shapes
+    both directions with the largest bucket, CHECK agrees, packets pass, DEL clears."""
+    from pycni.net import tc
+
+    c1, c2 = netns_factory(), netns_factory()
+    prev1 = bridge_add(host_ns, tmp_path, c1, "c1")
+    prev2 = bridge_add(host_ns, tmp_path, c2, "c2")
+    rc = {"runtimeConfig": {"bandwidth": {"IngressRate": 10_000_000, "IngressBurst": MAX_U32_BITS,
+                                          "EgressRate": 10_000_000, "EgressBurst": MAX_U32_BITS}}}
+    code, res = run_bw(host_ns, "ADD", bw_conf(prev1, **rc), "c1", c1)
+    assert code == 0, res
+    rate = 1_250_000
+    burst = tc.largest_burst(rate, MAX_U32_BITS // 8)
+    want = {"rate": rate, "limit": tc.tbf_limit(rate, burst), "buffer": tc.xmittime(rate, burst)}
+    for dev in (host_veth(prev1), bw.ifb_name(NET, "c1")):
+        roots = [q for q in in_ns(host_ns, lambda d=dev: tc.qdiscs(d)) if q.parent == 0xFFFFFFFF]
+        assert [(q.kind, q.params) for q in roots] == [("tbf", want)]
+    assert want["buffer"] > 0.9999 * tc.MAX_U32  # the whole 32-bit bucket: ~275 s of traffic
+
+    assert run_bw(host_ns, "CHECK", bw_conf(res, **rc), "c1", c1)[0] == 0
+    assert throughput(c2, c1, container_ip(prev1), seconds=0.5) > 0
+    assert throughput(c1, c2, container_ip(prev2), seconds=0.5) > 0
+    assert run_bw(host_ns, "DEL", bw_conf(res, **rc), "c1", c1)[0] == 0
+    assert in_ns(host_ns, lambda: tc.qdiscs(bw.ifb_name(NET, "c1"))) is None
+    bridge_del(host_ns, tmp_path, c1, "c1")
+    bridge_del(host_ns, tmp_path, c2, "c2")
+
+
+def test_smallest_rates_as_go_reference(host_ns: Any, netns_factory: Any, tmp_path: Any) -> None:
+    """The reference's tests use ingressRate 8, ingressBurst 8, egressRate 16, egressBurst 8 (1 and
+    2 bytes/s): Go accepts them; so do we, with the same qdiscs, and each CHECKs the other's."""
+    from pycni.net import tc
+
+    c1, c2 = netns_factory(), netns_factory()
+    limits = {"ingressRate": 8, "ingressBurst": 8, "egressRate": 16, "egressBurst": 8}
+    prev1 = bridge_add(host_ns, tmp_path, c1, "c1")
+    prev2 = bridge_add(host_ns, tmp_path, c2, "c2")
+    go = host_ns.run([GO_BANDWIDTH], input=json.dumps(bw_conf(prev1, **limits)), env=env("ADD", "c1", c1.path))
+    go_res = json.loads(go.stdout)
+    code, ours = run_bw(host_ns, "ADD", bw_conf(prev2, **limits), "c2", c2)
+    assert code == 0, ours
+
+    def state(prev: dict[str, Any], cid: str) -> Any:
+        return ([(q.kind, q.params) for q in tc.qdiscs(host_veth(prev)) or []],
+                [(q.kind, q.params) for q in tc.qdiscs(bw.ifb_name(NET, cid)) or []])
+
+    go_state, our_state = in_ns(host_ns, lambda: state(prev1, "c1")), in_ns(host_ns, lambda: state(prev2, "c2"))
+    assert go_state == our_state
+    assert our_state[0][0] == ("tbf", {"rate": 1, "limit": 1, "buffer": tc.xmittime(1, 1)})
+    assert our_state[1][0] == ("tbf", {"rate": 2, "limit": 1, "buffer": tc.xmittime(2, 1)})
+    assert run_bw(host_ns, "CHECK", bw_conf(go_res, **limits), "c1", c1)[0] == 0
+    host_ns.run([GO_BANDWIDTH], input=json.dumps(bw_conf(ours, **limits)), env=env("CHECK", "c2", c2.path))
+    assert run_bw(host_ns, "DEL", bw_conf(go_res, **limits), "c1", c1)[0] == 0
+    assert run_bw(host_ns, "DEL", bw_conf(ours, **limits), "c2", c2)[0] == 0
+    ifbs = in_ns(host_ns, lambda: (tc.qdiscs(bw.ifb_name(NET, "c1")), tc.qdiscs(bw.ifb_name(NET, "c2"))))
+    assert ifbs == (None, None)
+

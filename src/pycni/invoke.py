@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pycni import jsonlite as json
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
+from pycni.spec.gokeys import lookup
 from pycni.spec.types import Result
 from pycni.spec.validate import validate_plugin_type
 from pycni.spec.version import CURRENT_VERSION
@@ -135,7 +136,7 @@ def exec_with_result(plugin_path: str, netconf: bytes, env: Mapping[str, str],
         conf: Any = json.loads(netconf)
     except (ValueError, UnicodeDecodeError) as e:
         raise CNIError(E.DECODE_FAILURE, "decoding version from network config", str(e)) from None
-    conf_version = conf.get("cniVersion") if isinstance(conf, dict) else None
+    conf_version = lookup(conf, "cniVersion")
     try:
         obj: Any = json.loads(out)
     except (ValueError, UnicodeDecodeError) as e:
@@ -146,9 +147,11 @@ def exec_with_result(plugin_path: str, netconf: bytes, env: Mapping[str, str],
     if not isinstance(obj, dict):
         raise CNIError(E.DECODE_FAILURE, f"failed to decode result of {name}",
                        f"expected a JSON object, got {out[:500]!r}")
-    version = obj.get("cniVersion")
+    version = lookup(obj, "cniVersion")
     if not isinstance(version, str) or not version:
-        obj["cniVersion"] = version = (conf_version if isinstance(conf_version, str) else "") or "0.1.0"
+        version = (conf_version if isinstance(conf_version, str) else "") or "0.1.0"
+        obj = {**obj, "cniVersion": version}  # appended: it wins over a "CNIVersion": "" before it
+
     return Result.from_dict(obj, version)
 
 

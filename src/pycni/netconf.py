@@ -11,6 +11,11 @@ type must be refused *before* anything is made, with code 7 naming the key — n
 
 A key that is absent or JSON ``null`` reads as the default (Go's decoder leaves the zero value).
 ``label`` names the key in messages when ``conf`` is a nested section.
+
+Keys are matched as Go's ``encoding/json`` matches them to a struct's fields
+(:mod:`pycni.spec.gokeys`): ``"RuntimeConfig"``, ``"HostPort"`` or ``"MAC"`` name the same value as
+``runtimeConfig``, ``hostPort``, ``mac``; of several spellings the last one wins. Read every key a
+Go plugin decodes into a struct through these readers (or ``gokeys.lookup``), never ``dict.get``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pycni.spec.errors import INCOMPATIBLE_VERSION, INVALID_CONFIG, CNIError
+from pycni.spec.gokeys import has, lookup
 from pycni.spec.validate import is_colon_mac
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -38,7 +44,7 @@ def invalid(label: str, want: str, value: Any) -> CNIError:
 
 
 def _get(conf: Mapping[str, Any], key: str) -> Any:
-    return conf.get(key) if isinstance(conf, Mapping) else None
+    return lookup(conf, key)
 
 
 def get_int(conf: Mapping[str, Any], key: str, default: int = 0, *, minimum: int | None = None,
@@ -108,6 +114,12 @@ def get_dict(conf: Mapping[str, Any], key: str, default: dict[str, Any] | None =
     return value
 
 
+def network_name(conf: Mapping[str, Any]) -> str:
+    """The network's ``name`` ('' when absent; skel has refused a missing or non-string one)."""
+    name = lookup(conf, "name")
+    return name if isinstance(name, str) else ""
+
+
 def ipam_type(conf: Mapping[str, Any]) -> str:
     """The IPAM plugin type named by the config, '' when there is no IPAM section."""
     return get_str(get_dict(conf, "ipam"), "type", label="ipam.type")
@@ -147,10 +159,10 @@ def container_mac(conf: Mapping[str, Any], cni_args: str, *, config_key: bool = 
     if env_mac:
         mac, where = env_mac, "CNI_ARGS"
     if from_args:
-        value = args_cni(conf).get("mac")
+        value = lookup(args_cni(conf), "mac")
         if value:
             mac, where = str(value), "args.cni.mac"
-    value = runtime_config(conf).get("mac")
+    value = lookup(runtime_config(conf), "mac")
     if value:
         mac, where = str(value), "runtimeConfig.mac"
     return check_mac(mac, where) if mac else ""
@@ -190,10 +202,10 @@ def valid_attachments(conf: Mapping[str, Any]) -> list[tuple[str, str]]:
     ``[{"containerID": 1}]``. The pre-spec name ``cni.dev/attachments`` is read when the
     spec's is absent, as libcni sends both.
     """
-    raw = conf.get(VALID_ATTACHMENTS)
+    raw = lookup(conf, VALID_ATTACHMENTS)
     key = VALID_ATTACHMENTS
-    if VALID_ATTACHMENTS not in conf and OLD_ATTACHMENTS in conf:
-        raw, key = conf.get(OLD_ATTACHMENTS), OLD_ATTACHMENTS
+    if raw is None and lookup(conf, OLD_ATTACHMENTS) is not None:
+        raw, key = lookup(conf, OLD_ATTACHMENTS), OLD_ATTACHMENTS
     if raw is None:
         raise CNIError(INVALID_CONFIG, f"GC needs {VALID_ATTACHMENTS!r}",
                        "without the list of attachments still in use, GC would release every one; the runtime "
@@ -202,13 +214,14 @@ def valid_attachments(conf: Mapping[str, Any]) -> list[tuple[str, str]]:
         raise invalid(key, "a list of {\"containerID\", \"ifname\"}", raw)
     out: list[tuple[str, str]] = []
     for i, item in enumerate(raw):
-        if not (isinstance(item, dict) and isinstance(item.get("containerID"), str)
-                and isinstance(item.get("ifname"), str)):
+        cid, ifname = lookup(item, "containerID"), lookup(item, "ifname")
+        if not (isinstance(cid, str) and isinstance(ifname, str)):
             raise invalid(f"{key}[{i}]", "an object with string \"containerID\" and \"ifname\"", item)
-        out.append((item["containerID"], item["ifname"]))
+        out.append((cid, ifname))
     return out
 
 
-__all__ = ["get_int", "get_bool", "get_str", "get_list", "get_dict", "ipam_type", "runtime_config", "args_cni",
+__all__ = ["lookup", "has", "network_name", "get_int",
+ "get_bool", "get_str", "get_list", "get_dict", "ipam_type", "runtime_config", "args_cni",
            "check_mac", "container_mac", "prev_result", "require_prev_result", "require_ip_result",
            "valid_attachments", "invalid", "VALID_ATTACHMENTS"]

@@ -21,6 +21,7 @@ from pycni import jsonlite as json
 from pycni.record import field, record
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
+from pycni.spec.gokeys import lookup
 from pycni.spec.types import Result
 from pycni.spec.validate import validate_container_id, validate_interface_name, validate_network_name
 from pycni.spec.version import ALL_VERSIONS, check_supported, greater_than_or_equal, highest, version_info
@@ -110,7 +111,7 @@ def load_conf(data: bytes | str) -> dict[str, Any]:
 
 
 def config_version(conf: Mapping[str, Any]) -> str:
-    v = conf.get("cniVersion", "")
+    v = lookup(conf, "cniVersion", "")  # Go's decoder: "CNIVersion" too (pycni.spec.gokeys)
     if not isinstance(v, str):
         raise CNIError(E.DECODE_FAILURE, "invalid cniVersion", f"cniVersion must be a string, got {v!r}")
     return v or "0.1.0"
@@ -118,7 +119,7 @@ def config_version(conf: Mapping[str, Any]) -> str:
 
 def prev_result(conf: Mapping[str, Any]) -> Result | None:
     """The ``prevResult`` of a chained invocation, parsed at the config's version."""
-    raw = conf.get("prevResult")
+    raw = lookup(conf, "prevResult")
     if raw is None:
         return None
     return Result.from_dict(raw, config_version(conf))
@@ -173,7 +174,7 @@ def _netns_override(env: Mapping[str, str]) -> bool:
 def _validate_config(stdin: bytes) -> dict[str, Any]:
     """Every command but VERSION needs a JSON config with a valid name (Go: validateConfig)."""
     conf = load_conf(stdin)
-    name = conf.get("name")
+    name = lookup(conf, "name")
     if name is None or name == "":
         raise CNIError(E.INVALID_CONFIG, "missing network name", "the network configuration needs a \"name\"")
     if not isinstance(name, str):

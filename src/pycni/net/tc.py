@@ -54,9 +54,37 @@ def xmittime(rate_bytes: int, size_bytes: int, tick: float | None = None) -> int
     return int(int(size_bytes * TIME_UNITS_PER_SEC / rate_bytes) * t)
 
 
-def tc_xmittime(rate_bytes: int, size_bytes: int) -> int:
+def tc_xmittime(rate_bytes: int, size_bytes: int, tick: float | None = None) -> int:
     """The same, rounded as the ``tc`` tool rounds (no truncation before scaling to ticks)."""
-    return int(size_bytes * TIME_UNITS_PER_SEC / rate_bytes * tick_in_usec())
+    t = tick if tick is not None else tick_in_usec()
+    return int(size_bytes * TIME_UNITS_PER_SEC / rate_bytes * t)
+
+
+def largest_burst(rate_bytes: int, burst_bytes: int) -> int:
+    """``burst_bytes``, or less: the largest bucket the kernel can hold at ``rate_bytes``/s.
+
+    A tbf's (and an htb class's) bucket is the time the burst takes at the rate, in scheduler
+    ticks of 64 ns, in 32 bits: at most ~275 s of traffic. A runtime that means "no particular
+    burst" sends MaxUint32 bits (containerd does), which at rates under ~15.6 Mbit/s is more;
+    Go's arithmetic wraps it to an arbitrary smaller bucket, we take the largest that fits
+    (the queue limit, rate x 25 ms + burst bytes, must fit in 32 bits too).
+    """
+    tick = tick_in_usec()
+
+    def fits(b: int) -> bool:
+        return (max(xmittime(rate_bytes, b, tick), tc_xmittime(rate_bytes, b, tick)) <= MAX_U32
+                and tbf_limit(rate_bytes, b) <= MAX_U32)
+
+    if fits(burst_bytes):
+        return burst_bytes
+    lo, hi = 0, burst_bytes  # fits(lo), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def tbf_buffer(rate_bytes: int, burst_bytes: int) -> int:
@@ -67,9 +95,15 @@ def tbf_buffer(rate_bytes: int, burst_bytes: int) -> int:
 
 
 def rate_table(rate_bytes: int) -> list[int]:
-    """A tbf's rate table: the ticks each 256th of a 2048-byte range takes at ``rate_bytes``/s."""
+    """A tbf's rate table: the ticks each 256th of a 2048-byte range takes at ``rate_bytes``/s.
+
+    At a few bytes per second a large cell takes more ticks than 32 bits hold: those cells say
+    "never" (MaxUint32). The kernel reads the table only to tell ATM links from others (it
+    shapes by the rate itself), and the Go reference sends none at all.
+    """
     tick = tick_in_usec()
-    return [xmittime(rate_bytes, (i + 1) << TBF_CELL_LOG, tick) for i in range(256)]
+    return [min(xmittime(rate_bytes, (i + 1) << TBF_CELL_LOG, tick), MAX_U32) for i in range(256)]
+
 
 
 def tbf_limit(rate_bytes: int, burst_bytes: int) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 
 from pycni.record import field, record
 from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CNIError
+from pycni.spec.gokeys import lookup
 from pycni.spec.validate import validate_network_name, validate_plugin_type
 from pycni.spec.version import ALL_VERSIONS, CURRENT_VERSION, highest, parse_version
 
@@ -103,9 +104,11 @@ class NetworkConfig:
         return f'type="{self.type}"' + (f' name="{self.name}"' if self.name else "")
 
 
-def _string_field(raw: dict[str, Any], key: str, path: str, what: str) -> str:
-    """An optional string key of a config ("" when absent)."""
-    value = raw.get(key)
+def _string_field(raw: dict[str, Any], key: str, path: str, what: str, go_struct: bool = False) -> str:
+    """An optional string key of a config ("" when absent). ``go_struct``: libcni decodes this
+    object into a struct, so the key is matched as Go matches it (pycni.spec.gokeys); a
+    conflist's own keys are read from a map, exactly."""
+    value = lookup(raw, key) if go_struct else raw.get(key)
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -114,9 +117,12 @@ def _string_field(raw: dict[str, Any], key: str, path: str, what: str) -> str:
 
 
 def conf_from_bytes(data: bytes | str, path: str = "", what: str = "configuration") -> NetworkConfig:
-    """Parse one plugin configuration object (it needs a ``type``)."""
+    """Parse one plugin configuration object (it needs a ``type``).
+
+    libcni decodes it into types.NetConf, a struct: ``"Type"`` or ``"Capabilities"`` are read as
+    ``type`` and ``capabilities`` (the capability names inside are a map's keys: exact)."""
     raw = _decode(data, path, what)
-    ptype = _string_field(raw, "type", path, what)
+    ptype = _string_field(raw, "type", path, what, go_struct=True)
     if not ptype:
         hint = ("; this file has a 'plugins' list: network configurations are named *.conflist"
                 if "plugins" in raw and what == "configuration" else "")
@@ -125,16 +131,17 @@ def conf_from_bytes(data: bytes | str, path: str = "", what: str = "configuratio
         validate_plugin_type(ptype)
     except CNIError as e:
         raise _invalid(path, what, f"{e.msg}: {e.details}") from None
-    caps = raw.get("capabilities")
+    caps = lookup(raw, "capabilities")
     if caps is None:
         caps = {}
     if not isinstance(caps, dict) or not all(isinstance(v, bool) for v in caps.values()):
         raise _invalid(path, what, f"'capabilities' must map capability names to true/false, got {json.dumps(caps)}")
-    ipam = raw.get("ipam")
-    if ipam is not None and (not isinstance(ipam, dict) or not isinstance(ipam.get("type", ""), str)):
+    ipam = lookup(raw, "ipam")
+    if ipam is not None and (not isinstance(ipam, dict) or not isinstance(lookup(ipam, "type", ""), str)):
         raise _invalid(path, what, f"'ipam' must be an object with a string 'type', got {json.dumps(ipam)}")
-    name = _string_field(raw, "name", path, what)
-    version = _string_field(raw, "cniVersion", path, what)
+    name = _string_field(raw, "name", path, what, go_struct=True)
+    version = _string_field(raw, "cniVersion", path, what, go_struct=True)
+
     data_b = data.encode() if isinstance(data, str) else data
     return NetworkConfig(type=ptype, raw=raw, bytes=data_b, name=name, cni_version=version,
                          capabilities=dict(caps), path=path)

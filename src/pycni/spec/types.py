@@ -20,7 +20,9 @@ What survives a conversion follows the Go reference (pkg/types/{020,040,100}) ex
   (current reference, since libcni 1.2; 1.1.x printed ``{}`` there too).
 
 Parsing is stricter than Go's where Go would accept garbage silently (a missing address, a
-number in a string field): that is refused with code 6 and says which field is wrong.
+number in a string field): that is refused with code 6 and says which field is wrong. Keys are
+matched as Go's decoder matches them (:mod:`pycni.spec.gokeys`: ``"IPs"``, ``"Address"`` and
+``"CNIVersion"`` are read too); output is always in the canonical spelling.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import ipaddress
 from pycni import jsonlite as json
 from pycni.record import field, record
 from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CNIError
+from pycni.spec.gokeys import lookup
 from pycni.spec.validate import charset_match
 from pycni.spec.version import ALL_VERSIONS, LEGACY_RESULT_VERSIONS, V04_RESULT_VERSIONS, V1_RESULT_VERSIONS
 
@@ -83,7 +86,7 @@ def parse_cidr(value: object, what: str = "CIDR address") -> IPInterface:
 
 
 def _str_field(d: dict[str, Any], key: str, what: str) -> str:
-    v = d.get(key)
+    v = lookup(d, key)
     if v is None:
         return ""
     if not isinstance(v, str):
@@ -93,7 +96,7 @@ def _str_field(d: dict[str, Any], key: str, what: str) -> str:
 
 def _int_field(d: dict[str, Any], key: str, what: str) -> int | None:
     """An optional JSON integer (null/absent -> None); bools and floats are refused as in Go."""
-    v = d.get(key)
+    v = lookup(d, key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
@@ -102,7 +105,7 @@ def _int_field(d: dict[str, Any], key: str, what: str) -> int | None:
 
 
 def _list_field(d: dict[str, Any], key: str, what: str) -> list[Any]:
-    v = d.get(key)
+    v = lookup(d, key)
     if v is None:
         return []
     if not isinstance(v, list):
@@ -193,8 +196,9 @@ class IPConfig:
     @classmethod
     def from_dict(cls, d: Any, version: str | None = None) -> IPConfig:
         d = _object(d, "IP config")
-        addr = parse_cidr(d.get("address"), "IP config address")
-        gw = parse_ip(d["gateway"], "IP config gateway") if d.get("gateway") not in (None, "") else None
+        addr = parse_cidr(lookup(d, "address"), "IP config address")
+        gw_text = lookup(d, "gateway")
+        gw = parse_ip(gw_text, "IP config gateway") if gw_text not in (None, "") else None
         iface = _int_field(d, "interface", "IP config")
         declared = None
         if version in V04_RESULT_VERSIONS:
@@ -244,8 +248,9 @@ class Route:
     @classmethod
     def from_dict(cls, d: Any) -> Route:
         d = _object(d, "route")
-        where = parse_cidr(d.get("dst"), "route destination")
-        gw = parse_ip(d["gw"], "route gateway") if d.get("gw") not in (None, "") else None
+        where = parse_cidr(lookup(d, "dst"), "route destination")
+        gw_text = lookup(d, "gw")
+        gw = parse_ip(gw_text, "route gateway") if gw_text not in (None, "") else None
         return cls(dst=where.network, gw=gw, mtu=_int_field(d, "mtu", "route") or 0,
                    advmss=_int_field(d, "advmss", "route") or 0,
                    priority=_int_field(d, "priority", "route") or 0,
@@ -315,7 +320,7 @@ class Result:
         type wins, one of another type is refused, as Go's create.Create refuses it.
         """
         d = _object(d, "result")
-        declared = d.get("cniVersion")
+        declared = lookup(d, "cniVersion")
         if declared is not None and not isinstance(declared, str):
             raise _decode_error("result cniVersion", declared, "expected a string")
         ver = declared or version or "0.1.0"
@@ -329,18 +334,19 @@ class Result:
                    interfaces=[Interface.from_dict(i, ver) for i in _list_field(d, "interfaces", "result")],
                    ips=[IPConfig.from_dict(i, ver) for i in _list_field(d, "ips", "result")],
                    routes=[Route.from_dict(r) for r in _list_field(d, "routes", "result")],
-                   dns=DNS.from_dict(d.get("dns")))
+                   dns=DNS.from_dict(lookup(d, "dns")))
 
     @classmethod
     def _from_legacy(cls, d: dict[str, Any], ver: str) -> Result:
-        res = cls(cni_version=ver, dns=DNS.from_dict(d.get("dns")))
+        res = cls(cni_version=ver, dns=DNS.from_dict(lookup(d, "dns")))
         for key, family in (("ip4", "4"), ("ip6", "6")):
-            block = d.get(key)
+            block = lookup(d, key)
             if block is None:
                 continue
             block = _object(block, f"result {key}")
-            addr = parse_cidr(block.get("ip"), f"{key} address")
-            gw = parse_ip(block["gateway"], f"{key} gateway") if block.get("gateway") not in (None, "") else None
+            addr = parse_cidr(lookup(block, "ip"), f"{key} address")
+            gw_text = lookup(block, "gateway")
+            gw = parse_ip(gw_text, f"{key} gateway") if gw_text not in (None, "") else None
             res.ips.append(IPConfig(address=addr, gateway=gw, declared_version=family))
             for raw in _list_field(block, "routes", f"result {key}"):
                 route = Route.from_dict(raw)

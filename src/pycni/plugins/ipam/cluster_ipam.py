@@ -88,10 +88,10 @@ def _bad(msg: str, details: str = "") -> CNIError:
 
 def parse_conf_dict(conf: Mapping[str, Any], cni_args: str = "", *, need_ranges: bool = True) -> ClusterIpamConf:
     """Parse and check the whole config (also what the ``pycni ipam`` CLI reads)."""
-    ipam = conf.get("ipam")
+    ipam = netconf.lookup(conf, "ipam")
     if not isinstance(ipam, Mapping):
         raise _bad("IPAM config missing 'ipam' key", "cluster-ipam reads its settings from the \"ipam\" object")
-    name = conf.get("name")
+    name = netconf.lookup(conf, "name")
     if not isinstance(name, str):
         raise _bad("missing network name", "the network config needs a \"name\": its blocks and handles "
                    "live under <etcdPrefix>/ipam/.../<name>")
@@ -123,13 +123,13 @@ def parse_conf_dict(conf: Mapping[str, Any], cni_args: str = "", *, need_ranges:
     bs = netconf.get_int(ipam, "blockSize", DEFAULT_BLOCK_V4, label="ipam.blockSize")
     if 20 <= bs <= 32:
         v4 = bs
-    elif 116 <= bs <= 128 and "blockSizeV6" not in ipam:
+    elif 116 <= bs <= 128 and netconf.lookup(ipam, "blockSizeV6") is None:
         v6 = bs
     else:
         raise netconf.invalid("ipam.blockSize", "a prefix length from 20 to 32 (IPv4 blocks), or 116 to 128 "
                               "(IPv6 blocks, when blockSizeV6 is not set)", bs)
     strict = netconf.get_bool(ipam, "strictAffinity", label="ipam.strictAffinity")
-    timeout = ipam.get("etcdTimeout", DEFAULT_TIMEOUT)
+    timeout = netconf.lookup(ipam, "etcdTimeout", DEFAULT_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 300:
         raise netconf.invalid("ipam.etcdTimeout", "a number of seconds (0 < t <= 300)", timeout)
     cfg = ClusterIpamConf(name=name, endpoints=list(eps), prefix=prefix, node=node, block_sizes=(v4, v6),
@@ -140,8 +140,9 @@ def parse_conf_dict(conf: Mapping[str, Any], cni_args: str = "", *, need_ranges:
                           key=netconf.get_str(ipam, "etcdKey", label="ipam.etcdKey"))
     if cfg.key and not cfg.cert:
         raise _bad("invalid ipam.etcdKey", "etcdKey needs etcdCert (the client certificate it belongs to)")
-    cfg.routes = parse_routes(ipam.get("routes"), "ipam.routes")
-    ranges = ipam.get("ranges")
+    cfg.routes = parse_routes(netconf.lookup(ipam, "routes"), "ipam.routes")
+    ranges = netconf.lookup(ipam, "ranges")
+
     if ranges is None or ranges == []:
         if need_ranges:
             raise _bad("no IP ranges specified", "set ipam.ranges: [[{\"subnet\": \"10.90.0.0/16\"}]] "

@@ -84,11 +84,11 @@ class HostLocalConf:
 def parse_conf(args: CmdArgs) -> HostLocalConf:
     """The config as the reference's LoadIPAMConfig reads it, checked whole before any change."""
     conf = args.conf()
-    ipam = conf.get("ipam")
+    ipam = netconf.lookup(conf, "ipam")
     if not isinstance(ipam, Mapping):
         raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
                        "host-local reads its settings from the \"ipam\" object of the network config")
-    name = conf.get("name")
+    name = netconf.lookup(conf, "name")
     if not isinstance(name, str):
         raise CNIError(INVALID_CONFIG, "missing network name", "the network config needs a \"name\": "
                        "host-local keeps its reservations in <dataDir>/<name>")
@@ -108,13 +108,14 @@ def _parse_ranges(conf: Mapping[str, Any], ipam: Mapping[str, Any], cni_args: st
     """Range sets (runtime ipRanges, legacy subnet, ranges), requested addresses and routes."""
     args = load_cni_args(cni_args, ("IP",))
     cfg.requested = list(dict.fromkeys(ip for ip, _prefix in requested_ips(conf, args)))
-    cfg.routes = parse_routes(ipam.get("routes"), "ipam.routes")
+    cfg.routes = parse_routes(netconf.lookup(ipam, "routes"), "ipam.routes")
 
     # The "ipRanges" capability comes first, as in Go.
     raw_sets: list[Any] = list(netconf.get_list(netconf.runtime_config(conf), "ipRanges",
                                                 label="runtimeConfig.ipRanges"))
-    if ipam.get("subnet"):  # the legacy single range, kept for old configs
-        raw_sets.append([{k: ipam.get(k) for k in ("subnet", "rangeStart", "rangeEnd", "gateway")}])
+    if netconf.lookup(ipam, "subnet"):  # the legacy single range, kept for old configs
+        raw_sets.append([{k: netconf.lookup(ipam, k) for k in ("subnet", "rangeStart", "rangeEnd", "gateway")}])
+
     raw_sets.extend(netconf.get_list(ipam, "ranges", label="ipam.ranges"))
     if not raw_sets:
         raise CNIError(INVALID_CONFIG, "no IP ranges specified", "set ipam.ranges (or the legacy ipam.subnet), "

@@ -63,7 +63,7 @@ def parse_ip_with_prefix(text: str) -> tuple[IPAddress, int | None]:
 
 def _opt_ip(obj: Mapping[str, Any], key: str) -> IPAddress | None:
     """An optional address field: absent, null and "" all mean unset (as Go's net.IP)."""
-    value = obj.get(key)
+    value = netconf.lookup(obj, key)
     if value is None or value == "":
         return None
     if not isinstance(value, str):
@@ -150,7 +150,8 @@ def parse_range(obj: Any) -> Range:
     """Parse and canonicalize one range object ({subnet, rangeStart?, rangeEnd?, gateway?})."""
     if not isinstance(obj, Mapping):
         raise RangeError(f"a range must be an object with a \"subnet\", got {obj!r}")
-    net = parse_subnet(obj.get("subnet"))
+    net = parse_subnet(netconf.lookup(obj, "subnet"))
+
     first = net.network_address + 1
     last = net.broadcast_address - 1 if net.version == 4 else net.broadcast_address
     gateway = _opt_ip(obj, "gateway") or first

@@ -70,15 +70,23 @@ def _config_addresses(ipam: Mapping[str, Any]) -> list[IPConfig]:
         if not isinstance(entry, dict):
             raise CNIError(INVALID_CONFIG, f"invalid address {i}",
                        f"each entry of ipam.addresses must be an object, got {entry!r}")
-        addr = _parse_cidr(entry.get("address"), "address")
-        gw = entry.get("gateway")
+        addr = _parse_cidr(netconf.lookup(entry, "address"), "address")
+        gw = netconf.lookup(entry, "gateway")
         out.append(IPConfig(address=addr, gateway=_parse_ip(gw, "gateway address") if gw else None))
     return out
 
 
 def _replace_from(values: list[Any], where: str) -> list[IPConfig]:
     """``args.cni.ips`` / runtimeConfig ``ips``: a list of CIDRs that replaces the config's."""
-    return [IPConfig(address=_parse_cidr(v, where)) for v in values]
+    out = []
+    for v in values:
+        try:
+            out.append(IPConfig(address=_parse_cidr(v, where)))
+        except CNIError as e:  # the reference's words for these two lists
+            raise CNIError(INVALID_CONFIG, f"an entry in the '{where}' field is NOT in CIDR notation, got: "
+                           f"'{v}'", e.details) from None
+    return out
+
 
 
 def _apply_env_args(addresses: list[IPConfig], raw_args: str) -> None:
@@ -103,7 +111,7 @@ def parse_conf(args: CmdArgs) -> StaticConf:
     cfg = StaticConf(cni_version=config_version(conf))
     if args.command not in ("ADD", "CHECK"):
         return cfg
-    ipam = conf.get("ipam")
+    ipam = netconf.lookup(conf, "ipam")
     if not isinstance(ipam, dict):
         raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
                        "the network configuration needs an \"ipam\" object")
@@ -138,7 +146,8 @@ def parse_conf(args: CmdArgs) -> StaticConf:
 
     try:
         cfg.routes = [Route.from_dict(r) for r in netconf.get_list(ipam, "routes", label="ipam.routes")]
-        cfg.dns = DNS.from_dict(ipam.get("dns"))
+        cfg.dns = DNS.from_dict(netconf.lookup(ipam, "dns"))
+
     except CNIError as e:
         raise CNIError(INVALID_CONFIG, f"invalid ipam section: {e.msg}", e.details) from None
     if args.command == "CHECK":

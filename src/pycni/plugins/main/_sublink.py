@@ -108,7 +108,7 @@ class SublinkPlugin:
         spec = self.spec
         netconf.args_cni(raw)
         netconf.runtime_config(raw)
-        n = SublinkConf(name=str(raw.get("name") or ""), cni_version=config_version(raw),
+        n = SublinkConf(name=netconf.network_name(raw), cni_version=config_version(raw),
                         ipam_type=ipam.require_ipam(raw, spec.name) if spec.ipam_required else netconf.ipam_type(raw),
                         master=netconf.get_str(raw, "master"),
                         link_in_container=netconf.get_bool(raw, "linkInContainer"),
@@ -242,7 +242,8 @@ class LinkMode:
 
     def of(self, conf: Mapping[str, Any]) -> str:
         """The configured mode's name (the default when unset); CNIError 7 for an unknown one."""
-        mode = conf.get("mode")
+        mode = netconf.lookup(conf, "mode")
+
         mode = self.default if mode is None or mode == "" else mode
         if not isinstance(mode, str) or mode not in self.modes:
             raise CNIError(E.INVALID_CONFIG, f"unknown {self.kind} mode: {mode!r}",

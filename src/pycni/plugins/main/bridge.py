@@ -74,7 +74,7 @@ def _vlan_trunk(items: Any) -> list[int]:
     vids: set[int] = set()
 
     def vid(item: dict[str, Any], key: str) -> int:
-        v = item[key]
+        v = netconf.lookup(item, key)
         if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 4094:
             raise E.invalid_config(f"incorrect trunk {key} parameter",
                                    f"{key} must be an integer in 1..4094, got {v!r}")
@@ -83,7 +83,7 @@ def _vlan_trunk(items: Any) -> list[int]:
     for item in items:
         if not isinstance(item, dict):
             raise E.invalid_config("invalid 'vlanTrunk' entry", f"expected an object, got {item!r}")
-        has_min, has_max = item.get("minID") is not None, item.get("maxID") is not None
+        has_min, has_max = netconf.lookup(item, "minID") is not None, netconf.lookup(item, "maxID") is not None
         if has_min and has_max:
             lo, hi = vid(item, "minID"), vid(item, "maxID")
             if hi < lo:
@@ -93,7 +93,7 @@ def _vlan_trunk(items: Any) -> list[int]:
             raise E.invalid_config("minID and maxID should be configured simultaneously, minID is missing", f"{item!r}")
         elif has_min:
             raise E.invalid_config("minID and maxID should be configured simultaneously, maxID is missing", f"{item!r}")
-        if item.get("id") is not None:
+        if netconf.lookup(item, "id") is not None:
             vids.add(vid(item, "id"))
     return sorted(vids)
 
@@ -104,7 +104,7 @@ def parse_conf(args: CmdArgs) -> BridgeConf:
 
     raw = args.conf()
     get_bool = netconf.get_bool
-    n = BridgeConf(name=str(raw.get("name") or ""), cni_version=skel.config_version(raw),
+    n = BridgeConf(name=netconf.network_name(raw), cni_version=skel.config_version(raw),
                    ipam_type=netconf.ipam_type(raw),
                    bridge=netconf.get_str(raw, "bridge") or DEFAULT_BRIDGE,
                    is_gw=get_bool(raw, "isGateway"), is_default_gw=get_bool(raw, "isDefaultGateway"),
@@ -124,9 +124,11 @@ def parse_conf(args: CmdArgs) -> BridgeConf:
     if not 0 <= n.vlan <= 4094:
         raise E.invalid_config(f"invalid VLAN ID {n.vlan} (must be between 0 and 4094)",
                                "set vlan to 0 (none) or 1..4094")
-    if raw.get("vlanTrunk") is not None:
+    trunk = netconf.lookup(raw, "vlanTrunk")
+    if trunk is not None:
         n.vlan_trunk = True
-        n.vlans = _vlan_trunk(raw["vlanTrunk"])
+        n.vlans = _vlan_trunk(trunk)
+
     if n.ip_masq_backend not in (None, "iptables", "nftables"):
         raise E.invalid_config(f"unknown ipmasq backend {n.ip_masq_backend!r}",
                                "ipMasqBackend must be iptables or nftables")

@@ -54,7 +54,7 @@ def parse_conf(args: CmdArgs) -> HostDeviceConf:
     raw = args.conf()
     get = netconf.get_str
     netconf.args_cni(raw)
-    n = HostDeviceConf(name=str(raw.get("name") or ""), cni_version=config_version(raw), device=get(raw, "device"),
+    n = HostDeviceConf(name=netconf.network_name(raw), cni_version=config_version(raw), device=get(raw, "device"),
                        hwaddr=get(raw, "hwaddr"), kernelpath=get(raw, "kernelpath"),
                        pci_bus_id=get(raw, "pciBusID"), data_dir=get(raw, "dataDir") or DEFAULT_DATA_DIR,
                        ipam_type=netconf.ipam_type(raw), dns=DNS.from_dict(netconf.get_dict(raw, "dns")))

@@ -36,7 +36,7 @@ def parse_conf(args: CmdArgs) -> LoopbackConf:
         prev = netconf.prev_result(conf)
     except CNIError as e:
         raise CNIError(E.DECODE_FAILURE, "failed to parse prevResult", e.details or e.msg) from None
-    return LoopbackConf(name=str(conf.get("name") or ""), cni_version=config_version(conf), prev=prev)
+    return LoopbackConf(name=netconf.network_name(conf), cni_version=config_version(conf), prev=prev)
 
 
 def cmd_add(args: CmdArgs) -> Result:

@@ -42,7 +42,7 @@ def parse_conf(args: CmdArgs) -> PtpConf:
     raw = args.conf()
     netconf.runtime_config(raw)
     netconf.args_cni(raw)
-    n = PtpConf(name=str(raw.get("name") or ""), cni_version=config_version(raw),
+    n = PtpConf(name=netconf.network_name(raw), cni_version=config_version(raw),
                 ipam_type=ipam.require_ipam(raw, "ptp"),
                 mtu=netconf.get_int(raw, "mtu", minimum=0, maximum=netconf.MAX_MTU),
                 ip_masq=netconf.get_bool(raw, "ipMasq"), ip_masq_backend=netconf.get_str(raw, "ipMasqBackend"),

@@ -25,7 +25,7 @@ from pycni.spec.errors import INTERNAL, CNIError
 
 def _uint(conf: Mapping[str, Any], key: str) -> int | None:
     """A uid/gid key of the config, None when absent; CNIError 7 unless it fits 32 bits."""
-    return netconf.get_int(conf, key, minimum=0, maximum=2**32 - 1) if conf.get(key) is not None else None
+    return netconf.get_int(conf, key, minimum=0, maximum=2**32 - 1) if netconf.lookup(conf, key) is not None else None
 
 
 def validate(conf: Mapping[str, Any]) -> dict[str, Any]:
@@ -50,18 +50,20 @@ def create(conf: Mapping[str, Any], args: CmdArgs, mac: str) -> Link:
     tmp = f"tap{secrets.token_hex(4)}"
     with netns.enter(args.netns):
         link.require_free_ifname(args.ifname, args.netns)
-        bridge = conf.get("bridge") or ""
+        bridge = netconf.get_str(conf, "bridge")
         if bridge and link.get_link(bridge) is None:
             raise CNIError(E.INVALID_CONFIG, f"bridge {bridge!r} not found in the container namespace",
                            "\"bridge\" names a bridge that must already exist inside the container")
         owner, group = _uint(conf, "owner"), _uint(conf, "group")
-        context = conf.get("selinuxContext") or ""
+        context = netconf.get_str(conf, "selinuxContext")
+        multi_queue = netconf.get_bool(conf, "multiQueue")
         if context and _selinux_enabled():
-            _create_labelled(tmp, context, bool(conf.get("multiQueue")), owner, group)
+            _create_labelled(tmp, context, multi_queue, owner, group)
         else:
-            tuntap.create_tap(tmp, multi_queue=bool(conf.get("multiQueue")), owner=owner, group=group)
+            tuntap.create_tap(tmp, multi_queue=multi_queue, owner=owner, group=group)
         try:
-            mtu = conf.get("mtu") or None
+            mtu = netconf.get_int(conf, "mtu") or None
+
             link.set_link(tmp, mtu=mtu, mac=mac or None, new_name=args.ifname)
             if bridge:
                 link.set_link(args.ifname, master=bridge)

@@ -84,7 +84,9 @@ def _subnets(entry: dict[str, Any], key: str) -> list[str]:
 
 
 def _limits(direction: str, rate_bits: int, burst_bits: int) -> Limits | None:
-    """Validate one direction as the reference does, plus what would overflow the kernel's u32s."""
+    """Validate one direction as the reference does; a burst too large for the kernel's 32-bit
+    bucket at this rate (containerd's MaxUint32 "no particular burst") is taken as the largest
+    bucket the kernel holds (:func:`pycni.net.tc.largest_burst`), never refused."""
     if rate_bits and not burst_bits:
         raise CNIError(INVALID_CONFIG, "if rate is set, burst must also be set",
                        f"{direction}Rate is {rate_bits} but {direction}Burst is 0: give a burst in bits")
@@ -105,11 +107,7 @@ def _limits(direction: str, rate_bits: int, burst_bits: int) -> Limits | None:
                        f"{direction}Burst is {burst_bits} bits; the kernel counts whole bytes: use at least 8")
     from pycni.net import tc
 
-    if tc.xmittime(rate, burst) > MAX_U32 or tc.tbf_limit(rate, burst) > MAX_U32:
-        raise CNIError(INVALID_CONFIG, f"{direction}Burst too large for {direction}Rate",
-                       f"sending {burst_bits} bits at {rate_bits} bits/s overflows the kernel's 32-bit "
-                       "bucket size: lower the burst or raise the rate")
-    return Limits(rate, burst)
+    return Limits(rate, tc.largest_burst(rate, burst))
 
 
 def parse_conf(args: CmdArgs) -> BandwidthConf:
@@ -119,11 +117,12 @@ def parse_conf(args: CmdArgs) -> BandwidthConf:
     # Top-level limits win whole over runtimeConfig's (the reference embeds one entry or the other).
     rc = netconf.runtime_config(raw)
     netconf.args_cni(raw)
-    if any(k in raw for k in ENTRY_KEYS):
+    if any(netconf.has(raw, k) for k in ENTRY_KEYS):  # any spelling Go's decoder gives the entry
+
         entry, label = raw, ""
     else:
         entry, label = netconf.get_dict(rc, "bandwidth", label="runtimeConfig.bandwidth"), "runtimeConfig.bandwidth."
-    conf = BandwidthConf(name=str(raw.get("name") or ""), cni_version=version, prev=netconf.prev_result(raw))
+    conf = BandwidthConf(name=netconf.network_name(raw), cni_version=version, prev=netconf.prev_result(raw))
     vals = {k: netconf.get_int(entry, k, minimum=0, maximum=MAX_U64, label=label + k) for k in RATE_KEYS}
     conf.ingress = _limits("ingress", vals["ingressRate"], vals["ingressBurst"])
     conf.egress = _limits("egress", vals["egressRate"], vals["egressBurst"])

@@ -67,10 +67,12 @@ def parse_conf(args: CmdArgs) -> FlannelConf:
         raise CNIError(E.INVALID_CONFIG, "'delegate' dictionary must not have 'ipam' field, it'll be set by flannel")
     rc = netconf.runtime_config(raw)
     netconf.args_cni(raw)
-    return FlannelConf(name=str(raw.get("name", "")), cni_version=config_version(raw),
+    return FlannelConf(name=netconf.network_name(raw), cni_version=config_version(raw),
                        subnet_file=netconf.get_str(raw, "subnetFile") or DEFAULT_SUBNET_FILE,
                        data_dir=netconf.get_str(raw, "dataDir") or DEFAULT_DATA_DIR, delegate=dict(delegate),
-                       ipam=netconf.get_dict(raw, "ipam"), runtime_config=rc if "runtimeConfig" in raw else None,
+                       ipam=netconf.get_dict(raw, "ipam"),
+                       runtime_config=rc if netconf.lookup(raw, "runtimeConfig") is not None else None,
+
                        raw=raw, valid=netconf.valid_attachments(raw) if args.command == "GC" else [])
 
 

@@ -48,7 +48,8 @@ def parse_conf(args: CmdArgs) -> SbrConf:
     netconf.runtime_config(raw)
     netconf.args_cni(raw)
     conf = SbrConf(config_version(raw), netconf.prev_result(raw))
-    if raw.get("table") is not None:
+    if netconf.lookup(raw, "table") is not None:
+
         from pycni.net.rule import RESERVED_TABLES  # net/ only where used: VERSION loads none of it
 
         table = netconf.get_int(raw, "table")

@@ -206,15 +206,16 @@ def check_allowlist(keys: list[str], allowlist_file: str = ALLOWLIST_FILE) -> No
 
 def _link_attrs(conf: TuningConf, section: dict[str, Any], where: str) -> None:
     """mac, promisc, mtu, allmulti and txQLen of ``section`` (the config or args.cni), where given."""
-    if section.get("mac") is not None:
+    given = netconf.lookup
+    if given(section, "mac") is not None:
         conf.mac = netconf.get_str(section, "mac", label=where + "mac")
-    if section.get("promisc") is not None:
+    if given(section, "promisc") is not None:
         conf.promisc = netconf.get_bool(section, "promisc", label=where + "promisc")
-    if section.get("mtu") is not None:
+    if given(section, "mtu") is not None:
         conf.mtu = netconf.get_int(section, "mtu", minimum=0, maximum=netconf.MAX_MTU, label=where + "mtu")
-    if section.get("allmulti") is not None:
+    if given(section, "allmulti") is not None:
         conf.allmulti = netconf.get_bool(section, "allmulti", label=where + "allmulti")
-    if section.get("txQLen") is not None:
+    if given(section, "txQLen") is not None:
         conf.txqlen = netconf.get_int(section, "txQLen", minimum=0, maximum=2**32 - 1, label=where + "txQLen")
 
 
@@ -229,7 +230,7 @@ def parse_conf(args: CmdArgs, allowlist_file: str = ALLOWLIST_FILE) -> TuningCon
     conf.data_dir = netconf.get_str(raw, "dataDir") or DEFAULT_DATA_DIR
     if args.command not in ("ADD", "CHECK"):
         return conf
-    sysctls = _sysctl_map(raw.get("sysctl"), "sysctl")
+    sysctls = _sysctl_map(netconf.lookup(raw, "sysctl"), "sysctl")  # the key folds, the sysctl names do not
     _link_attrs(conf, raw, "")
     # The MAC, later wins: the config's, CNI_ARGS MAC, runtimeConfig.mac, args.cni.mac.
     env_mac = load_cni_args(args.args, ["MAC"]).get("MAC", "")
@@ -239,7 +240,8 @@ def parse_conf(args: CmdArgs, allowlist_file: str = ALLOWLIST_FILE) -> TuningCon
     if rc_mac:
         conf.mac = rc_mac
     cni = netconf.args_cni(raw)
-    sysctls.update(_sysctl_map(cni.get("sysctl"), "args.cni.sysctl"))
+    sysctls.update(_sysctl_map(netconf.lookup(cni, "sysctl"), "args.cni.sysctl"))
+
     _link_attrs(conf, cni, "args.cni.")
 
     if conf.mac:

@@ -38,20 +38,21 @@ class VrfConf:
 def parse_conf(args: CmdArgs) -> VrfConf:
     """The config as a :class:`VrfConf`, each key checked."""
     conf = args.conf()
-    name = conf.get("vrfname", "")
+    name = netconf.lookup(conf, "vrfname", "")
     if not isinstance(name, str) or not name:
         raise CNIError(E.INVALID_CONFIG, "configuration is expected to have a valid vrf name",
                        "set \"vrfname\" to the VRF device to create or join in the container")
     if len(name) > 15 or "/" in name or any(c.isspace() for c in name):
         raise CNIError(E.INVALID_CONFIG, f"invalid vrf name {name!r}", "a VRF is an interface: at most 15 characters")
-    table = conf.get("table")
+    table = netconf.lookup(conf, "table")
+
     if table is not None and (not isinstance(table, int) or isinstance(table, bool) or not 0 < table < 2**32
                               or table in RESERVED_TABLES):
         raise CNIError(E.INVALID_CONFIG, f"invalid vrf table {table!r}",
                        "\"table\" must be a routing table number other than 253-255 (default, main, local)")
     netconf.runtime_config(conf)
     netconf.args_cni(conf)
-    return VrfConf(name=str(conf.get("name") or ""), cni_version=config_version(conf), vrfname=name, table=table,
+    return VrfConf(name=netconf.network_name(conf), cni_version=config_version(conf), vrfname=name, table=table,
                    prev=netconf.prev_result(conf))
 
 

@@ -41,7 +41,8 @@ class DhcpConf:
 
 def parse_conf(args: CmdArgs) -> DhcpConf:
     conf = args.conf()
-    ipam = conf.get("ipam")
+    ipam = netconf.lookup(conf, "ipam")
+
     if not isinstance(ipam, dict):
         raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
                        "the network configuration needs an \"ipam\" object")

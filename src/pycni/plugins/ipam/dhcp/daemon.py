@@ -64,13 +64,13 @@ def client_options(ipam: Mapping[str, Any], cni_args: str, key: str, broadcast: 
             value = args[from_arg]
         if value:
             if len(value.encode()) > 255:
-                raise CNIError(INVALID_CONFIG, f"value too long for option {entry.get('option')!r}",
+                raise CNIError(INVALID_CONFIG, f"value too long for option {netconf.lookup(entry, 'option')!r}",
                                "DHCP options hold at most 255 bytes")
             provide[code] = value.encode()
     request: list[int] = []
     skip_default = False
     for entry in options.entries(ipam, "request"):
-        skip_default = skip_default or bool(entry.get("skipDefault"))
+        skip_default = skip_default or bool(netconf.lookup(entry, "skipDefault"))
         code = options.option_code(entry)
         if code not in request:
             request.append(code)
@@ -91,7 +91,8 @@ class Request:
 
     @property
     def network(self) -> str:
-        name = self.conf.get("name", "")
+        name = netconf.lookup(self.conf, "name", "")
+
         return name if isinstance(name, str) else ""
 
     @property
@@ -142,7 +143,7 @@ class DHCPService:
         if not isinstance(raw, dict):
             raise CNIError(DECODE_FAILURE, "malformed request to the DHCP daemon", repr(raw)[:200])
         conf = load_conf(str(raw.get("stdin", "")).encode())
-        ipam = conf.get("ipam")
+        ipam = netconf.lookup(conf, "ipam")
         if not isinstance(ipam, dict):
             raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
                            "the network configuration needs an \"ipam\" object")
@@ -196,12 +197,15 @@ class DHCPService:
         if not lease.alive or not lease.held():
             raise CNIError(PLUGIN_SPECIFIC, f"the DHCP lease for {req.key} has expired or is no longer maintained",
                            "the server did not renew it; run DEL and ADD again")
-        prev = req.conf.get("prevResult")
+        prev = netconf.lookup(req.conf, "prevResult")
         if isinstance(prev, dict):
             addr = str(lease.binding.address)
-            listed = [str(ip.get("address", "")).split("/")[0] for ip in prev.get("ips") or [] if isinstance(ip, dict)]
-            if prev.get("ip4"):
-                listed.append(str(prev["ip4"].get("ip", "")).split("/")[0])
+            listed = [str(netconf.lookup(ip, "address", "")).split("/")[0]
+                      for ip in netconf.lookup(prev, "ips") or [] if isinstance(ip, dict)]
+            ip4 = netconf.lookup(prev, "ip4")
+            if isinstance(ip4, dict):
+                listed.append(str(netconf.lookup(ip4, "ip", "")).split("/")[0])
+
             if addr not in listed:
                 raise CNIError(PLUGIN_SPECIFIC, f"leased address {addr} is not in prevResult",
                                f"prevResult lists {listed}; the server may have given a new address")

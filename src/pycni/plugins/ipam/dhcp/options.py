@@ -27,7 +27,7 @@ def entries(ipam: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
 
 def option_code(entry: Mapping[str, Any]) -> int:
     """The DHCP option an entry names (a number or a name the reference knows)."""
-    name = entry.get("option")
+    name = netconf.lookup(entry, "option")
     try:
         return M.parse_option_name(str(name) if name is not None else "")
     except ValueError as e:
@@ -41,7 +41,8 @@ def check(ipam: Mapping[str, Any]) -> None:
         value = netconf.get_str(entry, "value", label="ipam.provide[].value")
         netconf.get_str(entry, "fromArg", label="ipam.provide[].fromArg")
         if len(value.encode()) > 255:
-            raise CNIError(INVALID_CONFIG, f"value too long for option {entry.get('option')!r}",
+            raise CNIError(INVALID_CONFIG, f"value too long for option {netconf.lookup(entry, 'option')!r}",
+
                            "DHCP options hold at most 255 bytes")
     for entry in entries(ipam, "request"):
         option_code(entry)

@@ -84,7 +84,7 @@ def _bad(msg: str, details: str = "") -> CNIError:
 
 
 def _int_field(entry: dict[str, Any], key: str, i: int) -> int:
-    v = entry.get(key, 0)
+    v = netconf.lookup(entry, key, 0)
     if isinstance(v, bool) or not isinstance(v, int):
         raise _bad(f"invalid portMappings[{i}].{key}", f"expected an integer, got {v!r}")
     return v
@@ -104,10 +104,10 @@ def _parse_mappings(raw: Any) -> list[PortMapping]:
             raise _bad(f"Invalid container port number: {cp}", f"portMappings[{i}].containerPort must be 1-65535")
         if hp <= 0 or hp > 65535:
             raise _bad(f"Invalid host port number: {hp}", f"portMappings[{i}].hostPort must be 1-65535")
-        proto = e.get("protocol") or "tcp"
+        proto = netconf.lookup(e, "protocol") or "tcp"
         if not isinstance(proto, str) or proto.lower() not in PROTOCOLS:
             raise _bad(f"invalid portMappings[{i}].protocol {proto!r}", f"protocol must be one of {PROTOCOLS}")
-        host_ip = e.get("hostIP") or ""
+        host_ip = netconf.lookup(e, "hostIP") or ""
         if not isinstance(host_ip, str):
             raise _bad(f"invalid portMappings[{i}].hostIP", f"expected a string, got {host_ip!r}")
         if host_ip:
@@ -120,7 +120,7 @@ def _parse_mappings(raw: Any) -> list[PortMapping]:
 
 
 def _conditions(conf: dict[str, Any], key: str) -> list[str] | None:
-    v = conf.get(key)
+    v = netconf.lookup(conf, key)
     if v is None:
         return None
     if not isinstance(v, list) or not all(isinstance(c, str) for c in v):
@@ -154,17 +154,17 @@ def parse_conf(args: CmdArgs) -> PortmapConf:
     snat = netconf.get_bool(raw, "snat", True)
     netconf.args_cni(raw)
     masq_all = netconf.get_bool(raw, "masqAll")
-    if raw.get("markMasqBit") is not None and raw.get("externalSetMarkChain") is not None:
+    if netconf.lookup(raw, "markMasqBit") is not None and netconf.lookup(raw, "externalSetMarkChain") is not None:
         raise _bad("Cannot specify externalSetMarkChain and markMasqBit",
                    "externalSetMarkChain replaces the mark chain markMasqBit configures; set one of them")
     mark_bit = netconf.get_int(raw, "markMasqBit", DEFAULT_MARK_BIT)
     if not 0 <= mark_bit <= 31:  # the reference's wording
         raise _bad("MasqMarkBit must be between 0 and 31", f"markMasqBit is {mark_bit!r}")
-    ext_chain = raw.get("externalSetMarkChain")
+    ext_chain = netconf.lookup(raw, "externalSetMarkChain")
     ext_chain = _external_chain(ext_chain)
     cond4, cond6 = _conditions(raw, "conditionsV4"), _conditions(raw, "conditionsV6")
 
-    backend = raw.get("backend")
+    backend = netconf.lookup(raw, "backend")
     # Options only one backend understands; they also choose the backend when none is named.
     wants: dict[str, list[str]] = {"iptables": [], "nftables": []}
     if ext_chain is not None:
@@ -189,7 +189,8 @@ def parse_conf(args: CmdArgs) -> PortmapConf:
     conf = PortmapConf(name=name, cni_version=version, backend=backend, snat=snat, masq_all=masq_all,
                        mark_masq_bit=mark_bit, external_set_mark_chain=ext_chain,
                        conditions_v4=cond4 or [], conditions_v6=cond6 or [],
-                       mappings=_parse_mappings(rc.get("portMappings")), prev=prev_result(raw),
+                       mappings=_parse_mappings(netconf.lookup(rc, "portMappings")), prev=prev_result(raw),
+
                        container_id=args.container_id, auto=auto)
     if conf.prev is not None:
         _pick_addresses(conf, args.ifname)
