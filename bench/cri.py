@@ -12,8 +12,8 @@ and containerd state, a containerd with its CRI plugin) differ only in /opt/cni/
 
 The network is the kubeadm-like conflist of tests/test_cri.py (bridge + host-local v4/v6,
 portmap, bandwidth); go-cni also runs the loopback network, at the same time as it. A pod is
-plain by default (as most pods: portmap and bandwidth are called with no capability);
-``--hostport`` gives it a hostPort and bandwidth annotations. Variants alternate within every
+plain (as most pods: portmap and bandwidth are called with no capability), then one with a
+hostPort and bandwidth annotations (``--pods`` chooses). Variants alternate within every
 round, the first round is discarded; the table reports medians and ours/Go.
 
 Then, unless ``--no-calls``, a separate pass wraps every plugin in /opt/cni/bin in a shell
@@ -113,15 +113,16 @@ def nodes(tmp: Path) -> Iterator[dict[str, Node]]:
 
 
 def case_cycle(ns: dict[str, Node], rounds: int, hostport: bool) -> list[Row]:
-    """RunPodSandbox + StopPodSandbox + RemovePodSandbox of one pod, with one pod kept running."""
+    """RunPodSandbox + StopPodSandbox + RemovePodSandbox of one pod (with one pod kept running)."""
     for node in ns.values():
-        node.cri.run_pod(node.pod("keep", False))
+        if not node.cri.list():
+            node.cri.run_pod(node.pod("keep", False))
     phases: dict[str, dict[str, list[float]]] = {p: {v: [] for v in VARIANTS} for p in ("run", "stop", "remove")}
 
     def step(v: str, r: int) -> float:
         node = ns[v]
         t0 = time.perf_counter()
-        sid = node.cri.run_pod(node.pod(f"cyc{r}", hostport))
+        sid = node.cri.run_pod(node.pod(f"cyc{r}{'h' if hostport else ''}", hostport))
         t1 = time.perf_counter()
         node.cri.stop(sid)
         t2 = time.perf_counter()
@@ -199,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--rounds", type=int, default=20, help="measured pod cycles per variant (default 20)")
     p.add_argument("--quick", action="store_true", help="5 rounds, 3 in the calls pass")
-    p.add_argument("--hostport", action="store_true", help="pods with a hostPort and bandwidth annotations")
+    p.add_argument("--pods", default="plain,hostport",
+                   help="pod kinds, comma-separated: plain, hostport (a hostPort and bandwidth annotations); "
+                   "the calls pass uses the first (default: plain,hostport)")
     p.add_argument("--no-calls", action="store_true", help="skip the per-plugin-call pass")
     p.add_argument("--call-rounds", type=int, default=5, help="pod cycles in the calls pass (default 5)")
     p.add_argument("--json", help="also write the raw numbers here")
@@ -217,11 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with nodes(tmp) as ns:
             version = ns["go"].cri.version()
-            log(f"{rounds} x RunPodSandbox + StopPodSandbox + RemovePodSandbox")
-            rows = case_cycle(ns, rounds, opts.hostport)
+            rows: list[Row] = []
+            kinds = [k == "hostport" for k in opts.pods.split(",")]
+            for hostport in kinds:
+                kind = "hostport" if hostport else "plain"
+                log(f"{rounds} x RunPodSandbox + StopPodSandbox + RemovePodSandbox, {kind} pod")
+                rows += case_cycle(ns, rounds, hostport)
             if not opts.no_calls:
                 log(f"plugin calls of {call_rounds} pod cycles")
-                calls = case_calls(ns, call_rounds, opts.hostport)
+                calls = case_calls(ns, call_rounds, kinds[0])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print()
