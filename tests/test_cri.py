@@ -6,9 +6,9 @@ throwaway host (tests/runtime_host.py: its own network, mount and PID namespaces
 /etc/cni/net.d, /opt/cni/bin, /var/lib/cni, /run and containerd state), its CRI plugin
 configured as on a kubeadm node (runc on cgroupfs, a local sandbox image built from
 busybox-static whose process is an HTTP server on port 80, so a hostPort has something to
-reach). One containerd serves the module; every scenario runs twice, with the Go reference
-plugins (/usr/lib/cni) and with ours (``pycni install-plugins``) in its /opt/cni/bin, one-shot and with ``pycni
-daemon`` on its default socket.
+reach). One containerd serves the module; every scenario runs three times, with the Go
+reference plugins (/usr/lib/cni) in its /opt/cni/bin, with ours (``pycni install-plugins``)
+one-shot, and with ours served by ``pycni daemon`` on its default socket.
 
 The network is a kubeadm-like conflist: bridge (isGateway, ipMasq, hairpinMode) with
 host-local v4 + v6, portmap (capabilities.portMappings), bandwidth (capabilities.bandwidth),
@@ -97,6 +97,7 @@ class Kubelet:
         self.host, self.outside = host, outside
         self.cri = CRIClient(host.outside_path("/run/containerd/containerd.sock"))
         self.cgroup_parent = f"/{host.ctr_namespace}"
+        self.impl = ""  # which plugins /opt/cni/bin holds now: one of IMPLS
 
     def pod(self, name: str, **kw: Any) -> Any:
         from cri.client import Pod
@@ -149,9 +150,9 @@ def k8s(request: pytest.FixtureRequest, kubelet: Kubelet) -> Iterator[Kubelet]:
         host.install_ours(PYCNI)
         if request.param == "daemon":
             host.start_pycni_daemon(PYCNI, "--debug", "--log-file", DAEMON_LOG)
-    host.run(["sh", "-c", "cat > /opt/cni/bin/cr-record && chmod 755 /opt/cni/bin/cr-record"], input=RECORDER)
+    install_recorder(host)
     write_conflist(host, kubeadm_conflist())
-    kubelet.impl = request.param  # type: ignore[attr-defined]
+    kubelet.impl = request.param
     yield kubelet
     # what a failed case left must not fail the next one: pods the plugins could not remove are
     # removed with the Go plugins (they undo ours), then the rules and state are reset
@@ -162,8 +163,7 @@ def k8s(request: pytest.FixtureRequest, kubelet: Kubelet) -> Iterator[Kubelet]:
             break
         if attempt != "as is":
             host.install_go()
-            host.run(["sh", "-c", "cat > /opt/cni/bin/cr-record && chmod 755 /opt/cni/bin/cr-record"],
-                     input=RECORDER)
+            install_recorder(host)
         for sandbox in sandboxes:
             try:
                 kubelet.cri.stop_remove(sandbox.id)
@@ -174,6 +174,10 @@ def k8s(request: pytest.FixtureRequest, kubelet: Kubelet) -> Iterator[Kubelet]:
     host.sh("iptables -t nat -F; iptables -t nat -X; ip6tables -t nat -F; ip6tables -t nat -X; "
             "iptables -F; iptables -X; ip6tables -F; ip6tables -X; nft flush ruleset; "
             "rm -rf /var/lib/cni/networks/* /var/lib/cni/results/*", check=False)
+
+
+def install_recorder(host: RuntimeHost) -> None:
+    host.run(["sh", "-c", "cat > /opt/cni/bin/cr-record && chmod 755 /opt/cni/bin/cr-record"], input=RECORDER)
 
 
 def write_conflist(host: RuntimeHost, text: str, path: str = CONFLIST) -> None:
@@ -187,9 +191,9 @@ def write_conflist(host: RuntimeHost, text: str, path: str = CONFLIST) -> None:
 
 def leftovers(host: RuntimeHost, needles: tuple[str, ...] = ("10.92.", "fd92:"),
               keep: tuple[str, ...] = ()) -> list[str]:
-    """Everything a pod's network may leave on the host: interfaces but the bridge, uplink and
-    lo, host-local reservations, libcni's result cache, netns files, rules naming a pod address
-    or a per-pod chain, qdiscs of a pod."""
+    """Everything a pod's network may leave on the host: interfaces but the bridges, uplink and
+    lo (a veth, an ifb), host-local reservations, libcni's result cache, netns files, rules
+    naming a pod address or a per-pod chain."""
     left: list[str] = []
     links = host.run(["ip", "-o", "link", "show"]).stdout
     names = sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines())
@@ -284,7 +288,7 @@ def test_hostport_pods(k8s: Kubelet) -> None:
 def served_by_daemon(k: Kubelet, sandbox_id: str) -> None:
     """With the daemon up, it ran the pod's plugin calls (the executables forwarded them with
     nothing set in containerd's environment)."""
-    if k.impl != "daemon":  # type: ignore[attr-defined]
+    if k.impl != "daemon":
         return
     served = k.host.sh(f"cat {DAEMON_LOG}")
     for plugin in ("bridge", "portmap", "bandwidth"):
@@ -339,7 +343,7 @@ def test_bandwidth_annotations(k8s: Kubelet) -> None:
     ingress = tbf(host, veth)
     # MaxUint32 bits at 10 Mbit/s is more than the kernel's bucket holds: Go's arithmetic wraps
     # (193 MB), ours takes the largest bucket the kernel holds (~343 MB, 275 s; docs/plugins.md)
-    burst = "193273526b" if k8s.impl == "go" else "343597381b"  # type: ignore[attr-defined]
+    burst = "193273526b" if k8s.impl == "go" else "343597381b"
     assert ingress == {"rate": "10Mbit", "burst": burst}, ingress
     [ifb] = ifbs(host)
     egress = tbf(host, ifb)
@@ -412,7 +416,7 @@ def test_routed_cluster_ipam(k8s: Kubelet, tmp_path: Path) -> None:
     """Our routed + cluster-ipam under the CRI, on a local etcd: two pods get addresses from
     the cluster pool and ping each other; ``pycni ipam list`` names their sandboxes; after
     Stop + Remove the pool is empty and nothing is left on the host."""
-    if k8s.impl == "go":  # type: ignore[attr-defined]
+    if k8s.impl == "go":
         pytest.skip("routed and cluster-ipam are pycni's own (no Go reference plugin to compare)")
     from etcd_util import EtcdCluster, etcd_available
 
