@@ -463,3 +463,20 @@ def test_smallest_rates_as_go_reference(host_ns: Any, netns_factory: Any, tmp_pa
     ifbs = in_ns(host_ns, lambda: (tc.qdiscs(bw.ifb_name(NET, "c1")), tc.qdiscs(bw.ifb_name(NET, "c2"))))
     assert ifbs == (None, None)
 
+
+
+def test_max_uint32_burst_with_shaped_subnets(host_ns: Any, container_ns: Any, tmp_path: Any) -> None:
+    """The clamp holds for htb classes too (tc computes their buckets): ADD and CHECK agree."""
+    from pycni.net import tc
+
+    prev = bridge_add(host_ns, tmp_path, container_ns, "c1")
+    limits = {"IngressRate": 10_000_000, "IngressBurst": MAX_U32_BITS, "EgressRate": 10_000_000,
+              "EgressBurst": MAX_U32_BITS, "ShapedSubnets": ["10.0.0.0/8"]}
+    code, res = run_bw(host_ns, "ADD", bw_conf(prev, runtimeConfig={"bandwidth": limits}), "c1", container_ns)
+    assert code == 0, res
+    shaped = [c for c in in_ns(host_ns, lambda: tc.htb_classes(host_veth(prev))) if c.handle & 0xFFFF == 0x30]
+    assert shaped and shaped[0].rate == 1_250_000 and 0.999 * tc.MAX_U32 < shaped[0].buffer <= tc.MAX_U32
+    code, e = run_bw(host_ns, "CHECK", bw_conf(res, runtimeConfig={"bandwidth": limits}), "c1", container_ns)
+    assert code == 0, e
+
+    assert run_bw(host_ns, "DEL", bw_conf(res, runtimeConfig={"bandwidth": limits}), "c1", container_ns)[0] == 0

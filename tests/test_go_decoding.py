@@ -27,7 +27,7 @@ from netns_util import Namespace
 from plugin_util import runtime_env
 
 from pycni.skel import CmdArgs, dispatch
-from pycni.spec.gokeys import fold, has, key_of, lookup
+from pycni.spec.gokeys import fold, has, lookup
 
 GO = "/usr/lib/cni"
 KELVIN, LONG_S = "\u212a", "\u017f"
@@ -68,11 +68,10 @@ def test_lookup(obj: Any, name: str, want: Any) -> None:
     assert lookup(obj, name) == want
 
 
-def test_lookup_default_has_and_key_of() -> None:
+def test_lookup_default_and_has() -> None:
     assert lookup({}, "mtu", 1500) == 1500 and lookup({"MTU": None}, "mtu", 1500) == 1500
     assert has({"IngressRate": None}, "ingressRate")  # Go allocates an embedded entry even for null
     assert not has({"ingress_rate": 1}, "ingressRate") and not has(None, "x")
-    assert key_of({"mac": 1, "MAC": 2}, "mac") == "MAC" and key_of({}, "mac") == "mac"
     assert fold(f"Ip{LONG_S}") == fold("IPS") == "ips" and fold(f"{KELVIN}ey") == "key"
 
 
@@ -556,3 +555,96 @@ def test_static_invalid_cidr_from_ips_has_go_message(where: str) -> None:
     assert go_rc == out.exit_code == 1
     assert ours["msg"] == go_out["msg"] == "an entry in the 'ips' field is NOT in CIDR notation, got: '10.10.0.1'"
     assert ours["code"] == 7
+
+
+# ---- the Kubernetes path without kubelet: Go's libcni, CRI's capability args, our executables ----
+SERVER = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8080)); s.listen(4); print("ready", flush=True)
+while True:
+    c, peer = s.accept(); c.sendall(b"pod\\n"); c.close()
+"""
+
+
+def test_cri_pod_with_host_port_and_bandwidth_under_go_libcni(go_libcni_tool: str, host_ns: Namespace,
+                                                             container_ns: Namespace, plugin_dir: str,
+                                                             tmp_path: Path) -> None:
+    """What containerd 1.6's CRI does for a pod with a hostPort and bandwidth annotations: go-cni
+    calls libcni with Go-cased portMappings and bandwidth (burst MaxUint32). Our bridge,
+    host-local, portmap and bandwidth executables start the pod (hostPort answers, tbf on the
+    veth and the ifb), and the DEL that repeats the same runtimeConfig removes everything."""
+    import subprocess
+    import sys
+
+    conf_dir = tmp_path / "net.d"
+    conf_dir.mkdir()
+    conflist = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "plugins": [
+        {"type": "bridge", "bridge": "gdcni0", "isGateway": True, "ipMasq": True, "hairpinMode": True,
+         "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.86.0.0/24"}]], "routes": [{"dst": "0.0.0.0/0"}],
+                  "dataDir": str(tmp_path / "ipam")}},
+        {"type": "portmap", "capabilities": {"portMappings": True}},
+        {"type": "bandwidth", "capabilities": {"bandwidth": True}}]}
+    (conf_dir / "10-k8s.conflist").write_text(json.dumps(conflist))
+    caps = {"portMappings": [{"HostPort": 18081, "ContainerPort": 8080, "Protocol": "tcp", "HostIP": ""}],
+            "bandwidth": {"IngressRate": 10_000_000, "IngressBurst": 4294967295, "EgressRate": 10_000_000,
+                          "EgressBurst": 4294967295}}
+
+    def libcni(command: str) -> Any:
+        argv = [go_libcni_tool, "-confdir", str(conf_dir), "-net", "k8s-pod-network", "-path", plugin_dir,
+                "-cachedir", str(tmp_path / "cache"), "-cid", "sandbox1", "-netns", container_ns.path,
+                "-ifname", "eth0", "-args", "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web",
+                "-cap", json.dumps(caps), command]
+        p = host_ns.run(argv, check=False, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                                "PYCNI_SOCKET": "off"})
+        assert p.returncode == 0, f"libcni {command}: {p.stdout} {p.stderr}"
+        return json.loads(p.stdout) if p.stdout.strip() else None
+
+    res = libcni("add")
+    pod_ip = res["ips"][0]["address"].split("/")[0]
+    host_veth = [i["name"] for i in res["interfaces"] if not i.get("sandbox") and i["name"] != "gdcni0"
+                 and not i["name"].startswith("bwp")][0]
+    assert any(i["name"].startswith("bwp") for i in res["interfaces"])
+    server = subprocess.Popen(["ip", "netns", "exec", container_ns.name, sys.executable, "-c", SERVER],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        got = host_ns.run([sys.executable, "-c", "import socket; c = socket.create_connection(('10.86.0.1', 18081),"
+                                                 " timeout=5); print(c.recv(16).decode().strip())"], timeout=20)
+        assert got.stdout.strip() == "pod"
+    finally:
+        server.kill()
+        server.wait()
+    nat = host_ns.run(["iptables-save", "-t", "nat"]).stdout
+    assert f"--dport 18081 -j DNAT --to-destination {pod_ip}:8080" in nat
+    tbf = host_ns.run(["tc", "qdisc", "show", "dev", host_veth]).stdout
+    assert "tbf" in tbf and "rate 10Mbit" in tbf
+    libcni("check")
+    libcni("del")
+    libcni("del")  # StopPodSandbox repeats it
+    assert "18081" not in host_ns.run(["iptables-save", "-t", "nat"]).stdout
+    assert "bwp" not in host_ns.run(["ip", "-o", "link"]).stdout
+
+
+def test_delegate_answers_in_go_spelling(tmp_path: Path) -> None:
+    """What a plugin prints is read as libcni reads it: version info, errors and results whose
+    keys are in another case (Go's structs) mean the same."""
+    from pycni import invoke
+    from pycni.spec.errors import CNIError
+
+    plugin = tmp_path / "gd-go-cased"
+    plugin.write_text("#!/bin/sh\n"
+                      "case $CNI_COMMAND in\n"
+                      "VERSION) echo '{\"CNIVersion\":\"1.0.0\",\"SupportedVersions\":[\"0.4.0\",\"1.0.0\"]}';;\n"
+                      "ADD) echo '{\"CNIVersion\":\"1.0.0\",\"IPs\":[{\"Address\":\"10.3.0.2/24\"}]}';;\n"
+                      "*) echo '{\"Code\":7,\"Msg\":\"bad config\",\"Details\":\"why\"}'; exit 1;;\n"
+                      "esac\n")
+    plugin.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "CNI_COMMAND": "ADD"}
+    want = {"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}
+    assert invoke.get_version_info(str(plugin), env) == want
+    res = invoke.exec_with_result(str(plugin), b'{"cniVersion": "1.0.0"}', env)
+    assert [str(ip.address) for ip in res.ips] == ["10.3.0.2/24"]
+    with pytest.raises(CNIError) as ei:
+        invoke.exec_plugin(str(plugin), b'{"cniVersion": "1.0.0"}', {**env, "CNI_COMMAND": "DEL"})
+    assert (ei.value.code, ei.value.msg, ei.value.details) == (7, "bad config", "why")

@@ -110,12 +110,13 @@ def error_from_output(plugin_path: str, rc: int, stdout: bytes, stderr: bytes) -
     except (ValueError, UnicodeDecodeError) as e:
         return CNIError(E.UNKNOWN, "netplugin failed but error parsing its diagnostic message",
                         f"{out_text[-2000:]!r}: {e}; {status}")
-    code = obj.get("code", 0) if isinstance(obj, dict) else None
+    code = lookup(obj, "code", 0) if isinstance(obj, dict) else None  # Go's types.Error: keys in any case
+    msg, details = lookup(obj, "msg", ""), lookup(obj, "details", "")
     if isinstance(code, bool) or not isinstance(code, int) or code < 0 \
-            or not isinstance(obj.get("msg", ""), str) or not isinstance(obj.get("details", ""), str):
+            or not isinstance(msg, str) or not isinstance(details, str):
         return CNIError(E.UNKNOWN, "netplugin failed but error parsing its diagnostic message",
                         f"{out_text[-2000:]!r}: not a CNI error object; {status}")
-    return CNIError(code, obj.get("msg", ""), obj.get("details", ""), str(obj.get("cniVersion", "") or ""))
+    return CNIError(code, msg, details, str(lookup(obj, "cniVersion", "") or ""))
 
 
 def plugin_env(base: Mapping[str, str], command: str, *, container_id: str = "", netns: str = "",
@@ -215,15 +216,16 @@ def get_version_info(plugin_path: str, env: Mapping[str, str], cni_version: str 
         raise CNIError(E.DECODE_FAILURE, "decoding version info", f"{err}: {out[:200]!r}") from None
     if not isinstance(info, dict):
         raise CNIError(E.DECODE_FAILURE, "decoding version info", f"expected a JSON object: {out[:200]!r}")
-    if not isinstance(info.get("cniVersion"), str) or not info["cniVersion"]:
+    reported = lookup(info, "cniVersion")  # Go's PluginDecoder reads a struct: keys in any case
+    if not isinstance(reported, str) or not reported:
         raise CNIError(E.DECODE_FAILURE, "decoding version info: missing field cniVersion", repr(out[:200]))
-    supported = info.get("supportedVersions")
+    supported = lookup(info, "supportedVersions")
     if not supported:
-        if info["cniVersion"] != "0.2.0":
+        if reported != "0.2.0":
             raise CNIError(E.DECODE_FAILURE, "decoding version info: missing field supportedVersions",
                            repr(out[:200]))
-        info["supportedVersions"] = ["0.1.0", "0.2.0"]
+        supported = ["0.1.0", "0.2.0"]
     elif not isinstance(supported, list) or not all(isinstance(v, str) for v in supported):
         raise CNIError(E.DECODE_FAILURE, "decoding version info: supportedVersions is not a list of strings",
                        repr(out[:200]))
-    return info
+    return {"cniVersion": reported, "supportedVersions": supported}  # in the spec's spelling

@@ -83,16 +83,4 @@ def has(obj: Any, name: str) -> bool:
     return any(len(key) == len(name) and fold(key) == folded for key in obj)
 
 
-def key_of(obj: Any, name: str) -> str:
-    """The spelling under which ``obj`` gives field ``name`` its value (for messages); ``name``
-    when absent."""
-    if isinstance(obj, dict):
-        folded = name.lower()
-        hits = [k for k in obj if len(k) == len(name) and (k == name or fold(k) == folded)
-                and obj[k] is not None]
-        if hits:
-            return hits[-1]
-    return name
-
-
-__all__ = ["fold", "lookup", "has", "key_of"]
+__all__ = ["fold", "lookup", "has"]

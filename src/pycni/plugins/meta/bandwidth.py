@@ -194,7 +194,11 @@ def _check_shaper(conf: BandwidthConf, dev: str, lim: Limits) -> None:
         shaped = classes.get(tc.SHAPED_MINOR)
         if len(classes) != 2 or shaped is None or tc.UNSHAPED_MINOR not in classes:
             raise CNIError(PLUGIN_SPECIFIC, f"htb classes do not match on {dev}", f"found {sorted(classes)}")
-        if shaped.rate != lim.rate or shaped.buffer != tc.tc_xmittime(lim.rate, lim.burst):
+        # tc 6.1 rounds an htb bucket as xmittime does (whole microseconds first), a tbf's as
+        # tc_xmittime; they differ only when the burst is not a whole number of microseconds.
+        buckets = (tc.xmittime(lim.rate, lim.burst), tc.tc_xmittime(lim.rate, lim.burst))
+        if shaped.rate != lim.rate or shaped.buffer not in buckets:
+
             raise CNIError(PLUGIN_SPECIFIC, f"rate or burst does not match on {dev}",
                            f"class 1:30 rate {shaped.rate} != {lim.rate} or buffer differs")
         subnets = conf.shaped_subnets or conf.unshaped_subnets
