@@ -64,6 +64,38 @@ runroot = "/run/containers/storage"
 graphroot = "/var/lib/containers/storage"
 """
 
+# containerd's CRI plugin as kubeadm's nodes run it, fitted to this host: the sandbox ("pause")
+# image is a local one (no registry), runc on cgroupfs (no systemd here), and
+# restrict_oom_score_adj because root lacks CAP_SYS_RESOURCE (runc could not set a sandbox's -998)
+CRI_CONFIG = """\
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "%(sandbox_image)s"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_selinux = false
+  disable_hugetlb_controller = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "%(snapshotter)s"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
+    max_conf_num = 1
+"""
+DAEMON_PID = "/run/pycni-daemon.pid"
+CRI_NAMESPACE = "k8s.io"  # the containerd namespace the CRI plugin keeps its images and sandboxes in
+
 POLICY = {"default": [{"type": "insecureAcceptAnything"}]}
 
 # The shell that becomes the new namespaces' first process: mounts, then the reaper.
@@ -232,6 +264,22 @@ class RuntimeHost:
         """Replace the plugins in ``plugin_dir`` by the Go reference plugins."""
         self.sh(f"rm -rf {plugin_dir}/* && cp -a {go_dir}/. {plugin_dir}/")
 
+    def start_pycni_daemon(self, pycni: str, *args: str) -> None:
+        """``pycni daemon`` on its default socket (this host's /run/pycni/pycni.sock), in this
+        host's PID namespace so the peer credentials of its callers resolve."""
+        self.popen(["sh", "-c", f"echo $$ > {DAEMON_PID}; exec {pycni} daemon {' '.join(args)}"],
+                   self.scratch / "daemon.log")
+        deadline = time.monotonic() + 30
+        while self.run(["test", "-S", "/run/pycni/pycni.sock"], check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pycni daemon did not start: {(self.scratch / 'daemon.log').read_text()}")
+            time.sleep(0.05)
+
+    def stop_pycni_daemon(self) -> None:
+        """SIGTERM to the daemon :meth:`start_pycni_daemon` started; back once its socket is gone."""
+        self.sh(f"kill $(cat {DAEMON_PID}) && rm -f {DAEMON_PID} && for i in $(seq 300); do "
+                "[ -S /run/pycni/pycni.sock ] || exit 0; sleep 0.1; done; exit 1")
+
     # ---- podman --------------------------------------------------------------------------------
 
     def podman(self, *args: str, check: bool = True, timeout: float = 120) -> str:
@@ -242,14 +290,23 @@ class RuntimeHost:
 
     # ---- containerd ----------------------------------------------------------------------------
 
-    def start_containerd(self) -> str:
-        """containerd on a socket in this host's /run; its state in the scratch /var/lib."""
+    def cri_config(self, sandbox_image: str) -> str:
+        """A containerd config whose CRI plugin runs pods with ``sandbox_image`` (see CRI_CONFIG)."""
+        return CRI_CONFIG % {"sandbox_image": sandbox_image, "snapshotter": self.snapshotter}
+
+    def start_containerd(self, config: str | None = None) -> str:
+        """containerd on a socket in this host's /run; its state in the scratch /var/lib.
+        ``config`` (a config.toml's text, e.g. :meth:`cri_config`) goes to the scratch
+        /etc/containerd; without it containerd runs on its defaults."""
         if self.containerd:
             return self.containerd
         address = "/run/containerd/containerd.sock"
         self.run(["mkdir", "-p", "/run/containerd"])
-        self.popen(["containerd", "--root", "/var/lib/containerd", "--state", "/run/containerd",
-                    "--address", address], self.scratch / "containerd.log")
+        cmd = ["containerd", "--root", "/var/lib/containerd", "--state", "/run/containerd", "--address", address]
+        if config is not None:
+            self.path("/etc/containerd/config.toml").write_text(config)
+            cmd += ["--config", "/etc/containerd/config.toml"]
+        self.popen(cmd, self.scratch / "containerd.log")
         deadline = time.monotonic() + 30
         while self.run(["ctr", "--address", address, "version"], check=False).returncode != 0:
             if time.monotonic() > deadline:
@@ -257,6 +314,20 @@ class RuntimeHost:
             time.sleep(0.1)
         self.containerd = address
         return address
+
+    def import_image(self, rootfs_tar: Path, image: str, cmd: Sequence[str], namespace: str = CRI_NAMESPACE) -> None:
+        """Load the rootfs as ``image`` running ``cmd`` into containerd's ``namespace`` (the
+        CRI's by default): ``podman import`` builds it, ``podman save`` + ``ctr images import``
+        hand it over."""
+        archive = self.scratch / f"{image.replace('/', '_').replace(':', '_')}.tar"
+        self.podman("import", "--change", "CMD=" + json.dumps(list(cmd), separators=(",", ":")), str(rootfs_tar), image)
+        self.podman("save", "-o", str(archive), image)
+        self.run(["ctr", "--address", str(self.containerd), "--namespace", namespace, "images", "import",
+                  "--snapshotter", self.snapshotter, str(archive)])
+
+    def outside_path(self, inside: str) -> str:
+        """A path of this host's mount namespace (its /run, say) as the test process can open it."""
+        return f"/proc/{self.pid}/root{inside}"
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 120) -> str:
         assert self.containerd, "start_containerd() first"
