@@ -318,7 +318,8 @@ def test_static_same_result_as_go(version: str, spelling: str) -> None:
     need_go("static")
     from pycni.plugins.ipam import static
 
-    ips = ["10.10.0.1/24"] if version in ("0.1.0", "0.2.0") else ["10.10.0.1/24", "3ffe:ffff:0:1ff::1/64"]
+    ips = ["10.10.0.1/24", "3ffe:ffff:0:1ff::1/64"]  # the reference's spec: one address of each family
+
     extra = {"RuntimeConfig": {"ips": ips}} if spelling == "RuntimeConfig" else \
         {"runtimeConfig": {"IPs": ips}} if spelling == "IPs" else {"Args": {"cni": {"IPs": ips}}}
     conf = {"cniVersion": version, "name": "mynet", "type": "ipvlan", "master": "foo0",
