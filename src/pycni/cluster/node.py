@@ -281,6 +281,7 @@ class Programmed:
     routes: dict[str, Hop] = field(default_factory=dict)
     neighbours: dict[str, str] = field(default_factory=dict)  # VTEP IP -> MAC, on the vxlan device
     fdb: dict[str, str] = field(default_factory=dict)         # MAC -> underlay IP, on the vxlan device
+    local: set[str] = field(default_factory=set)              # host routes not ours: this node's pods
 
 
 def read_kernel(device: str) -> Programmed:
@@ -295,6 +296,8 @@ def read_kernel(device: str) -> Programmed:
         if r.proto == RTPROT_PYCNI:
             out.routes[str(r.dst)] = Hop(gw=str(r.gw or ""), dev=overlays.get(r.oif or 0, ""),
                                          blackhole=r.type == route.RTN_BLACKHOLE)
+        elif r.dst.prefixlen == r.dst.max_prefixlen and r.type == route.RTN_UNICAST and r.oif:
+            out.local.add(str(r.dst))
     if device and link.get_link(device) is not None:
         for n in neigh.list_neighbours(device):
             if n.state & NUD_PERMANENT and n.dst:
@@ -348,6 +351,16 @@ def converge(want: Plan, device: str, log: Any) -> tuple[int, int]:
     for cidr, hop in sorted(want.routes.items()):
         cur = have.routes.get(cidr)
         if cur is not None and _same(cur, hop):
+            continue
+        if not hop.blackhole and cidr in have.local:
+            # A pod of this node holds the address (its plugin's route): etcd's view here is behind
+            # (the handle naming another node was deleted before this pod got the address, and
+            # that event is still on its way). Replacing the pod's route would cut the pod off —
+            # for good, once the stale route is withdrawn.
+            if cur is None:
+                continue
+            attempt(f"route del {describe(cidr, cur)} (a local pod holds {cidr})", route.del_route, cidr,
+                    gw=cur.gw or None, proto=RTPROT_PYCNI)
             continue
         verb = "add" if cur is None else "change"
         if hop.blackhole:
@@ -588,6 +601,7 @@ def status_lines(opts: AgentOptions, etcd: Etcd) -> tuple[list[str], bool]:
     for cidr, hop in sorted(want.routes.items()):
         cur = have.routes.get(cidr)
         state = "programmed" if cur is not None and _same(cur, hop) else (
+            "LOCAL (a pod of this node holds it; left alone)" if cidr in have.local and not hop.blackhole else
             "MISSING" if cur is None else f"DIFFERS (kernel: {describe(cidr, cur)})")
         ok &= state == "programmed"
         whose = "this node's block" if hop.blackhole else f"node {hop.node}"
