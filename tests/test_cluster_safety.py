@@ -1,4 +1,4 @@
-"""No ADD commits after the DEL of its attachment (issue 23, item 1), on the in-memory etcd
+"""Cluster IPAM under faults (issue 23). Item 1 — no ADD commits after the DEL of its attachment — on the in-memory etcd
 (deterministic reorderings) and on a real 3-member etcd (an ADD's transaction held back until the
 DEL has returned, then sent).
 
@@ -6,17 +6,25 @@ The fault: an ADD's transaction is in flight (its plugin SIGKILLed, or its answe
 runtime's DEL reads "no handle" and returns; the transaction commits afterwards and the address
 outlives the DEL. The fix (pycni.cluster.ipam's docstring): every DEL leaves a tombstone the ADD's
 transaction compares against.
+
+Item 3: a failed ADD, the runtime's rollback DEL included, ends within ``etcdTimeout`` (plus the
+bounded lock wait, plus one short try when the ADD's transaction went out), and says what is left.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from etcd_util import EtcdCluster, etcd_available
+from netns_util import new_namespace
 
 from pycni.cluster.etcd import TxnResult
 from pycni.cluster.ipam import TOMBSTONE_TTL, ClusterStore, IpamError
@@ -213,3 +221,82 @@ def test_real_etcd_add_held_past_del(cluster: EtcdCluster) -> None:
         assert str(got[0].ip) == "10.90.0.2" and etcd.get(s.tombstone_key("c1", "eth0")) is None
         assert s.release("c1", "eth0") == ["10.90.0.2/24"] and _leftovers(s) == ([], [])
         etcd.delete_prefix(prefix + "/")
+
+
+# ---- item 3: a failed ADD, its rollback included, within the budget ---------------------------------
+
+BUDGET = 4  # etcdTimeout of the network below
+
+
+def _pycni_add(cluster: EtcdCluster, tmp: Path, bin_dir: str,
+               cid: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """``pycni add`` of a routed + cluster-ipam network from node1, as a runtime: a failed ADD is
+    DELeted again before the command returns. (seconds taken, the process)."""
+    node = cluster.nodes[0]
+    conf_dir = tmp / "net.d"
+    conf_dir.mkdir(exist_ok=True)
+    (conf_dir / "10-budget.conflist").write_text(json.dumps({
+        "cniVersion": "1.1.0", "name": "budget", "plugins": [{
+            "type": "routed", "ipam": {"type": "cluster-ipam", "etcdEndpoints": cluster.endpoints,
+                                       "etcdPrefix": "/sf-budget", "nodeName": node.name, "etcdTimeout": BUDGET,
+                                       "lockDir": str(tmp / "locks"), "ranges": [[{"subnet": "10.88.0.0/24"}]]}}]}))
+    pod = new_namespace("sf-bp")
+    try:
+        start = time.monotonic()
+        proc = node.ns.run([sys.executable, "-m", "pycni", "add", "budget", pod.path, "--container-id", cid,
+                            "--conf-dir", str(conf_dir), "--cni-path", bin_dir, "--cache-dir", str(tmp / "cache")],
+                           check=False, timeout=120)
+        elapsed = time.monotonic() - start
+        links = pod.run(["ip", "-o", "link", "show"]).stdout.splitlines()
+        if proc.returncode != 0:
+            assert len(links) == 1 and ": lo:" in links[0], links  # rolled back: the pod keeps nothing
+    finally:
+        pod.delete()
+    return elapsed, proc
+
+
+def test_failed_add_with_etcd_down_is_bounded_rollback_included(cluster: EtcdCluster, tmp_path: Path,
+                                                               plugin_dir: str) -> None:
+    """Every member down: the ADD gives up after its budget and the runtime's rollback DEL does not
+    wait a second one (the ADD sent nothing); the error says nothing is left."""
+    cluster.kill_all()
+    try:
+        elapsed, proc = _pycni_add(cluster, tmp_path, plugin_dir, "down1")
+    finally:
+        cluster.restart_all()
+    assert proc.returncode != 0
+    err = proc.stderr  # pycni's CLI: "pycni: <msg>: <details> (code N)"
+    assert proc.returncode != 0 and "(code 11)" in err and "etcd unavailable" in err, err
+    assert "nothing was allocated: nothing is left for the runtime's DEL" in err, err
+    assert "cleaning up after the failed ADD also failed" not in err, err
+    print(f"\nADD with etcd down, rollback included: {elapsed:.1f}s (etcdTimeout {BUDGET}s)")
+    assert elapsed < 2 * BUDGET, f"{elapsed:.1f}s: the rollback waited a second budget"
+
+
+def test_failed_add_whose_write_went_out_says_so(cluster: EtcdCluster, tmp_path: Path, plugin_dir: str) -> None:
+    """Two members of three down: the one left answers the ADD's reads, its transaction goes out and
+    never commits. The rollback DEL tries briefly and says what is left; once etcd is back the
+    runtime's DEL releases it, and nothing stays."""
+    _, warm = _pycni_add(cluster, tmp_path, plugin_dir, "warm")  # node1 holds a block: the ADD below
+    assert warm.returncode == 0, warm.stderr                       # reads it from its own member alone
+    cluster.kill(1)
+    cluster.kill(2)
+    try:
+        elapsed, proc = _pycni_add(cluster, tmp_path, plugin_dir, "noquorum1")
+    finally:
+        cluster.restart_all()
+    print(proc.stdout, proc.stderr)
+    err = proc.stderr
+    assert proc.returncode != 0 and "(code 11)" in err and "may have been applied" in err, err
+    print(f"\nADD without quorum, rollback included: {elapsed:.1f}s (etcdTimeout {BUDGET}s)")
+    assert elapsed < 2 * BUDGET, f"{elapsed:.1f}s: the rollback waited a second budget"
+    node = cluster.nodes[0]
+    for cid in ("noquorum1", "warm"):
+        proc = node.ns.run([sys.executable, "-m", "pycni", "del", "budget", "/var/run/netns/none", "--container-id",
+                            cid, "--conf-dir", str(tmp_path / "net.d"), "--cni-path", plugin_dir,
+                            "--cache-dir", str(tmp_path / "cache")], check=False, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    with cluster.client(timeout=10) as etcd:
+        s = ClusterStore(etcd, "budget", node.name, "/sf-budget")
+        assert _leftovers(s) == ([], [])
+        etcd.delete_prefix("/sf-budget/")
