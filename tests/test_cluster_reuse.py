@@ -100,8 +100,8 @@ pytestmark_cluster = pytest.mark.skipif(not etcd_available(), reason="needs root
 
 
 class Cluster:
-    def __init__(self, etcd: EtcdCluster, tmp: Path, plugin_dir: str) -> None:
-        self.etcd, self.tmp, self.plugin_dir = etcd, tmp, plugin_dir
+    def __init__(self, etcd: EtcdCluster, tmp: Path, plugin_dir: str, mode: str = "vxlan") -> None:
+        self.etcd, self.tmp, self.plugin_dir, self.mode = etcd, tmp, plugin_dir, mode
         self.prefix = f"/sf-reuse-{os.getpid()}"
         self.agents: list[subprocess.Popen[bytes]] = []
         self.namespaces: list[Namespace] = []
@@ -113,7 +113,7 @@ class Cluster:
                 self.agents.append(subprocess.Popen(
                     ["ip", "netns", "exec", n.ns.name, sys.executable, "-m", "pycni", "node", "--etcd-endpoints",
                      ",".join(self.etcd.endpoints), "--etcd-prefix", self.prefix, "--node-name", n.name,
-                     "--underlay-ip", n.ip, "--mode", "vxlan", "--ttl", "30"],
+                     "--underlay-ip", n.ip, "--mode", self.mode, "--ttl", "30"],
                     stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         deadline = time.monotonic() + 30
         for n in self.etcd.nodes:
@@ -123,7 +123,7 @@ class Cluster:
                 time.sleep(0.1)
 
     def conf(self, node: str, network: str, v4: str, v6: str, bits: tuple[int, int]) -> dict[str, Any]:
-        return {"cniVersion": "1.1.0", "name": network, "type": "routed", "mtu": 1450,
+        return {"cniVersion": "1.1.0", "name": network, "type": "routed", "mtu": 1450 if self.mode == "vxlan" else 1500,
                 "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.etcd.endpoints, "etcdPrefix": self.prefix,
                          "nodeName": node, "ranges": [[{"subnet": v4}], [{"subnet": v6}]],
                          "blockSize": bits[0], "blockSizeV6": bits[1], "lockDir": str(self.tmp / "locks")}}
