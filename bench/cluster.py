@@ -20,7 +20,7 @@ for every variant) from inside node1's namespace. Cases:
     wall, rate, lost races; a one-shot ADD's latency with the /16 that full, against empty;
     duplicates and, after releasing everything, leaks.
 (D) Growth: 10,000 allocations from 50 node names; the one-shot cluster-ipam ADD (the IPAM
-    executable alone, median of 7) measured with 0, 5,000 and 10,000 addresses taken, with the
+    executable alone, median of 15) measured with 0, 5,000 and 10,000 addresses taken, with the
     keys under the prefix and etcd's db size at each point. Target: 10,000th / 1st <= 1.0.
 (E) Route convergence, host-gw and vxlan: three ``pycni node`` agents, ``routed`` pods; for each
     new pod (a requested address: a new block, a block with room, or the one free address of a
@@ -283,17 +283,25 @@ def case_growth(b: Bench, total: int, nodes: int = 50) -> list[Row]:
         b.call("ipam", node, "ADD", conf, "warm", pod)  # node2 claims its block: not what is measured
 
         def sample(label: str) -> float:
-            xs = []
-            for r in range(7):
+            import resource
+
+            xs, cpu = [], []
+            for r in range(15):
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 xs.append(b.call("ipam", node, "ADD", conf, f"g{label}-{r}", pod)[0])
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
                 b.call("ipam", node, "DEL", conf, f"g{label}-{r}", pod)
             keys, db = _db(b, "/pycni/")
             t = statistics.median(xs)
             rows.extend([(f"(D) one-shot cluster-ipam ADD with {label} taken", t, "s"),
+                         (f"(D) its CPU time (the plugin process) with {label} taken", statistics.median(cpu), "s"),
                          (f"(D) keys under the prefix with {label} taken", keys, "n"),
                          (f"(D) etcd db size (MiB) with {label} taken", db / 2**20, "x")])
+            cpus.append(statistics.median(cpu))
             return t
 
+        cpus: list[float] = []
         first = sample("0")
         done = 0
         for stop in (total // 2, total):
@@ -311,6 +319,7 @@ def case_growth(b: Bench, total: int, nodes: int = 50) -> list[Row]:
             done += per * nodes
             last = sample(str(done))
             rows.append((f"(D) growth: ADD with {done} taken / with 0 (target <= 1.0)", last / first, "x"))
+            rows.append((f"(D) growth of its CPU time, {done} / 0 (what load does not move)", cpus[-1] / cpus[0], "x"))
     finally:
         pod.delete()
     with b.cluster.client(timeout=60) as etcd:  # leave the next case an empty store
@@ -323,11 +332,14 @@ def case_growth(b: Bench, total: int, nodes: int = 50) -> list[Row]:
 
 # ---- (E) -------------------------------------------------------------------------------------------
 
+WINDOW = 1.5  # seconds (E) watches for the first reply after an ADD
+
+
 def _quantile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def case_convergence(b: Bench, samples: int) -> list[Row]:
+def case_convergence(b: Bench, samples: int, modes: list[str]) -> list[Row]:
     from pathlib import Path
 
     from test_cluster_reuse import Cluster
@@ -335,7 +347,7 @@ def case_convergence(b: Bench, samples: int) -> list[Row]:
     from pycni.plugins.main import routed  # noqa: F401 - the plugin the pods use (through Cluster.add)
 
     rows: list[Row] = []
-    for mode in ("host-gw", "vxlan"):
+    for mode in modes:
         work = Path(tempfile.mkdtemp(prefix="pycni-bench-conv-", dir=b.tmp))
         c = Cluster(b.cluster, work, b.shims, mode=mode)
         lat: dict[str, list[float]] = {"new block": [], "block with room": [], "reused address": []}
@@ -365,15 +377,22 @@ def case_convergence(b: Bench, samples: int) -> list[Row]:
                 time.sleep(0.2)
                 pod, _ = c.add(i, f"m{r}", dict(conf, args={"cni": {"ips": [ip]}}))
                 done = time.time()
-                time.sleep(0.6)
+                time.sleep(WINDOW)
                 for pg in pingers:
                     pg.send_signal(2)
-                for pg in pingers:
+                for k, pg in enumerate(pingers):
                     out = pg.communicate()[0]
                     stamps = [float(ln[1:ln.index("]")]) for ln in out.splitlines()
                               if ln.startswith("[") and "bytes from" in ln]
                     after = [t for t in stamps if t >= done - 0.05]
-                    lat[kind].append(max(0.0, after[0] - done) if after else 1.0)
+                    lat[kind].append(max(0.0, after[0] - done) if after else WINDOW)  # none: the whole window
+                    if not after or after[0] - done > 0.1:
+                        log(f"(E) {mode} {kind} {ip} on node{i + 1}: first reply after "
+                            f"{(after[0] - done) * 1000 if after else float('inf'):.0f} ms at the probe on node{k + 1} "
+                            f"(ADD returned {done:.3f})")
+                        for a in range(3):
+                            for ln in (work / f"agent-node{a + 1}.log").read_text().splitlines()[-6:]:
+                                log(f"    {ln}")
                 if kind == "reused address":
                     c.delete(i, f"m{r}", conf, pod)
         finally:
@@ -392,6 +411,7 @@ def main() -> int:
     p.add_argument("--parallel", type=int, default=64, help="ADDs per node in (B)")
     p.add_argument("--allocations", type=int, default=10000, help="allocations in (C)")
     p.add_argument("--samples", type=int, default=30, help="new pods per mode in (E)")
+    p.add_argument("--modes", default="host-gw,vxlan", help="agent modes in (E)")
     p.add_argument("--only", default="A,B,C,D,E")
     opts = p.parse_args()
     if os.geteuid() != 0:
@@ -409,7 +429,7 @@ def main() -> int:
                                                                                               "daemon")),
                     ("C", lambda: case_many(b, opts.allocations)),
                     ("D", lambda: case_growth(b, opts.allocations)),
-                    ("E", lambda: case_convergence(b, opts.samples))]
+                    ("E", lambda: case_convergence(b, opts.samples, opts.modes.split(",")))]
                 for name, fn in cases:
                     if name in opts.only.split(","):
                         log(f"case ({name})")

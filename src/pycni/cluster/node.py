@@ -403,7 +403,9 @@ class Agent:
         self.registered = False  # once: a name taken at start is a refusal, later a logged conflict
 
     def log(self, msg: str) -> None:
-        self.out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pycni node {self.opts.name}: {msg}\n")
+        now = time.time()
+        stamp = time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+        self.out.write(f"{stamp} pycni node {self.opts.name}: {msg}\n")
         self.out.flush()
 
     def stop(self, *_: object) -> None:
