@@ -19,6 +19,14 @@ for every variant) from inside node1's namespace. Cases:
     taking turns on the node lock as the plugin does):
     wall, rate, lost races; a one-shot ADD's latency with the /16 that full, against empty;
     duplicates and, after releasing everything, leaks.
+(D) Growth: 10,000 allocations from 50 node names; the one-shot cluster-ipam ADD (the IPAM
+    executable alone, median of 15) measured with 0, 5,000 and 10,000 addresses taken, with the
+    keys under the prefix and etcd's db size at each point. Target: 10,000th / 1st <= 1.0.
+(E) Route convergence, host-gw and vxlan: three ``pycni node`` agents, ``routed`` pods; for each
+    new pod (a requested address: a new block, a block with room, or the one free address of a
+    tiny pool moving between nodes — a reused address), probes on all three nodes ping it every
+    2 ms from before its ADD; convergence = first reply - ADD returned. p50 / p99 / max.
+    Targets: p99 <= 25 ms, max <= 100 ms.
 """
 
 from __future__ import annotations
@@ -43,9 +51,9 @@ from etcd_util import EtcdCluster, EtcdNode  # noqa: E402
 from netns_util import Namespace, new_namespace  # noqa: E402
 
 from pycni.cluster.ipam import ClusterStore  # noqa: E402
+from pycni.ipranges import parse_range_set  # noqa: E402
 from pycni.lockfile import flocked  # noqa: E402
 from pycni.net import netns  # noqa: E402
-from pycni.plugins.ipam.ranges import parse_range_set  # noqa: E402
 from pycni.plugins.registry import install  # noqa: E402
 
 GO = "/usr/lib/cni"
@@ -210,7 +218,7 @@ def case_many(b: Bench, total: int) -> list[Row]:
                 got = s.assign(f"m{node}-{k}-{i}", "eth0", rs, [])
             out.append(str(got[0].ip))
         lost.append(s.lost_races)
-        s.etcd.close()
+        s.kv.close()
         return out
 
     start = time.perf_counter()
@@ -238,7 +246,7 @@ def case_many(b: Bench, total: int) -> list[Row]:
         for i in range(counts[node * 4 + k]):
             with flocked(lock, create=True):
                 s.release(f"m{node}-{k}-{i}", "eth0")
-        s.etcd.close()
+        s.kv.close()
 
     with ThreadPoolExecutor(max_workers=12) as pool:
         for f in [pool.submit(release, n, k) for n in range(3) for k in range(4)]:
@@ -251,12 +259,160 @@ def case_many(b: Bench, total: int) -> list[Row]:
             ("(C) leaked after release", leaked, "n")]
 
 
+# ---- (D) -------------------------------------------------------------------------------------------
+
+def _db(b: Bench, prefix: str) -> tuple[int, int]:
+    """(keys under ``prefix``, etcd's db size in bytes, the first member's)."""
+    with b.cluster.client(timeout=30) as etcd:
+        keys = len(etcd.range(prefix, prefix=True, keys_only=True)[0])
+    assert b.cluster.underlay is not None
+    out = b.cluster.underlay.run(["etcdctl", "--endpoints", b.cluster.endpoints[0], "endpoint", "status", "-w",
+                                  "json"], env=dict(os.environ, ETCDCTL_API="3")).stdout
+    return keys, int(json.loads(out)[0]["Status"]["dbSize"])
+
+
+def case_growth(b: Bench, total: int, nodes: int = 50) -> list[Row]:
+    network = "growth"
+    subnet = "10.121.0.0/16"
+    rs = [parse_range_set([{"subnet": subnet}])]
+    node = b.cluster.nodes[1]
+    conf = b.conf(network, node, "cluster-ipam", subnet)
+    pod = new_namespace("pycni-bc")
+    rows: list[Row] = []
+    try:
+        b.call("ipam", node, "ADD", conf, "warm", pod)  # node2 claims its block: not what is measured
+
+        def sample(label: str) -> float:
+            import resource
+
+            xs, cpu = [], []
+            for r in range(15):
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                xs.append(b.call("ipam", node, "ADD", conf, f"g{label}-{r}", pod)[0])
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+                b.call("ipam", node, "DEL", conf, f"g{label}-{r}", pod)
+            keys, db = _db(b, "/pycni/")
+            t = statistics.median(xs)
+            rows.extend([(f"(D) one-shot cluster-ipam ADD with {label} taken", t, "s"),
+                         (f"(D) its CPU time (the plugin process) with {label} taken", statistics.median(cpu), "s"),
+                         (f"(D) keys under the prefix with {label} taken", keys, "n"),
+                         (f"(D) etcd db size (MiB) with {label} taken", db / 2**20, "x")])
+            cpus.append(statistics.median(cpu))
+            return t
+
+        cpus: list[float] = []
+        first = sample("0")
+        done = 0
+        for stop in (total // 2, total):
+            per = (stop - done) // nodes
+
+            def fill(n: int, lo: int = done, per: int = per) -> None:
+                s = store(b.cluster, network, f"g-node{n}")
+                for i in range(lo, lo + per):
+                    s.assign(f"f{n}-{i}", "eth0", rs, [])
+                s.kv.close()
+
+            with ThreadPoolExecutor(max_workers=10) as pool:
+                for f in [pool.submit(fill, n) for n in range(nodes)]:
+                    f.result()
+            done += per * nodes
+            last = sample(str(done))
+            rows.append((f"(D) growth: ADD with {done} taken / with 0 (target <= 1.0)", last / first, "x"))
+            rows.append((f"(D) growth of its CPU time, {done} / 0 (what load does not move)", cpus[-1] / cpus[0], "x"))
+    finally:
+        pod.delete()
+    with b.cluster.client(timeout=60) as etcd:  # leave the next case an empty store
+        etcd.delete_prefix("/pycni/ipam/blocks/growth/")
+        etcd.delete_prefix("/pycni/ipam/handles/growth/")
+        for n in range(nodes):
+            etcd.delete_prefix(f"/pycni/ipam/affinity/g-node{n}/")
+    return rows
+
+
+# ---- (E) -------------------------------------------------------------------------------------------
+
+WINDOW = 1.5  # seconds (E) watches for the first reply after an ADD
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def case_convergence(b: Bench, samples: int, modes: list[str]) -> list[Row]:
+    from pathlib import Path
+
+    from test_cluster_reuse import Cluster
+
+    from pycni.plugins.main import routed  # noqa: F401 - the plugin the pods use (through Cluster.add)
+
+    rows: list[Row] = []
+    for mode in modes:
+        work = Path(tempfile.mkdtemp(prefix="pycni-bench-conv-", dir=b.tmp))
+        c = Cluster(b.cluster, work, b.shims, mode=mode)
+        lat: dict[str, list[float]] = {"new block": [], "block with room": [], "reused address": []}
+        try:
+            c.start_agents()
+            probes = [c.add(i, f"probe{i}", c.conf(n.name, "probes", "10.86.0.0/24", "fd86::/120", (26, 122)))[0]
+                      for i, n in enumerate(b.cluster.nodes)]
+            tiny = [c.conf(n.name, "tiny", "10.85.0.0/29", "fd85::/125", (30, 126)) for n in b.cluster.nodes]
+            for k, i in enumerate((0, 1, 2, 0)):
+                c.add(i, f"filler{k}", tiny[i])
+            big = [c.conf(n.name, "big", "10.84.0.0/16", "fd84::/112", (28, 124)) for n in b.cluster.nodes]
+            free = "10.85.0.6"  # the one address the fillers leave
+            for r in range(samples):
+                i = r % 3
+                kind = ("new block", "block with room", "reused address")[r % 3]
+                if kind == "reused address":
+                    ip, conf = free, tiny[i]
+                else:
+                    blk = r // 3
+                    ip = f"10.84.{blk}.{16 * i + (4 if kind == 'new block' else 5)}"
+                    conf = big[i]
+                    if kind == "block with room":  # the block exists: claim it first with another pod
+                        c.add(i, f"pre{r}", dict(conf, args={"cni": {"ips": [f"10.84.{blk}.{16 * i + 6}"]}}))
+                pingers = [subprocess.Popen(["ip", "netns", "exec", p.name, "ping", "-D", "-n", "-i", "0.002", ip],
+                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                           for p in probes]
+                time.sleep(0.2)
+                pod, _ = c.add(i, f"m{r}", dict(conf, args={"cni": {"ips": [ip]}}))
+                done = time.time()
+                time.sleep(WINDOW)
+                for pg in pingers:
+                    pg.send_signal(2)
+                for k, pg in enumerate(pingers):
+                    out = pg.communicate()[0]
+                    stamps = [float(ln[1:ln.index("]")]) for ln in out.splitlines()
+                              if ln.startswith("[") and "bytes from" in ln]
+                    after = [t for t in stamps if t >= done - 0.05]
+                    lat[kind].append(max(0.0, after[0] - done) if after else WINDOW)  # none: the whole window
+                    if not after or after[0] - done > 0.1:
+                        log(f"(E) {mode} {kind} {ip} on node{i + 1}: first reply after "
+                            f"{(after[0] - done) * 1000 if after else float('inf'):.0f} ms at the probe on node{k + 1} "
+                            f"(ADD returned {done:.3f})")
+                        for a in range(3):
+                            for ln in (work / f"agent-node{a + 1}.log").read_text().splitlines()[-6:]:
+                                log(f"    {ln}")
+                if kind == "reused address":
+                    c.delete(i, f"m{r}", conf, pod)
+        finally:
+            c.close()
+        every = sorted(x for xs in lat.values() for x in xs)
+        rows += [(f"(E) {mode}: convergence p50 (n={len(every)})", _quantile(every, 0.5), "s"),
+                 (f"(E) {mode}: convergence p99 (target <= 25 ms)", _quantile(every, 0.99), "s"),
+                 (f"(E) {mode}: convergence max (target <= 100 ms)", every[-1], "s")]
+        rows += [(f"(E) {mode}: max, {kind}", max(xs), "s") for kind, xs in lat.items() if xs]
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--parallel", type=int, default=64, help="ADDs per node in (B)")
     p.add_argument("--allocations", type=int, default=10000, help="allocations in (C)")
-    p.add_argument("--only", default="A,B,C")
+    p.add_argument("--samples", type=int, default=30, help="new pods per mode in (E)")
+    p.add_argument("--modes", default="host-gw,vxlan", help="agent modes in (E)")
+    p.add_argument("--only", default="A,B,C,D,E")
     opts = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench: needs root (it creates network namespaces)")
@@ -271,7 +427,9 @@ def main() -> int:
                     ("A", lambda: case_cycle(b, opts.rounds)),
                     ("B", lambda: case_parallel(b, opts.parallel, "oneshot") + case_parallel(b, opts.parallel,
                                                                                               "daemon")),
-                    ("C", lambda: case_many(b, opts.allocations))]
+                    ("C", lambda: case_many(b, opts.allocations)),
+                    ("D", lambda: case_growth(b, opts.allocations)),
+                    ("E", lambda: case_convergence(b, opts.samples, opts.modes.split(",")))]
                 for name, fn in cases:
                     if name in opts.only.split(","):
                         log(f"case ({name})")

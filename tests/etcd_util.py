@@ -28,7 +28,8 @@ API::
 
 ``node.ns.run([...])`` runs a command in a node (e.g. a plugin, which then reaches etcd over the
 underlay). Members use short heartbeat/election timeouts so a killed leader is replaced in
-about a second. Namespaces are named ``<prefix>-...`` (default ``pycni-t``) like netns_util's.
+about a second, and ``--pre-vote`` (as docs/cluster.md advises) so a member that rejoins after a
+partition does not depose the leader. Namespaces are named ``<prefix>-...`` (default ``pycni-t``) like netns_util's.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ class EtcdCluster:
                "--listen-peer-urls", node.peer_url, "--initial-advertise-peer-urls", node.peer_url,
                "--initial-cluster", initial, "--initial-cluster-state", "new",
                "--initial-cluster-token", self.token, "--heartbeat-interval", "50",
-               "--election-timeout", "500", "--logger", "zap", "--log-level", "warn"]
+               "--election-timeout", "500", "--pre-vote", "--logger", "zap", "--log-level", "warn"]
         if self.tls:
             pki = os.path.join(self.tmp, "pki")
             cmd += ["--cert-file", os.path.join(pki, "server.crt"), "--key-file", os.path.join(pki, "server.key"),

@@ -12,6 +12,19 @@ never both win. A DEL deletes the handle and frees its addresses in one transact
 race is retried (bounded) on fresh state. The ordinal of an address is its offset in the
 block; ``next`` makes allocation within a block round robin, so a freed address is not handed
 out again at once (ARP caches on a shared L2 remember it).
+
+**No ADD commits after the DEL of its attachment.** A read cannot prove an attachment is gone:
+an ADD's transaction sent before a DEL (its plugin killed, or its answer lost) may still be
+committed after the DEL read "no handle" — linearizability allows that order. So every DEL
+writes a *tombstone* for the attachment (``P/ipam/deleted/...``, in its release transaction, or
+alone — conditional on the handle's absence — when there was nothing to release), and every ADD
+transaction compares the tombstone's mod revision with the one it read: a DEL that lands
+between an ADD's read and its commit makes that commit fail. An ADD that finds a tombstone
+written after it started (this host's clock: an attachment's ADD and DEL run on one node) gives
+up ("deleted"): its attachment is gone, retrying would resurrect it. An ADD that commits deletes
+the tombstone (the handle now stands in its place; a later DEL writes a new one, at a new
+revision). Tombstones are bound to a lease of :data:`TOMBSTONE_TTL` seconds, far longer than any
+request stays in flight, so they do not pile up.
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ from pycni.cluster.model import (
     Affinity,
     Block,
     Keys,
+    Tombstone,
     handle_from_json,
     handle_json,
     handle_to_json,
@@ -43,6 +57,10 @@ if TYPE_CHECKING:
     from pycni.cluster.kv import KVStore
 
 MAX_ATTEMPTS = 64  # lost races before an ADD/DEL gives up (each retry reads fresh state)
+# How long a DEL's tombstone lives: it must outlast any ADD request still in flight when the DEL
+# ran. A plugin gives up after etcdTimeout (at most 300 s); etcd drops a proposal it cannot commit
+# within its request timeout (seconds). Ten minutes bounds both with room to spare.
+TOMBSTONE_TTL = 600
 BATCH = 4  # blocks an ADD reads at a time while looking for room
 
 
@@ -129,6 +147,8 @@ class ClusterStore:
         # Never trusted: a hinted block is used only if the affinity read lists it, and every
         # write compares revisions.
         self.hint: list[IPNetwork] = []
+        self.sent_write = False  # an ADD's transaction went out (it may be applied even if no answer came)
+        self._tomb_lease = 0  # one lease for every tombstone this store writes (GC releases many)
 
     # -- keys --
 
@@ -140,6 +160,15 @@ class ClusterStore:
 
     def handle_key(self, cid: str, ifname: str) -> str:
         return self.keys.handle(self.network, cid, ifname)
+
+    def tombstone_key(self, cid: str, ifname: str) -> str:
+        return self.keys.tombstone(self.network, cid, ifname)
+
+    def _tombstone(self) -> tuple[str, int]:
+        """A tombstone's value (written now) and its lease."""
+        if not self._tomb_lease:
+            self._tomb_lease = self.kv.lease_grant(TOMBSTONE_TTL)
+        return Tombstone(node=self.node, deleted=time.time()).to_json(), self._tomb_lease
 
     def ready(self) -> None:
         """One linearizable read (STATUS: does a member with a quorum answer?); raises when not."""
@@ -181,6 +210,8 @@ class ClusterStore:
         of one whose answer was lost), so the same attachment always gets the same addresses.
         """
         hkey = self.handle_key(cid, ifname)
+        tkey = self.tombstone_key(cid, ifname)
+        started = time.time()  # a tombstone written after this moment is a DEL of this very ADD
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
                 _pause(attempt)  # spread racing writers
@@ -188,23 +219,24 @@ class ClusterStore:
             # stale view only costs a lost compare, and a retry reads linearizably.
             fast = attempt == 0
             hinted = self.hint[:2 * BATCH]
-            res = self.kv.txn([], [op_get(hkey, serializable=fast),
+            res = self.kv.txn([], [op_get(hkey, serializable=fast), op_get(tkey, serializable=fast),
                                      op_get(self.affinity_prefix, prefix=True, serializable=fast, keys_only=True),
                                      *(op_get(self.block_key(c), serializable=fast) for c in hinted)])
-            existing, affs, *got = res.responses
+            existing, tomb, affs, *got = res.responses
             if existing:
                 kv = existing[0] if not fast else self.kv.get(hkey)  # a handle seen stale may be gone
                 if kv is not None:
                     return self._held(handle_from_json(kv.value), range_sets)
+            tomb_rev = self._check_tombstone(tomb, started, cid, ifname)
             mine = [key_cidr(kv.key.rpartition("/")[2]) for kv in affs]
             plan = _Plan(self, f"{cid}/{ifname}", mine, block_sizes, strict_affinity, fast)
             plan.prefetched([Block.from_json(kv.value, kv.mod_revision) for kvs in got for kv in kvs])
             out = [plan.take(idx, rs, _requested_in(rs, requested)) for idx, rs in enumerate(range_sets)]
             handle = handle_json(self.network, cid, ifname, self.node,
                                  [f"{a.ip}/{a.range.subnet.prefixlen}" for a in out], [str(b) for b in plan.touched])
-            compare = [if_absent(hkey)]
-            success = [op_put(hkey, handle)]
-            failure = [op_get(hkey)]
+            compare = [if_absent(hkey), if_mod(tkey, tomb_rev)]
+            success = [op_put(hkey, handle)] + ([op_delete(tkey)] if tomb_rev else [])
+            failure = [op_get(hkey), op_get(tkey)]
             for cidr in plan.touched:
                 b = plan.blocks[cidr]
                 key = self.block_key(cidr)
@@ -216,15 +248,30 @@ class ClusterStore:
                     success.append(op_put(self.affinity_key(cidr),
                                           Affinity(cidr=cidr, node=self.node, network=self.network).to_json()))
                 success.append(op_put(key, b.to_json()))
+            self.sent_write = True
             done = self.kv.txn(compare, success, failure)
             if done.succeeded:
                 self.hint = plan.newest()
                 return out
             if done.responses and done.responses[0]:  # the handle appeared meanwhile (our own earlier try)
                 return self._held(handle_from_json(done.responses[0][0].value), range_sets)
+            if len(done.responses) > 1:
+                self._check_tombstone(done.responses[1], started, cid, ifname)  # a DEL landed meanwhile?
             self.lost_races += 1
         raise IpamError("contention", f"gave up after {MAX_ATTEMPTS} conflicting attempts",
                         "other writers changed the same blocks each time; try again")
+
+    def _check_tombstone(self, found: list[Any], started: float, cid: str, ifname: str) -> int:
+        """The mod revision of the attachment's tombstone (0: none) for an ADD's compare; an
+        IpamError "deleted" when it was written after the ADD began (its DEL already ran)."""
+        if not found:
+            return 0
+        kv = found[0]
+        if Tombstone.from_json(kv.value).deleted >= started:
+            raise IpamError("deleted", f"{cid}/{ifname} was deleted while this ADD was in progress: nothing "
+                            "allocated", "a DEL of this attachment ran after the ADD began (the runtime gave up "
+                            "on it); ADD it again if it is still wanted")
+        return int(kv.mod_revision)
 
     def _held(self, handle: dict[str, Any], range_sets: Sequence[RangeSet]) -> list[Assigned]:
         out = []
@@ -242,29 +289,35 @@ class ClusterStore:
     def release(self, cid: str, ifname: str) -> list[str]:
         """Free what the handle holds and delete it, in one transaction; [] when there is none."""
         hkey = self.handle_key(cid, ifname)
+        tkey = self.tombstone_key(cid, ifname)
         hid = f"{cid}/{ifname}"
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
                 _pause(attempt)
-            fast = attempt == 0  # serializable first (see assign); "no handle" is confirmed linearizably
+            fast = attempt == 0  # serializable first (see assign); "no handle" is confirmed by a write
             hinted = self.hint[:2 * BATCH]
             res = self.kv.txn([], [op_get(hkey, serializable=fast),
                                      *(op_get(self.block_key(c), serializable=fast) for c in hinted)])
             found, *got = res.responses
             kv = found[0] if found else None
-            if kv is None and fast:
-                kv = self.kv.get(hkey)
-                got = []  # read at another revision than the handle: read the blocks again below
             if kv is None:
-                return []
+                # Nothing to release — but an ADD sent earlier may still commit: leave the tombstone
+                # its transaction compares against, on condition that the handle is still absent.
+                value, lease = self._tombstone()
+                done = self.kv.txn([if_absent(hkey)], [op_put(tkey, value, lease=lease)], [op_get(hkey)])
+                if done.succeeded:
+                    return []
+                self.lost_races += 1  # the handle appeared (that ADD just committed): release it
+                continue
             handle = handle_from_json(kv.value)
             cidrs = [ipaddress.ip_network(b) for b in handle.get("blocks", ())]
             blocks = {b.cidr: b for b in (Block.from_json(k.value, k.mod_revision) for kvs in got for k in kvs)
                       if b.cidr in cidrs}
             missing = [c for c in cidrs if c not in blocks]
             blocks.update(self._get_blocks(missing, fast))
+            value, lease = self._tombstone()
             compare = [if_mod(hkey, kv.mod_revision)]
-            success = [op_delete(hkey)]
+            success = [op_delete(hkey), op_put(tkey, value, lease=lease)]
             for cidr, b in blocks.items():
                 freed = [o for o, owner in b.allocations.items() if owner == hid]
                 if not freed:

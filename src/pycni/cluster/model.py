@@ -7,6 +7,7 @@ layout exists once. Key layout (prefix P, default ``/pycni``; a CIDR in a key ha
     P/ipam/blocks/<network>/<cidr>            Block     {"cidr", "node", "allocations": {"<ord>": "<cid>/<if>"}, "next"}
     P/ipam/affinity/<node>/<network>/<cidr>   Affinity  {"cidr", "node", "network"}
     P/ipam/handles/<network>/<cid>/<ifname>   handle    {"network", "containerID", "ifname", "node", "ips", "blocks"}
+    P/ipam/deleted/<network>/<cid>/<ifname>   Tombstone {"node", "deleted"} on a lease: a DEL was here (see ipam.py)
     P/nodes/<name>                            NodeInfo  {"name", "underlayIP", "underlayIPs", "vtepMAC"?, "vtepIP"?}
 
 Values are compact JSON (``separators=(",", ":")``) except a node's, which is ``json.dumps``'s
@@ -46,7 +47,7 @@ def key_cidr(text: str) -> IPNetwork:
 
 @record
 class ParsedKey:
-    """What a key names: ``kind`` is "block", "affinity", "handle" or "node"; the other fields
+    """What a key names: ``kind`` is "block", "affinity", "handle", "tombstone" or "node"; the other fields
     are those the kind has ('' / None otherwise)."""
 
     kind: str
@@ -68,6 +69,7 @@ class Keys:
         self.blocks = f"{p}/ipam/blocks/"
         self.affinities = f"{p}/ipam/affinity/"
         self.handles = f"{p}/ipam/handles/"
+        self.tombstones = f"{p}/ipam/deleted/"
 
     # -- builders --
 
@@ -89,6 +91,9 @@ class Keys:
     def handle(self, network: str, container_id: str, ifname: str) -> str:
         return f"{self.handles}{network}/{container_id}/{ifname}"
 
+    def tombstone(self, network: str, container_id: str, ifname: str) -> str:
+        return f"{self.tombstones}{network}/{container_id}/{ifname}"
+
     def node(self, name: str) -> str:
         return f"{self.nodes}{name}"
 
@@ -108,11 +113,12 @@ class Keys:
                 if len(parts) != 3 or not all(parts):
                     return None
                 return ParsedKey("affinity", node=parts[0], network=parts[1], cidr=key_cidr(parts[2]))
-            if key.startswith(self.handles):
-                parts = key[len(self.handles):].split("/")
-                if len(parts) != 3 or not all(parts):
-                    return None
-                return ParsedKey("handle", network=parts[0], container_id=parts[1], ifname=parts[2])
+            for kind, head in (("handle", self.handles), ("tombstone", self.tombstones)):
+                if key.startswith(head):
+                    parts = key[len(head):].split("/")
+                    if len(parts) != 3 or not all(parts):
+                        return None
+                    return ParsedKey(kind, network=parts[0], container_id=parts[1], ifname=parts[2])
         except ValueError:
             return None
         return None
@@ -200,6 +206,26 @@ def handle_from_json(text: str) -> dict[str, Any]:
     """A handle as the JSON object it is stored as (keys as in :func:`handle_json`)."""
     obj: dict[str, Any] = json.loads(text)
     return obj
+
+
+@record
+class Tombstone:
+    """What a DEL leaves for the attachment: when (this host's wall clock: the DEL and the ADDs it
+    guards against run on the same node) and where. See :mod:`pycni.cluster.ipam`."""
+
+    node: str
+    deleted: float
+
+    def to_json(self) -> str:
+        return json.dumps({"node": self.node, "deleted": round(self.deleted, 6)}, separators=_COMPACT)
+
+    @classmethod
+    def from_json(cls, text: str) -> Tombstone:
+        try:
+            obj = json.loads(text)
+            return cls(node=str(obj.get("node", "")), deleted=float(obj.get("deleted", 0)))
+        except (ValueError, TypeError, AttributeError):
+            return cls(node="", deleted=float("inf"))  # unreadable: treat as a DEL just now (the safe side)
 
 
 def handle_holder(text: str) -> tuple[str, list[str]] | None:

@@ -211,6 +211,7 @@ class Programmed:
     routes: dict[str, Hop] = field(default_factory=dict)
     neighbours: dict[str, str] = field(default_factory=dict)  # VTEP IP -> MAC, on the vxlan device
     fdb: dict[str, str] = field(default_factory=dict)         # MAC -> underlay IP, on the vxlan device
+    local: set[str] = field(default_factory=set)              # host routes not ours: this node's pods
 
 
 def read_kernel(device: str) -> Programmed:
@@ -225,6 +226,8 @@ def read_kernel(device: str) -> Programmed:
         if r.proto == RTPROT_PYCNI:
             out.routes[str(r.dst)] = Hop(gw=str(r.gw or ""), dev=overlays.get(r.oif or 0, ""),
                                          blackhole=r.type == route.RTN_BLACKHOLE)
+        elif r.dst.prefixlen == r.dst.max_prefixlen and r.type == route.RTN_UNICAST and r.oif:
+            out.local.add(str(r.dst))
     if device and link.get_link(device) is not None:
         for n in neigh.list_neighbours(device):
             if n.state & NUD_PERMANENT and n.dst:
@@ -278,6 +281,16 @@ def converge(want: Plan, device: str, log: Any) -> tuple[int, int]:
     for cidr, hop in sorted(want.routes.items()):
         cur = have.routes.get(cidr)
         if cur is not None and _same(cur, hop):
+            continue
+        if not hop.blackhole and cidr in have.local:
+            # A pod of this node holds the address (its plugin's route): etcd's view here is behind
+            # (the handle naming another node was deleted before this pod got the address, and
+            # that event is still on its way). Replacing the pod's route would cut the pod off —
+            # for good, once the stale route is withdrawn.
+            if cur is None:
+                continue
+            attempt(f"route del {describe(cidr, cur)} (a local pod holds {cidr})", route.del_route, cidr,
+                    gw=cur.gw or None, proto=RTPROT_PYCNI)
             continue
         verb = "add" if cur is None else "change"
         if hop.blackhole:
@@ -338,6 +351,42 @@ def _underlay_link(ip: str) -> tuple[int, int]:
                    "give --underlay-ip an address this host holds (the one other nodes reach it on)")
 
 
+class NameTaken(Exception):
+    """Another live agent holds this node name (a different underlay address registered it)."""
+
+    def __init__(self, name: str, other: NodeInfo | None, lease: int) -> None:
+        where = ", ".join(other.underlay_ips) if other is not None else "an unreadable registration"
+        super().__init__(f"node name {name} is held by another agent (underlay {where}, lease {lease:x})")
+        self.name, self.other, self.lease = name, other, lease
+
+
+def _same_node(a: NodeInfo, b: NodeInfo) -> bool:
+    """Whether two registrations come from one node: the same underlay addresses (an agent restarted
+    within its TTL takes its own registration over; a clone with the same name does not)."""
+    return sorted(a.underlay_ips) == sorted(b.underlay_ips)
+
+
+def claim_name(etcd: Etcd, key: str, info: NodeInfo, lease: int) -> bool:
+    """Write our registration under ``lease`` only if the name is free or already ours (a create-if-
+    absent; a compare on the revision seen when taking our own back). True when it replaced our own
+    earlier registration; :class:`NameTaken` when another node holds the name."""
+    from pycni.cluster.kv import if_absent, if_mod, op_get, op_put
+
+    for _ in range(8):
+        res = etcd.txn([if_absent(key)], [op_put(key, info.to_json(), lease=lease)], [op_get(key)])
+        if res.succeeded:
+            return False
+        kv = res.responses[0][0] if res.responses and res.responses[0] else None
+        if kv is None:
+            continue  # gone meanwhile: try again
+        other = NodeInfo.from_json(info.name, kv.value)
+        if other is None or not _same_node(other, info):
+            raise NameTaken(info.name, other, kv.lease)
+        if etcd.txn([if_mod(key, kv.mod_revision)], [op_put(key, info.to_json(), lease=lease)]).succeeded:
+            return True
+    raise NameTaken(info.name, None, 0)  # (changing under us all along: someone else is writing it)
+
+
 class Agent:
     """One node's agent: registration, lease, watch, convergence (see the module docstring)."""
 
@@ -350,9 +399,13 @@ class Agent:
         self.mac = vtep_mac(opts.name) if opts.mode == "vxlan" else ""
         self.device = opts.device if opts.mode == "vxlan" else ""
         self.applied: Plan | None = None
+        self.conflict = ""  # the last NameTaken logged while running
+        self.registered = False  # once: a name taken at start is a refusal, later a logged conflict
 
     def log(self, msg: str) -> None:
-        self.out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pycni node {self.opts.name}: {msg}\n")
+        now = time.time()
+        stamp = time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+        self.out.write(f"{stamp} pycni node {self.opts.name}: {msg}\n")
         self.out.flush()
 
     def stop(self, *_: object) -> None:
@@ -388,13 +441,34 @@ class Agent:
                      f"mtu {dev.mtu} mac {dev.mac}")
 
     def register(self, etcd: Etcd) -> None:
-        """Our key, bound to a fresh lease (kept only once the key is written: a failure half-way
-        leaves the agent unregistered, to try again; the orphan lease just expires)."""
+        """Claim our name: our key, bound to a fresh lease, written only if the name is free or
+        registered by this node before (same underlay addresses); :class:`NameTaken` when another
+        live agent holds it (kept only once the key is written: a failure half-way leaves the
+        agent unregistered, to try again; the orphan lease just expires)."""
         lease = etcd.lease_grant(self.opts.ttl)
-        info = NodeInfo(name=self.opts.name, underlay_ips=list(self.opts.underlay_ips), vtep_mac=self.mac)
-        etcd.put(self.node_key(), info.to_json(), lease=lease)
+        info = self.info()
+        try:
+            took_over = claim_name(etcd, self.node_key(), info, lease)
+        except NameTaken:
+            etcd.lease_revoke(lease)
+            raise
         self.lease = lease
-        self.log(f"registered {self.node_key()} ({info.to_json()}) with a {self.opts.ttl}s lease")
+        self.conflict = ""
+        self.log(f"registered {self.node_key()} ({info.to_json()}) with a {self.opts.ttl}s lease"
+                 + (" (took over this node's earlier registration)" if took_over else ""))
+
+    def _refusal(self, e: NameTaken) -> Exception:
+        from pycni.spec.errors import invalid_config
+
+        where = ", ".join(e.other.underlay_ips) if e.other else "?"
+        return invalid_config(f"refusing to start: {e}",
+                              f"another agent registered {self.node_key()} from {where} and keeps it alive; this "
+                              "one would take its routes. Give this node its own --node-name (a cloned machine "
+                              "keeps its host name), or stop the other agent (then `pycni node remove "
+                              f"{self.opts.name}`, or wait out its lease)")
+
+    def info(self) -> NodeInfo:
+        return NodeInfo(name=self.opts.name, underlay_ips=list(self.opts.underlay_ips), vtep_mac=self.mac)
 
     def keepalive(self, etcd: Etcd) -> None:
         """Renew the lease; one that lapsed anyway (etcd out of reach past the TTL, or revoked)
@@ -403,7 +477,17 @@ class Agent:
             return
         self.lease = 0
         self.log("lease lapsed: registering again")
-        self.register(etcd)
+        self._reclaim(etcd)
+
+    def _reclaim(self, etcd: Etcd) -> None:
+        """Register again while running; another agent holding the name by now is logged (once per
+        holder) and left alone — its routes are what the others follow — and tried again later."""
+        try:
+            self.register(etcd)
+        except NameTaken as e:
+            if str(e) != self.conflict:
+                self.conflict = str(e)
+                self.log(f"CONFLICT: {e}; not overwriting it (two nodes with one name? give one --node-name)")
 
     def sync(self, etcd: Etcd) -> int:
         """A full read, then converge (the kernel is read whatever the last plan was); returns
@@ -439,15 +523,27 @@ class Agent:
         try:
             while not self.stopping:
                 try:
-                    if not self.lease:
-                        self.register(etcd)
+                    if not self.lease and not self.registered:
+                        try:
+                            self.register(etcd)
+                        except NameTaken as e:
+                            raise self._refusal(e) from None
+                        self.registered = True
+                    elif not self.lease:
+                        self._reclaim(etcd)
                     rev = self.sync(etcd)
                     self._watch(etcd, rev)
                     pause = 0.5
                 except WatchBroken as e:
                     self.log(f"watch interrupted ({e}): resyncing")
                     self._sleep(0.1)
-                except (EtcdError, CNIError) as e:
+                except CNIError as e:
+                    if not self.registered and e.code == 7:
+                        raise
+                    self.log(f"{e.msg}: {e.details}: retrying in {pause:g}s")
+                    self._sleep(pause)
+                    pause = min(pause * 2, 5.0)
+                except EtcdError as e:
                     self.log(f"{e.msg + ': ' + e.details if isinstance(e, CNIError) else 'etcd: ' + str(e)}: "
                              f"retrying in {pause:g}s")
                     self._sleep(pause)
@@ -488,10 +584,17 @@ class Agent:
                     batch = w.next(timeout=0.002) if time.monotonic() < drain_until else None
                 if touched:
                     if self.opts.name not in self.view.nodes:
-                        # our key gone while we run (deleted by hand, or another agent of the same
-                        # name let its lease lapse over ours): this node is still here
+                        # our key gone while we run (deleted by hand, or our lease revoked): this
+                        # node is still here
                         self.log("registration gone while running: registering again")
-                        self.register(etcd)
+                        self._reclaim(etcd)
+                    elif not _same_node(self.view.nodes[self.opts.name], self.info()) and \
+                            f"{self.view.nodes[self.opts.name].underlay_ips}" not in self.conflict:
+                        # overwritten by someone not claiming (an older agent, a hand edit)
+                        self.conflict = f"{self.view.nodes[self.opts.name].underlay_ips}"
+                        self.log(f"CONFLICT: {self.node_key()} now says underlay "
+                                 f"{', '.join(self.view.nodes[self.opts.name].underlay_ips)}, not this node's; "
+                                 "the other nodes route our blocks there")
                     self.apply()
 
 
@@ -510,9 +613,19 @@ def status_lines(opts: AgentOptions, etcd: Etcd) -> tuple[list[str], bool]:
     lines = [f"node {opts.name}: {'registered ' + ', '.join(me.underlay_ips) if me else 'NOT registered'}; "
              f"mode {mode}; etcd: {len(view.nodes)} nodes, {len(view.blocks())} blocks"]
     ok = me is not None
+    if me is not None:
+        from pycni.net import addr
+
+        here = {str(a.address.ip) for a in addr.list_addrs()}
+        if not here & set(me.underlay_ips):
+            ok = False
+            lines.append(f"CONFLICT: {opts.name} is registered from {', '.join(me.underlay_ips)}, which is not an "
+                         "address of this host: another agent holds this name, and the other nodes route this "
+                         "node's blocks there (give one of the two its own --node-name)")
     for cidr, hop in sorted(want.routes.items()):
         cur = have.routes.get(cidr)
         state = "programmed" if cur is not None and _same(cur, hop) else (
+            "LOCAL (a pod of this node holds it; left alone)" if cidr in have.local and not hop.blackhole else
             "MISSING" if cur is None else f"DIFFERS (kernel: {describe(cidr, cur)})")
         ok &= state == "programmed"
         whose = "this node's block" if hop.blackhole else f"node {hop.node}"

@@ -45,6 +45,7 @@ class Session:
         self.lock = lock and bool(cfg.lock_dir)
         self.who = who
         self._held: Any = None
+        self.unavailable = False  # the command failed because no etcd endpoint answered in time
         self._given = kv
         self.kv: KVStore | None = None
         self.store: Any = None
@@ -111,6 +112,7 @@ class Session:
         self._release()
         if self.kv is not None and self._given is None:
             self.kv.close()
+        self.unavailable = isinstance(exc, EtcdUnavailable)
         raise_mapped(exc, self.code, self.who)
 
 
@@ -124,8 +126,61 @@ def raise_mapped(exc: BaseException | None, unavailable_code: int = TRY_AGAIN, w
     if isinstance(exc, EtcdError):
         raise CNIError(INTERNAL, f"{who}: etcd refused the request: {exc}") from None
     if isinstance(exc, IpamError):
-        code = TRY_AGAIN if exc.kind == "contention" else INTERNAL
+        code = TRY_AGAIN if exc.kind in ("contention", "deleted") else INTERNAL
         raise CNIError(code, f"{who}: {exc.msg}", exc.details) from None
+
+
+# ---- a failed ADD's note for its rollback DEL -------------------------------------------------------
+#
+# When an ADD fails because etcd does not answer, the runtime DELs the attachment right away (the
+# CRI runtimes and pycni's own runtime roll a failed ADD back). Against the same silent etcd that
+# DEL would wait a second full budget, doubling what the runtime waits. So the ADD leaves a note
+# beside the lock: whether its transaction went out. If it did not, nothing of that ADD can be in
+# etcd and the DEL has nothing to do; if it did (the answer was lost: it may have been applied),
+# the DEL tries once, briefly, and otherwise fails saying what is left.
+
+QUICK_DEL = 1.0  # seconds: the rollback DEL's budget after an ADD whose transaction went out
+NOTE_FRESH = 30.0  # seconds: a note older than this is from another episode and is ignored
+
+
+def _note_path(cfg: ClusterSettings, cid: str, ifname: str) -> str:
+    return os.path.join(cfg.lock_dir, f"{cfg.network}.{cfg.node}.failed-add.{cid}.{ifname}")
+
+
+def note_failed_add(cfg: ClusterSettings, cid: str, ifname: str, sent: bool) -> None:
+    """Record (best effort) that this ADD failed with etcd unavailable, and whether it sent its write."""
+    if not cfg.lock_dir:
+        return
+    try:
+        with open(_note_path(cfg, cid, ifname), "w", encoding="ascii") as f:
+            f.write("sent\n" if sent else "unsent\n")
+    except OSError:
+        pass
+
+
+def failed_add(cfg: ClusterSettings, cid: str, ifname: str) -> str:
+    """"sent" or "unsent" when a fresh note of a failed ADD of this attachment exists, else ''."""
+    if not cfg.lock_dir:
+        return ""
+    path = _note_path(cfg, cid, ifname)
+    try:
+        import time
+
+        if time.time() - os.stat(path).st_mtime > max(NOTE_FRESH, 2 * cfg.etcd.timeout):
+            return ""
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+    except (OSError, ValueError):
+        return ""
+    return text if text in ("sent", "unsent") else ""
+
+
+def clear_failed_add(cfg: ClusterSettings, cid: str, ifname: str) -> None:
+    if cfg.lock_dir:
+        try:
+            os.unlink(_note_path(cfg, cid, ifname))
+        except OSError:
+            pass
 
 
 def session(cfg: ClusterSettings, unavailable_code: int = TRY_AGAIN, timeout: float | None = None,

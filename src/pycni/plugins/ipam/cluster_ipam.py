@@ -24,7 +24,7 @@ import ipaddress
 from collections.abc import Mapping
 
 from pycni import netconf
-from pycni.cluster.session import session
+from pycni.cluster.session import QUICK_DEL, clear_failed_add, failed_add, note_failed_add, session
 from pycni.cluster.settings import ClusterSettings, parse_cluster_settings
 from pycni.cniargs import load_cni_args
 from pycni.ipranges import (
@@ -106,9 +106,20 @@ def parse_conf(args: CmdArgs) -> ClusterIpamConf:
 def cmd_add(args: CmdArgs) -> Result:
     """One address per range set in one etcd transaction with the handle; the same again on a repeat."""
     cfg = parse_conf(args)
-    with session(cfg.cluster, lock=True) as store:
-        got = store.assign(args.container_id, args.ifname, cfg.range_sets, cfg.requested,
-                           cfg.cluster.block_sizes, cfg.cluster.strict_affinity)
+    clear_failed_add(cfg.cluster, args.container_id, args.ifname)  # a note speaks of the latest ADD only
+    sess = session(cfg.cluster, lock=True)
+    try:
+        with sess as store:
+            got = store.assign(args.container_id, args.ifname, cfg.range_sets, cfg.requested,
+                               cfg.cluster.block_sizes, cfg.cluster.strict_affinity)
+    except CNIError as e:
+        if not sess.unavailable:
+            raise
+        sent = bool(sess.store is not None and sess.store.sent_write)
+        note_failed_add(cfg.cluster, args.container_id, args.ifname, sent)
+        left = ("its transaction went out and may have been applied: the runtime's DEL releases it (or GC does)"
+                if sent else "nothing was allocated: nothing is left for the runtime's DEL")
+        raise CNIError(e.code, e.msg, f"{e.details}; {left}") from None
     if len(got) != len(cfg.range_sets):
         raise CNIError(INTERNAL, "cluster-ipam: the handle holds addresses outside the configured ranges",
                        f"{args.container_id}/{args.ifname} exists with other addresses; DEL it first")
@@ -120,8 +131,22 @@ def cmd_add(args: CmdArgs) -> Result:
 def cmd_del(args: CmdArgs) -> None:
     """Release the handle's addresses; nothing to release is success."""
     cfg = parse_conf(args)
-    with session(cfg.cluster, lock=True) as store:
-        store.release(args.container_id, args.ifname)
+    note = failed_add(cfg.cluster, args.container_id, args.ifname)
+    if note == "unsent":
+        # The ADD just before failed without sending a write: nothing of it is in etcd, and this DEL
+        # (its rollback) need not wait a second budget for an etcd that did not answer.
+        clear_failed_add(cfg.cluster, args.container_id, args.ifname)
+        return
+    sess = session(cfg.cluster, lock=True, timeout=min(QUICK_DEL, cfg.cluster.etcd.timeout) if note else None)
+    try:
+        with sess as store:
+            store.release(args.container_id, args.ifname)
+    except CNIError as e:
+        if note and sess.unavailable:
+            raise CNIError(e.code, e.msg, f"{e.details}; the ADD that failed just before had sent its transaction, "
+                           "which may have been applied: DEL again once etcd answers (or GC releases it)") from None
+        raise
+    clear_failed_add(cfg.cluster, args.container_id, args.ifname)
 
 
 def cmd_check(args: CmdArgs) -> None:

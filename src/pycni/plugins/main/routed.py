@@ -201,7 +201,7 @@ def _setup_pod(netns_path: str, ifname: str, ips: list[IPConfig], routes: list[R
 
 
 def cmd_add(args: CmdArgs) -> Result:
-    from pycni.net import link, route, veth
+    from pycni.net import link, neigh, route, veth
 
     rc = parse_conf(args)
     check_for_add(rc, args)
@@ -217,6 +217,11 @@ def cmd_add(args: CmdArgs) -> Result:
         routes = _pod_routes(result, versions)
         _setup_pod(args.netns, args.ifname, ips, routes)
         for ipc in ips:
+            # The pod's MAC is known: no ARP/NDP from the host to the pod. A fresh veth drops what
+            # it is asked to send until the kernel has activated its queue (linkwatch work, late on
+            # a busy host); a lost first ARP request or NS costs the 1 s retransmission — for a
+            # reused address every node already routes here, so the first packet comes at once.
+            neigh.set_neighbour(pair.host.index, str(ipc.address.ip), pair.container.mac)
             # replace: a route left to this address by a pod that died uncleanly must not block this one
             route.add_route(ipc.address.network, dev=pair.host.index, scope=route.RT_SCOPE_LINK, replace=True)
         out = Result(cni_version=result.cni_version, ips=ips, routes=routes, dns=result.dns,
