@@ -1,0 +1,230 @@
+"""From endpoints, namespaces and policies to the nftables objects one node must hold (pure).
+
+The layout (table ``inet pycni_policy``; docs/policy.md draws it):
+
+- two base chains on the forward hook: ``wl_egress`` (priority filter - 2) judges what a
+  workload sends, ``wl_ingress`` (filter - 1) what it receives; an ``accept`` in the first hands
+  the packet to the second, a ``drop`` is final. Each accepts conntrack established/related
+  first, and ICMPv6 neighbour discovery; then **fails closed**: a routed host interface
+  (``rtd*``) that is not yet in the ``covered`` set is dropped — a pod the agent has not
+  programmed yet (just made, or the agent is down) sends and receives nothing; then a
+  ``vmap`` keyed by the host-side interface name jumps to the endpoint's verdict chain. Traffic
+  between a pod and its own node never crosses forward: always allowed, as Kubernetes wants.
+- per local endpoint selected for a direction, ``ep_<iface>_in`` / ``ep_<iface>_eg``: a jump to
+  each selecting policy's chain, then ``drop``; an endpoint selected by nothing gets no map
+  element (allow), or ``drop`` when its network's ``defaultPolicy`` is deny.
+- per policy that selects some local endpoint, ``p_<hash>_in`` / ``p_<hash>_eg``: one rule per
+  (peer, port) of each of its rules, ending in ``accept``; shared by every endpoint it selects.
+- named sets of pod addresses per selector (``s_<hash>_4`` / ``_6``) and per named port
+  (``np_<name>_4`` / ``_6``: address . protocol . port of every pod naming a port so), so an
+  endpoint or label change is a set element change, not a rule change.
+
+:func:`compile_node` returns a :class:`Desired`; :mod:`pycni.cluster.policy.nftsync` turns the
+difference between two of them into one nftables transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from pycni.cluster.policy.evaluate import EGRESS, INGRESS, Workload
+from pycni.cluster.policy.model import NS_NAME_LABEL, LabelSelector, NetworkPolicy, Peer, PolicyPort
+
+TABLE = "pycni_policy"
+HOST_PREFIX = "rtd"  # routed's host interfaces (pycni.plugins.main.routed.HOST_PREFIX)
+ND_TYPES = "nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, nd-router-advert"
+SET_TYPES = {4: "ipv4_addr", 6: "ipv6_addr"}
+PORT_SET_TYPES = {4: "ipv4_addr . inet_proto . inet_service", 6: "ipv6_addr . inet_proto . inet_service"}
+_FAM = {4: "ip", 6: "ip6"}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One attachment as the agent sees it: the workload (effective labels, named ports), its
+    host-side interface and whether its network denies by default."""
+
+    workload: Workload
+    iface: str
+    network: str = ""
+    default_deny: bool = False
+
+
+@dataclass
+class Desired:
+    """Everything of ours one node's kernel should hold (besides the static base chains)."""
+
+    sets: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)  # name -> (type, elements)
+    chains: dict[str, tuple[str, ...]] = field(default_factory=dict)           # name -> rules
+    ingress: dict[str, str] = field(default_factory=dict)                      # iface -> verdict
+    egress: dict[str, str] = field(default_factory=dict)
+    covered: frozenset[str] = frozenset()
+
+
+def _h(text: str) -> str:
+    from hashlib import blake2b
+
+    return blake2b(text.encode(), digest_size=5).hexdigest()
+
+
+def policy_chain(policy: NetworkPolicy, direction: str) -> str:
+    return f"p_{_h(policy.key)}_{'in' if direction == INGRESS else 'eg'}"
+
+
+def endpoint_chain(iface: str, direction: str) -> str:
+    return f"ep_{iface}_{'in' if direction == INGRESS else 'eg'}"
+
+
+def _selector_key(policy: NetworkPolicy, peer: Peer) -> tuple[object, ...]:
+    ns: object = ("ns", policy.namespace) if peer.namespace_selector is None else \
+        ("nssel", peer.namespace_selector.match_labels, peer.namespace_selector.match_expressions)
+    pod = None if peer.pod_selector is None else (peer.pod_selector.match_labels, peer.pod_selector.match_expressions)
+    return (ns, pod)
+
+
+def selector_set(key: tuple[object, ...], version: int) -> str:
+    return f"s_{_h(repr(key))}_{version}"
+
+
+def port_set(name: str, version: int) -> str:
+    return f"np_{name.replace('-', '_')}_{version}"
+
+
+class Selection:
+    """A peer's pods: the policy's namespace (or those its namespaceSelector picks) and its podSelector."""
+
+    def __init__(self, policy: NetworkPolicy, peer: Peer) -> None:
+        self.namespace = policy.namespace if peer.namespace_selector is None else None
+        self.ns_selector: LabelSelector | None = peer.namespace_selector
+        self.pod_selector = peer.pod_selector
+
+    def matches(self, w: Workload, ns_labels: Mapping[str, str]) -> bool:
+        if self.namespace is not None and w.namespace != self.namespace:
+            return False
+        if self.ns_selector is not None and not self.ns_selector.matches(ns_labels):
+            return False
+        return self.pod_selector is None or self.pod_selector.matches(w.labels)
+
+
+def _port_matches(pp: PolicyPort) -> list[tuple[int, str]]:
+    """A ports entry as nft matches: (family or 0 for both, text)."""
+    proto = pp.protocol.lower()
+    if pp.port is None:
+        return [(0, f"meta l4proto {proto}")]
+    if isinstance(pp.port, str):
+        return [(v, f"meta l4proto {proto} {_FAM[v]} daddr . meta l4proto . th dport @{port_set(pp.port, v)}")
+                for v in (4, 6)]
+    if pp.end_port is not None and pp.end_port != pp.port:
+        return [(0, f"meta l4proto {proto} th dport {pp.port}-{pp.end_port}")]
+    return [(0, f"meta l4proto {proto} th dport {pp.port}")]
+
+
+def _peer_matches(policy: NetworkPolicy, peer: Peer, direction: str) -> list[tuple[int, str]]:
+    where = "saddr" if direction == INGRESS else "daddr"
+    if peer.ip_block is not None:
+        b = peer.ip_block
+        v = b.cidr.version
+        text = f"{_FAM[v]} {where} {b.cidr}"
+        if b.excepts:
+            text += f" {_FAM[v]} {where} != {{ {', '.join(map(str, b.excepts))} }}"
+        return [(v, text)]
+    key = _selector_key(policy, peer)
+    return [(v, f"{_FAM[v]} {where} @{selector_set(key, v)}") for v in (4, 6)]
+
+
+def policy_rules(policy: NetworkPolicy, direction: str) -> tuple[str, ...]:
+    """The rules of a policy's chain for ``direction``: each (peer, port) of each rule, accepting."""
+    out: list[str] = []
+    rules = policy.ingress if direction == INGRESS else policy.egress
+    for rule in rules:
+        peers = [m for p in rule.peers for m in _peer_matches(policy, p, direction)] or [(0, "")]
+        ports = [m for pp in rule.ports for m in _port_matches(pp)] or [(0, "")]
+        for pv, ptext in peers:
+            for qv, qtext in ports:
+                if pv and qv and pv != qv:
+                    continue
+                text = " ".join(t for t in (ptext, qtext, "accept") if t)
+                if text not in out:
+                    out.append(text)
+    return tuple(out)
+
+
+def selectors_of(policy: NetworkPolicy, direction: str) -> Iterable[tuple[tuple[object, ...], Selection]]:
+    rules = policy.ingress if direction == INGRESS else policy.egress
+    for rule in rules:
+        for peer in rule.peers:
+            if peer.ip_block is None:
+                yield _selector_key(policy, peer), Selection(policy, peer)
+
+
+def port_names_of(policy: NetworkPolicy, direction: str) -> Iterable[str]:
+    rules = policy.ingress if direction == INGRESS else policy.egress
+    for rule in rules:
+        for pp in rule.ports:
+            if isinstance(pp.port, str):
+                yield pp.port
+
+
+def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[NetworkPolicy],
+                 namespaces: Mapping[str, Mapping[str, str]]) -> Desired:
+    """What node ``me`` must hold for these endpoints (every node's), policies and namespace labels."""
+    eps = list(endpoints)
+    pols = sorted(policies, key=lambda p: p.key)
+    out = Desired()
+    used_policies: dict[tuple[str, str], NetworkPolicy] = {}
+    local = sorted((e for e in eps if e.workload.node == me), key=lambda e: e.iface)
+    for ep in local:
+        w = ep.workload
+        for direction, table in ((INGRESS, out.ingress), (EGRESS, out.egress)):
+            selecting = [p for p in pols if p.applies_to(w.namespace, w.labels, direction)]
+            if selecting:
+                chain = endpoint_chain(ep.iface, direction)
+                out.chains[chain] = (*(f"jump {policy_chain(p, direction)}" for p in selecting), "drop")
+                table[ep.iface] = f"jump {chain}"
+                for p in selecting:
+                    used_policies[(p.key, direction)] = p
+            elif ep.default_deny:
+                table[ep.iface] = "drop"
+    out.covered = frozenset(ep.iface for ep in local)
+    selections: dict[tuple[object, ...], Selection] = {}
+    names: set[str] = set()
+    for (_, direction), p in used_policies.items():
+        out.chains[policy_chain(p, direction)] = policy_rules(p, direction)
+        selections.update(selectors_of(p, direction))
+        names.update(port_names_of(p, direction))
+    ns_labels = {ns: {**labels, NS_NAME_LABEL: ns} for ns, labels in namespaces.items()}
+    for key, sel in selections.items():
+        members: dict[int, set[str]] = {4: set(), 6: set()}
+        for ep in eps:
+            w = ep.workload
+            if sel.matches(w, ns_labels.get(w.namespace) or {NS_NAME_LABEL: w.namespace}):
+                for ip in w.ips:
+                    members[ip.version].add(str(ip))
+        for v in (4, 6):
+            out.sets[selector_set(key, v)] = (SET_TYPES[v], frozenset(members[v]))
+    for name in names:
+        elems: dict[int, set[str]] = {4: set(), 6: set()}
+        for ep in eps:
+            for (pname, proto), port in ep.workload.named_ports.items():
+                if pname == name:
+                    for ip in ep.workload.ips:
+                        elems[ip.version].add(f"{ip} . {proto.lower()} . {port}")
+        for v in (4, 6):
+            out.sets[port_set(name, v)] = (PORT_SET_TYPES[v], frozenset(elems[v]))
+    return out
+
+
+def base_script(table: str = TABLE) -> list[str]:
+    """The table, its maps, the covered set and the two base chains (made once, atomically)."""
+    t = f"inet {table}"
+    lines = [f"add table {t}",
+             f"add set {t} covered {{ type ifname; }}",
+             f"add map {t} ingress {{ type ifname : verdict; }}",
+             f"add map {t} egress {{ type ifname : verdict; }}"]
+    for chain, prio, dev, mapname in (("wl_egress", 2, "iifname", "egress"), ("wl_ingress", 1, "oifname", "ingress")):
+        lines += [f"add chain {t} {chain} {{ type filter hook forward priority filter - {prio}; policy accept; }}",
+                  f"add rule {t} {chain} ct state established,related accept",
+                  f"add rule {t} {chain} icmpv6 type {{ {ND_TYPES} }} accept",
+                  f'add rule {t} {chain} {dev} "{HOST_PREFIX}*" {dev} != @covered drop',
+                  f"add rule {t} {chain} {dev} vmap @{mapname}"]
+    return lines
