@@ -264,7 +264,9 @@ class ClusterStore:
             missing = [c for c in cidrs if c not in blocks]
             blocks.update(self._get_blocks(missing, fast))
             compare = [if_mod(hkey, kv.mod_revision)]
-            success = [op_delete(hkey)]
+            # the attachment's workload endpoint (pycni.cluster.policy) goes with its handle
+            owner = str(handle.get("node") or self.node)
+            success = [op_delete(hkey), op_delete(self.keys.endpoint(owner, self.network, cid, ifname))]
             for cidr, b in blocks.items():
                 freed = [o for o, owner in b.allocations.items() if owner == hid]
                 if not freed:

@@ -39,6 +39,7 @@ class Workload:
     ips: tuple[IPAddress, ...] = ()
     named_ports: Mapping[tuple[str, str], int] = field(default_factory=dict, hash=False)  # (name, proto) -> port
     node: str = ""
+    default_deny: bool = False  # its network's "defaultPolicy": "deny"
 
     @property
     def key(self) -> str:
@@ -133,7 +134,7 @@ def _side(cluster: Cluster, pod: Workload, other: Party, dst: Party, port: int, 
         return True, f"{verb} {pod.key}: allowed, {other_ip} is the pod's own node"
     selecting = cluster.selecting(pod, direction)
     if not selecting:
-        if cluster.default_deny:
+        if cluster.default_deny or pod.default_deny:
             return False, f"{verb} {pod.key}: denied by the network's defaultPolicy deny (no policy selects it)"
         return True, f"{verb} {pod.key}: allowed, no policy selects the pod for {direction}"
     allowing = []
