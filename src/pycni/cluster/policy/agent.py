@@ -153,6 +153,7 @@ class PolicyEnforcer:
         self.me = me
         self.log = log
         self.programmer = Programmer()
+        self.memo: dict[Any, Any] = {}  # compile_node's per-policy rules, across updates
         self.dirty = True
 
     def load(self, kv: Any) -> None:
@@ -177,7 +178,7 @@ class PolicyEnforcer:
         if not self.dirty:
             return True
         want = compile_node(self.me, self.view.compiled_endpoints(), self.view.policies.values(),
-                            self.view.namespace_labels())
+                            self.view.namespace_labels(), self.memo)
         rebuilding = self.programmer.applied is None
         try:
             script = self.programmer.apply(want)

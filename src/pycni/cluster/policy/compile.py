@@ -166,42 +166,73 @@ def port_names_of(policy: NetworkPolicy, direction: str) -> Iterable[str]:
 
 
 def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[NetworkPolicy],
-                 namespaces: Mapping[str, Mapping[str, str]]) -> Desired:
-    """What node ``me`` must hold for these endpoints (every node's), policies and namespace labels."""
+                 namespaces: Mapping[str, Mapping[str, str]],
+                 memo: dict[tuple[str, str], tuple[NetworkPolicy, tuple[str, ...]]] | None = None) -> Desired:
+    """What node ``me`` must hold for these endpoints (every node's), policies and namespace labels.
+
+    Pods sharing a namespace and labels (replicas) are judged once; ``memo``, kept by a caller
+    across calls, holds each policy's rules until that policy object is replaced."""
     eps = list(endpoints)
-    pols = sorted(policies, key=lambda p: p.key)
+    by_namespace: dict[str, list[NetworkPolicy]] = {}
+    for p in sorted(policies, key=lambda p: p.key):
+        by_namespace.setdefault(p.namespace, []).append(p)  # a policy selects pods of its namespace only
+    # endpoints grouped by (namespace, labels): selection is a property of the group
+    groups: dict[tuple[str, tuple[tuple[str, str], ...]], list[Endpoint]] = {}
+    for ep in eps:
+        groups.setdefault((ep.workload.namespace, tuple(sorted(ep.workload.labels.items()))), []).append(ep)
     out = Desired()
     used_policies: dict[tuple[str, str], NetworkPolicy] = {}
-    local = sorted((e for e in eps if e.workload.node == me), key=lambda e: e.iface)
-    for ep in local:
-        w = ep.workload
-        for direction, table in ((INGRESS, out.ingress), (EGRESS, out.egress)):
-            selecting = [p for p in pols if p.applies_to(w.namespace, w.labels, direction)]
-            if selecting:
-                chain = endpoint_chain(ep.iface, direction)
-                out.chains[chain] = (*(f"jump {policy_chain(p, direction)}" for p in selecting), "drop")
-                table[ep.iface] = f"jump {chain}"
-                for p in selecting:
-                    used_policies[(p.key, direction)] = p
-            elif ep.default_deny:
-                table[ep.iface] = "drop"
+    selected: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, list[NetworkPolicy]]] = {}
+    for gkey, members in groups.items():
+        if not any(ep.workload.node == me for ep in members):
+            continue
+        ns, labels = gkey[0], members[0].workload.labels
+        candidates = by_namespace.get(ns, ())
+        selected[gkey] = {d: [p for p in candidates if p.applies_to(ns, labels, d)] for d in (INGRESS, EGRESS)}
+    local = []
+    for gkey, members in groups.items():
+        for ep in members:
+            if ep.workload.node != me:
+                continue
+            local.append(ep)
+            for direction, table in ((INGRESS, out.ingress), (EGRESS, out.egress)):
+                selecting = selected[gkey][direction]
+                if selecting:
+                    chain = endpoint_chain(ep.iface, direction)
+                    out.chains[chain] = (*(f"jump {policy_chain(p, direction)}" for p in selecting), "drop")
+                    table[ep.iface] = f"jump {chain}"
+                    for p in selecting:
+                        used_policies[(p.key, direction)] = p
+                elif ep.default_deny:
+                    table[ep.iface] = "drop"
     out.covered = frozenset(ep.iface for ep in local)
     selections: dict[tuple[object, ...], Selection] = {}
     names: set[str] = set()
-    for (_, direction), p in used_policies.items():
-        out.chains[policy_chain(p, direction)] = policy_rules(p, direction)
+    for (pkey, direction), p in used_policies.items():
+        hit = memo.get((pkey, direction)) if memo is not None else None
+        if hit is not None and hit[0] is p:
+            rules = hit[1]
+        else:
+            rules = policy_rules(p, direction)
+            if memo is not None:
+                memo[(pkey, direction)] = (p, rules)
+        out.chains[policy_chain(p, direction)] = rules
         selections.update(selectors_of(p, direction))
         names.update(port_names_of(p, direction))
+    if memo is not None:
+        for k in [k for k in memo if k not in used_policies]:
+            del memo[k]
     ns_labels = {ns: {**labels, NS_NAME_LABEL: ns} for ns, labels in namespaces.items()}
     for key, sel in selections.items():
-        members: dict[int, set[str]] = {4: set(), 6: set()}
-        for ep in eps:
-            w = ep.workload
-            if sel.matches(w, ns_labels.get(w.namespace) or {NS_NAME_LABEL: w.namespace}):
-                for ip in w.ips:
-                    members[ip.version].add(str(ip))
+        found: dict[int, set[str]] = {4: set(), 6: set()}
+        for (ns, _), members in groups.items():
+            w = members[0].workload
+            if sel.matches(w, ns_labels.get(ns) or {NS_NAME_LABEL: ns}):
+                for ep in members:
+                    for ip in ep.workload.ips:
+                        found[ip.version].add(str(ip))
         for v in (4, 6):
-            out.sets[selector_set(key, v)] = (SET_TYPES[v], frozenset(members[v]))
+            out.sets[selector_set(key, v)] = (SET_TYPES[v], frozenset(found[v]))
     for name in names:
         elems: dict[int, set[str]] = {4: set(), 6: set()}
         for ep in eps:
