@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pycni.cluster.model import Keys, NodeInfo, PodMeta, WorkloadEndpoint
-from pycni.cluster.policy.compile import Endpoint, compile_node
+from pycni.cluster.policy.compile import Endpoint, Memo, compile_node
 from pycni.cluster.policy.evaluate import Cluster, Workload
 from pycni.cluster.policy.model import NetworkPolicy, PolicyError, parse_policy
 from pycni.cluster.policy.nftsync import Programmer
@@ -34,6 +34,8 @@ class PolicyView:
         self.policies: dict[tuple[str, str], NetworkPolicy] = {}
         self.nodes: dict[str, NodeInfo] = {}
         self.errors: dict[str, str] = {}  # key -> why its value was ignored
+        # endpoint key -> (record, pod record, compiled) while neither record object is replaced
+        self._compiled: dict[str, tuple[WorkloadEndpoint, PodMeta | None, Endpoint]] = {}
 
     @property
     def prefixes(self) -> tuple[str, ...]:
@@ -116,8 +118,19 @@ class PolicyView:
         return Workload(ep.namespace, ep.pod, labels, ips, ports, node=ep.node)
 
     def compiled_endpoints(self) -> list[Endpoint]:
-        return [Endpoint(self.workload(ep), ep.interface_name, ep.network, ep.default_policy == "deny")
-                for ep in self.endpoints.values()]
+        """Every endpoint as the compiler takes it (rebuilt only for records that changed)."""
+        out = []
+        fresh: dict[str, tuple[WorkloadEndpoint, PodMeta | None, Endpoint]] = {}
+        for key, ep in self.endpoints.items():
+            meta = self.pods.get((ep.namespace, ep.pod))
+            hit = self._compiled.get(key)
+            if hit is None or hit[0] is not ep or hit[1] is not meta:
+                hit = (ep, meta, Endpoint(self.workload(ep), ep.interface_name, ep.network,
+                                          ep.default_policy == "deny"))
+            fresh[key] = hit
+            out.append(hit[2])
+        self._compiled = fresh
+        return out
 
     def namespace_labels(self) -> dict[str, dict[str, str]]:
         names = {ep.namespace for ep in self.endpoints.values()} | set(self.namespaces)
@@ -153,7 +166,7 @@ class PolicyEnforcer:
         self.me = me
         self.log = log
         self.programmer = Programmer()
-        self.memo: dict[Any, Any] = {}  # compile_node's per-policy rules, across updates
+        self.memo = Memo()  # what compile_node may reuse across updates
         self.dirty = True
 
     def load(self, kv: Any) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from pycni.cluster.policy.evaluate import EGRESS, INGRESS, Workload
 from pycni.cluster.policy.model import NS_NAME_LABEL, LabelSelector, NetworkPolicy, Peer, PolicyPort
@@ -48,6 +49,10 @@ class Endpoint:
     iface: str
     network: str = ""
     default_deny: bool = False
+    group: tuple[object, ...] = field(init=False, compare=False, repr=False)  # (namespace, sorted labels)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "group", (self.workload.namespace, tuple(sorted(self.workload.labels.items()))))
 
 
 @dataclass
@@ -61,10 +66,21 @@ class Desired:
     covered: frozenset[str] = frozenset()
 
 
+@lru_cache(maxsize=1 << 16)
 def _h(text: str) -> str:
     from hashlib import blake2b
 
     return blake2b(text.encode(), digest_size=5).hexdigest()
+
+
+@dataclass
+class Memo:
+    """What :func:`compile_node` may reuse from one call to the next (the agent keeps one): each
+    policy's rules until the policy object is replaced, and which policies select a group of
+    pods (namespace, labels) until that namespace's policies change."""
+
+    rules: dict[tuple[str, str], tuple[NetworkPolicy, tuple[str, ...]]] = field(default_factory=dict)
+    selected: dict[tuple[object, ...], dict[str, list[NetworkPolicy]]] = field(default_factory=dict)
 
 
 def policy_chain(policy: NetworkPolicy, direction: str) -> str:
@@ -167,7 +183,7 @@ def port_names_of(policy: NetworkPolicy, direction: str) -> Iterable[str]:
 
 def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[NetworkPolicy],
                  namespaces: Mapping[str, Mapping[str, str]],
-                 memo: dict[tuple[str, str], tuple[NetworkPolicy, tuple[str, ...]]] | None = None) -> Desired:
+                 memo: Memo | None = None) -> Desired:
     """What node ``me`` must hold for these endpoints (every node's), policies and namespace labels.
 
     Pods sharing a namespace and labels (replicas) are judged once; ``memo``, kept by a caller
@@ -177,57 +193,69 @@ def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[Netw
     for p in sorted(policies, key=lambda p: p.key):
         by_namespace.setdefault(p.namespace, []).append(p)  # a policy selects pods of its namespace only
     # endpoints grouped by (namespace, labels): selection is a property of the group
-    groups: dict[tuple[str, tuple[tuple[str, str], ...]], list[Endpoint]] = {}
+    groups: dict[tuple[object, ...], list[Endpoint]] = {}
     for ep in eps:
-        groups.setdefault((ep.workload.namespace, tuple(sorted(ep.workload.labels.items()))), []).append(ep)
+        groups.setdefault(ep.group, []).append(ep)
     out = Desired()
     used_policies: dict[tuple[str, str], NetworkPolicy] = {}
-    selected: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, list[NetworkPolicy]]] = {}
+    selected: dict[tuple[object, ...], dict[str, list[NetworkPolicy]]] = {}
+    versions = {ns: tuple(map(id, pols)) for ns, pols in by_namespace.items()}
+    old_selected = memo.selected if memo is not None else {}
+    new_selected: dict[tuple[object, ...], dict[str, list[NetworkPolicy]]] = {}
     for gkey, members in groups.items():
         if not any(ep.workload.node == me for ep in members):
             continue
-        ns, labels = gkey[0], members[0].workload.labels
-        candidates = by_namespace.get(ns, ())
-        selected[gkey] = {d: [p for p in candidates if p.applies_to(ns, labels, d)] for d in (INGRESS, EGRESS)}
+        ns, labels = members[0].workload.namespace, members[0].workload.labels
+        mkey = (gkey, versions.get(ns, ()))
+        hit = old_selected.get(mkey)
+        if hit is None:
+            candidates = by_namespace.get(ns, ())
+            hit = {d: [p for p in candidates if p.applies_to(ns, labels, d)] for d in (INGRESS, EGRESS)}
+        selected[gkey] = new_selected[mkey] = hit
+    if memo is not None:
+        memo.selected = new_selected
     local = []
     for gkey, members in groups.items():
-        for ep in members:
-            if ep.workload.node != me:
-                continue
-            local.append(ep)
-            for direction, table in ((INGRESS, out.ingress), (EGRESS, out.egress)):
-                selecting = selected[gkey][direction]
+        if gkey not in selected:
+            continue
+        for direction, table in ((INGRESS, out.ingress), (EGRESS, out.egress)):
+            selecting = selected[gkey][direction]
+            jumps = (*(f"jump {policy_chain(p, direction)}" for p in selecting), "drop")
+            for p in selecting:
+                used_policies[(p.key, direction)] = p
+            for ep in members:
+                if ep.workload.node != me:
+                    continue
                 if selecting:
                     chain = endpoint_chain(ep.iface, direction)
-                    out.chains[chain] = (*(f"jump {policy_chain(p, direction)}" for p in selecting), "drop")
+                    out.chains[chain] = jumps
                     table[ep.iface] = f"jump {chain}"
-                    for p in selecting:
-                        used_policies[(p.key, direction)] = p
                 elif ep.default_deny:
                     table[ep.iface] = "drop"
+        local += [ep for ep in members if ep.workload.node == me]
     out.covered = frozenset(ep.iface for ep in local)
     selections: dict[tuple[object, ...], Selection] = {}
     names: set[str] = set()
     for (pkey, direction), p in used_policies.items():
-        hit = memo.get((pkey, direction)) if memo is not None else None
-        if hit is not None and hit[0] is p:
-            rules = hit[1]
+        cached = memo.rules.get((pkey, direction)) if memo is not None else None
+        if cached is not None and cached[0] is p:
+            rules = cached[1]
         else:
             rules = policy_rules(p, direction)
             if memo is not None:
-                memo[(pkey, direction)] = (p, rules)
+                memo.rules[(pkey, direction)] = (p, rules)
         out.chains[policy_chain(p, direction)] = rules
         selections.update(selectors_of(p, direction))
         names.update(port_names_of(p, direction))
     if memo is not None:
-        for k in [k for k in memo if k not in used_policies]:
-            del memo[k]
+        for k in [k for k in memo.rules if k not in used_policies]:
+            del memo.rules[k]
     ns_labels = {ns: {**labels, NS_NAME_LABEL: ns} for ns, labels in namespaces.items()}
     for key, sel in selections.items():
         found: dict[int, set[str]] = {4: set(), 6: set()}
-        for (ns, _), members in groups.items():
+        for members in groups.values():
             w = members[0].workload
-            if sel.matches(w, ns_labels.get(ns) or {NS_NAME_LABEL: ns}):
+            if sel.matches(w, ns_labels.get(w.namespace) or {NS_NAME_LABEL: w.namespace}):
                 for ep in members:
                     for ip in ep.workload.ips:
                         found[ip.version].add(str(ip))

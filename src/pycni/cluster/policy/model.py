@@ -299,10 +299,10 @@ class NetworkPolicy:
     ingress: tuple[Rule, ...] = ()
     egress: tuple[Rule, ...] = ()
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    key: str = field(init=False, compare=False, repr=False)  # NAMESPACE/NAME
 
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.namespace}/{self.name}")
 
     def applies_to(self, namespace: str, labels: Mapping[str, str], direction: str) -> bool:
         """Whether this policy selects a pod of ``namespace`` with ``labels`` for ``direction``."""
