@@ -63,10 +63,12 @@ def test_gc_removes_this_nodes_endpoints_not_listed() -> None:
 
 
 def test_workload_names_from_cni_args() -> None:
-    assert workload.workload_of("IgnoreUnknown=1;K8S_POD_NAMESPACE=web;K8S_POD_NAME=front-1", "cid") == \
-        ("k8s", "web", "front-1")
-    assert workload.workload_of("", "cid") == ("cni", "default", "cid")
-    assert workload.workload_of("IgnoreUnknown=1;K8S_POD_NAME=only", "cid") == ("cni", "default", "cid")
+    from pycni.cniargs import parse_cni_args
+
+    args = parse_cni_args("IgnoreUnknown=1;K8S_POD_NAMESPACE=web;K8S_POD_NAME=front-1")
+    assert workload.workload_of(args, "cid") == ("k8s", "web", "front-1")
+    assert workload.workload_of({}, "cid") == ("cni", "default", "cid")
+    assert workload.workload_of(parse_cni_args("IgnoreUnknown=1;K8S_POD_NAME=only"), "cid") == ("cni", "default", "cid")
 
 
 def test_keys_parse_the_new_kinds() -> None:

@@ -271,9 +271,16 @@ def cmd_ipam_list(opts: argparse.Namespace) -> int:
 
 
 def cmd_ipam_show(opts: argparse.Namespace) -> int:
-    from pycni.cluster.policy.cli import cmd_ipam_show as show
+    """Per pool of NETWORK (its cluster-ipam ranges' subnets) and, with --show-blocks, per block."""
+    import ipaddress
 
-    return show(opts)
+    from pycni.cluster.policy.cli import ipam_show
+
+    cfg = _cluster_ipam(opts)
+    ipam = next(p.raw["ipam"] for p in _network(_runtime(opts), opts.network).plugins
+                if isinstance(p.raw.get("ipam"), dict) and p.raw["ipam"].get("type") == "cluster-ipam")
+    pools = [ipaddress.ip_network(r["subnet"], strict=False) for rs in ipam.get("ranges") or () for r in rs]
+    return ipam_show(cfg, pools, opts.show_blocks)
 
 
 def cmd_ipam_release(opts: argparse.Namespace) -> int:

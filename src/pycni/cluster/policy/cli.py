@@ -8,7 +8,7 @@
     pycni policy list [-n NS | -A] [-o json]
     pycni policy delete NS/NAME
     pycni policy why SRC DST PORT[/PROTO]       SRC, DST: NS/POD or an IP address
-    pycni ipam show --show-blocks NETWORK       (registered by pycni.cli; implemented here)
+    pycni ipam show --show-blocks NETWORK       (pycni.cli reads the network; the table is made here)
 
 Every verb takes the etcd flags of ``pycni node`` (pycni.cluster.settings.add_etcd_arguments).
 Label and port records are read-modify-written with a compare on their revision, so two
@@ -374,23 +374,11 @@ def cmd_policy_why(opts: argparse.Namespace) -> int:
 
 # ---- ipam show ----------------------------------------------------------------------------------
 
-def cmd_ipam_show(opts: argparse.Namespace) -> int:
-    """Per pool and per block: CIDR, IPS TOTAL, IPS IN USE, IPS FREE, and the block's node."""
-    import ipaddress
-
-    from pycni import cli
+def ipam_show(cfg: Any, pools: list[Any], show_blocks: bool) -> int:
+    """Per pool (and with ``show_blocks`` per block): CIDR, IPS TOTAL, IPS IN USE, IPS FREE, and
+    the block's node (calicoctl's ``ipam show --show-blocks``); ``pycni ipam show`` calls it."""
     from pycni.cluster.session import session
 
-    cfg = cli._cluster_ipam(opts)
-    net = cli._network(cli._runtime(opts), opts.network)
-    pools = []
-    for plugin in net.plugins:
-        ipam = plugin.raw.get("ipam")
-        if isinstance(ipam, dict) and ipam.get("type") == "cluster-ipam":
-            for rs in ipam.get("ranges") or ():
-                for r in rs:
-                    pools.append(ipaddress.ip_network(r["subnet"], strict=False))
-            break
     with session(cfg) as store:
         blocks = store.blocks()
 
@@ -399,11 +387,11 @@ def cmd_ipam_show(opts: argparse.Namespace) -> int:
 
     rows = [["GROUPING", "CIDR", "IPS TOTAL", "IPS IN USE", "IPS FREE", "NODE"]]
     for pool in pools:
-        inside = [b for b in blocks if b.cidr.version == pool.version and b.cidr.subnet_of(pool)]  # type: ignore[arg-type]
+        inside = [b for b in blocks if b.cidr.version == pool.version and b.cidr.subnet_of(pool)]
         used = sum(len(b.allocations) for b in inside)
         rows.append(["IP Pool", str(pool), str(pool.num_addresses), pct(used, pool.num_addresses),
                      pct(pool.num_addresses - used, pool.num_addresses), ""])
-        if opts.show_blocks:
+        if show_blocks:
             for b in sorted(inside, key=lambda b: b.cidr):
                 total = b.cidr.num_addresses
                 rows.append(["Block", str(b.cidr), str(total), pct(len(b.allocations), total),

@@ -50,9 +50,11 @@ class Endpoint:
     network: str = ""
     default_deny: bool = False
     group: tuple[object, ...] = field(init=False, compare=False, repr=False)  # (namespace, sorted labels)
+    addresses: tuple[tuple[int, str], ...] = field(init=False, compare=False, repr=False)  # (version, text)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "group", (self.workload.namespace, tuple(sorted(self.workload.labels.items()))))
+        object.__setattr__(self, "addresses", tuple((ip.version, str(ip)) for ip in self.workload.ips))
 
 
 @dataclass
@@ -79,7 +81,8 @@ class Memo:
     policy's rules until the policy object is replaced, and which policies select a group of
     pods (namespace, labels) until that namespace's policies change."""
 
-    rules: dict[tuple[str, str], tuple[NetworkPolicy, tuple[str, ...]]] = field(default_factory=dict)
+    rules: dict[tuple[str, str], tuple[NetworkPolicy, tuple[str, ...], dict[tuple[object, ...], Selection],
+                                       set[str]]] = field(default_factory=dict)
     selected: dict[tuple[object, ...], dict[str, list[NetworkPolicy]]] = field(default_factory=dict)
 
 
@@ -238,15 +241,16 @@ def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[Netw
     names: set[str] = set()
     for (pkey, direction), p in used_policies.items():
         cached = memo.rules.get((pkey, direction)) if memo is not None else None
-        if cached is not None and cached[0] is p:
-            rules = cached[1]
-        else:
-            rules = policy_rules(p, direction)
+        if cached is None or cached[0] is not p:
+            cached = (p, policy_rules(p, direction), dict(selectors_of(p, direction)),
+                      set(port_names_of(p, direction)))
             if memo is not None:
-                memo.rules[(pkey, direction)] = (p, rules)
-        out.chains[policy_chain(p, direction)] = rules
-        selections.update(selectors_of(p, direction))
-        names.update(port_names_of(p, direction))
+                memo.rules[(pkey, direction)] = cached
+        out.chains[policy_chain(p, direction)] = cached[1]
+        if cached[2]:
+            selections.update(cached[2])
+        if cached[3]:
+            names.update(cached[3])
     if memo is not None:
         for k in [k for k in memo.rules if k not in used_policies]:
             del memo.rules[k]
@@ -257,8 +261,8 @@ def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[Netw
             w = members[0].workload
             if sel.matches(w, ns_labels.get(w.namespace) or {NS_NAME_LABEL: w.namespace}):
                 for ep in members:
-                    for ip in ep.workload.ips:
-                        found[ip.version].add(str(ip))
+                    for v, text in ep.addresses:
+                        found[v].add(text)
         for v in (4, 6):
             out.sets[selector_set(key, v)] = (SET_TYPES[v], frozenset(found[v]))
     for name in names:
@@ -266,8 +270,8 @@ def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[Netw
         for ep in eps:
             for (pname, proto), port in ep.workload.named_ports.items():
                 if pname == name:
-                    for ip in ep.workload.ips:
-                        elems[ip.version].add(f"{ip} . {proto.lower()} . {port}")
+                    for v, text in ep.addresses:
+                        elems[v].add(f"{text} . {proto.lower()} . {port}")
         for v in (4, 6):
             out.sets[port_set(name, v)] = (PORT_SET_TYPES[v], frozenset(elems[v]))
     return out

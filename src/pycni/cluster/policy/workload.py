@@ -48,12 +48,9 @@ def cluster_settings(conf: Mapping[str, Any]) -> ClusterSettings | None:
     return parse_cluster_settings(conf)
 
 
-def workload_of(cni_args: str, container_id: str) -> tuple[str, str, str]:
-    """(orchestrator, namespace, pod): Kubernetes' names from CNI_ARGS, else ``default`` and the
-    container ID, as Calico names a workload outside Kubernetes."""
-    from pycni.cniargs import parse_cni_args
-
-    args = parse_cni_args(cni_args) if cni_args else {}
+def workload_of(args: Mapping[str, str], container_id: str) -> tuple[str, str, str]:
+    """(orchestrator, namespace, pod): Kubernetes' names from CNI_ARGS (parsed), else ``default``
+    and the container ID, as Calico names a workload outside Kubernetes."""
     ns, pod = args.get("K8S_POD_NAMESPACE", ""), args.get("K8S_POD_NAME", "")
     if ns and pod and "/" not in ns + pod:
         return "k8s", ns, pod

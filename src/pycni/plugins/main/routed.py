@@ -253,8 +253,9 @@ def _record_workload(rc: RoutedConf, args: CmdArgs, host: str, mac: str, ips: li
     if cluster is None:
         return
     from pycni.cluster.model import WorkloadEndpoint
+    from pycni.cniargs import parse_cni_args
 
-    orchestrator, namespace, pod = workload.workload_of(args.args, args.container_id)
+    orchestrator, namespace, pod = workload.workload_of(parse_cni_args(args.args), args.container_id)
     ep = WorkloadEndpoint(node=cluster.node, network=cluster.network, namespace=namespace, pod=pod,
                           container_id=args.container_id, ifname=args.ifname, interface_name=host, mac=mac,
                           ip_networks=[str(i.address) for i in ips], profiles=[cluster.network],
