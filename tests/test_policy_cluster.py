@@ -386,3 +386,49 @@ def test_add_fails_closed_when_the_agent_does_not_answer(env: Env) -> None:
         assert "eth0" not in pns.run(["ip", "link"]).stdout
     finally:
         env.start_agent(i)
+
+
+def test_cli_views_and_refusals(env: Env) -> None:
+    import json as _json
+
+    listed = env.cli("endpoint", "list", "-n", "x").stdout.splitlines()
+    assert listed[0].split() == ["WORKLOAD", "NODE", "NETWORKS", "INTERFACE"]
+    assert sorted(ln.split()[0] for ln in listed[1:]) == ["x/a", "x/b", "x/c"]
+    rows = [_json.loads(ln) for ln in env.cli("endpoint", "list", "-A", "-o", "json").stdout.splitlines()]
+    xa = next(r for r in rows if (r["namespace"], r["pod"]) == ("x", "a"))
+    assert xa["orchestrator"] == "k8s" and xa["node"] == env.nodes[env.where["x/a"]].name
+    assert xa["profiles"] == ["podnet"] and xa["labels"]["pod"] == "a" and xa["interfaceName"].startswith("rtd")
+    # a bad manifest is refused whole, naming the document and the field
+    bad = env.cli("policy", "apply", "-f", "-", check=False, stdin="""
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: fine, namespace: x}
+spec: {podSelector: {}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: broken, namespace: x}
+spec:
+  podSelector: {}
+  ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/8, except: [11.0.0.0/8]}}]}]
+""")
+    assert bad.returncode == 1
+    assert "document 2 (broken): spec.ingress[0].from[0].ipBlock.except[0]" in bad.stderr, bad.stderr
+    assert "fine" not in env.cli("policy", "list", "-n", "x").stdout
+    bad = env.cli("endpoint", "label", "x/a", "bad key=1", check=False)
+    assert bad.returncode == 1 and "invalid label change" in bad.stderr
+    # ipam show: the pool and its blocks, with their nodes
+    confdir = env.tmp / "net.d"
+    confdir.mkdir(exist_ok=True)
+    conf = env.conf(0)
+    (confdir / "podnet.conflist").write_text(_json.dumps({"cniVersion": "1.1.0", "name": "podnet",
+                                                          "plugins": [{k: v for k, v in conf.items()
+                                                                       if k not in ("cniVersion", "name")}]}))
+    out = env.nodes[0].ns.run([sys.executable, "-m", "pycni", "ipam", "show", "--show-blocks", "podnet"],
+                              env={**os.environ, "NETCONFPATH": str(confdir)}).stdout.splitlines()
+    assert out[0].split()[:2] == ["GROUPING", "CIDR"]
+    pool = out[1].split()
+    assert pool[:4] == ["IP", "Pool", SUBNET, "65536"], out
+    blocks = [ln.split() for ln in out[2:]]
+    assert blocks and all(b[0] == "Block" and b[-1].startswith("node") for b in blocks), out
+    assert sum(int(b[3]) for b in blocks) == int(pool[4]) == len(env.pods)
