@@ -432,3 +432,44 @@ spec:
     blocks = [ln.split() for ln in out[2:]]
     assert blocks and all(b[0] == "Block" and b[-1].startswith("node") for b in blocks), out
     assert sum(int(b[3]) for b in blocks) == int(pool[4]) == len(env.pods)
+
+
+def test_default_policy_deny(env: Env) -> None:
+    """A network with "defaultPolicy": "deny": its pod gets nothing through until a policy opens it."""
+    env.clear_policies()
+    pns, _ = env.add("d/locked", 1, defaultPolicy="deny")
+    servers = EchoServers([pns])
+    try:
+        flows = [("d/locked", t, 80, "TCP") for t in ("x/a", "y/b")]
+        flows += [(t, "d/locked", 81, "UDP") for t in ("x/a", "z/c")]
+        got = probe(env.pods, flows, retries=0, window=0.5)
+        assert not any(got.values()), got
+        env.cli("policy", "apply", "-f", "-", stdin="""
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: open, namespace: d}
+spec:
+  podSelector: {}
+  ingress: [{}]
+  egress: [{}]
+""")
+        deadline = time.monotonic() + CONVERGE
+        while not all((got := probe(env.pods, flows, retries=1)).values()):
+            assert time.monotonic() < deadline, got
+        why = env.cli("policy", "why", "x/a", "d/locked", "80/TCP").stdout
+        assert "allowed by d/open (ingress rule 0)" in why
+    finally:
+        servers.close()
+        env.delete("d/locked", defaultPolicy="deny")
+        env.clear_policies()
+
+
+def test_default_policy_deny_needs_cluster_ipam(netns_factory: Any, plugin_dir: str, tmp_path: Path) -> None:
+    host, pod = netns_factory(), netns_factory()
+    conf = {"cniVersion": "1.1.0", "name": "n", "type": "routed", "defaultPolicy": "deny",
+            "ipam": {"type": "host-local", "dataDir": str(tmp_path), "ranges": [[{"subnet": "10.93.0.0/24"}]]}}
+    out = err(call(routed.PLUGIN, host, "ADD", conf, pod, plugin_dir))
+    assert out["code"] == 7 and "needs cluster-ipam" in out["msg"]
+    out = err(call(routed.PLUGIN, host, "ADD", {**conf, "defaultPolicy": "closed"}, pod, plugin_dir))
+    assert out["code"] == 7 and "defaultPolicy" in out["msg"]
+    assert "eth0" not in pod.run(["ip", "link"]).stdout

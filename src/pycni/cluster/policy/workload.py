@@ -112,13 +112,19 @@ def _covered(iface: str) -> bool:
     return True
 
 
+def _enforcing() -> bool:
+    """Whether this node has our policy table (``list tables``: names only, however big the table)."""
+    from pycni.net import nft
+
+    return any(t.get("family") == "inet" and t.get("name") == TABLE
+               for t in nft.objects(nft.list_json("tables"), "table"))
+
+
 def wait_covered(iface: str, timeout: float, required: bool) -> bool:
     """Return once this node's agent covers ``iface`` (True), or at once when no agent enforces
     policy here and none is ``required`` (False); code 11 when the agent does not within
     ``timeout`` seconds, or is required and absent."""
-    from pycni.net import nft
-
-    if not nft.table_exists("inet", TABLE):
+    if not _enforcing():
         if required:
             raise CNIError(TRY_AGAIN, "routed: defaultPolicy is deny but no network policy is enforced on this node",
                            f"the nftables table inet {TABLE} does not exist: start the node agent (pycni node) "
