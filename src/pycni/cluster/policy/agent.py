@@ -3,10 +3,11 @@ kept from etcd, and the nftables it programs from them (``pycni node --policy``)
 
 The agent (:mod:`pycni.cluster.node`) hands every watch event here; an event that changes
 what this node enforces recomputes the desired objects (:func:`compile.compile_node`) and sends
-the difference as one transaction (:class:`nftsync.Programmer`). A full read (start, a broken
-watch, the periodic resync) rebuilds the table atomically: the old rules hold until the new
-ones replace them, so a restarted agent never opens a window, and one that is down leaves its
-rules — and the fail-closed drop of pods it has not seen — in place.
+the difference as one transaction (:class:`nftsync.Programmer`). A full read (a broken watch,
+the periodic resync) is diffed the same way; only the agent's start (and a transaction the
+kernel refused) rebuilds the table, atomically: the old rules hold until the new ones replace
+them, so a restarted agent never opens a window, and one that is down leaves its rules — and
+the fail-closed drop of pods it has not seen — in place.
 """
 
 from __future__ import annotations
@@ -173,7 +174,8 @@ class PolicyEnforcer:
         self.view.load(kv)
         for key, why in sorted(self.view.errors.items()):
             self.log(f"policy: ignoring {key}: {why}")
-        self.programmer.applied = None  # a full read rebuilds the table (atomically)
+        # The kernel still holds what was last applied: the fresh view is diffed against it (the
+        # first load, or one after a refused update, rebuilds the table, atomically).
         self.dirty = True
 
     def event(self, kind: str, key: str, value: str) -> bool:
