@@ -72,7 +72,7 @@ def add_parsers(sub: Any) -> None:
     sp.set_defaults(fn=cmd_policy_apply)
     sp = pol_sub.add_parser("list", help="the policies (NAMESPACE NAME POD-SELECTOR POLICY-TYPES)")
     _scope_flags(sp)
-    sp.add_argument("-o", "--output", choices=("json", "yaml"), help="json: the stored manifests")
+    sp.add_argument("-o", "--output", choices=("json",), help="json: the stored manifests, one a line")
     add_etcd_arguments(sp)
     sp.set_defaults(fn=cmd_policy_list)
     sp = pol_sub.add_parser("delete", help="delete policy NS/NAME")
