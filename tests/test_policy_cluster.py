@@ -473,3 +473,67 @@ def test_default_policy_deny_needs_cluster_ipam(netns_factory: Any, plugin_dir: 
     out = err(call(routed.PLUGIN, host, "ADD", {**conf, "defaultPolicy": "closed"}, pod, plugin_dir))
     assert out["code"] == 7 and "defaultPolicy" in out["msg"]
     assert "eth0" not in pod.run(["ip", "link"]).stdout
+
+
+def test_daemon_mode_waits_too(env: Env) -> None:
+    """Through a `pycni daemon` (the shim forwards, the handler runs in-process with libnftables):
+    the same endpoint, the same wait, the same deny from the first packet, the same DEL."""
+    import json as _json
+    import logging
+
+    from plugin_util import daemon_in_thread
+
+    from pycni.plugins.registry import install
+
+    shims = env.tmp / "po-shims"
+    shims.mkdir(exist_ok=True)
+    install(str(shims), daemon=True)
+    served: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            served.append(record.getMessage())
+
+    dlog = logging.getLogger("pycni.daemon")
+    handler, level = Collect(), dlog.level
+    dlog.addHandler(handler)
+    dlog.setLevel(logging.DEBUG)
+    env.clear_policies()
+    env.cli("policy", "apply", "-f", "-", stdin="""
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: lockdown, namespace: w}
+spec: {podSelector: {}, policyTypes: [Ingress, Egress]}
+""")
+    sock = str(env.tmp / "po-daemon.sock")
+    i = 1
+    node = env.nodes[i]
+    pns = new_namespace("po-pod")
+    env.namespaces.append(pns)
+    base = {"CNI_CONTAINERID": "po-daemon", "CNI_NETNS": pns.path, "CNI_IFNAME": "eth0", "CNI_PATH": env.plugin_dir,
+            "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=w;K8S_POD_NAME=daemon", "PYCNI_SOCKET": sock,
+            "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+    conf = _json.dumps(env.conf(i))
+    with daemon_in_thread(sock) as daemon:
+        out = node.ns.run([str(shims / "routed")], input=conf, env={**base, "CNI_COMMAND": "ADD"})
+        res = _json.loads(out.stdout)
+        env.pods["w/daemon"] = (pns, {4: res["ips"][0]["address"].split("/")[0]})
+        env.where["w/daemon"] = i
+        servers = EchoServers([pns])
+        try:
+            flows = [("w/daemon", t, 80, "TCP") for t in ("x/a", "y/b")] + [("z/c", "w/daemon", 81, "UDP")]
+            got = probe(env.pods, flows, retries=0, window=0.5)
+            assert not any(got.values()), got
+        finally:
+            servers.close()
+        assert daemon is not None
+        with env.cluster.client() as etcd:
+            assert etcd.get(env.keys.endpoint(node.name, "podnet", "po-daemon", "eth0")) is not None
+        node.ns.run([str(shims / "routed")], input=conf, env={**base, "CNI_COMMAND": "DEL"})
+        env.pods.pop("w/daemon")
+        with env.cluster.client() as etcd:
+            assert etcd.get(env.keys.endpoint(node.name, "podnet", "po-daemon", "eth0")) is None
+    dlog.removeHandler(handler)
+    dlog.setLevel(level)
+    env.clear_policies()
+    assert any(m.startswith("routed ADD") for m in served) and any(m.startswith("routed DEL") for m in served), served
