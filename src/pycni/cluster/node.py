@@ -490,18 +490,20 @@ class Agent:
                 if now >= next_resync:
                     return  # the caller reads everything again
                 batch = w.next(timeout=min(1.0, max(0.05, next_keepalive - now)))
-                touched = False
+                touched = policy_touched = False
                 drain_until = time.monotonic() + 0.05
                 while batch is not None:
                     for ev in batch.events:
                         if self.policy is not None:
-                            touched |= self.policy.event(ev.type, ev.kv.key, ev.kv.value)
+                            policy_touched |= self.policy.event(ev.type, ev.kv.key, ev.kv.value)
                         if ev.type == "DELETE":
                             touched |= self.view.delete(ev.kv.key)
                         else:
                             touched |= self.view.put(ev.kv.key, ev.kv.value)
                     # take what is already queued before converging: a burst of claims is one pass
                     batch = w.next(timeout=0.002) if time.monotonic() < drain_until else None
+                if policy_touched:
+                    self.apply_policy()  # (a policy, label or endpoint change moves no route)
                 if touched:
                     if self.opts.name not in self.view.nodes:
                         # our key gone while we run (deleted by hand, or another agent of the same
