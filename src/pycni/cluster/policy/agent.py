@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pycni.cluster.model import Keys, NodeInfo, PodMeta, WorkloadEndpoint
-from pycni.cluster.policy.compile import Endpoint, Memo, compile_node
+from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_node
 from pycni.cluster.policy.evaluate import Cluster, Workload
 from pycni.cluster.policy.model import NetworkPolicy, PolicyError, parse_policy
 from pycni.cluster.policy.nftsync import Programmer
@@ -169,6 +169,8 @@ class PolicyEnforcer:
         self.programmer = Programmer()
         self.memo = Memo()  # what compile_node may reuse across updates
         self.dirty = True
+        self.only_endpoints = False  # every change since the last apply was an endpoint's or a pod's
+        self.patched = self.compiled = 0  # how updates were computed (incrementally / in full)
 
     def load(self, kv: Any) -> None:
         self.view.load(kv)
@@ -177,12 +179,19 @@ class PolicyEnforcer:
         # The kernel still holds what was last applied: the fresh view is diffed against it (the
         # first load, or one after a refused update, rebuilds the table, atomically).
         self.dirty = True
+        self.only_endpoints = False
 
     def event(self, kind: str, key: str, value: str) -> bool:
         touched = self.view.delete(key) if kind == "DELETE" else self.view.put(key, value)
         if touched and key in self.view.errors:
             self.log(f"policy: ignoring {key}: {self.view.errors[key]}")
-        self.dirty |= touched
+        if touched:
+            parsed = self.view.keys.parse(key)
+            kind_of = parsed.kind if parsed is not None else ""
+            if kind_of == "node":
+                return False  # (nodes matter to `policy why`, not to the dataplane)
+            self.only_endpoints = (self.only_endpoints or not self.dirty) and kind_of in ("endpoint", "pod")
+            self.dirty = True
         return touched
 
     def apply(self) -> bool:
@@ -192,15 +201,28 @@ class PolicyEnforcer:
 
         if not self.dirty:
             return True
-        want = compile_node(self.me, self.view.compiled_endpoints(), self.view.policies.values(),
-                            self.view.namespace_labels(), self.memo)
+        before = self.view._compiled
+        eps = self.view.compiled_endpoints()
+        want = None
+        have = self.programmer.applied
+        if self.only_endpoints and have is not None:
+            after = self.view._compiled
+            changes = [(before[k][2] if k in before else None, after[k][2] if k in after else None)
+                       for k in set(before) | set(after)
+                       if k not in before or k not in after or before[k][2] is not after[k][2]]
+            want = patch_node(self.me, have, changes, self.view.policies.values(), self.view.namespace_labels())
+        if want is None:
+            want = compile_node(self.me, eps, self.view.policies.values(), self.view.namespace_labels(), self.memo)
+            self.compiled += 1
+        else:
+            self.patched += 1
         rebuilding = self.programmer.applied is None
         try:
             script = self.programmer.apply(want)
         except CNIError as e:
             self.log(f"FAILED policy update: {e.msg}: {e.details}")
             return False
-        self.dirty = False
+        self.dirty = self.only_endpoints = False
         if script:
             n = script.count("\n")
             self.log(f"policy: {'table rebuilt' if rebuilding else 'updated'} ({n} commands; "

@@ -66,6 +66,9 @@ class Desired:
     ingress: dict[str, str] = field(default_factory=dict)                      # iface -> verdict
     egress: dict[str, str] = field(default_factory=dict)
     covered: frozenset[str] = frozenset()
+    # how it was made (not kernel state): the selectors and port names its sets serve
+    selections: dict[tuple[object, ...], Selection] = field(default_factory=dict, compare=False, repr=False)
+    names: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -237,7 +240,7 @@ def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[Netw
                     table[ep.iface] = "drop"
         local += [ep for ep in members if ep.workload.node == me]
     out.covered = frozenset(ep.iface for ep in local)
-    selections: dict[tuple[object, ...], Selection] = {}
+    selections: dict[tuple[object, ...], Selection] = out.selections
     names: set[str] = set()
     for (pkey, direction), p in used_policies.items():
         cached = memo.rules.get((pkey, direction)) if memo is not None else None
@@ -274,6 +277,73 @@ def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[Netw
                         elems[v].add(f"{text} . {proto.lower()} . {port}")
         for v in (4, 6):
             out.sets[port_set(name, v)] = (PORT_SET_TYPES[v], frozenset(elems[v]))
+    out.names = frozenset(names)
+    return out
+
+
+def _port_elements(ep: Endpoint, names: frozenset[str]) -> list[tuple[str, str]]:
+    """(set name, element) of ``ep``'s named ports that ``names`` serve."""
+    return [(port_set(pname, v), f"{text} . {proto.lower()} . {port}")
+            for (pname, proto), port in ep.workload.named_ports.items() if pname in names
+            for v, text in ep.addresses]
+
+
+def patch_node(me: str, have: Desired, changes: Iterable[tuple[Endpoint | None, Endpoint | None]],
+               policies: Iterable[NetworkPolicy], namespaces: Mapping[str, Mapping[str, str]]) -> Desired | None:
+    """``have`` after endpoints changed — (old, new) pairs, None for absent — without recomputing
+    the rest; None when a change reaches further than set members and the new pods' own
+    verdicts (a local pod leaving or changing selection, a policy not programmed yet): then
+    :func:`compile_node` must run. The result equals what compile_node would give."""
+    pols = [p for p in policies]
+    by_namespace: dict[str, list[NetworkPolicy]] = {}
+    for p in sorted(pols, key=lambda p: p.key):
+        by_namespace.setdefault(p.namespace, []).append(p)
+
+    def selecting(ep: Endpoint) -> dict[str, list[NetworkPolicy]]:
+        w = ep.workload
+        cands = by_namespace.get(w.namespace, ())
+        return {d: [p for p in cands if p.applies_to(w.namespace, w.labels, d)] for d in (INGRESS, EGRESS)}
+
+    out = Desired(sets=dict(have.sets), chains=dict(have.chains), ingress=dict(have.ingress),
+                  egress=dict(have.egress), covered=have.covered, selections=have.selections, names=have.names)
+    covered = set(have.covered)
+    ns_labels = {ns: {**labels, NS_NAME_LABEL: ns} for ns, labels in namespaces.items()}
+    set_add: dict[str, set[str]] = {}
+    set_del: dict[str, set[str]] = {}
+    for old, new in changes:
+        if old is not None and old.workload.node == me:
+            if new is None or new.workload.node != me or new.iface != old.iface or selecting(old) != selecting(new) \
+                    or old.default_deny != new.default_deny:
+                return None  # a local pod leaves or is judged anew: chains may become unused
+        if new is not None and new.workload.node == me and (old is None or old.workload.node != me):
+            if new.iface in covered:
+                return None
+            for direction, table in ((INGRESS, out.ingress), (EGRESS, out.egress)):
+                sel = selecting(new)[direction]
+                if any(policy_chain(p, direction) not in out.chains for p in sel):
+                    return None  # a policy no local pod used so far: its chain and sets are new
+                if sel:
+                    chain = endpoint_chain(new.iface, direction)
+                    out.chains[chain] = (*(f"jump {policy_chain(p, direction)}" for p in sel), "drop")
+                    table[new.iface] = f"jump {chain}"
+                elif new.default_deny:
+                    table[new.iface] = "drop"
+            covered.add(new.iface)
+        for ep, bucket in ((old, set_del), (new, set_add)):
+            if ep is None:
+                continue
+            w = ep.workload
+            nsl = ns_labels.get(w.namespace) or {NS_NAME_LABEL: w.namespace}
+            for key, sel_ in out.selections.items():
+                if sel_.matches(w, nsl):
+                    for v, text in ep.addresses:
+                        bucket.setdefault(selector_set(key, v), set()).add(text)
+            for name, elem in _port_elements(ep, out.names):
+                bucket.setdefault(name, set()).add(elem)
+    for name in set(set_add) | set(set_del):
+        typ, elems = out.sets[name]
+        out.sets[name] = (typ, frozenset((elems - set_del.get(name, set())) | set_add.get(name, set())))
+    out.covered = frozenset(covered)
     return out
 
 
