@@ -92,9 +92,14 @@ class Env:
         ns_name, pod = key.split("/")
         pns = new_namespace("po-pod")
         self.namespaces.append(pns)
-        res = ok(call(routed.PLUGIN, self.nodes[i].ns, "ADD", self.conf(i, **conf), pns, self.plugin_dir,
-                      container_id=f"po-{ns_name}-{pod}",
-                      args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns_name};K8S_POD_NAME={pod}"))
+        outcome = call(routed.PLUGIN, self.nodes[i].ns, "ADD", self.conf(i, **conf), pns, self.plugin_dir,
+                       container_id=f"po-{ns_name}-{pod}",
+                       args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns_name};K8S_POD_NAME={pod}")
+        if outcome.exit_code != 0:  # say what the agents were doing
+            logs = "\n".join(f"--- {self.nodes[j].name}:\n" + self.log(j).read_text()[-3000:] for j in range(3)
+                             if self.log(j).exists())
+            raise AssertionError(f"ADD {key} on {self.nodes[i].name}: {outcome.stdout.decode()}\n{logs}")
+        res = ok(outcome)
         addrs = {ipaddress.ip_interface(x["address"]).version: x["address"].split("/")[0] for x in res["ips"]}
         self.pods[key] = (pns, addrs)
         self.where[key] = i

@@ -210,7 +210,11 @@ class PolicyEnforcer:
             changes = [(before[k][2] if k in before else None, after[k][2] if k in after else None)
                        for k in set(before) | set(after)
                        if k not in before or k not in after or before[k][2] is not after[k][2]]
-            want = patch_node(self.me, have, changes, self.view.policies.values(), self.view.namespace_labels())
+            try:
+                want = patch_node(self.me, have, changes, self.view.policies.values(), self.view.namespace_labels())
+            except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
+                self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
+                want = None
         if want is None:
             want = compile_node(self.me, eps, self.view.policies.values(), self.view.namespace_labels(), self.memo)
             self.compiled += 1
