@@ -182,3 +182,30 @@ def test_incremental_patch_equals_full_compile() -> None:
             assert got == full, f"step {step}: {key} {old} -> {new}"
         have = full
     assert patched > 100, patched  # the fast path is the common one here
+
+
+def test_member_sets_reused_when_only_policies_change() -> None:
+    """compile_node(members_from=...) after policy changes alone equals a compile from nothing."""
+    import ipaddress
+    import random
+
+    from policy_cases import CASES, NAMED_PORTS, policies_text
+
+    from pycni.cluster.policy.compile import Endpoint, Memo, compile_node
+    from pycni.cluster.policy.evaluate import Workload
+    from pycni.cluster.policy.model import parse_policies
+
+    rnd = random.Random(11)
+    eps = [Endpoint(Workload(rnd.choice("xyz"), f"p{i}", {"pod": rnd.choice("abc")},
+                             (ipaddress.ip_address("10.90.0.1") + i,), dict(NAMED_PORTS),
+                             node=rnd.choice(["n1", "n2"])), f"rtd{i:012x}") for i in range(40)]
+    namespaces = {ns: {"ns": ns} for ns in "xyz"}
+    addrs = {f"{n}/{p}": "10.90.0.9" for n in "xyz" for p in "abc"}
+    memo = Memo()
+    have = compile_node("n1", eps, [], namespaces, memo)
+    for step in range(60):
+        pols = [p for c in rnd.sample(CASES, 3) for p in parse_policies(policies_text(c, addrs))]
+        pols = list({p.key: p for p in pols}.values())
+        got = compile_node("n1", eps, pols, namespaces, memo, members_from=have)
+        assert got == compile_node("n1", eps, pols, namespaces), step
+        have = got

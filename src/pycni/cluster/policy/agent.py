@@ -170,6 +170,7 @@ class PolicyEnforcer:
         self.memo = Memo()  # what compile_node may reuse across updates
         self.dirty = True
         self.only_endpoints = False  # every change since the last apply was an endpoint's or a pod's
+        self.members_changed = True  # an endpoint, pod or namespace changed since the last apply
         self.patched = self.compiled = 0  # how updates were computed (incrementally / in full)
 
     def load(self, kv: Any) -> None:
@@ -180,6 +181,7 @@ class PolicyEnforcer:
         # first load, or one after a refused update, rebuilds the table, atomically).
         self.dirty = True
         self.only_endpoints = False
+        self.members_changed = True
 
     def event(self, kind: str, key: str, value: str) -> bool:
         touched = self.view.delete(key) if kind == "DELETE" else self.view.put(key, value)
@@ -191,6 +193,7 @@ class PolicyEnforcer:
             if kind_of == "node":
                 return False  # (nodes matter to `policy why`, not to the dataplane)
             self.only_endpoints = (self.only_endpoints or not self.dirty) and kind_of in ("endpoint", "pod")
+            self.members_changed |= kind_of != "policy"
             self.dirty = True
         return touched
 
@@ -216,7 +219,8 @@ class PolicyEnforcer:
                 self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
                 want = None
         if want is None:
-            want = compile_node(self.me, eps, self.view.policies.values(), self.view.namespace_labels(), self.memo)
+            want = compile_node(self.me, eps, self.view.policies.values(), self.view.namespace_labels(), self.memo,
+                                members_from=None if self.members_changed else have)
             self.compiled += 1
         else:
             self.patched += 1
@@ -226,7 +230,7 @@ class PolicyEnforcer:
         except CNIError as e:
             self.log(f"FAILED policy update: {e.msg}: {e.details}")
             return False
-        self.dirty = self.only_endpoints = False
+        self.dirty = self.only_endpoints = self.members_changed = False
         if script:
             n = script.count("\n")
             self.log(f"policy: {'table rebuilt' if rebuilding else 'updated'} ({n} commands; "

@@ -189,11 +189,13 @@ def port_names_of(policy: NetworkPolicy, direction: str) -> Iterable[str]:
 
 def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[NetworkPolicy],
                  namespaces: Mapping[str, Mapping[str, str]],
-                 memo: Memo | None = None) -> Desired:
+                 memo: Memo | None = None, members_from: Desired | None = None) -> Desired:
     """What node ``me`` must hold for these endpoints (every node's), policies and namespace labels.
 
     Pods sharing a namespace and labels (replicas) are judged once; ``memo``, kept by a caller
-    across calls, holds each policy's rules until that policy object is replaced."""
+    across calls, holds each policy's rules until that policy object is replaced. With
+    ``members_from`` (an earlier result for the same endpoints and namespace labels: only
+    policies changed since) the member sets it already has are taken from it."""
     eps = list(endpoints)
     by_namespace: dict[str, list[NetworkPolicy]] = {}
     for p in sorted(policies, key=lambda p: p.key):
@@ -259,6 +261,10 @@ def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[Netw
             del memo.rules[k]
     ns_labels = {ns: {**labels, NS_NAME_LABEL: ns} for ns, labels in namespaces.items()}
     for key, sel in selections.items():
+        if members_from is not None and selector_set(key, 4) in members_from.sets:
+            for v in (4, 6):  # pods and namespaces as before: the same members
+                out.sets[selector_set(key, v)] = members_from.sets[selector_set(key, v)]
+            continue
         found: dict[int, set[str]] = {4: set(), 6: set()}
         for members in groups.values():
             w = members[0].workload
@@ -269,6 +275,10 @@ def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[Netw
         for v in (4, 6):
             out.sets[selector_set(key, v)] = (SET_TYPES[v], frozenset(found[v]))
     for name in names:
+        if members_from is not None and port_set(name, 4) in members_from.sets:
+            for v in (4, 6):
+                out.sets[port_set(name, v)] = members_from.sets[port_set(name, v)]
+            continue
         elems: dict[int, set[str]] = {4: set(), 6: set()}
         for ep in eps:
             for (pname, proto), port in ep.workload.named_ports.items():
