@@ -9,6 +9,8 @@
     pycni node [status | remove NAME] ...   the node agent routing pod blocks between nodes (etcd)
     pycni ipam list|check NETWORK           cluster-ipam allocations in etcd (JSON lines) / consistency
     pycni ipam release NETWORK --ip IP      free one cluster-ipam address (--node N: all of a dead node's)
+    pycni ipam show [--show-blocks] NETWORK  pools and blocks: addresses total, in use, free
+    pycni endpoint|namespace|policy ...     workload endpoints, labels, NetworkPolicy (docs/policy.md)
     pycni demo                              the end-to-end demo, in throwaway namespaces
 
 Environment as cnitool: NETCONFPATH (default /etc/cni/net.d), CNI_PATH, CNI_IFNAME (default
@@ -268,6 +270,19 @@ def cmd_ipam_list(opts: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ipam_show(opts: argparse.Namespace) -> int:
+    """Per pool of NETWORK (its cluster-ipam ranges' subnets) and, with --show-blocks, per block."""
+    import ipaddress
+
+    from pycni.cluster.policy.cli import ipam_show
+
+    cfg = _cluster_ipam(opts)
+    ipam = next(p.raw["ipam"] for p in _network(_runtime(opts), opts.network).plugins
+                if isinstance(p.raw.get("ipam"), dict) and p.raw["ipam"].get("type") == "cluster-ipam")
+    pools = [ipaddress.ip_network(r["subnet"], strict=False) for rs in ipam.get("ranges") or () for r in rs]
+    return ipam_show(cfg, pools, opts.show_blocks)
+
+
 def cmd_ipam_release(opts: argparse.Namespace) -> int:
     """Free one address, whoever holds it (its handle keeps its other addresses); or, with
     --node, everything a node that is gone for good holds (handles, then its empty blocks)."""
@@ -428,9 +443,12 @@ def _parser() -> argparse.ArgumentParser:
     ipam_sub.required = True
     for action, fn, text in (("list", cmd_ipam_list, "one JSON object per allocated address"),
                              ("release", cmd_ipam_release, "free one address (--ip) or a node's all (--node)"),
-                             ("check", cmd_ipam_check, "blocks vs handles consistency; exit 1 when not")):
+                             ("check", cmd_ipam_check, "blocks vs handles consistency; exit 1 when not"),
+                             ("show", cmd_ipam_show, "per pool (and block): addresses total, in use, free")):
         sp = ipam_sub.add_parser(action, help=text, description=text)
         sp.add_argument("network", metavar="NETWORK")
+        if action == "show":
+            sp.add_argument("--show-blocks", action="store_true", help="also every block, with its node")
         if action == "release":
             sp.add_argument("--ip", help="the address to free")
             sp.add_argument("--node", help="free everything this node holds (a node gone for good)")
@@ -455,6 +473,10 @@ def _parser() -> argparse.ArgumentParser:
 
     node_arguments(sp)
     sp.set_defaults(fn=cmd_node)
+
+    from pycni.cluster.policy.cli import add_parsers as policy_parsers
+
+    policy_parsers(sub)  # endpoint, namespace, policy
 
 
     text = "run the end-to-end demo in throwaway namespaces (needs root)"

@@ -317,7 +317,10 @@ class ClusterStore:
             blocks.update(self._get_blocks(missing, fast))
             value, lease = self._tombstone()
             compare = [if_mod(hkey, kv.mod_revision)]
-            success = [op_delete(hkey), op_put(tkey, value, lease=lease)]
+            success = [op_delete(hkey), op_put(tkey, value, lease=lease),
+                       # the attachment's workload endpoint (pycni.cluster.policy) goes with its handle
+                       op_delete(self.keys.endpoint(str(handle.get("node") or self.node), self.network, cid,
+                                                    ifname))]
             for cidr, b in blocks.items():
                 freed = [o for o, owner in b.allocations.items() if owner == hid]
                 if not freed:

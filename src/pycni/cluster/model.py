@@ -9,6 +9,10 @@ layout exists once. Key layout (prefix P, default ``/pycni``; a CIDR in a key ha
     P/ipam/handles/<network>/<cid>/<ifname>   handle    {"network", "containerID", "ifname", "node", "ips", "blocks"}
     P/ipam/deleted/<network>/<cid>/<ifname>   Tombstone {"node", "deleted"} on a lease: a DEL was here (see ipam.py)
     P/nodes/<name>                            NodeInfo  {"name", "underlayIP", "underlayIPs", "vtepMAC"?, "vtepIP"?}
+    P/endpoints/<node>/<network>/<cid>/<if>   WorkloadEndpoint (one per attachment; see the class)
+    P/pods/<namespace>/<pod>                  PodMeta   {"labels": {...}, "ports": [{"name", "port", "protocol"}]}
+    P/namespaces/<namespace>                  PodMeta   {"labels": {...}}
+    P/policies/<namespace>/<name>             a NetworkPolicy manifest as JSON (pycni.cluster.policy.model)
 
 Values are compact JSON (``separators=(",", ":")``) except a node's, which is ``json.dumps``'s
 default spacing with sorted keys; both byte-identical to what earlier releases wrote, so a
@@ -47,8 +51,8 @@ def key_cidr(text: str) -> IPNetwork:
 
 @record
 class ParsedKey:
-    """What a key names: ``kind`` is "block", "affinity", "handle", "tombstone" or "node"; the other fields
-    are those the kind has ('' / None otherwise)."""
+    """What a key names: ``kind`` is "block", "affinity", "handle", "tombstone", "node", "endpoint",
+    "pod", "namespace" or "policy"; the other fields are those the kind has ('' / None otherwise)."""
 
     kind: str
     network: str = ""
@@ -56,6 +60,8 @@ class ParsedKey:
     cidr: IPNetwork | None = None
     container_id: str = ""
     ifname: str = ""
+    namespace: str = ""
+    name: str = ""
 
 
 class Keys:
@@ -70,6 +76,10 @@ class Keys:
         self.affinities = f"{p}/ipam/affinity/"
         self.handles = f"{p}/ipam/handles/"
         self.tombstones = f"{p}/ipam/deleted/"
+        self.endpoints = f"{p}/endpoints/"
+        self.pods = f"{p}/pods/"
+        self.namespaces = f"{p}/namespaces/"
+        self.policies = f"{p}/policies/"
 
     # -- builders --
 
@@ -97,6 +107,21 @@ class Keys:
     def node(self, name: str) -> str:
         return f"{self.nodes}{name}"
 
+    def endpoints_of(self, node: str, network: str = "") -> str:
+        return f"{self.endpoints}{node}/" + (f"{network}/" if network else "")
+
+    def endpoint(self, node: str, network: str, container_id: str, ifname: str) -> str:
+        return f"{self.endpoints}{node}/{network}/{container_id}/{ifname}"
+
+    def pod(self, namespace: str, name: str) -> str:
+        return f"{self.pods}{namespace}/{name}"
+
+    def namespace(self, name: str) -> str:
+        return f"{self.namespaces}{name}"
+
+    def policy(self, namespace: str, name: str) -> str:
+        return f"{self.policies}{namespace}/{name}"
+
     # -- parser --
 
     def parse(self, key: str) -> ParsedKey | None:
@@ -119,6 +144,20 @@ class Keys:
                     if len(parts) != 3 or not all(parts):
                         return None
                     return ParsedKey(kind, network=parts[0], container_id=parts[1], ifname=parts[2])
+            if key.startswith(self.endpoints):
+                parts = key[len(self.endpoints):].split("/")
+                if len(parts) != 4 or not all(parts):
+                    return None
+                return ParsedKey("endpoint", node=parts[0], network=parts[1], container_id=parts[2], ifname=parts[3])
+            for kind, prefix in (("pod", self.pods), ("policy", self.policies)):
+                if key.startswith(prefix):
+                    parts = key[len(prefix):].split("/")
+                    if len(parts) != 2 or not all(parts):
+                        return None
+                    return ParsedKey(kind, namespace=parts[0], name=parts[1])
+            if key.startswith(self.namespaces):
+                name = key[len(self.namespaces):]
+                return ParsedKey("namespace", namespace=name) if name and "/" not in name else None
         except ValueError:
             return None
         return None
@@ -279,3 +318,81 @@ class NodeInfo:
                        vtep_mac=str(obj.get("vtepMAC") or ""))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
+
+
+@record
+class WorkloadEndpoint:
+    """One attachment of a pod, as the plugin records it at ADD (Calico's WorkloadEndpoint): where
+    it is, whose it is, its host-side interface and addresses. ``pod`` is K8S_POD_NAME, or the
+    container ID for a workload outside Kubernetes (``orchestrator`` "cni", namespace
+    "default"); ``profiles`` names the network; ``defaultPolicy`` is the network's ("allow" or
+    "deny"). Labels and named ports live in the pod's :class:`PodMeta` (set before or after the
+    ADD); ``labels`` here are those known at ADD, merged under them."""
+
+    node: str
+    network: str
+    namespace: str
+    pod: str
+    container_id: str
+    ifname: str
+    interface_name: str
+    mac: str = ""
+    ip_networks: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    profiles: list[str] = field(default_factory=list)
+    orchestrator: str = "cni"
+    default_policy: str = "allow"
+
+    def to_json(self) -> str:
+        return json.dumps({"node": self.node, "network": self.network, "namespace": self.namespace,
+                           "pod": self.pod, "orchestrator": self.orchestrator, "containerID": self.container_id,
+                           "ifname": self.ifname, "interfaceName": self.interface_name, "mac": self.mac,
+                           "ipNetworks": list(self.ip_networks), "labels": dict(self.labels),
+                           "profiles": list(self.profiles), "defaultPolicy": self.default_policy},
+                          separators=_COMPACT)
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkloadEndpoint | None:
+        """The endpoint, None when ``text`` is not one."""
+        try:
+            d = json.loads(text)
+            return cls(node=str(d["node"]), network=str(d["network"]), namespace=str(d["namespace"]),
+                       pod=str(d["pod"]), container_id=str(d["containerID"]), ifname=str(d["ifname"]),
+                       interface_name=str(d["interfaceName"]), mac=str(d.get("mac", "")),
+                       ip_networks=[str(ipaddress.ip_interface(n)) for n in d.get("ipNetworks", ())],
+                       labels={str(k): str(v) for k, v in (d.get("labels") or {}).items()},
+                       profiles=[str(p) for p in d.get("profiles", ())],
+                       orchestrator=str(d.get("orchestrator", "cni")),
+                       default_policy=str(d.get("defaultPolicy", "allow")))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    @property
+    def workload(self) -> str:
+        return f"{self.namespace}/{self.pod}"
+
+
+@record
+class PodMeta:
+    """What an operator (or a Kubernetes sync) keeps about a pod or a namespace: its labels, and a
+    pod's named ports (name, port, protocol)."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    ports: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        obj: dict[str, Any] = {"labels": dict(sorted(self.labels.items()))}
+        if self.ports:
+            obj["ports"] = [{"name": n, "port": p, "protocol": proto} for n, p, proto in sorted(self.ports)]
+        return json.dumps(obj, separators=_COMPACT)
+
+    @classmethod
+    def from_json(cls, text: str) -> PodMeta:
+        """The record; an unreadable one reads as empty (no labels, no ports)."""
+        try:
+            d = json.loads(text)
+            labels = {str(k): str(v) for k, v in (d.get("labels") or {}).items()}
+            ports = [(str(p["name"]), int(p["port"]), str(p.get("protocol", "TCP"))) for p in d.get("ports") or ()]
+            return cls(labels=labels, ports=ports)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return cls()

@@ -24,12 +24,11 @@ agent restarted within the TTL disturbs no one.
 from __future__ import annotations
 
 import ipaddress
-import os
 import signal
 import sys
 import time
 
-from pycni.cluster.model import DEFAULT_PREFIX, Affinity, Keys, NodeInfo, handle_holder
+from pycni.cluster.model import Affinity, Keys, NodeInfo, handle_holder
 from pycni.cluster.settings import EtcdSettings
 from pycni.record import field, record
 
@@ -327,6 +326,7 @@ class AgentOptions:
     vni: int = DEFAULT_VNI
     port: int = DEFAULT_VXLAN_PORT
     resync: float = RESYNC_SECONDS
+    policy: bool = False  # enforce network policy (pycni.cluster.policy.agent)
 
 
 def vtep_mac(name: str) -> str:
@@ -401,6 +401,13 @@ class Agent:
         self.applied: Plan | None = None
         self.conflict = ""  # the last NameTaken logged while running
         self.registered = False  # once: a name taken at start is a refusal, later a logged conflict
+        self.policy: Any = None
+        if opts.policy:
+            from pycni.cluster.policy.agent import PolicyEnforcer
+            from pycni.net import nft
+
+            nft.use_library()  # long-lived: libnftables in-process, no nft exec per update
+            self.policy = PolicyEnforcer(self.view.keys, opts.name, self.log)
 
     def log(self, msg: str) -> None:
         now = time.time()
@@ -493,6 +500,8 @@ class Agent:
         """A full read, then converge (the kernel is read whatever the last plan was); returns
         the revision read."""
         rev = self.view.load(etcd)
+        if self.policy is not None:
+            self.policy.load(etcd)  # (a later revision: the watch from ``rev`` replays onto it, converging)
         self.setup_device()  # (again: someone may have deleted it)
         self.apply(force=True)
         return rev
@@ -500,11 +509,16 @@ class Agent:
     def apply(self, force: bool = False) -> None:
         """Converge to the current view; without ``force`` only when the plan changed (most
         events — a pod's handle — change nothing the kernel holds)."""
+        self.apply_policy()  # first: a new pod waits on it (routed's policySetupTimeout)
         want = plan(self.view, self.opts.name, self.opts.mode, self.device)
         if not force and want == self.applied:
             return
         _, failed = converge(want, self.device, self.log)
         self.applied = None if failed else want  # a refusal is tried again at the next event
+
+    def apply_policy(self) -> None:
+        if self.policy is not None:
+            self.policy.apply()
 
     def run(self) -> int:
         """Until SIGTERM/SIGINT: register, then resync and watch, resyncing after any interruption."""
@@ -572,16 +586,20 @@ class Agent:
                 if now >= next_resync:
                     return  # the caller reads everything again
                 batch = w.next(timeout=min(1.0, max(0.05, next_keepalive - now)))
-                touched = False
+                touched = policy_touched = False
                 drain_until = time.monotonic() + 0.05
                 while batch is not None:
                     for ev in batch.events:
+                        if self.policy is not None:
+                            policy_touched |= self.policy.event(ev.type, ev.kv.key, ev.kv.value)
                         if ev.type == "DELETE":
                             touched |= self.view.delete(ev.kv.key)
                         else:
                             touched |= self.view.put(ev.kv.key, ev.kv.value)
                     # take what is already queued before converging: a burst of claims is one pass
                     batch = w.next(timeout=0.002) if time.monotonic() < drain_until else None
+                if policy_touched:
+                    self.apply_policy()  # (a policy, label or endpoint change moves no route)
                 if touched:
                     if self.opts.name not in self.view.nodes:
                         # our key gone while we run (deleted by hand, or our lease revoked): this
@@ -663,12 +681,9 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("action", nargs="?", default="run", choices=("run", "status", "remove"),
                     help="run the agent (default), print status, or remove node NAME for good")
     sp.add_argument("target", nargs="?", metavar="NAME", help="the node to remove")
-    sp.add_argument("--etcd-endpoints", default=os.environ.get("PYCNI_ETCD_ENDPOINTS", ""),
-                    help="etcd client URLs, comma-separated (default: $PYCNI_ETCD_ENDPOINTS)")
-    sp.add_argument("--etcd-prefix", default=DEFAULT_PREFIX, help=f"key prefix (default {DEFAULT_PREFIX})")
-    sp.add_argument("--etcd-ca-cert", default="", help="CA certificate for https endpoints")
-    sp.add_argument("--etcd-cert", default="", help="client certificate")
-    sp.add_argument("--etcd-key", default="", help="client key")
+    from pycni.cluster.settings import add_etcd_arguments
+
+    add_etcd_arguments(sp)
     sp.add_argument("--node-name", default="", help="this node's name (default: the host name)")
     sp.add_argument("--underlay-ip", default="",
                     help="the address other nodes reach this one on; IPv4 and IPv6 comma-separated")
@@ -681,21 +696,19 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--vxlan-vni", type=int, default=DEFAULT_VNI, help=f"VNI (default {DEFAULT_VNI})")
     sp.add_argument("--vxlan-port", type=int, default=DEFAULT_VXLAN_PORT,
                     help=f"UDP port (default {DEFAULT_VXLAN_PORT})")
+    sp.add_argument("--policy", action="store_true",
+                    help="enforce network policy on this node's pods (nftables table inet pycni_policy; "
+                         "see docs/policy.md)")
 
 
 def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     """Validated options; CNIError 7 naming the flag for anything wrong."""
     import socket
 
-    from pycni.cluster.settings import check_endpoints, check_prefix
+    from pycni.cluster.settings import etcd_settings_from_args
     from pycni.spec.errors import INVALID_CONFIG, CNIError
 
-    endpoints = [e.strip() for e in ns.etcd_endpoints.split(",") if e.strip()]
-    if not endpoints:
-        raise CNIError(INVALID_CONFIG, "--etcd-endpoints is required", "e.g. --etcd-endpoints http://10.0.0.1:2379")
-    etcd = EtcdSettings(endpoints=check_endpoints(endpoints, "--etcd-endpoints"),
-                        prefix=check_prefix(ns.etcd_prefix or DEFAULT_PREFIX, "--etcd-prefix"),
-                        timeout=AGENT_ETCD_TIMEOUT, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert, key=ns.etcd_key)
+    etcd = etcd_settings_from_args(ns, AGENT_ETCD_TIMEOUT)
     ips = [i.strip() for i in ns.underlay_ip.split(",") if i.strip()]
     for ip in ips:
         try:
@@ -712,7 +725,8 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     # no --mode: the agent runs host-gw; status goes by the mode the node registered ("")
     mode = ns.mode or ("host-gw" if need_underlay else "")
     return AgentOptions(etcd=etcd, name=ns.node_name or socket.gethostname(), underlay_ips=ips, mode=mode,
-                        ttl=ns.ttl, device=ns.vxlan_device, vni=ns.vxlan_vni, port=ns.vxlan_port)
+                        ttl=ns.ttl, device=ns.vxlan_device, vni=ns.vxlan_vni, port=ns.vxlan_port,
+                        policy=bool(getattr(ns, "policy", False)))
 
 
 def main(ns: argparse.Namespace) -> int:

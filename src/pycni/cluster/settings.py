@@ -160,3 +160,24 @@ def client(settings: EtcdSettings, timeout: float | None = None, *, one_shot: bo
         etcd.deadline = time.monotonic() + budget
     return etcd
 
+
+
+def add_etcd_arguments(sp: Any) -> None:
+    """The etcd flags every cluster command takes (``pycni node``, ``endpoint``, ``namespace``, ``policy``)."""
+    sp.add_argument("--etcd-endpoints", default=os.environ.get("PYCNI_ETCD_ENDPOINTS", ""),
+                    help="etcd client URLs, comma-separated (default: $PYCNI_ETCD_ENDPOINTS)")
+    sp.add_argument("--etcd-prefix", default=DEFAULT_PREFIX, help=f"key prefix (default {DEFAULT_PREFIX})")
+    sp.add_argument("--etcd-ca-cert", default="", help="CA certificate for https endpoints")
+    sp.add_argument("--etcd-cert", default="", help="client certificate")
+    sp.add_argument("--etcd-key", default="", help="client key")
+
+
+def etcd_settings_from_args(ns: Any, timeout: float = DEFAULT_TIMEOUT) -> EtcdSettings:
+    """The settings :func:`add_etcd_arguments`' flags give; code 7 naming the flag for anything wrong."""
+    endpoints = [e.strip() for e in ns.etcd_endpoints.split(",") if e.strip()]
+    if not endpoints:
+        raise invalid_config("--etcd-endpoints is required", "e.g. --etcd-endpoints http://10.0.0.1:2379 (or set "
+                             "PYCNI_ETCD_ENDPOINTS)")
+    return EtcdSettings(endpoints=check_endpoints(endpoints, "--etcd-endpoints"),
+                        prefix=check_prefix(ns.etcd_prefix or DEFAULT_PREFIX, "--etcd-prefix"),
+                        timeout=timeout, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert, key=ns.etcd_key)

@@ -6,6 +6,10 @@ end's link-local address (IPv6), on a link route. The host end carries a fixed M
 (``ee:ee:ee:ee:ee:ee``, so its link-local address is known in advance), answers ARP for any
 address by proxy (NDP likewise), and the host reaches the pod by one route per pod address.
 Any IPAM works; with ``cluster-ipam`` and ``pycni node`` the pod is reachable from every node.
+With ``cluster-ipam`` each attachment is also recorded as a workload endpoint in etcd, and when
+the node enforces network policy ADD returns only once the agent has programmed the pod's
+interface (``policySetupTimeout``; ``defaultPolicy``: see pycni.cluster.policy.workload and
+docs/policy.md).
 
 The host end is named from the container ID and interface (``rtd`` + 12 hex digits of BLAKE2b),
 so DEL finds it without any state; its alias records the owner, which tells a stale link of
@@ -44,6 +48,8 @@ class RoutedConf:
     ipam_type: str
     mtu: int = 0          # 0: the kernel's default
     dns: DNS = field(default_factory=DNS)
+    default_deny: bool = False     # "defaultPolicy": "deny"
+    setup_timeout: float = 10.0    # "policySetupTimeout": seconds ADD waits for the node agent
 
 
 def parse_conf(args: CmdArgs) -> RoutedConf:
@@ -55,8 +61,17 @@ def parse_conf(args: CmdArgs) -> RoutedConf:
     mtu = netconf.get_int(raw, "mtu", minimum=0, maximum=netconf.MAX_MTU)
     if 0 < mtu < 68:
         raise netconf.invalid("mtu", f"0 (the default) or from 68 to {netconf.MAX_MTU}", mtu)
-    return RoutedConf(conf=raw, ipam_type=ipam.require_ipam(raw, "routed"), mtu=mtu,
-                      dns=DNS.from_dict(netconf.get_dict(raw, "dns")))
+    default = netconf.get_str(raw, "defaultPolicy", "allow", choices=("allow", "deny"))
+    timeout = raw.get("policySetupTimeout", 10.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 300:
+        raise netconf.invalid("policySetupTimeout", "a number of seconds (0 < t <= 300)", timeout)
+    ipam_type = ipam.require_ipam(raw, "routed")
+    if default == "deny" and ipam_type != "cluster-ipam":
+        raise E.invalid_config('routed: "defaultPolicy": "deny" needs cluster-ipam',
+                               "the node agent learns of pods from their workload endpoints in etcd, which only "
+                               "a cluster-ipam network records")
+    return RoutedConf(conf=raw, ipam_type=ipam_type, mtu=mtu, dns=DNS.from_dict(netconf.get_dict(raw, "dns")),
+                      default_deny=default == "deny", setup_timeout=float(timeout))
 
 
 def check_for_add(rc: RoutedConf, args: CmdArgs) -> None:
@@ -224,12 +239,35 @@ def cmd_add(args: CmdArgs) -> Result:
             neigh.set_neighbour(pair.host.index, str(ipc.address.ip), pair.container.mac)
             # replace: a route left to this address by a pod that died uncleanly must not block this one
             route.add_route(ipc.address.network, dev=pair.host.index, scope=route.RT_SCOPE_LINK, replace=True)
+        _record_workload(rc, args, host, pair.container.mac, ips, undo)
         out = Result(cni_version=result.cni_version, ips=ips, routes=routes, dns=result.dns,
                      interfaces=[Interface(name=host, mac=HOST_MAC),
                                  Interface(name=args.ifname, mac=pair.container.mac, sandbox=args.netns)])
         if not rc.dns.is_empty():
             out.dns = rc.dns  # the plugin's own DNS settings win over IPAM's, as in the reference
     return out
+
+
+def _record_workload(rc: RoutedConf, args: CmdArgs, host: str, mac: str, ips: list[IPConfig],
+                     undo: Rollback) -> None:
+    """With cluster-ipam: the workload endpoint in etcd (undone if a later step fails), then the
+    wait for this node's agent to cover ``host`` (see pycni.cluster.policy.workload)."""
+    from pycni.cluster.policy import workload
+
+    cluster = workload.cluster_settings(rc.conf)
+    if cluster is None:
+        return
+    from pycni.cluster.model import WorkloadEndpoint
+    from pycni.cniargs import parse_cni_args
+
+    orchestrator, namespace, pod = workload.workload_of(parse_cni_args(args.args), args.container_id)
+    ep = WorkloadEndpoint(node=cluster.node, network=cluster.network, namespace=namespace, pod=pod,
+                          container_id=args.container_id, ifname=args.ifname, interface_name=host, mac=mac,
+                          ip_networks=[str(i.address) for i in ips], profiles=[cluster.network],
+                          orchestrator=orchestrator, default_policy="deny" if rc.default_deny else "allow")
+    workload.record_endpoint(cluster, ep)
+    undo.push(workload.delete_endpoint, cluster, args.container_id, args.ifname)
+    workload.wait_covered(host, rc.setup_timeout, rc.default_deny)
 
 
 def cmd_del(args: CmdArgs) -> None:
@@ -273,8 +311,13 @@ def cmd_check(args: CmdArgs) -> None:
 def cmd_gc(args: CmdArgs) -> None:
     """The IPAM plugin's GC releases what ``cni.dev/valid-attachments`` does not list (host ends
     die with their pods' namespaces)."""
+    from pycni.cluster.policy import workload
+
     rc = parse_conf(args)
     ipam.gc(rc.conf, args)
+    cluster = workload.cluster_settings(rc.conf)
+    if cluster is not None:  # endpoints whose handles went with an earlier GC are gone already; any other
+        workload.gc_endpoints(cluster, netconf.valid_attachments(rc.conf))
 
 
 def cmd_status(args: CmdArgs) -> None:

@@ -1,0 +1,279 @@
+"""Network policy enforcement on a real 3-member etcd with ``pycni node --policy`` on each node.
+
+    .venv/bin/python bench/policy.py [--policies 1000] [--endpoints 1000] [--trials 50] [--iperf 100]
+
+Everything runs in throwaway namespaces (tests/etcd_util.py): three node namespaces with an
+etcd member and an agent each, one real routed + cluster-ipam pod per node, and
+``--endpoints`` more workload endpoints that exist as etcd records only (spread over the
+nodes, each with labels; the agents treat them as pods), then ``--policies`` policies. The
+kernel side is observed with ``nft monitor`` in each node (lines timestamped as they arrive).
+
+(A) Enforcement latency: a new policy selecting a pod on every node is written to etcd; the
+    time from just before the write until its chain is in the kernel of all three nodes.
+    p50/p99 over ``--trials``. Target: p99 < 100 ms.
+(B) New pod rules: an endpoint record for a pod of node1 is written; the time until node1's
+    agent has added its interface to the ``covered`` set (its rules in the same transaction).
+    p50/p99 over ``--trials``. Target: < 20 ms.
+(C) Throughput: iperf3 TCP from the pod on node2 to the pod on node1 (2 s), with no policy
+    and with ``--iperf`` policies selecting the destination (one of which admits the source).
+    Target: >= 95 % of the no-policy rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import queue
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")]
+
+from etcd_util import EtcdCluster, EtcdNode  # noqa: E402
+from netns_util import Namespace, new_namespace  # noqa: E402
+from plugin_util import call, ok  # noqa: E402
+
+from pycni.cluster.model import Keys, PodMeta, WorkloadEndpoint  # noqa: E402
+from pycni.cluster.policy.compile import policy_chain  # noqa: E402
+from pycni.cluster.policy.model import parse_policy  # noqa: E402
+from pycni.plugins.main import routed  # noqa: E402
+
+PREFIX = "/po-bench"
+KEYS = Keys(PREFIX)
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[policy bench {time.strftime('%H:%M:%S')}] {msg}\n")
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+class Monitor:
+    """``nft monitor`` in one node: every line with the time it arrived."""
+
+    def __init__(self, node: EtcdNode) -> None:
+        self.lines: queue.Queue[tuple[float, str]] = queue.Queue()
+        self.proc = subprocess.Popen(["ip", "netns", "exec", node.ns.name, "stdbuf", "-oL", "nft", "monitor"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put((time.perf_counter(), line))
+
+    def drain(self) -> None:
+        while not self.lines.empty():
+            self.lines.get_nowait()
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> float:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {text!r} within {timeout}s")
+            try:
+                t, line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if text in line:
+                return t
+
+    def quiet(self, seconds: float) -> bool:
+        """Whether nothing arrived for ``seconds`` (consumes what did)."""
+        try:
+            self.lines.get(timeout=seconds)
+        except queue.Empty:
+            return True
+        self.drain()
+        return False
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def settle(monitors: list[Monitor], timeout: float = 300.0) -> None:
+    """Until no node's kernel has changed for a second (the agents have caught up)."""
+    deadline = time.monotonic() + timeout
+    while not all(m.quiet(1.0) for m in monitors):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the agents did not settle")
+
+
+def policy(name: str, namespace: str, selector: dict[str, str], from_labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"podSelector": {"matchLabels": selector},
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": from_labels}}],
+                                  "ports": [{"port": 5201}, {"port": "http"}]}]}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policies", type=int, default=1000)
+    ap.add_argument("--endpoints", type=int, default=1000)
+    ap.add_argument("--trials", type=int, default=50)
+    ap.add_argument("--iperf", type=int, default=100)
+    opts = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="po-bench-")
+    from pycni.plugins.registry import install
+
+    bindir = os.path.join(tmp, "bin")
+    os.mkdir(bindir)
+    install(bindir)
+    rows: list[tuple[str, float, str]] = []
+    namespaces: list[Namespace] = []
+    agents: list[subprocess.Popen[bytes]] = []
+    monitors: list[Monitor] = []
+    with EtcdCluster(size=3, subnet="10.233.0.0/24", prefix="po-bench") as cluster:
+        try:
+            etcd = cluster.client(timeout=30)
+            for node in cluster.nodes:
+                with open(os.path.join(tmp, f"agent-{node.name}.log"), "ab") as lf:
+                    agents.append(subprocess.Popen(
+                        ["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node", "--policy",
+                         "--etcd-endpoints", ",".join(cluster.endpoints), "--etcd-prefix", PREFIX,
+                         "--node-name", node.name, "--underlay-ip", node.ip],
+                        stdout=lf, stderr=subprocess.STDOUT,
+                        env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))))
+            monitors = [Monitor(n) for n in cluster.nodes]
+            for n in cluster.nodes:
+                deadline = time.monotonic() + 30
+                while subprocess.run(["ip", "netns", "exec", n.ns.name, "nft", "list", "table", "inet",
+                                      "pycni_policy"], capture_output=True).returncode != 0:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"agent of {n.name} did not start")
+                    time.sleep(0.1)
+            # one real pod per node, all labelled bench=all
+            pods: list[tuple[Namespace, str]] = []
+            for i, node in enumerate(cluster.nodes):
+                etcd.put(KEYS.pod("bench", f"real{i}"), PodMeta(labels={"bench": "all", "role": f"real{i}"},
+                                                                ports=[("http", 80, "TCP")]).to_json())
+                pns = new_namespace("po-bench-pod")
+                namespaces.append(pns)
+                c = {"cniVersion": "1.1.0", "name": "podnet", "type": "routed", "policySetupTimeout": 30,
+                     "ipam": {"type": "cluster-ipam", "etcdEndpoints": cluster.endpoints, "etcdPrefix": PREFIX,
+                              "nodeName": node.name, "ranges": [[{"subnet": "10.94.0.0/16"}]],
+                              "lockDir": os.path.join(tmp, "locks")}}
+                res = ok(call(routed.PLUGIN, node.ns, "ADD", c, pns, bindir, container_id=f"real{i}",
+                              args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=real{i}"))
+                pods.append((pns, res["ips"][0]["address"].split("/")[0]))
+            log("3 agents, 3 real pods")
+            # record-only endpoints and their labels, then the policies, in batches
+            from pycni.cluster.kv import op_put
+
+            ops = []
+            for k in range(opts.endpoints):
+                node = cluster.nodes[k % 3].name
+                ns = f"ns{k % 20}"
+                ep = WorkloadEndpoint(node=node, network="podnet", namespace=ns, pod=f"p{k}", container_id=f"fake{k}",
+                                      ifname="eth0", interface_name=f"rtdf{k:011x}",
+                                      ip_networks=[f"{ipaddress.ip_address('10.95.0.0') + k}/32"], profiles=["podnet"])
+                ops.append(op_put(KEYS.endpoint(node, "podnet", f"fake{k}", "eth0"), ep.to_json()))
+                meta = PodMeta(labels={"app": f"app{k % 50}", "tier": ["web", "db"][k % 2]},
+                               ports=[("http", 8080, "TCP")])
+                ops.append(op_put(KEYS.pod(ns, f"p{k}"), meta.to_json()))
+            for j in range(opts.policies):
+                p = policy(f"pol{j}", f"ns{j % 20}", {"app": f"app{j % 50}"}, {"tier": "web"})
+                ops.append(op_put(KEYS.policy(p["metadata"]["namespace"], p["metadata"]["name"]), json.dumps(p)))
+            t0 = time.perf_counter()
+            for i in range(0, len(ops), 100):
+                etcd.txn([], ops[i:i + 100])
+            settle(monitors)
+            rows.append(("(0) initial load: all records written, all nodes settled", time.perf_counter() - t0 - 1, "s"))
+            log(f"{opts.endpoints} record-only endpoints, {opts.policies} policies written")
+
+            # (A) enforcement latency
+            lat = []
+            for t in range(opts.trials):
+                p = policy(f"trial{t}", "bench", {"bench": "all"}, {"role": f"nobody{t}"})
+                chain = policy_chain(parse_policy(p), "Ingress")
+                for m in monitors:
+                    m.drain()
+                start = time.perf_counter()
+                etcd.put(KEYS.policy("bench", f"trial{t}"), json.dumps(p))
+                lat.append(max(m.wait_for(f"add chain inet pycni_policy {chain}") for m in monitors) - start)
+            rows += [("(A) enforcement, all 3 nodes, p50", statistics.median(lat), "s"),
+                     ("(A) enforcement, all 3 nodes, p99", pct(lat, 0.99), "s")]
+            etcd.delete_prefix(KEYS.policy("bench", "trial"))
+            settle(monitors)
+
+            # (B) new pod rules
+            new = []
+            puts = []
+            node = cluster.nodes[0]
+            for t in range(opts.trials):
+                iface = f"rtdn{t:011x}"
+                ep = WorkloadEndpoint(node=node.name, network="podnet", namespace=f"ns{t % 20}", pod=f"new{t}",
+                                      container_id=f"new{t}", ifname="eth0", interface_name=iface,
+                                      ip_networks=[f"{ipaddress.ip_address('10.96.0.0') + t}/32"])
+                monitors[0].drain()
+                start = time.perf_counter()
+                etcd.put(KEYS.endpoint(node.name, "podnet", f"new{t}", "eth0"), ep.to_json())
+                puts.append(time.perf_counter() - start)
+                new.append(monitors[0].wait_for(f'covered {{ "{iface}" }}') - start)
+            rows += [("(B) new pod's rules, p50", statistics.median(new), "s"),
+                     ("(B) new pod's rules, p99", pct(new, 0.99), "s"),
+                     ("(B) of which the etcd write itself, p50", statistics.median(puts), "s")]
+
+            # (C) throughput
+            if shutil.which("iperf3"):
+                def iperf() -> float:
+                    (dns, dip), (sns, _) = pods[0], pods[1]
+                    server = subprocess.Popen(["ip", "netns", "exec", dns.name, "iperf3", "-s", "-1"],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    try:
+                        time.sleep(0.5)
+                        out = sns.run(["iperf3", "-c", dip, "-t", "2", "-J"], timeout=60).stdout
+                    finally:
+                        server.kill()
+                        server.wait()
+                    return float(json.loads(out)["end"]["sum_received"]["bits_per_second"])
+
+                ops = [op_put(KEYS.policy("bench", f"tp{j}"),
+                              json.dumps(policy(f"tp{j}", "bench", {"role": "real0"},
+                                                {"role": "real1" if j == opts.iperf - 1 else f"x{j}"})))
+                       for j in range(opts.iperf)]
+                base: list[float] = []
+                with_pol: list[float] = []
+                for with_policies in (False, True, True, False, False, True):  # ABBA: load and order hit both alike
+                    etcd.delete_prefix(KEYS.policy("bench", "tp"))
+                    if with_policies:
+                        for i in range(0, len(ops), 100):
+                            etcd.txn([], ops[i:i + 100])
+                    settle(monitors)
+                    (with_pol if with_policies else base).append(iperf())
+                b, w = statistics.median(base), statistics.median(with_pol)
+                rows += [("(C) iperf3 no policy", b / 1e9, "Gbit/s"),
+                         (f"(C) iperf3 with {opts.iperf} policies on the destination", w / 1e9, "Gbit/s"),
+                         ("(C) ratio", 100 * w / b, "%")]
+        finally:
+            for m in monitors:
+                m.close()
+            for a in agents:
+                a.kill()
+                a.wait()
+            for ns in namespaces:
+                ns.delete()
+    for name, value, unit in rows:
+        shown = f"{value * 1000:.1f} ms" if unit == "s" else f"{value:.2f} {unit}" if unit != "%" else f"{value:.1f} %"
+        print(f"{name:60s} {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

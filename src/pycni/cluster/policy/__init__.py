@@ -1,0 +1,1 @@
+"""Network policy: the Kubernetes model, its evaluator, workload endpoints and enforcement."""

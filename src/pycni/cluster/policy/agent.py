@@ -1,0 +1,238 @@
+"""The node agent's policy half: a view of endpoints, pod and namespace metadata and policies
+kept from etcd, and the nftables it programs from them (``pycni node --policy``).
+
+The agent (:mod:`pycni.cluster.node`) hands every watch event here; an event that changes
+what this node enforces recomputes the desired objects (:func:`compile.compile_node`) and sends
+the difference as one transaction (:class:`nftsync.Programmer`). A full read (a broken watch,
+the periodic resync) is diffed the same way; only the agent's start (and a transaction the
+kernel refused) rebuilds the table, atomically: the old rules hold until the new ones replace
+them, so a restarted agent never opens a window, and one that is down leaves its rules — and
+the fail-closed drop of pods it has not seen — in place.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pycni.cluster.model import Keys, NodeInfo, PodMeta, WorkloadEndpoint
+from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_node
+from pycni.cluster.policy.evaluate import Cluster, Workload
+from pycni.cluster.policy.model import NetworkPolicy, PolicyError, parse_policy
+from pycni.cluster.policy.nftsync import Programmer
+
+
+class PolicyView:
+    """Everything policy reads from etcd, decoded (keys and values through pycni.cluster.model)."""
+
+    def __init__(self, keys: Keys) -> None:
+        self.keys = keys
+        self.endpoints: dict[str, WorkloadEndpoint] = {}
+        self.pods: dict[tuple[str, str], PodMeta] = {}
+        self.namespaces: dict[str, PodMeta] = {}
+        self.policies: dict[tuple[str, str], NetworkPolicy] = {}
+        self.nodes: dict[str, NodeInfo] = {}
+        self.errors: dict[str, str] = {}  # key -> why its value was ignored
+        # endpoint key -> (record, pod record, compiled) while neither record object is replaced
+        self._compiled: dict[str, tuple[WorkloadEndpoint, PodMeta | None, Endpoint]] = {}
+
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        k = self.keys
+        return (k.endpoints, k.pods, k.namespaces, k.policies, k.nodes)
+
+    def load(self, kv: Any) -> int:
+        """A full read of every prefix at one revision; returns it."""
+        from pycni.cluster.kv import op_get
+
+        res = kv.txn([], [op_get(p, prefix=True) for p in self.prefixes])
+        self.endpoints, self.pods, self.namespaces, self.policies, self.nodes = {}, {}, {}, {}, {}
+        self.errors = {}
+        for kvs in res.responses:
+            for item in kvs:
+                self.put(item.key, item.value)
+        return int(res.revision)
+
+    def put(self, key: str, value: str) -> bool:
+        """Apply a key's new value; True when it is one policy reads."""
+        parsed = self.keys.parse(key)
+        if parsed is None:
+            return False
+        self.errors.pop(key, None)
+        if parsed.kind == "endpoint":
+            ep = WorkloadEndpoint.from_json(value)
+            if ep is None:
+                self.errors[key] = "not a workload endpoint"
+                self.endpoints.pop(key, None)
+            else:
+                self.endpoints[key] = ep
+        elif parsed.kind == "pod":
+            self.pods[(parsed.namespace, parsed.name)] = PodMeta.from_json(value)
+        elif parsed.kind == "namespace":
+            self.namespaces[parsed.namespace] = PodMeta.from_json(value)
+        elif parsed.kind == "policy":
+            try:
+                pol = parse_policy(json.loads(value))
+                if (pol.namespace, pol.name) != (parsed.namespace, parsed.name):
+                    raise PolicyError(f"stored under {parsed.namespace}/{parsed.name} but names {pol.key}")
+                self.policies[(parsed.namespace, parsed.name)] = pol
+            except (ValueError, PolicyError) as e:
+                self.errors[key] = str(e)
+                self.policies.pop((parsed.namespace, parsed.name), None)
+        elif parsed.kind == "node":
+            info = NodeInfo.from_json(parsed.node, value)
+            if info is not None:
+                self.nodes[parsed.node] = info
+        else:
+            return False
+        return True
+
+    def delete(self, key: str) -> bool:
+        parsed = self.keys.parse(key)
+        if parsed is None:
+            return False
+        self.errors.pop(key, None)
+        if parsed.kind == "endpoint":
+            self.endpoints.pop(key, None)
+        elif parsed.kind == "pod":
+            self.pods.pop((parsed.namespace, parsed.name), None)
+        elif parsed.kind == "namespace":
+            self.namespaces.pop(parsed.namespace, None)
+        elif parsed.kind == "policy":
+            self.policies.pop((parsed.namespace, parsed.name), None)
+        elif parsed.kind == "node":
+            self.nodes.pop(parsed.node, None)
+        else:
+            return False
+        return True
+
+    # -- derived --
+
+    def workload(self, ep: WorkloadEndpoint) -> Workload:
+        """The endpoint as policy sees it: its labels under the pod record's, the pod's named ports."""
+        meta = self.pods.get((ep.namespace, ep.pod))
+        labels = {**ep.labels, **(meta.labels if meta else {})}
+        ports = {(name, proto): port for name, port, proto in (meta.ports if meta else ())}
+        ips = tuple(ipaddress.ip_interface(n).ip for n in ep.ip_networks)
+        return Workload(ep.namespace, ep.pod, labels, ips, ports, node=ep.node)
+
+    def compiled_endpoints(self) -> list[Endpoint]:
+        """Every endpoint as the compiler takes it (rebuilt only for records that changed)."""
+        out = []
+        fresh: dict[str, tuple[WorkloadEndpoint, PodMeta | None, Endpoint]] = {}
+        for key, ep in self.endpoints.items():
+            meta = self.pods.get((ep.namespace, ep.pod))
+            hit = self._compiled.get(key)
+            if hit is None or hit[0] is not ep or hit[1] is not meta:
+                hit = (ep, meta, Endpoint(self.workload(ep), ep.interface_name, ep.network,
+                                          ep.default_policy == "deny"))
+            fresh[key] = hit
+            out.append(hit[2])
+        self._compiled = fresh
+        return out
+
+    def namespace_labels(self) -> dict[str, dict[str, str]]:
+        names = {ep.namespace for ep in self.endpoints.values()} | set(self.namespaces)
+        return {ns: dict(self.namespaces[ns].labels) if ns in self.namespaces else {} for ns in names}
+
+    def cluster(self) -> tuple[Cluster, dict[str, Workload]]:
+        """The evaluator's input, and each workload by NS/POD (one per pod: its first attachment)."""
+        pods: dict[str, Workload] = {}
+        deny: set[str] = set()
+        for ep in sorted(self.endpoints.values(), key=lambda e: (e.namespace, e.pod, e.network, e.ifname)):
+            w = self.workload(ep)
+            pods.setdefault(w.key, w)
+            if ep.default_policy == "deny":
+                deny.add(w.key)
+        nodes = {name: tuple(ipaddress.ip_address(i) for i in info.underlay_ips) for name, info in self.nodes.items()}
+        cluster = Cluster(policies=list(self.policies.values()), namespaces=self.namespace_labels(), nodes=nodes)
+        for key in deny:
+            pods[key] = _with_default_deny(pods[key])
+        return cluster, pods
+
+
+def _with_default_deny(w: Workload) -> Workload:
+    from dataclasses import replace
+
+    return replace(w, default_deny=True)
+
+
+class PolicyEnforcer:
+    """This node's share: the view, the compiler and what was programmed."""
+
+    def __init__(self, keys: Keys, me: str, log: Callable[[str], None]) -> None:
+        self.view = PolicyView(keys)
+        self.me = me
+        self.log = log
+        self.programmer = Programmer()
+        self.memo = Memo()  # what compile_node may reuse across updates
+        self.dirty = True
+        self.only_endpoints = False  # every change since the last apply was an endpoint's or a pod's
+        self.members_changed = True  # an endpoint, pod or namespace changed since the last apply
+        self.patched = self.compiled = 0  # how updates were computed (incrementally / in full)
+
+    def load(self, kv: Any) -> None:
+        self.view.load(kv)
+        for key, why in sorted(self.view.errors.items()):
+            self.log(f"policy: ignoring {key}: {why}")
+        # The kernel still holds what was last applied: the fresh view is diffed against it (the
+        # first load, or one after a refused update, rebuilds the table, atomically).
+        self.dirty = True
+        self.only_endpoints = False
+        self.members_changed = True
+
+    def event(self, kind: str, key: str, value: str) -> bool:
+        touched = self.view.delete(key) if kind == "DELETE" else self.view.put(key, value)
+        if touched and key in self.view.errors:
+            self.log(f"policy: ignoring {key}: {self.view.errors[key]}")
+        if touched:
+            parsed = self.view.keys.parse(key)
+            kind_of = parsed.kind if parsed is not None else ""
+            if kind_of == "node":
+                return False  # (nodes matter to `policy why`, not to the dataplane)
+            self.only_endpoints = (self.only_endpoints or not self.dirty) and kind_of in ("endpoint", "pod")
+            self.members_changed |= kind_of != "policy"
+            self.dirty = True
+        return touched
+
+    def apply(self) -> bool:
+        """Program what the view asks, if anything changed; False when the kernel refused (logged;
+        the next call rebuilds everything)."""
+        from pycni.spec.errors import CNIError
+
+        if not self.dirty:
+            return True
+        before = self.view._compiled
+        eps = self.view.compiled_endpoints()
+        want = None
+        have = self.programmer.applied
+        if self.only_endpoints and have is not None:
+            after = self.view._compiled
+            changes = [(before[k][2] if k in before else None, after[k][2] if k in after else None)
+                       for k in set(before) | set(after)
+                       if k not in before or k not in after or before[k][2] is not after[k][2]]
+            try:
+                want = patch_node(self.me, have, changes, self.view.policies.values(), self.view.namespace_labels())
+            except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
+                self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
+                want = None
+        if want is None:
+            want = compile_node(self.me, eps, self.view.policies.values(), self.view.namespace_labels(), self.memo,
+                                members_from=None if self.members_changed else have)
+            self.compiled += 1
+        else:
+            self.patched += 1
+        rebuilding = self.programmer.applied is None
+        try:
+            script = self.programmer.apply(want)
+        except CNIError as e:
+            self.log(f"FAILED policy update: {e.msg}: {e.details}")
+            return False
+        self.dirty = self.only_endpoints = self.members_changed = False
+        if script:
+            n = script.count("\n")
+            self.log(f"policy: {'table rebuilt' if rebuilding else 'updated'} ({n} commands; "
+                     f"{len(want.covered)} local endpoints, {len(self.view.policies)} policies)")
+        return True

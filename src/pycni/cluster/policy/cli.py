@@ -1,0 +1,400 @@
+"""The operator verbs of network policy, in calicoctl's and kubectl's spirit.
+
+    pycni endpoint list [-n NS | -A] [-o wide|json]
+    pycni endpoint label NS/POD key=value ... [key-]
+    pycni endpoint ports NS/POD name=PORT/PROTO ... [name-]
+    pycni namespace label NS key=value ... [key-]
+    pycni policy apply -f FILE|-
+    pycni policy list [-n NS | -A] [-o json]
+    pycni policy delete NS/NAME
+    pycni policy why SRC DST PORT[/PROTO]       SRC, DST: NS/POD or an IP address
+    pycni ipam show --show-blocks NETWORK       (pycni.cli reads the network; the table is made here)
+
+Every verb takes the etcd flags of ``pycni node`` (pycni.cluster.settings.add_etcd_arguments).
+Label and port records are read-modify-written with a compare on their revision, so two
+operators editing the same pod never lose each other's keys.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pycni.cluster.model import Keys, PodMeta
+from pycni.spec.errors import INVALID_CONFIG, TRY_AGAIN, UNKNOWN_CONTAINER, CNIError
+
+TYPE_CHECKING = False  # `pycni` builds every parser at start: keep this module's import cheap
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+CLI_TIMEOUT = 10.0
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``endpoint``, ``namespace`` and ``policy`` on the ``pycni`` sub-parsers."""
+    from pycni.cluster.settings import add_etcd_arguments
+
+    ep = sub.add_parser("endpoint", help="workload endpoints in etcd: list, label, named ports")
+    ep_sub = ep.add_subparsers(dest="endpoint_verb", metavar="ACTION")
+    ep_sub.required = True
+    sp = ep_sub.add_parser("list", help="the workload endpoints (columns WORKLOAD NODE NETWORKS INTERFACE)")
+    _scope_flags(sp)
+    sp.add_argument("-o", "--output", choices=("wide", "json"), help="wide: also PROFILES and LABELS")
+    add_etcd_arguments(sp)
+    sp.set_defaults(fn=cmd_endpoint_list)
+    sp = ep_sub.add_parser("label", help="set (key=value) or remove (key-) a pod's labels")
+    sp.add_argument("target", metavar="NS/POD")
+    sp.add_argument("changes", nargs="+", metavar="key=value|key-")
+    add_etcd_arguments(sp)
+    sp.set_defaults(fn=cmd_endpoint_label)
+    sp = ep_sub.add_parser("ports", help="set (name=PORT/PROTO) or remove (name-) a pod's named ports")
+    sp.add_argument("target", metavar="NS/POD")
+    sp.add_argument("changes", nargs="+", metavar="name=PORT/PROTO|name-")
+    add_etcd_arguments(sp)
+    sp.set_defaults(fn=cmd_endpoint_ports)
+
+    ns = sub.add_parser("namespace", help="namespace labels in etcd (for namespaceSelector)")
+    ns_sub = ns.add_subparsers(dest="namespace_verb", metavar="ACTION")
+    ns_sub.required = True
+    sp = ns_sub.add_parser("label", help="set (key=value) or remove (key-) a namespace's labels")
+    sp.add_argument("target", metavar="NS")
+    sp.add_argument("changes", nargs="+", metavar="key=value|key-")
+    add_etcd_arguments(sp)
+    sp.set_defaults(fn=cmd_namespace_label)
+
+    pol = sub.add_parser("policy", help="Kubernetes NetworkPolicy objects in etcd: apply, list, delete, why")
+    pol_sub = pol.add_subparsers(dest="policy_verb", metavar="ACTION")
+    pol_sub.required = True
+    sp = pol_sub.add_parser("apply", help="create or replace the policies of a YAML/JSON file (- for stdin)")
+    sp.add_argument("-f", "--filename", required=True, metavar="FILE")
+    sp.add_argument("-n", "--namespace", default="default", help="for policies that name none (default: default)")
+    add_etcd_arguments(sp)
+    sp.set_defaults(fn=cmd_policy_apply)
+    sp = pol_sub.add_parser("list", help="the policies (NAMESPACE NAME POD-SELECTOR POLICY-TYPES)")
+    _scope_flags(sp)
+    sp.add_argument("-o", "--output", choices=("json",), help="json: the stored manifests, one a line")
+    add_etcd_arguments(sp)
+    sp.set_defaults(fn=cmd_policy_list)
+    sp = pol_sub.add_parser("delete", help="delete policy NS/NAME")
+    sp.add_argument("target", metavar="NS/NAME")
+    add_etcd_arguments(sp)
+    sp.set_defaults(fn=cmd_policy_delete)
+    sp = pol_sub.add_parser("why", help="whether a flow is allowed, and by which policies")
+    sp.add_argument("source", metavar="SRC", help="NS/POD or an IP address")
+    sp.add_argument("destination", metavar="DST", help="NS/POD or an IP address")
+    sp.add_argument("port", metavar="PORT[/PROTO]", help="e.g. 80/TCP (TCP when no protocol)")
+    add_etcd_arguments(sp)
+    sp.set_defaults(fn=cmd_policy_why)
+
+
+def _scope_flags(sp: argparse.ArgumentParser) -> None:
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument("-n", "--namespace", default="default", help="this namespace only (default: default)")
+    g.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+
+
+def _client(opts: argparse.Namespace) -> tuple[Any, Keys]:
+    from pycni.cluster.settings import client, etcd_settings_from_args
+
+    settings = etcd_settings_from_args(opts, CLI_TIMEOUT)
+    return client(settings, one_shot=False), Keys(settings.prefix)
+
+
+def _mapped(fn: Any) -> Any:
+    """Etcd failures as CNI errors (code 11 when no endpoint answers), at this one boundary."""
+    def run(opts: argparse.Namespace) -> int:
+        from pycni.cluster.session import raise_mapped
+
+        try:
+            return int(fn(opts))
+        except CNIError:
+            raise
+        except Exception as e:  # noqa: BLE001 - mapped below, re-raised when not etcd's
+            raise_mapped(e, TRY_AGAIN, "pycni")
+            raise
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def _split_target(text: str, what: str) -> tuple[str, str]:
+    ns, sep, name = text.partition("/")
+    if not sep or not ns or not name or "/" in name:
+        raise CNIError(INVALID_CONFIG, f"invalid {what} {text!r}", f"give it as NAMESPACE/NAME, e.g. default/{text}")
+    return ns, name
+
+
+def _check_name(text: str, what: str) -> str:
+    if not text or "/" in text or len(text) > 253:
+        raise CNIError(INVALID_CONFIG, f"invalid {what} {text!r}", "1-253 characters, no '/'")
+    return text
+
+
+# ---- labels and named ports ---------------------------------------------------------------------
+
+def label_changes(labels: dict[str, str], changes: list[str]) -> dict[str, str]:
+    """``labels`` after ``key=value`` (set, overwriting) and ``key-`` (remove) changes, kubectl's syntax."""
+    from pycni.cluster.policy.model import PolicyError, check_label_key, check_label_value
+
+    out = dict(labels)
+    for ch in changes:
+        try:
+            if "=" in ch:
+                k, v = ch.split("=", 1)
+                out[check_label_key(k, "label")] = check_label_value(v, f"label {k}")
+            elif ch.endswith("-"):
+                out.pop(check_label_key(ch[:-1], "label"), None)
+            else:
+                raise PolicyError(f"{ch!r}: write key=value to set a label, key- to remove it")
+        except PolicyError as e:
+            raise CNIError(INVALID_CONFIG, "invalid label change", str(e)) from None
+    return out
+
+
+def port_changes(ports: list[tuple[str, int, str]], changes: list[str]) -> list[tuple[str, int, str]]:
+    """Named ports after ``name=PORT/PROTO`` (set) and ``name-`` (remove) changes."""
+    from pycni.cluster.policy.model import PROTOCOLS, PolicyError, check_port_name
+
+    out = {(n, proto): p for n, p, proto in ports}
+    for ch in changes:
+        try:
+            if "=" in ch:
+                name, spec = ch.split("=", 1)
+                check_port_name(name, "port")
+                num, _, proto = spec.partition("/")
+                proto = (proto or "TCP").upper()
+                if proto not in PROTOCOLS or not num.isdigit() or not 1 <= int(num) <= 65535:
+                    raise PolicyError(f"{ch!r}: write name=PORT/PROTO with PORT 1-65535 and PROTO one of "
+                                      f"{', '.join(PROTOCOLS)}, e.g. http=8080/TCP")
+                out[(name, proto)] = int(num)
+            elif ch.endswith("-"):
+                for key in [k for k in out if k[0] == ch[:-1]]:
+                    del out[key]
+            else:
+                raise PolicyError(f"{ch!r}: write name=PORT/PROTO to set a named port, name- to remove it")
+        except PolicyError as e:
+            raise CNIError(INVALID_CONFIG, "invalid named port change", str(e)) from None
+    return sorted((n, p, proto) for (n, proto), p in out.items())
+
+
+def _update_meta(kv: Any, key: str, change: Any) -> PodMeta:
+    """Read-modify-write a PodMeta record with a compare on its revision (retried when it moved)."""
+    from pycni.cluster.kv import if_absent, if_mod, op_put
+
+    for _ in range(16):
+        cur = kv.get(key)
+        meta = PodMeta.from_json(cur.value) if cur is not None else PodMeta()
+        new = change(meta)
+        guard = if_mod(key, cur.mod_revision) if cur is not None else if_absent(key)
+        if kv.txn([guard], [op_put(key, new.to_json())]).succeeded:
+            return new  # type: ignore[no-any-return]
+    raise CNIError(TRY_AGAIN, f"{key} kept changing under this update", "try again")
+
+
+@_mapped
+def cmd_endpoint_label(opts: argparse.Namespace) -> int:
+    ns, pod = _split_target(opts.target, "pod")
+    kv, keys = _client(opts)
+    label_changes({}, opts.changes)  # refuse a bad change before touching etcd
+    with kv:
+        meta = _update_meta(kv, keys.pod(ns, pod),
+                            lambda m: PodMeta(labels=label_changes(m.labels, opts.changes), ports=m.ports))
+    print(f"pod {ns}/{pod} labels: {_fmt_labels(meta.labels)}")
+    return 0
+
+
+@_mapped
+def cmd_endpoint_ports(opts: argparse.Namespace) -> int:
+    ns, pod = _split_target(opts.target, "pod")
+    kv, keys = _client(opts)
+    port_changes([], opts.changes)
+    with kv:
+        meta = _update_meta(kv, keys.pod(ns, pod),
+                            lambda m: PodMeta(labels=m.labels, ports=port_changes(m.ports, opts.changes)))
+    print(f"pod {ns}/{pod} named ports: {', '.join(f'{n}={p}/{pr}' for n, p, pr in meta.ports) or '(none)'}")
+    return 0
+
+
+@_mapped
+def cmd_namespace_label(opts: argparse.Namespace) -> int:
+    from pycni.cluster.policy.model import NS_NAME_LABEL
+
+    ns = _check_name(opts.target, "namespace")
+    if any(c.split("=", 1)[0].rstrip("-") == NS_NAME_LABEL for c in opts.changes):
+        raise CNIError(INVALID_CONFIG, f"{NS_NAME_LABEL} cannot be changed", "every namespace carries it, set to "
+                       "its own name, as in Kubernetes")
+    kv, keys = _client(opts)
+    label_changes({}, opts.changes)
+    with kv:
+        meta = _update_meta(kv, keys.namespace(ns), lambda m: PodMeta(labels=label_changes(m.labels, opts.changes)))
+    print(f"namespace {ns} labels: {_fmt_labels({**meta.labels, NS_NAME_LABEL: ns})}")
+    return 0
+
+
+def _fmt_labels(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "(none)"
+
+
+# ---- endpoint list ------------------------------------------------------------------------------
+
+def _view(kv: Any, keys: Keys) -> Any:
+    from pycni.cluster.policy.agent import PolicyView
+
+    view = PolicyView(keys)
+    view.load(kv)
+    return view
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+@_mapped
+def cmd_endpoint_list(opts: argparse.Namespace) -> int:
+    import json
+
+    kv, keys = _client(opts)
+    with kv:
+        view = _view(kv, keys)
+    eps = sorted((ep for ep in view.endpoints.values() if opts.all_namespaces or ep.namespace == opts.namespace),
+                 key=lambda e: (e.namespace, e.pod, e.network, e.ifname))
+    if opts.output == "json":
+        for ep in eps:
+            obj = json.loads(ep.to_json())
+            obj["labels"] = dict(view.workload(ep).labels)
+            print(json.dumps(obj))
+        return 0
+    head = ["WORKLOAD", "NODE", "NETWORKS", "INTERFACE"] + (["PROFILES", "LABELS"] if opts.output == "wide" else [])
+    rows = [head]
+    for ep in eps:
+        row = [ep.workload, ep.node, ",".join(ep.ip_networks), ep.interface_name]
+        if opts.output == "wide":
+            row += [",".join(ep.profiles), _fmt_labels(dict(view.workload(ep).labels))]
+        rows.append(row)
+    print(_table(rows))
+    return 0
+
+
+# ---- policies -----------------------------------------------------------------------------------
+
+def _read_file(name: str) -> str:
+    if name == "-":
+        return sys.stdin.read()
+    try:
+        with open(name, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise CNIError(INVALID_CONFIG, f"cannot read {name}", e.strerror or str(e)) from None
+
+
+@_mapped
+def cmd_policy_apply(opts: argparse.Namespace) -> int:
+    import json
+
+    from pycni.cluster.kv import op_put
+    from pycni.cluster.policy.model import PolicyError, parse_policies
+
+    try:
+        policies = parse_policies(_read_file(opts.filename), default_namespace=opts.namespace)
+    except PolicyError as e:
+        raise CNIError(INVALID_CONFIG, "invalid NetworkPolicy", str(e)) from None
+    if not policies:
+        raise CNIError(INVALID_CONFIG, f"no NetworkPolicy in {opts.filename}", "the file holds no document")
+    kv, keys = _client(opts)
+    with kv:
+        existing = {p.key for p in policies if kv.get(keys.policy(p.namespace, p.name)) is not None}
+        # every document in one transaction: a stream applies whole or not at all
+        kv.txn([], [op_put(keys.policy(p.namespace, p.name), json.dumps(p.source, sort_keys=True))
+                    for p in policies])
+    for p in policies:
+        print(f"networkpolicy {p.key} {'configured' if p.key in existing else 'created'}")
+    return 0
+
+
+@_mapped
+def cmd_policy_list(opts: argparse.Namespace) -> int:
+    import json
+
+    kv, keys = _client(opts)
+    with kv:
+        view = _view(kv, keys)
+    pols = sorted((p for p in view.policies.values() if opts.all_namespaces or p.namespace == opts.namespace),
+                  key=lambda p: p.key)
+    if opts.output:
+        for p in pols:
+            print(json.dumps(p.source, sort_keys=True))
+        return 0
+    rows = [["NAMESPACE", "NAME", "POD-SELECTOR", "POLICY-TYPES"]]
+    rows += [[p.namespace, p.name, str(p.pod_selector), ",".join(sorted(p.policy_types))] for p in pols]
+    print(_table(rows))
+    for key, why in sorted(view.errors.items()):
+        if key.startswith(keys.policies):
+            sys.stderr.write(f"pycni: ignored (not a valid policy): {key}: {why}\n")
+    return 0
+
+
+@_mapped
+def cmd_policy_delete(opts: argparse.Namespace) -> int:
+    ns, name = _split_target(opts.target, "policy")
+    kv, keys = _client(opts)
+    with kv:
+        gone = kv.delete(keys.policy(ns, name))
+    if not gone:
+        raise CNIError(UNKNOWN_CONTAINER, f"networkpolicy {ns}/{name} not found", "`pycni policy list -A` lists them")
+    print(f"networkpolicy {ns}/{name} deleted")
+    return 0
+
+
+@_mapped
+def cmd_policy_why(opts: argparse.Namespace) -> int:
+    """Exit 0 when allowed, 2 when denied; the reasons on stdout."""
+    from pycni.cluster.policy.evaluate import decide, parse_party
+
+    port_text, _, proto = opts.port.partition("/")
+    proto = (proto or "TCP").upper()
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535 or proto not in ("TCP", "UDP", "SCTP"):
+        raise CNIError(INVALID_CONFIG, f"invalid port {opts.port!r}", "give PORT[/PROTO], e.g. 80/TCP or 53/UDP")
+    kv, keys = _client(opts)
+    with kv:
+        view = _view(kv, keys)
+    cluster, pods = view.cluster()
+    parties = []
+    for text in (opts.source, opts.destination):
+        try:
+            parties.append(parse_party(text, pods.values()))
+        except KeyError:
+            raise CNIError(UNKNOWN_CONTAINER, f"no workload {text}", "give NS/POD of a pod with an endpoint (`pycni "
+                           "endpoint list -A`) or an IP address") from None
+    d = decide(cluster, parties[0], parties[1], int(port_text), proto)
+    print(f"{opts.source} -> {opts.destination} {port_text}/{proto}: {'ALLOWED' if d.allowed else 'DENIED'}")
+    for r in d.reasons:
+        print(f"  {r}")
+    return 0 if d.allowed else 2
+
+
+# ---- ipam show ----------------------------------------------------------------------------------
+
+def ipam_show(cfg: Any, pools: list[Any], show_blocks: bool) -> int:
+    """Per pool (and with ``show_blocks`` per block): CIDR, IPS TOTAL, IPS IN USE, IPS FREE, and
+    the block's node (calicoctl's ``ipam show --show-blocks``); ``pycni ipam show`` calls it."""
+    from pycni.cluster.session import session
+
+    with session(cfg) as store:
+        blocks = store.blocks()
+
+    def pct(n: int, total: int) -> str:
+        return f"{n} ({round(100 * n / total) if total else 0}%)"
+
+    rows = [["GROUPING", "CIDR", "IPS TOTAL", "IPS IN USE", "IPS FREE", "NODE"]]
+    for pool in pools:
+        inside = [b for b in blocks if b.cidr.version == pool.version and b.cidr.subnet_of(pool)]
+        used = sum(len(b.allocations) for b in inside)
+        rows.append(["IP Pool", str(pool), str(pool.num_addresses), pct(used, pool.num_addresses),
+                     pct(pool.num_addresses - used, pool.num_addresses), ""])
+        if show_blocks:
+            for b in sorted(inside, key=lambda b: b.cidr):
+                total = b.cidr.num_addresses
+                rows.append(["Block", str(b.cidr), str(total), pct(len(b.allocations), total),
+                             pct(total - len(b.allocations), total), b.node])
+    print(_table(rows))
+    return 0

@@ -1,0 +1,145 @@
+"""The plugin's side of network policy: record each attachment as a workload endpoint in etcd,
+and return from ADD only once this node's agent covers the pod's host interface.
+
+On a one-shot plugin's start path: stdlib, :mod:`pycni.jsonlite` and the cluster codec only.
+
+- **The record** (``P/endpoints/<node>/<network>/<cid>/<ifname>``, :class:`WorkloadEndpoint`)
+  is written after IPAM, in a transaction that requires the attachment's IPAM handle to exist:
+  there is never an endpoint without a handle. cluster-ipam deletes the endpoint in the same
+  transaction that releases the handle (DEL, GC), so neither outlives the other there; a crash
+  between IPAM's commit and this write leaves a handle without endpoint — an attachment the
+  runtime never saw succeed, released by its DEL or by GC like any other.
+- **No window**: the agent's table drops every routed interface it has not programmed yet
+  (fail closed, see :mod:`pycni.cluster.policy.compile`), so the pod is never *unprotected*;
+  waiting for the agent makes it also not *cut off* once ADD returns. The wait polls the
+  kernel (is the interface in the ``covered`` set?) for at most ``policySetupTimeout`` seconds,
+  then fails with code 11 naming the agent. A node whose agent enforces no policy (no table)
+  does not wait — unless the network's ``defaultPolicy`` is deny, which needs enforcement.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pycni.cluster.model import WorkloadEndpoint
+from pycni.spec.errors import TRY_AGAIN, CNIError
+
+TYPE_CHECKING = False  # not typing's (see pycni.record)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from pycni.cluster.kv import KVStore
+    from pycni.cluster.settings import ClusterSettings
+
+DEFAULT_NAMESPACE = "default"
+DEFAULT_SETUP_TIMEOUT = 10.0
+TABLE = "pycni_policy"  # pycni.cluster.policy.compile.TABLE (not imported: it loads dataclasses)
+
+
+def cluster_settings(conf: Mapping[str, Any]) -> ClusterSettings | None:
+    """The cluster settings of a network whose IPAM is cluster-ipam; None for any other IPAM
+    (no etcd, so no endpoint record)."""
+    ipam = conf.get("ipam")
+    if not isinstance(ipam, dict) or ipam.get("type") != "cluster-ipam":
+        return None
+    from pycni.cluster.settings import parse_cluster_settings
+
+    return parse_cluster_settings(conf)
+
+
+def workload_of(args: Mapping[str, str], container_id: str) -> tuple[str, str, str]:
+    """(orchestrator, namespace, pod): Kubernetes' names from CNI_ARGS (parsed), else ``default``
+    and the container ID, as Calico names a workload outside Kubernetes."""
+    ns, pod = args.get("K8S_POD_NAMESPACE", ""), args.get("K8S_POD_NAME", "")
+    if ns and pod and "/" not in ns + pod:
+        return "k8s", ns, pod
+    return "cni", DEFAULT_NAMESPACE, container_id
+
+
+def record_endpoint(cfg: ClusterSettings, ep: WorkloadEndpoint, kv: KVStore | None = None) -> None:
+    """Write ``ep``, requiring its IPAM handle; CNIError (11 when etcd does not answer) otherwise."""
+    from pycni.cluster.kv import if_absent, op_put
+    from pycni.cluster.session import Session
+
+    with Session(cfg, kv=kv, who="routed") as store:
+        keys = store.keys
+        handle = keys.handle(ep.network, ep.container_id, ep.ifname)
+        # etcd compares only for equality: "handle absent" failing is "handle present", and the
+        # failure branch writes the endpoint
+        res = store.kv.txn([if_absent(handle)], [],
+                           [op_put(keys.endpoint(ep.node, ep.network, ep.container_id, ep.ifname), ep.to_json())])
+        if res.succeeded:
+            raise CNIError(TRY_AGAIN, f"routed: the IPAM handle of {ep.container_id}/{ep.ifname} vanished before "
+                           "its workload endpoint was recorded", "a DEL or GC of the same attachment ran at once")
+
+
+def delete_endpoint(cfg: ClusterSettings, container_id: str, ifname: str, kv: KVStore | None = None) -> None:
+    """Delete this node's endpoint of the attachment (nothing when there is none)."""
+    from pycni.cluster.session import Session
+
+    with Session(cfg, kv=kv, who="routed") as store:
+        store.kv.delete(store.keys.endpoint(cfg.node, cfg.network, container_id, ifname))
+
+
+def gc_endpoints(cfg: ClusterSettings, valid: Sequence[tuple[str, str]], kv: KVStore | None = None) -> list[str]:
+    """Delete this node's endpoints of this network that ``valid`` (container ID, ifname) does not
+    name; the keys deleted."""
+    from pycni.cluster.session import Session
+
+    keep = set(valid)
+    gone = []
+    with Session(cfg, kv=kv, who="routed") as store:
+        prefix = store.keys.endpoints_of(cfg.node, cfg.network)
+        kvs, _ = store.kv.range(prefix, prefix=True, keys_only=True)
+        for item in kvs:
+            parsed = store.keys.parse(item.key)
+            if parsed is not None and (parsed.container_id, parsed.ifname) not in keep:
+                store.kv.delete(item.key)
+                gone.append(item.key)
+    return gone
+
+
+def _covered(iface: str) -> bool:
+    from pycni.net import nft
+
+    try:
+        nft.run(f'get element inet {TABLE} covered {{ "{iface}" }}\n', what="policy coverage check")
+    except nft.NftError as e:
+        if e.not_found:
+            return False
+        raise
+    return True
+
+
+def _enforcing() -> bool:
+    """Whether this node has our policy table (``list tables``: names only, however big the table)."""
+    from pycni.net import nft
+
+    return any(t.get("family") == "inet" and t.get("name") == TABLE
+               for t in nft.objects(nft.list_json("tables"), "table"))
+
+
+def wait_covered(iface: str, timeout: float, required: bool) -> bool:
+    """Return once this node's agent covers ``iface`` (True), or at once when no agent enforces
+    policy here and none is ``required`` (False); code 11 when the agent does not within
+    ``timeout`` seconds, or is required and absent."""
+    if not _enforcing():
+        if required:
+            raise CNIError(TRY_AGAIN, "routed: defaultPolicy is deny but no network policy is enforced on this node",
+                           f"the nftables table inet {TABLE} does not exist: start the node agent (pycni node) "
+                           "on this node")
+        return False
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        if _covered(iface):
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            raise CNIError(TRY_AGAIN, f"routed: the node agent did not program network policy for {iface} "
+                           f"within {timeout:g}s (policySetupTimeout)",
+                           "is pycni node running on this node and reaching etcd? Until it programs the "
+                           "interface the pod's traffic is dropped (fail closed)")
+        time.sleep(min(pause, deadline - now))
+        pause = min(pause * 2, 0.1)

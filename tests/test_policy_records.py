@@ -1,0 +1,211 @@
+"""Workload endpoints and policy records without a server (pycni.cluster.memkv): an endpoint is
+written only beside its IPAM handle and leaves with it; GC; the codec's keys; the agent's view
+merges pod labels and named ports; the CLI's label and port edits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pycni.cluster.ipam import ClusterStore
+from pycni.cluster.memkv import MemKV
+from pycni.cluster.model import Keys, PodMeta, WorkloadEndpoint
+from pycni.cluster.policy import workload
+from pycni.cluster.policy.agent import PolicyView
+from pycni.cluster.policy.cli import label_changes, port_changes
+from pycni.cluster.policy.evaluate import decide
+from pycni.cluster.settings import ClusterSettings, EtcdSettings
+from pycni.ipranges import parse_range_set
+from pycni.spec.errors import INVALID_CONFIG, TRY_AGAIN, CNIError
+
+RS = [parse_range_set([{"subnet": "10.90.0.0/24"}])]
+CFG = ClusterSettings(network="net", etcd=EtcdSettings(endpoints=["http://127.0.0.1:1"]), node="n1", lock_dir="")
+
+
+def endpoint(cid: str, ip: str, ns: str = "default", pod: str = "") -> WorkloadEndpoint:
+    return WorkloadEndpoint(node="n1", network="net", namespace=ns, pod=pod or cid, container_id=cid, ifname="eth0",
+                            interface_name=f"rtd{cid}", mac="02:00:00:00:00:01", ip_networks=[f"{ip}/32"],
+                            profiles=["net"])
+
+
+def test_endpoint_needs_its_handle_and_leaves_with_it() -> None:
+    kv = MemKV()
+    keys = Keys()
+    with pytest.raises(CNIError) as e:
+        workload.record_endpoint(CFG, endpoint("c1", "10.90.0.1"), kv=kv)
+    assert e.value.code == TRY_AGAIN and "IPAM handle" in e.value.msg
+    assert kv.get(keys.endpoint("n1", "net", "c1", "eth0")) is None
+    store = ClusterStore(kv, "net", "n1")
+    got = store.assign("c1", "eth0", RS, [])
+    workload.record_endpoint(CFG, endpoint("c1", str(got[0].ip)), kv=kv)
+    stored = kv.get(keys.endpoint("n1", "net", "c1", "eth0"))
+    assert stored is not None
+    assert WorkloadEndpoint.from_json(stored.value) == endpoint("c1", str(got[0].ip))
+    # the release of the handle takes the endpoint in the same transaction
+    rev = kv.revision
+    assert store.release("c1", "eth0")
+    assert kv.get(keys.endpoint("n1", "net", "c1", "eth0")) is None
+    assert kv.revision == rev + 1
+
+
+def test_gc_removes_this_nodes_endpoints_not_listed() -> None:
+    kv = MemKV()
+    keys = Keys()
+    for cid in ("a", "b"):
+        kv.put(keys.endpoint("n1", "net", cid, "eth0"), endpoint(cid, "10.90.0.9").to_json())
+    kv.put(keys.endpoint("n2", "net", "c", "eth0"), endpoint("c", "10.90.0.8").to_json())
+    kv.put(keys.endpoint("n1", "other", "d", "eth0"), endpoint("d", "10.90.0.7").to_json())
+    gone = workload.gc_endpoints(CFG, [("a", "eth0")], kv=kv)
+    assert gone == [keys.endpoint("n1", "net", "b", "eth0")]
+    assert kv.get(keys.endpoint("n2", "net", "c", "eth0")) is not None  # another node's
+    assert kv.get(keys.endpoint("n1", "other", "d", "eth0")) is not None  # another network's
+
+
+def test_workload_names_from_cni_args() -> None:
+    from pycni.cniargs import parse_cni_args
+
+    args = parse_cni_args("IgnoreUnknown=1;K8S_POD_NAMESPACE=web;K8S_POD_NAME=front-1")
+    assert workload.workload_of(args, "cid") == ("k8s", "web", "front-1")
+    assert workload.workload_of({}, "cid") == ("cni", "default", "cid")
+    assert workload.workload_of(parse_cni_args("IgnoreUnknown=1;K8S_POD_NAME=only"), "cid") == ("cni", "default", "cid")
+
+
+def test_keys_parse_the_new_kinds() -> None:
+    k = Keys("/p")
+    e = k.parse(k.endpoint("n1", "net", "c1", "eth0"))
+    assert e is not None and (e.kind, e.node, e.network, e.container_id, e.ifname) == ("endpoint", "n1", "net",
+                                                                                       "c1", "eth0")
+    p = k.parse(k.pod("x", "a"))
+    assert p is not None and (p.kind, p.namespace, p.name) == ("pod", "x", "a")
+    n = k.parse(k.namespace("x"))
+    assert n is not None and (n.kind, n.namespace) == ("namespace", "x")
+    q = k.parse(k.policy("x", "deny"))
+    assert q is not None and (q.kind, q.namespace, q.name) == ("policy", "x", "deny")
+    assert k.parse("/p/pods/x") is None and k.parse("/p/endpoints/n1/net/c1") is None
+
+
+def test_view_merges_labels_ports_and_policies() -> None:
+    kv = MemKV()
+    keys = Keys()
+    kv.put(keys.endpoint("n1", "net", "c1", "eth0"), endpoint("c1", "10.90.0.1", "x", "a").to_json())
+    kv.put(keys.endpoint("n2", "net", "c2", "eth0"), endpoint("c2", "10.90.0.2", "y", "b").to_json())
+    kv.put(keys.pod("x", "a"), PodMeta(labels={"app": "web"}, ports=[("http", 8080, "TCP")]).to_json())
+    kv.put(keys.namespace("y"), PodMeta(labels={"team": "blue"}).to_json())
+    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+              "metadata": {"name": "web", "namespace": "x"},
+              "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                       "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "blue"}}}],
+                                    "ports": [{"port": "http"}]}]}}
+    kv.put(keys.policy("x", "web"), json.dumps(policy))
+    kv.put(keys.policy("x", "broken"), '{"kind": "NetworkPolicy"}')
+    view = PolicyView(keys)
+    view.load(kv)
+    assert set(view.errors) == {keys.policy("x", "broken")}
+    cluster, pods = view.cluster()
+    assert pods["x/a"].labels == {"app": "web"} and pods["x/a"].named_ports == {("http", "TCP"): 8080}
+    assert decide(cluster, pods["y/b"], pods["x/a"], 8080).allowed
+    assert not decide(cluster, pods["y/b"], pods["x/a"], 80).allowed
+    # live: the namespace loses its label
+    assert view.put(keys.namespace("y"), PodMeta(labels={}).to_json())
+    cluster, pods = view.cluster()
+    assert not decide(cluster, pods["y/b"], pods["x/a"], 8080).allowed
+    assert view.delete(keys.policy("x", "web"))
+    cluster, pods = view.cluster()
+    assert decide(cluster, pods["y/b"], pods["x/a"], 80).allowed
+
+
+def test_label_and_port_edits() -> None:
+    assert label_changes({"a": "1", "b": "2"}, ["a=3", "b-", "c="]) == {"a": "3", "c": ""}
+    with pytest.raises(CNIError) as e:
+        label_changes({}, ["app"])
+    assert e.value.code == INVALID_CONFIG and "key=value to set a label, key- to remove it" in e.value.details
+    with pytest.raises(CNIError):
+        label_changes({}, ["tier=front end"])
+    ports = port_changes([("http", 80, "TCP")], ["dns=53/udp", "http=8080/TCP", "metrics=9090"])
+    assert ports == [("dns", 53, "UDP"), ("http", 8080, "TCP"), ("metrics", 9090, "TCP")]
+    assert port_changes(ports, ["http-"]) == [("dns", 53, "UDP"), ("metrics", 9090, "TCP")]
+    with pytest.raises(CNIError) as e:
+        port_changes([], ["http=99999/TCP"])
+    assert "PORT 1-65535" in e.value.details
+
+
+def test_incremental_patch_equals_full_compile() -> None:
+    """patch_node (the agent's fast path for endpoint and pod changes) gives exactly what a full
+    compile gives, over a random walk of pods appearing, leaving, relabelled and renumbered."""
+    import ipaddress
+    import random
+
+    from policy_cases import CASES, policies_text
+
+    from pycni.cluster.policy.compile import Endpoint, compile_node, patch_node
+    from pycni.cluster.policy.evaluate import Workload
+    from pycni.cluster.policy.model import parse_policies
+
+    rnd = random.Random(7)
+    texts = [policies_text(c, {f"{n}/{p}": f"10.90.{i}.{j}" for i, n in enumerate("xyz") for j, p in enumerate("abc")})
+             for c in CASES]
+    policies = [p for t in texts for p in parse_policies(t)]
+    policies = list({p.key: p for p in policies}.values())
+    namespaces = {ns: {"ns": ns} for ns in "xyz"}
+    eps: dict[str, Endpoint] = {}
+
+    def make(i: int) -> Endpoint:
+        ns = rnd.choice("xyz")
+        labels = {"pod": rnd.choice("abcq")} | ({"other": "1"} if rnd.random() < 0.2 else {})
+        ips = (ipaddress.ip_address("10.90.0.1") + i, ipaddress.ip_address("fd90::1") + i)
+        ports = {(f"serve-{p}-{pr.lower()}", pr): p for p in (80, 81) for pr in ("TCP", "UDP") if rnd.random() < 0.7}
+        w = Workload(ns, f"p{i}", labels, ips, ports, node=rnd.choice(["n1", "n2"]))
+        return Endpoint(w, f"rtd{i:012x}", "net", rnd.random() < 0.1)
+
+    for i in range(30):
+        eps[f"k{i}"] = make(i)
+    have = compile_node("n1", eps.values(), policies, namespaces)
+    patched = 0
+    for step in range(400):
+        key = f"k{rnd.randrange(45)}"
+        old = eps.get(key)
+        if old is not None and rnd.random() < 0.3:
+            del eps[key]
+            new = None
+        else:
+            new = make(int(key[1:]) + 1000 * step)
+            if old is not None and rnd.random() < 0.5:  # same pod, same place: only labels or ports move
+                new = Endpoint(Workload(old.workload.namespace, old.workload.name, new.workload.labels,
+                                        old.workload.ips, new.workload.named_ports, old.workload.node),
+                               old.iface, "net", old.default_deny)
+            eps[key] = new
+        full = compile_node("n1", eps.values(), policies, namespaces)
+        got = patch_node("n1", have, [(old, new)], policies, namespaces)
+        if got is not None:
+            patched += 1
+            assert got == full, f"step {step}: {key} {old} -> {new}"
+        have = full
+    assert patched > 100, patched  # the fast path is the common one here
+
+
+def test_member_sets_reused_when_only_policies_change() -> None:
+    """compile_node(members_from=...) after policy changes alone equals a compile from nothing."""
+    import ipaddress
+    import random
+
+    from policy_cases import CASES, NAMED_PORTS, policies_text
+
+    from pycni.cluster.policy.compile import Endpoint, Memo, compile_node
+    from pycni.cluster.policy.evaluate import Workload
+    from pycni.cluster.policy.model import parse_policies
+
+    rnd = random.Random(11)
+    eps = [Endpoint(Workload(rnd.choice("xyz"), f"p{i}", {"pod": rnd.choice("abc")},
+                             (ipaddress.ip_address("10.90.0.1") + i,), dict(NAMED_PORTS),
+                             node=rnd.choice(["n1", "n2"])), f"rtd{i:012x}") for i in range(40)]
+    namespaces = {ns: {"ns": ns} for ns in "xyz"}
+    addrs = {f"{n}/{p}": "10.90.0.9" for n in "xyz" for p in "abc"}
+    memo = Memo()
+    have = compile_node("n1", eps, [], namespaces, memo)
+    for step in range(60):
+        pols = [p for c in rnd.sample(CASES, 3) for p in parse_policies(policies_text(c, addrs))]
+        pols = list({p.key: p for p in pols}.values())
+        got = compile_node("n1", eps, pols, namespaces, memo, members_from=have)
+        assert got == compile_node("n1", eps, pols, namespaces), step
+        have = got
