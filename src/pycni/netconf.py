@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pycni.spec.errors import INCOMPATIBLE_VERSION, INVALID_CONFIG, CNIError
+from pycni.spec.errors import INCOMPATIBLE_VERSION, CNIError, invalid_config
 from pycni.spec.validate import is_colon_mac
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -34,7 +34,7 @@ OLD_ATTACHMENTS = "cni.dev/attachments"
 
 def invalid(label: str, want: str, value: Any) -> CNIError:
     """Code 7 for key ``label`` holding ``value`` where ``want`` (e.g. "an integer") belongs."""
-    return CNIError(INVALID_CONFIG, f"{label!r} must be {want}", f"got {value!r}")
+    return invalid_config(f"{label!r} must be {want}", f"got {value!r}")
 
 
 def _get(conf: Mapping[str, Any], key: str) -> Any:
@@ -126,8 +126,8 @@ def args_cni(conf: Mapping[str, Any]) -> dict[str, Any]:
 def check_mac(mac: str, where: str) -> str:
     """``mac`` lower-cased; code 7 naming ``where`` it came from unless it is a colon MAC."""
     if not is_colon_mac(mac):
-        raise CNIError(INVALID_CONFIG, f"invalid MAC address {mac!r} in {where}",
-                       "give a MAC address like 0a:58:0a:f4:00:05")
+        raise invalid_config(f"invalid MAC address {mac!r} in {where}",
+                             "give a MAC address like 0a:58:0a:f4:00:05")
     return mac.lower()
 
 
@@ -177,8 +177,8 @@ def require_prev_result(conf: Mapping[str, Any], plugin: str) -> Result:
     """The ``prevResult`` a chained plugin (or CHECK) cannot work without; code 7 when absent."""
     prev = prev_result(conf)
     if prev is None:
-        raise CNIError(INVALID_CONFIG, "Required prevResult missing",  # the reference's words
-                       f"{plugin} needs the result of the plugins before it (prevResult)")
+        raise invalid_config("Required prevResult missing",  # the reference's words
+                             f"{plugin} needs the result of the plugins before it (prevResult)")
     return prev
 
 
@@ -195,7 +195,7 @@ def valid_attachments(conf: Mapping[str, Any]) -> list[tuple[str, str]]:
     if VALID_ATTACHMENTS not in conf and OLD_ATTACHMENTS in conf:
         raw, key = conf.get(OLD_ATTACHMENTS), OLD_ATTACHMENTS
     if raw is None:
-        raise CNIError(INVALID_CONFIG, f"GC needs {VALID_ATTACHMENTS!r}",
+        raise invalid_config(f"GC needs {VALID_ATTACHMENTS!r}",
                        "without the list of attachments still in use, GC would release every one; the runtime "
                        "must pass it (an empty list means none is in use)")
     if not isinstance(raw, list):

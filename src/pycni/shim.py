@@ -182,11 +182,13 @@ def _forward(sock_path: str, plugin_type: str, stdin: bytes) -> tuple[int, bytes
             s.sendall(protocol.encode_request(plugin_type, stdin, dict(os.environb)))
             return protocol.decode_reply(protocol.recv_frame(s))
         except (OSError, ValueError) as e:
-            # The request may have been partly served: retrying here could double an ADD.
-            msg = (f"{type(e).__name__}: {e}; retry, or set PYCNI_SOCKET=off to run without the daemon"
-                   .replace("\\", "\\\\").replace('"', '\\"'))
-            err = f'{{"code": 11, "msg": "pycni daemon failed while serving the request", "details": "{msg}"}}\n'
-            return 1, err.encode(), b""
+            # The request may have been partly served: retrying here could double an ADD. The
+            # error type is imported here only: the forwarding path stays _socket + protocol.
+            from pycni.spec.errors import TRY_AGAIN, CNIError
+
+            err = CNIError(TRY_AGAIN, "pycni daemon failed while serving the request",
+                           f"{type(e).__name__}: {e}; retry, or set PYCNI_SOCKET=off to run without the daemon")
+            return 1, (err.to_json() + "\n").encode(), b""
     finally:
         s.close()
 

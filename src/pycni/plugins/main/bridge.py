@@ -20,8 +20,7 @@ from pycni import invoke, ipam, netconf, skel
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, run_plugin
-from pycni.spec import errors as E
-from pycni.spec.errors import INTERNAL, CNIError
+from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 from pycni.spec.types import DNS, Interface, Result, Route
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -76,23 +75,23 @@ def _vlan_trunk(items: Any) -> list[int]:
     def vid(item: dict[str, Any], key: str) -> int:
         v = item[key]
         if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 4094:
-            raise E.invalid_config(f"incorrect trunk {key} parameter",
+            raise invalid_config(f"incorrect trunk {key} parameter",
                                    f"{key} must be an integer in 1..4094, got {v!r}")
         return v
 
     for item in items:
         if not isinstance(item, dict):
-            raise E.invalid_config("invalid 'vlanTrunk' entry", f"expected an object, got {item!r}")
+            raise invalid_config("invalid 'vlanTrunk' entry", f"expected an object, got {item!r}")
         has_min, has_max = item.get("minID") is not None, item.get("maxID") is not None
         if has_min and has_max:
             lo, hi = vid(item, "minID"), vid(item, "maxID")
             if hi < lo:
-                raise E.invalid_config("minID is greater than maxID in trunk parameter", f"{item!r}")
+                raise invalid_config("minID is greater than maxID in trunk parameter", f"{item!r}")
             vids.update(range(lo, hi + 1))
         elif has_max:
-            raise E.invalid_config("minID and maxID should be configured simultaneously, minID is missing", f"{item!r}")
+            raise invalid_config("minID and maxID should be configured simultaneously, minID is missing", f"{item!r}")
         elif has_min:
-            raise E.invalid_config("minID and maxID should be configured simultaneously, maxID is missing", f"{item!r}")
+            raise invalid_config("minID and maxID should be configured simultaneously, maxID is missing", f"{item!r}")
         if item.get("id") is not None:
             vids.add(vid(item, "id"))
     return sorted(vids)
@@ -119,16 +118,16 @@ def parse_conf(args: CmdArgs) -> BridgeConf:
     try:
         validate_interface_name(n.bridge)
     except CNIError as e:
-        raise E.invalid_config(f"invalid bridge name {n.bridge!r}", e.details or e.msg) from None
+        raise invalid_config(f"invalid bridge name {n.bridge!r}", e.details or e.msg) from None
     n.vlan = netconf.get_int(raw, "vlan")
     if not 0 <= n.vlan <= 4094:
-        raise E.invalid_config(f"invalid VLAN ID {n.vlan} (must be between 0 and 4094)",
+        raise invalid_config(f"invalid VLAN ID {n.vlan} (must be between 0 and 4094)",
                                "set vlan to 0 (none) or 1..4094")
     if raw.get("vlanTrunk") is not None:
         n.vlan_trunk = True
         n.vlans = _vlan_trunk(raw["vlanTrunk"])
     if n.ip_masq_backend not in (None, "iptables", "nftables"):
-        raise E.invalid_config(f"unknown ipmasq backend {n.ip_masq_backend!r}",
+        raise invalid_config(f"unknown ipmasq backend {n.ip_masq_backend!r}",
                                "ipMasqBackend must be iptables or nftables")
     if n.is_default_gw:
         n.is_gw = True
@@ -145,10 +144,10 @@ def check_for_add(n: BridgeConf, args: CmdArgs) -> None:
     from pycni.net.link import check_container_ifname
 
     if n.ipam_type and n.disable_container_interface:
-        raise E.invalid_config("cannot use IPAM when DisableContainerInterface flag is set",
+        raise invalid_config("cannot use IPAM when DisableContainerInterface flag is set",
                    "drop ipam for an L2-only attachment, or drop disableContainerInterface")
     if n.hairpin and n.promisc:
-        raise E.invalid_config("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
+        raise invalid_config("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
     netconf.require_ip_result(n.cni_version, bool(n.ipam_type), "bridge")
     if n.ipam_type:
         invoke.find_in_path(n.ipam_type, args.cni_path)

@@ -19,8 +19,7 @@ from pycni.net import netns
 from pycni.net.link import Link
 from pycni.plugins.main._sublink import SublinkPlugin, SublinkSpec
 from pycni.skel import CmdArgs, run_plugin
-from pycni.spec import errors as E
-from pycni.spec.errors import INTERNAL, CNIError
+from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 
 
 def _uint(conf: Mapping[str, Any], key: str) -> int | None:
@@ -52,8 +51,8 @@ def create(conf: Mapping[str, Any], args: CmdArgs, mac: str) -> Link:
         link.require_free_ifname(args.ifname, args.netns)
         bridge = conf.get("bridge") or ""
         if bridge and link.get_link(bridge) is None:
-            raise CNIError(E.INVALID_CONFIG, f"bridge {bridge!r} not found in the container namespace",
-                           "\"bridge\" names a bridge that must already exist inside the container")
+            raise invalid_config(f"bridge {bridge!r} not found in the container namespace",
+                                 "\"bridge\" names a bridge that must already exist inside the container")
         owner, group = _uint(conf, "owner"), _uint(conf, "group")
         context = conf.get("selinuxContext") or ""
         if context and _selinux_enabled():

@@ -36,7 +36,7 @@ from pycni.plugins.ipam.dhcp.lease import Lease, Timing
 from pycni.plugins.ipam.dhcp.protocol import DEFAULT_SOCKET_PATH, read_all
 from pycni.record import record
 from pycni.skel import config_version, load_conf
-from pycni.spec.errors import DECODE_FAILURE, INTERNAL, INVALID_CONFIG, INVALID_ENV, PLUGIN_SPECIFIC, CNIError
+from pycni.spec.errors import DECODE_FAILURE, INTERNAL, INVALID_ENV, PLUGIN_SPECIFIC, CNIError, invalid_config
 
 log = logging.getLogger("pycni.dhcp")
 
@@ -64,8 +64,8 @@ def client_options(ipam: Mapping[str, Any], cni_args: str, key: str, broadcast: 
             value = args[from_arg]
         if value:
             if len(value.encode()) > 255:
-                raise CNIError(INVALID_CONFIG, f"value too long for option {entry.get('option')!r}",
-                               "DHCP options hold at most 255 bytes")
+                raise invalid_config(f"value too long for option {entry.get('option')!r}",
+                                     "DHCP options hold at most 255 bytes")
             provide[code] = value.encode()
     request: list[int] = []
     skip_default = False
@@ -144,8 +144,8 @@ class DHCPService:
         conf = load_conf(str(raw.get("stdin", "")).encode())
         ipam = conf.get("ipam")
         if not isinstance(ipam, dict):
-            raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
-                           "the network configuration needs an \"ipam\" object")
+            raise invalid_config("IPAM config missing 'ipam' key",
+                                 "the network configuration needs an \"ipam\" object")
         fields = {k: raw.get(k, "") for k in ("method", "containerID", "netns", "ifname", "args")}
         if not all(isinstance(v, str) for v in fields.values()):
             raise CNIError(DECODE_FAILURE, "malformed request to the DHCP daemon", "fields must be strings")

@@ -21,7 +21,7 @@ from typing import Any
 from pycni.net import netns
 from pycni.plugins.ipam.dhcp import client as C
 from pycni.record import record
-from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIError
+from pycni.spec.errors import INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIError, invalid_config
 
 log = logging.getLogger("pycni.dhcp")
 
@@ -157,8 +157,8 @@ class Lease:
         """Refuse (and give back) a lease we cannot turn into a result."""
         if binding.ack.subnet_mask is None:
             self._release()
-            raise CNIError(INVALID_CONFIG, "DHCP option Subnet Mask not found in DHCPACK",
-                           f"the server {binding.server_ip} must send option 1 (subnet-mask)")
+            raise invalid_config("DHCP option Subnet Mask not found in DHCPACK",
+                                 f"the server {binding.server_ip} must send option 1 (subnet-mask)")
 
     # ---- maintenance (own thread) ---------------------------------------------------------------
     def start(self) -> None:
