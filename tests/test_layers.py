@@ -50,3 +50,31 @@ def test_cli_uses_no_plugin_internals() -> None:
             continue
         bad.update(n for n in names if n != "pycni.plugins.registry")
     assert not bad, sorted(bad)
+
+
+def _run_time_imports(nodes: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements that run: everything but the bodies of ``if TYPE_CHECKING:``."""
+    out: list[ast.Import | ast.ImportFrom] = []
+    for node in nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.append(node)
+        elif isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            out.extend(_run_time_imports(node.orelse))
+        else:
+            for name in ("body", "orelse", "finalbody", "handlers"):
+                sub = getattr(node, name, None)
+                if isinstance(sub, list):
+                    out.extend(_run_time_imports(sub))
+    return out
+
+
+def test_no_typing_at_run_time() -> None:
+    """No module imports ``typing`` or ``dataclasses`` when it runs (docs/architecture.md: a plugin's
+    start path stays light; ``TYPE_CHECKING = False`` guards and ``pycni.record`` instead)."""
+    bad = set()
+    for path in SRC.rglob("*.py"):
+        for node in _run_time_imports(ast.parse(path.read_text()).body):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            bad.update(f"{path.relative_to(SRC)}:{node.lineno}: {m}" for m in mods
+                       if m.split(".")[0] in ("typing", "dataclasses"))
+    assert not bad, sorted(bad)

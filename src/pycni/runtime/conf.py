@@ -18,12 +18,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from pycni.record import field, record
 from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CNIError, invalid_config
 from pycni.spec.validate import validate_network_name, validate_plugin_type
 from pycni.spec.version import ALL_VERSIONS, CURRENT_VERSION, highest, parse_version
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a process ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_CONF_DIR = "/etc/cni/net.d"
 CONFLIST_EXTENSIONS = (".conflist",)

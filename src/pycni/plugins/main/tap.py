@@ -12,7 +12,6 @@ import os
 import secrets
 import subprocess
 from collections.abc import Mapping
-from typing import Any
 
 from pycni import netconf
 from pycni.net import netns
@@ -20,6 +19,10 @@ from pycni.net.link import Link
 from pycni.plugins.main._sublink import SublinkPlugin, SublinkSpec
 from pycni.skel import CmdArgs, run_plugin
 from pycni.spec.errors import INTERNAL, CNIError, invalid_config
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def _uint(conf: Mapping[str, Any], key: str) -> int | None:

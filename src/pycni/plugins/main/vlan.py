@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from pycni import netconf
 from pycni.plugins.main._sublink import SublinkPlugin, SublinkSpec
@@ -12,6 +11,8 @@ from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from typing import Any
+
     from pycni.net.link import Link
 
 
