@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "pycni"
 ALLOWED = {"net": ("pycni.net", "pycni.spec", "pycni.record", "pycni.lockfile", "pycni.jsonlite"),
            "spec": ("pycni.spec", "pycni.record", "pycni.jsonlite"),
            "cluster": ("pycni.cluster", "pycni.spec", "pycni.net", "pycni.record", "pycni.jsonlite", "pycni.lockfile",
-                       "pycni.netconf", "pycni.ipranges")}
+                       "pycni.netconf", "pycni.ipranges", "pycni.statefile")}
 
 
 def _pycni_imports(path: Path) -> set[str]:

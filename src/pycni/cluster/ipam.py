@@ -195,7 +195,7 @@ class ClusterStore:
             if existing:
                 kv = existing[0] if not fast else self.kv.get(hkey)  # a handle seen stale may be gone
                 if kv is not None:
-                    return self._held(handle_from_json(kv.value), range_sets)
+                    return self._assigned_from(handle_from_json(kv.value), range_sets)
             mine = [key_cidr(kv.key.rpartition("/")[2]) for kv in affs]
             plan = _Plan(self, f"{cid}/{ifname}", mine, block_sizes, strict_affinity, fast)
             plan.prefetched([Block.from_json(kv.value, kv.mod_revision) for kvs in got for kv in kvs])
@@ -221,12 +221,12 @@ class ClusterStore:
                 self.hint = plan.newest()
                 return out
             if done.responses and done.responses[0]:  # the handle appeared meanwhile (our own earlier try)
-                return self._held(handle_from_json(done.responses[0][0].value), range_sets)
+                return self._assigned_from(handle_from_json(done.responses[0][0].value), range_sets)
             self.lost_races += 1
         raise IpamError("contention", f"gave up after {MAX_ATTEMPTS} conflicting attempts",
                         "other writers changed the same blocks each time; try again")
 
-    def _held(self, handle: dict[str, Any], range_sets: Sequence[RangeSet]) -> list[Assigned]:
+    def _assigned_from(self, handle: dict[str, Any], range_sets: Sequence[RangeSet]) -> list[Assigned]:
         out = []
         for text in handle.get("ips", ()):
             ip = ipaddress.ip_interface(text).ip

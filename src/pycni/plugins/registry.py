@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
+from pycni import statefile
 from pycni.shim import executable_text, shim_type
 
 TYPE_CHECKING = False  # not typing's: the in-process runner imports this module on a plugin's start path
@@ -93,9 +94,5 @@ def install(target_dir: str, names: list[str] | None = None, python: str | None 
                              daemon=daemon, socket=socket) for name in selected]
     os.makedirs(target_dir, exist_ok=True)
     for path, text in zip(targets, texts, strict=True):
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
+        statefile.write_bytes(path, text.encode(), mode=0o755, dir_mode=0o755, failure="cannot install plugins")
     return targets
