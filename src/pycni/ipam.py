@@ -34,11 +34,16 @@ def require_ipam(conf: Mapping[str, Any], plugin: str) -> str:
 
 
 def add(conf: Mapping[str, Any], args: CmdArgs) -> Result:
-    """Run IPAM ADD with the plugin's own stdin; refuse a result with no address."""
+    """Run IPAM ADD with the plugin's own stdin; refuse a result with no address (after an IPAM
+    DEL, as the reference's deferred one: whatever the IPAM plugin recorded is released)."""
     result = invoke.delegate_add(ipam_type(conf), args.stdin_data, args)
     if not result.ips:
+        try:
+            delete(conf, args)
+        except CNIError:
+            pass  # the refusal below is the answer
         raise CNIError(INTERNAL, "IPAM plugin returned missing IP config",
-                       f"{ipam_type(conf)} returned no addresses")
+                       f"{ipam_type(conf)} returned no addresses for {args.container_id}/{args.ifname}")
     return result
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import time
 
-from pycni import invoke, ipam, netconf, skel
+from pycni import ipam, netconf, skel
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, run_plugin
@@ -149,8 +149,7 @@ def check_for_add(n: BridgeConf, args: CmdArgs) -> None:
     if n.hairpin and n.promisc:
         raise invalid_config("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
     netconf.require_ip_result(n.cni_version, bool(n.ipam_type), "bridge")
-    if n.ipam_type:
-        invoke.find_in_path(n.ipam_type, args.cni_path)
+    ipam.locate(args.conf(), args)
     check_container_ifname(args.netns, args.ifname)
 
 
@@ -323,12 +322,10 @@ def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, pair:
     from pycni.net.sysctl import disable_forwarding, enable_forwarding, try_write_sysctl
 
     container_index = pair.container.index
-    ipam_result = invoke.delegate_add(n.ipam_type, args.stdin_data, args)
-    undo.push(invoke.delegate_del, n.ipam_type, args.stdin_data, args)
+    conf = args.conf()
+    ipam_result = ipam.add(conf, args)
+    undo.push(ipam.delete, conf, args)
     result.ips, result.routes, result.dns = ipam_result.ips, ipam_result.routes, ipam_result.dns
-    if not result.ips:
-        raise CNIError(INTERNAL, "IPAM plugin returned missing IP config",
-                       f"{n.ipam_type} returned no addresses for {args.container_id}/{args.ifname}")
     gws = _calc_gateways(result, n)
     masq_job: _Background | None = None
     if n.ip_masq:
@@ -413,8 +410,7 @@ def cmd_del(args: CmdArgs) -> None:
             if found is not None:
                 addrs = [a.address for a in addr.list_addrs(found.index) if _global_unicast(a.address.ip)]
                 link.delete_link(found.index)
-    if n.ipam_type:
-        invoke.delegate_del(n.ipam_type, args.stdin_data, args)
+    ipam.delete(args.conf(), args)
     if n.macspoofchk:
         spoofchk.teardown(spoofchk.ref_id(args.container_id, args.ifname))
     if n.ipam_type and n.ip_masq:
@@ -434,8 +430,7 @@ def cmd_check(args: CmdArgs) -> None:
 
     n = parse_conf(args)
     netns.check_netns(args.netns)
-    if n.ipam_type:
-        invoke.delegate_check(n.ipam_type, args.stdin_data, args)
+    ipam.check(args.conf(), args)
     result = netconf.require_prev_result(args.conf(), "bridge")
     br_map = next((i for i in result.interfaces if i.name == n.bridge), None)
     # the bridge, in the host
