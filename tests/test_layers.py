@@ -78,3 +78,40 @@ def test_no_typing_at_run_time() -> None:
             bad.update(f"{path.relative_to(SRC)}:{node.lineno}: {m}" for m in mods
                        if m.split(".")[0] in ("typing", "dataclasses"))
     assert not bad, sorted(bad)
+
+
+def _imports_at_import_time(path: Path) -> set[str]:
+    """The pycni modules ``path`` imports when it is imported (module level, outside TYPE_CHECKING)."""
+    out = set()
+    for node in _run_time_imports([n for n in ast.parse(path.read_text()).body
+                                   if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] if node.module != "pycni" else [f"pycni.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out.update(n for n in names if n.startswith("pycni"))
+    return out
+
+
+def test_one_plugin_loader() -> None:
+    """Plugins are imported by their type in one place, pycni.plugins.registry (load / run_main):
+    no other module calls __import__ or importlib.import_module."""
+    bad = set()
+    for path in SRC.rglob("*.py"):
+        if path == SRC / "plugins" / "registry.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and (
+                    (isinstance(node.func, ast.Name) and node.func.id == "__import__")
+                    or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")):
+                bad.add(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not bad, sorted(bad)
+
+
+def test_registry_shim_no_cycle() -> None:
+    """The shim needs the registry (to load a plugin by type); the registry imports nothing of
+    pycni's when it is imported (install() takes the executable format from the shim when called)."""
+    assert not _imports_at_import_time(SRC / "plugins" / "registry.py")
+    assert "pycni.plugins.registry" not in _imports_at_import_time(SRC / "shim.py")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import importlib
 import logging
 import os
 import signal
@@ -33,7 +32,7 @@ from contextlib import contextmanager, nullcontext
 from pycni.daemon import protocol
 from pycni.daemon.options import READ_TIMEOUT, STOP_TIMEOUT
 from pycni.net import netns
-from pycni.plugins.registry import PLUGIN_MODULES
+from pycni.plugins.registry import PLUGIN_MODULES, load
 from pycni.shim import run_delegate
 from pycni.skel import Outcome, Plugin, dispatch
 from pycni.spec.errors import INTERNAL, INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIError
@@ -229,7 +228,7 @@ class Daemon:
         with self._plugins_guard:
             plugin = self.plugins.get(name)
             if plugin is None:
-                plugin = importlib.import_module(PLUGIN_MODULES[name]).PLUGIN
+                plugin = load(name)
                 self.plugins[name] = plugin
             return plugin
 
