@@ -1,7 +1,10 @@
-"""The dependency rule of docs/architecture.md, checked on the source: net/ uses only spec/ and the
-leaf utilities record.py, lockfile.py and jsonlite.py (never the SDK or a plugin), spec/ only record.py
-and jsonlite.py; cluster/ never a plugin, the runtime or the CLI (the plugins use it, not the other
-way round); cli.py no plugin module but the registry."""
+"""The rules of docs/architecture.md, checked on the source (relative imports resolved): net/ uses
+only spec/ and the leaf utilities record.py, lockfile.py and jsonlite.py (never the SDK or a plugin),
+spec/ only record.py and jsonlite.py; cluster/ never a plugin, the runtime or the CLI (the plugins
+use it, not the other way round); cli.py no plugin module but the registry; unixsock.py and
+daemon/protocol.py import nothing of pycni's; plugins never decode netlink; no module imports
+typing or dataclasses at run time; plugins are loaded by type in one place; registry and shim
+form no import cycle."""
 
 from __future__ import annotations
 
@@ -12,16 +15,39 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "pycni"
 ALLOWED = {"net": ("pycni.net", "pycni.spec", "pycni.record", "pycni.lockfile", "pycni.jsonlite"),
+           # leaves: the listener both daemons use, and the wire format the shim's forwarding path imports
+           "unixsock.py": ("pycni.unixsock",),
+           "daemon/protocol.py": ("pycni.daemon.protocol",),
            "spec": ("pycni.spec", "pycni.record", "pycni.jsonlite"),
            "cluster": ("pycni.cluster", "pycni.spec", "pycni.net", "pycni.record", "pycni.jsonlite", "pycni.lockfile",
                        "pycni.netconf", "pycni.ipranges", "pycni.statefile")}
 
 
+def _package(path: Path) -> str:
+    """The dotted package ``path`` (a module under src/pycni) belongs to."""
+    parts = ["pycni", *path.relative_to(SRC).parts[:-1]]
+    return ".".join(parts)
+
+
+def _absolute(node: ast.ImportFrom, path: Path) -> list[str]:
+    """The modules an ``from X import a, b`` names, relative ones resolved against ``path``'s package."""
+    if node.level:
+        base = _package(path).split(".")  # a module's package; an __init__.py's is its own directory
+        base = base[:len(base) - (node.level - 1)]
+        module = ".".join(base + ([node.module] if node.module else []))
+    else:
+        module = node.module or ""
+    # "from pycni import netconf" and "from . import x" name modules; "from pycni.x import f" names pycni.x
+    if node.module is None or module == "pycni":
+        return [f"{module}.{a.name}" for a in node.names]
+    return [module]
+
+
 def _pycni_imports(path: Path) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] if node.module != "pycni" else [f"pycni.{a.name}" for a in node.names]
+        if isinstance(node, ast.ImportFrom):
+            names = _absolute(node, path)
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         else:
@@ -32,8 +58,32 @@ def _pycni_imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
 def test_layer_imports(layer: str) -> None:
-    bad = {f"{p.relative_to(SRC)}: {m}" for p in (SRC / layer).glob("*.py") for m in _pycni_imports(p)
+    files = (SRC / layer).rglob("*.py") if (SRC / layer).is_dir() else [SRC / layer]
+    bad = {f"{p.relative_to(SRC)}: {m}" for p in files for m in _pycni_imports(p)
            if not m.startswith(ALLOWED[layer])}
+    assert not bad, sorted(bad)
+
+
+def test_relative_imports_are_resolved() -> None:
+    """The checks above see ``from . import x`` and ``from .x import y`` as the modules they name."""
+    tree = ast.parse("from . import a\nfrom .b import c\nfrom .. import d\n")
+    where = SRC / "plugins" / "ipam" / "dhcp" / "daemon.py"
+    got = [_absolute(n, where) for n in tree.body if isinstance(n, ast.ImportFrom)]
+    assert got == [["pycni.plugins.ipam.dhcp.a"], ["pycni.plugins.ipam.dhcp.b"], ["pycni.plugins.ipam.d"]]
+    init = SRC / "plugins" / "ipam" / "dhcp" / "__init__.py"
+    (node,) = ast.parse("from .lease import x").body
+    assert isinstance(node, ast.ImportFrom) and _absolute(node, init) == ["pycni.plugins.ipam.dhcp.lease"]
+
+
+def test_plugins_never_decode_netlink() -> None:
+    """docs/architecture.md: what a link carries is on net.link.Link; plugins never decode IFLA_* themselves
+    (a comment naming the kernel's constant is fine; a string key is decoding)."""
+    bad = set()
+    for path in (SRC / "plugins").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(
+                    ("IFLA_", "IFA_", "RTA_", "NDA_", "FRA_")):
+                bad.add(f"{path.relative_to(SRC)}:{node.lineno}: {node.value}")
     assert not bad, sorted(bad)
 
 
