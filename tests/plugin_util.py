@@ -2,9 +2,11 @@
 
 The one harness: :func:`env` builds the environment a runtime gives a plugin, :func:`run` drives a
 plugin by its CNI type ``via`` one of :data:`VIAS` — ``"dispatch"`` (skel.dispatch in this process,
-the calling thread in the host namespace) or ``"exec"`` (the installed executable, in the host
-namespace, as a runtime runs it) — and returns the same :class:`pycni.skel.Outcome` either way,
-so a test parametrized with :data:`each_way` checks both. The session-wide ``plugin_dir`` fixture
+the calling thread in the host namespace), ``"exec"`` (the installed executable, in the host
+namespace, as a runtime runs it) or ``"runtime"`` (pycni.runtime's ADD/CHECK/DEL of a one-plugin
+network, which execs the executable and keeps its result cache in ``cache_dir``) — and returns the
+same :class:`pycni.skel.Outcome` every way, so a test parametrized with :data:`each_way` checks
+all of them. The session-wide ``plugin_dir`` fixture
 (conftest.py) holds the installed executables.
 """
 
@@ -23,8 +25,10 @@ from netns_util import Namespace
 
 from pycni.skel import Outcome, Plugin, dispatch
 
-VIAS = ("dispatch", "exec")
+VIAS = ("dispatch", "exec", "runtime")
 each_way = pytest.mark.parametrize("via", VIAS)
+# GC and STATUS: a runtime runs them over a whole network list, never one plugin's config alone
+each_plugin_way = pytest.mark.parametrize("via", VIAS[:2])
 _PATH = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
 
 
@@ -47,8 +51,9 @@ def env(command: str, container_id: str = "ctr", netns: Namespace | str | None =
 
 def run(plugin_type: str, command: str, conf: dict[str, Any] | bytes, *, via: str = "dispatch",
         host: Namespace | None = None, cni_path: str = "/usr/lib/cni", environ: dict[str, str] | None = None,
-        **env_kw: Any) -> Outcome:
-    """Run ``plugin_type`` once ``via`` "dispatch" or "exec" (the executable in the first CNI_PATH entry).
+        cache_dir: str = "", **env_kw: Any) -> Outcome:
+    """Run ``plugin_type`` once ``via`` "dispatch", "exec" (the executable in the first CNI_PATH entry)
+    or "runtime" (ADD, CHECK or DEL only; ``cache_dir`` required: the runtime's result cache).
 
     ``environ`` replaces the environment :func:`env` would build from ``command`` and ``env_kw``.
     """
@@ -64,7 +69,27 @@ def run(plugin_type: str, command: str, conf: dict[str, Any] | bytes, *, via: st
         cmd = ["ip", "netns", "exec", host.name, exe] if host is not None else [exe]
         proc = subprocess.run(cmd, input=stdin, env=e, capture_output=True, timeout=120)
         return Outcome(exit_code=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
+    if via == "runtime":
+        return _via_runtime(command, stdin, e, host, cache_dir)
     raise ValueError(f"via must be one of {VIAS}, not {via!r}")
+
+
+def _via_runtime(command: str, stdin: bytes, e: dict[str, str], host: Namespace | None, cache_dir: str) -> Outcome:
+    from pycni.runtime import CNI
+    from pycni.runtime.conf import conf_from_bytes
+    from pycni.spec.errors import CNIError
+
+    assert cache_dir, "via='runtime' needs a cache_dir"
+    rt = CNI(conf_dir=os.path.join(cache_dir, "no-conf-dir"), plugin_path=e["CNI_PATH"].split(":"),
+             cache_dir=cache_dir, env={"PATH": _PATH, "PYCNI_SOCKET": "off"})
+    op = {"ADD": rt.add, "CHECK": rt.check, "DEL": rt.delete}[command]
+    with host.enter() if host is not None else nullcontext():
+        try:
+            result = op(conf_from_bytes(stdin), e["CNI_CONTAINERID"], e.get("CNI_NETNS", ""), e["CNI_IFNAME"],
+                        args=e.get("CNI_ARGS") or None)
+        except CNIError as err:
+            return Outcome(exit_code=1, stdout=err.to_json().encode())
+    return Outcome(exit_code=0, stdout=result.to_json().encode() if result is not None else b"")
 
 
 def cni_env(command: str, container: Namespace | None, cni_path: str, ifname: str = "eth0",

@@ -8,7 +8,7 @@ from typing import Any
 
 import plugin_util
 import pytest
-from plugin_util import each_way
+from plugin_util import each_plugin_way
 
 from pycni.plugins.meta import firewall as fw
 
@@ -275,7 +275,7 @@ def test_isolated_policy_drops_intra_bridge(netns_factory: Any) -> None:
 
 @pytest.mark.parametrize("attachments,code", [("absent", 7), (None, 7), ([{}], 7), ([{"containerID": 1}], 7),
                                               ([], 0), ([{"containerID": "c1", "ifname": "eth0"}], 0)])
-@each_way
+@each_plugin_way
 def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: int, via: str, plugin_dir: str) -> None:
     """Nothing to collect, but GC refuses a missing or malformed list as every plugin does; STATUS answers."""
     conf: dict[str, Any] = {"cniVersion": "1.1.0", "name": "gcnet", "type": "firewall"}
