@@ -36,9 +36,10 @@ def container_ns(netns_factory: Callable[[], Namespace]) -> Namespace:
     return netns_factory()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A CNI_PATH directory holding our plugins (every one written so far)."""
+    """A CNI_PATH directory holding our plugins (every one written so far), installed once per
+    session (per xdist worker): tests only read it; one that needs other executables makes its own."""
     from pycni.plugins.registry import install
 
     d = tmp_path_factory.mktemp("cni-bin")

@@ -9,8 +9,9 @@ import threading
 import time
 from typing import Any
 
+import plugin_util
 import pytest
-from plugin_util import runtime_env
+from plugin_util import each_plugin_way, runtime_env
 
 from pycni.plugins.meta import bandwidth as bw
 from pycni.skel import dispatch
@@ -366,18 +367,19 @@ def test_rates_beyond_32_bits(host_ns: Any, container_ns: Any, tmp_path: Any) ->
 
 @pytest.mark.parametrize("attachments,code", [("absent", 7), (None, 7), ([{}], 7), ([{"containerID": 1}], 7),
                                               ([], 0), ([{"containerID": "c1", "ifname": "eth0"}], 0)])
-def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: int) -> None:
+@each_plugin_way
+def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: int, via: str, plugin_dir: str) -> None:
     """Nothing to collect, but GC refuses a missing or malformed list as every plugin does; STATUS answers."""
     conf: dict[str, Any] = {"cniVersion": "1.1.0", "name": "gcnet", "type": "bandwidth", "ingressRate": 8000,
                             "ingressBurst": 800}
     if attachments != "absent":
         conf["cni.dev/valid-attachments"] = attachments
-    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}
-    out = dispatch(bw.PLUGIN, env, json.dumps(conf).encode())
+    gc = {"CNI_COMMAND": "GC", "CNI_PATH": plugin_dir, "PYCNI_SOCKET": "off"}
+    out = plugin_util.run("bandwidth", "GC", conf, via=via, environ=gc)
     assert out.exit_code == (1 if code else 0), out.stdout
     if code:
         assert json.loads(out.stdout)["code"] == code
-    out = dispatch(bw.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
+    out = plugin_util.run("bandwidth", "STATUS", conf, via=via, environ={**gc, "CNI_COMMAND": "STATUS"})
     assert out.exit_code == 0, out.stdout
 
 

@@ -6,11 +6,11 @@ import json
 import threading
 from typing import Any
 
+import plugin_util
 import pytest
-from plugin_util import runtime_env
+from plugin_util import each_plugin_way
 
 from pycni.plugins.meta import firewall as fw
-from pycni.skel import dispatch
 
 GO_BRIDGE = "/usr/lib/cni/bridge"
 GO_FIREWALL = "/usr/lib/cni/firewall"
@@ -22,7 +22,7 @@ NO_NETNS = "/var/run/netns/pycni-test-no-such-netns"
 
 
 def env(cmd: str, cid: str, netns: str = NO_NETNS, ifname: str = "eth0") -> dict[str, str]:
-    return runtime_env(cmd, cid, netns, ifname)
+    return plugin_util.env(cmd, cid, netns, ifname)
 
 
 def fw_conf(prev: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
@@ -32,10 +32,9 @@ def fw_conf(prev: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
     return c
 
 
-def run_fw(host: Any, cmd: str, conf: dict[str, Any], cid: str, netns: str) -> tuple[
+def run_fw(host: Any, cmd: str, conf: dict[str, Any], cid: str, netns: str, via: str = "dispatch") -> tuple[
         int, dict[str, Any]]:
-    with host.enter():
-        out = dispatch(fw.PLUGIN, env(cmd, cid, netns), json.dumps(conf).encode())
+    out = plugin_util.run("firewall", cmd, conf, via=via, host=host, environ=env(cmd, cid, netns))
     assert not out.stderr, out.stderr
     return out.exit_code, (json.loads(out.stdout) if out.stdout.strip() else {})
 
@@ -60,15 +59,15 @@ def ipt_state(ns: Any, v6: bool = False) -> str:
     ({"firewalldZone": []}, 7, "'firewalldZone' must be a string"),
 ])
 def test_bad_config_refused(extra: dict[str, Any], code: int, text: str) -> None:
-    out = dispatch(fw.PLUGIN, env("ADD", "c1"), json.dumps(fw_conf(synthetic_prev("10.1.0.2/24"), **extra)).encode())
+    out = plugin_util.run("firewall", "ADD", fw_conf(synthetic_prev("10.1.0.2/24"), **extra), environ=env("ADD", "c1"))
     e = json.loads(out.stdout)
     assert out.exit_code == 1 and e["code"] == code and text in e["msg"] + e.get("details", "")
 
 
 def test_missing_prev_result() -> None:
-    out = dispatch(fw.PLUGIN, env("ADD", "c1"), json.dumps(fw_conf(None)).encode())
+    out = plugin_util.run("firewall", "ADD", fw_conf(None), environ=env("ADD", "c1"))
     assert json.loads(out.stdout)["code"] == 7
-    assert dispatch(fw.PLUGIN, env("DEL", "c1", netns=""), json.dumps(fw_conf(None)).encode()).exit_code == 0
+    assert plugin_util.run("firewall", "DEL", fw_conf(None), environ=env("DEL", "c1", netns="")).exit_code == 0
 
 
 def nft_state(ns: Any) -> str:
@@ -276,17 +275,18 @@ def test_isolated_policy_drops_intra_bridge(netns_factory: Any) -> None:
 
 @pytest.mark.parametrize("attachments,code", [("absent", 7), (None, 7), ([{}], 7), ([{"containerID": 1}], 7),
                                               ([], 0), ([{"containerID": "c1", "ifname": "eth0"}], 0)])
-def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: int) -> None:
+@each_plugin_way
+def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: int, via: str, plugin_dir: str) -> None:
     """Nothing to collect, but GC refuses a missing or malformed list as every plugin does; STATUS answers."""
     conf: dict[str, Any] = {"cniVersion": "1.1.0", "name": "gcnet", "type": "firewall"}
     if attachments != "absent":
         conf["cni.dev/valid-attachments"] = attachments
-    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}
-    out = dispatch(fw.PLUGIN, env, json.dumps(conf).encode())
+    gc = {"CNI_COMMAND": "GC", "CNI_PATH": plugin_dir, "PYCNI_SOCKET": "off"}
+    out = plugin_util.run("firewall", "GC", conf, via=via, environ=gc)
     assert out.exit_code == (1 if code else 0), out.stdout
     if code:
         assert json.loads(out.stdout)["code"] == code
-    out = dispatch(fw.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
+    out = plugin_util.run("firewall", "STATUS", conf, via=via, environ={**gc, "CNI_COMMAND": "STATUS"})
     assert out.exit_code == 0, out.stdout
 
 

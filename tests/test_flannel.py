@@ -8,12 +8,12 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import plugin_util
 import pytest
 from netns_util import Namespace
 
-from pycni import invoke
 from pycni.plugins.meta import flannel
-from pycni.skel import CmdArgs, dispatch
+from pycni.skel import CmdArgs
 from pycni.spec.errors import CNIError
 
 SUBNET_ENV = "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n"
@@ -103,9 +103,8 @@ def test_bad_delegate_is_config_error(tmp_path: Path, delegate: dict, msg: str) 
 def test_subnet_file_errors_change_nothing(tmp_path: Path, container_ns: Namespace, text: str | None,
                                           what: str) -> None:
     path = str(tmp_path / "subnet.env") if text is None else write_env(tmp_path, text)
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": container_ns.path,
-           "CNI_IFNAME": "eth0", "CNI_PATH": str(tmp_path / "nothing-here")}
-    out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, path))
+    out = plugin_util.run("flannel", "ADD", conf_bytes(tmp_path, path), container_id="c1", netns=container_ns,
+                          cni_path=str(tmp_path / "nothing-here"))
     err = json.loads(out.stdout)
     assert out.exit_code == 1 and err["code"] == 7 and what in err["msg"], err
     assert not (tmp_path / "flannel-data").exists() or not os.listdir(tmp_path / "flannel-data")
@@ -113,16 +112,15 @@ def test_subnet_file_errors_change_nothing(tmp_path: Path, container_ns: Namespa
 
 
 def test_del_without_saved_config_succeeds(tmp_path: Path) -> None:
-    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "never-added", "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent"}
-    out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, str(tmp_path / "gone.env")))
+    out = plugin_util.run("flannel", "DEL", conf_bytes(tmp_path, str(tmp_path / "gone.env")),
+                          container_id="never-added", cni_path="/nonexistent")
     assert out.exit_code == 0 and out.stdout == b""
 
 
 def test_status_reports_missing_subnet_file(tmp_path: Path) -> None:
-    env = {"CNI_COMMAND": "STATUS", "CNI_PATH": "/nonexistent"}
     data = json.loads(conf_bytes(tmp_path, str(tmp_path / "gone.env")))
     data["cniVersion"] = "1.1.0"
-    out = dispatch(flannel.PLUGIN, env, json.dumps(data).encode())
+    out = plugin_util.run("flannel", "STATUS", data, environ={"CNI_COMMAND": "STATUS", "CNI_PATH": "/nonexistent"})
     assert out.exit_code == 1 and json.loads(out.stdout)["code"] == 50
 
 
@@ -130,10 +128,12 @@ def test_status_reports_missing_subnet_file(tmp_path: Path) -> None:
 
 def run_flannel(node: Namespace, plugin_dir: str, command: str, container: Namespace | None, cid: str,
                 conf: bytes) -> bytes:
-    env = invoke.plugin_env({"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin")}, command, container_id=cid,
-                            netns=container.path if container else "", ifname="eth0", path=plugin_dir)
-    with node.enter():
-        return invoke.exec_plugin(os.path.join(plugin_dir, "flannel"), conf, env)
+    """The installed executable, as a runtime runs it: its stdout, or its error as a CNIError."""
+    out = plugin_util.run("flannel", command, conf, via="exec", host=node, container_id=cid, netns=container,
+                          cni_path=plugin_dir)
+    if out.exit_code != 0:
+        raise CNIError.from_dict(json.loads(out.stdout))
+    return out.stdout
 
 
 def test_add_then_del_after_subnet_file_removed(netns_factory: Callable[[], Namespace], plugin_dir: str,
@@ -209,9 +209,8 @@ def test_check_with_corrupt_saved_config_is_a_clear_error(tmp_path: Path, contai
     data = tmp_path / "flannel-data"
     data.mkdir()
     (data / "ctr-x").write_text("{not json")
-    env = {"CNI_COMMAND": "CHECK", "CNI_CONTAINERID": "ctr-x", "CNI_NETNS": container_ns.path,
-           "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent"}
-    out = dispatch(flannel.PLUGIN, env, conf_bytes(tmp_path, write_env(tmp_path)))
+    out = plugin_util.run("flannel", "CHECK", conf_bytes(tmp_path, write_env(tmp_path)), container_id="ctr-x",
+                          netns=container_ns, cni_path="/nonexistent")
     e = json.loads(out.stdout)
     assert out.exit_code == 1 and e["code"] == 5 and "unreadable" in e["msg"]
 
@@ -220,13 +219,10 @@ def test_check_with_corrupt_saved_config_is_a_clear_error(tmp_path: Path, contai
 
 def _add_error(node: Namespace, plugin_dir: str, ctr: Namespace, conf: bytes, cid: str = "ctr-r",
                ifname: str = "eth0", cni_args: str = "") -> CNIError:
-    env = invoke.plugin_env({"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin")}, "ADD", container_id=cid,
-                            netns=ctr.path, ifname=ifname, path=plugin_dir)
-    if cni_args:
-        env["CNI_ARGS"] = cni_args
-    with node.enter(), pytest.raises(CNIError) as e:
-        invoke.exec_plugin(os.path.join(plugin_dir, "flannel"), conf, env)
-    return e.value
+    out = plugin_util.run("flannel", "ADD", conf, via="exec", host=node, container_id=cid, netns=ctr, ifname=ifname,
+                          cni_path=plugin_dir, args=cni_args)
+    assert out.exit_code != 0, out.stdout
+    return CNIError.from_dict(json.loads(out.stdout))
 
 
 def _links(ns: Namespace) -> set[str]:
@@ -265,14 +261,13 @@ def test_container_id_too_long_for_a_file_name(tmp_path: Path, container_ns: Nam
     """The saved config is named by the container ID: skel refuses an ADD with one over 255 bytes
     (code 4) before flannel runs; DEL of such an ID finds nothing saved and succeeds (it may be
     cleaning up after another implementation); CHECK answers with an error, never a traceback."""
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c" * 256, "CNI_NETNS": container_ns.path,
-           "CNI_IFNAME": "eth0", "CNI_PATH": str(tmp_path / "nothing-here")}
     stdin = conf_bytes(tmp_path, write_env(tmp_path))
-    out = dispatch(flannel.PLUGIN, env, stdin)
+    kw = {"container_id": "c" * 256, "netns": container_ns, "cni_path": str(tmp_path / "nothing-here")}
+    out = plugin_util.run("flannel", "ADD", stdin, **kw)
     assert out.exit_code == 1 and json.loads(out.stdout)["code"] == 4
-    out = dispatch(flannel.PLUGIN, {**env, "CNI_COMMAND": "DEL"}, stdin)
+    out = plugin_util.run("flannel", "DEL", stdin, **kw)
     assert (out.exit_code, out.stdout) == (0, b""), out
-    out = dispatch(flannel.PLUGIN, {**env, "CNI_COMMAND": "CHECK"}, stdin)
+    out = plugin_util.run("flannel", "CHECK", stdin, **kw)
     assert out.exit_code == 1 and "code" in json.loads(out.stdout) and b"Traceback" not in out.stderr
     assert not (tmp_path / "flannel-data").exists()
 
@@ -295,17 +290,16 @@ def test_gc_without_a_valid_list_removes_nothing(tmp_path: Path, attachments: ob
     conf["cniVersion"] = "1.1.0"
     if attachments != "absent":
         conf["cni.dev/valid-attachments"] = attachments
-    out = dispatch(flannel.PLUGIN, {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}, json.dumps(conf).encode())
+    gc = {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}
+    out = plugin_util.run("flannel", "GC", conf, environ=gc)
     err = json.loads(out.stdout)
     assert out.exit_code == 1 and err["code"] == 7 and "valid-attachments" in err["msg"], err
     assert os.listdir(data) == ["ctr-1"]
     conf["cni.dev/valid-attachments"] = [{"containerID": "ctr-1", "ifname": "eth0"}]
-    assert dispatch(flannel.PLUGIN, {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"},
-                    json.dumps(conf).encode()).exit_code == 0
+    assert plugin_util.run("flannel", "GC", conf, environ=gc).exit_code == 0
     assert os.listdir(data) == ["ctr-1"]
     conf["cni.dev/valid-attachments"] = []
-    assert dispatch(flannel.PLUGIN, {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"},
-                    json.dumps(conf).encode()).exit_code == 0
+    assert plugin_util.run("flannel", "GC", conf, environ=gc).exit_code == 0
     assert os.listdir(data) == []
 
 
@@ -346,9 +340,8 @@ def test_wrong_type_is_refused_before_anything(tmp_path: Path, container_ns: Nam
                                                value: object) -> None:
     conf = json.loads(conf_bytes(tmp_path, write_env(tmp_path)))
     conf[key] = value
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": container_ns.path, "CNI_IFNAME": "eth0",
-           "CNI_PATH": str(tmp_path / "nothing-here")}
-    out = dispatch(flannel.PLUGIN, env, json.dumps(conf).encode())
+    out = plugin_util.run("flannel", "ADD", conf, container_id="c1", netns=container_ns,
+                          cni_path=str(tmp_path / "nothing-here"))
     err = json.loads(out.stdout)
     assert out.exit_code == 1 and err["code"] in (6, 7) and key in err["msg"] + err.get("details", ""), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["subnet.env"]

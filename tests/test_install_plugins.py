@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pycni.plugins import registry
-from pycni.shim import plugin_module, shim_type
+from pycni.shim import plugin_of, shim_type
 from pycni.skel import dispatch
 
 GO_BRIDGE = "/usr/lib/cni/bridge"
@@ -115,7 +115,7 @@ def test_generated_file_is_one_of_ours_for_delegation(installed: dict[str, str])
     for kind in ("daemon", "direct"):
         path = os.path.join(installed[kind], "host-local")
         assert shim_type(path) == "host-local"
-        assert plugin_module(path) == "pycni.plugins.ipam.host_local"
+        assert plugin_of(path) == "host-local"
         assert Path(path).read_text().startswith("#!/bin/sh\n# pycni plugin 'host-local'")
     if os.path.exists(GO_BRIDGE):
         assert shim_type(GO_BRIDGE) is None

@@ -1,7 +1,10 @@
-"""The dependency rule of docs/architecture.md, checked on the source: net/ uses only spec/ and the
-leaf utilities record.py, lockfile.py and jsonlite.py (never the SDK or a plugin), spec/ only record.py
-and jsonlite.py; cluster/ never a plugin, the runtime or the CLI (the plugins use it, not the other
-way round); cli.py no plugin module but the registry."""
+"""The rules of docs/architecture.md, checked on the source (relative imports resolved): net/ uses
+only spec/ and the leaf utilities record.py, lockfile.py and jsonlite.py (never the SDK or a plugin),
+spec/ only record.py and jsonlite.py; cluster/ never a plugin, the runtime or the CLI (the plugins
+use it, not the other way round); cli.py no plugin module but the registry; unixsock.py and
+daemon/protocol.py import nothing of pycni's; plugins never decode netlink; no module imports
+typing or dataclasses at run time; plugins are loaded by type in one place; registry and shim
+form no import cycle."""
 
 from __future__ import annotations
 
@@ -12,16 +15,39 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "pycni"
 ALLOWED = {"net": ("pycni.net", "pycni.spec", "pycni.record", "pycni.lockfile", "pycni.jsonlite"),
+           # leaves: the listener both daemons use, and the wire format the shim's forwarding path imports
+           "unixsock.py": ("pycni.unixsock",),
+           "daemon/protocol.py": ("pycni.daemon.protocol",),
            "spec": ("pycni.spec", "pycni.record", "pycni.jsonlite"),
            "cluster": ("pycni.cluster", "pycni.spec", "pycni.net", "pycni.record", "pycni.jsonlite", "pycni.lockfile",
-                       "pycni.netconf", "pycni.ipranges")}
+                       "pycni.netconf", "pycni.ipranges", "pycni.statefile")}
+
+
+def _package(path: Path) -> str:
+    """The dotted package ``path`` (a module under src/pycni) belongs to."""
+    parts = ["pycni", *path.relative_to(SRC).parts[:-1]]
+    return ".".join(parts)
+
+
+def _absolute(node: ast.ImportFrom, path: Path) -> list[str]:
+    """The modules an ``from X import a, b`` names, relative ones resolved against ``path``'s package."""
+    if node.level:
+        base = _package(path).split(".")  # a module's package; an __init__.py's is its own directory
+        base = base[:len(base) - (node.level - 1)]
+        module = ".".join(base + ([node.module] if node.module else []))
+    else:
+        module = node.module or ""
+    # "from pycni import netconf" and "from . import x" name modules; "from pycni.x import f" names pycni.x
+    if node.module is None or module == "pycni":
+        return [f"{module}.{a.name}" for a in node.names]
+    return [module]
 
 
 def _pycni_imports(path: Path) -> set[str]:
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] if node.module != "pycni" else [f"pycni.{a.name}" for a in node.names]
+        if isinstance(node, ast.ImportFrom):
+            names = _absolute(node, path)
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         else:
@@ -32,8 +58,32 @@ def _pycni_imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
 def test_layer_imports(layer: str) -> None:
-    bad = {f"{p.relative_to(SRC)}: {m}" for p in (SRC / layer).glob("*.py") for m in _pycni_imports(p)
+    files = (SRC / layer).rglob("*.py") if (SRC / layer).is_dir() else [SRC / layer]
+    bad = {f"{p.relative_to(SRC)}: {m}" for p in files for m in _pycni_imports(p)
            if not m.startswith(ALLOWED[layer])}
+    assert not bad, sorted(bad)
+
+
+def test_relative_imports_are_resolved() -> None:
+    """The checks above see ``from . import x`` and ``from .x import y`` as the modules they name."""
+    tree = ast.parse("from . import a\nfrom .b import c\nfrom .. import d\n")
+    where = SRC / "plugins" / "ipam" / "dhcp" / "daemon.py"
+    got = [_absolute(n, where) for n in tree.body if isinstance(n, ast.ImportFrom)]
+    assert got == [["pycni.plugins.ipam.dhcp.a"], ["pycni.plugins.ipam.dhcp.b"], ["pycni.plugins.ipam.d"]]
+    init = SRC / "plugins" / "ipam" / "dhcp" / "__init__.py"
+    (node,) = ast.parse("from .lease import x").body
+    assert isinstance(node, ast.ImportFrom) and _absolute(node, init) == ["pycni.plugins.ipam.dhcp.lease"]
+
+
+def test_plugins_never_decode_netlink() -> None:
+    """docs/architecture.md: what a link carries is on net.link.Link; plugins never decode IFLA_* themselves
+    (a comment naming the kernel's constant is fine; a string key is decoding)."""
+    bad = set()
+    for path in (SRC / "plugins").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(
+                    ("IFLA_", "IFA_", "RTA_", "NDA_", "FRA_")):
+                bad.add(f"{path.relative_to(SRC)}:{node.lineno}: {node.value}")
     assert not bad, sorted(bad)
 
 
@@ -50,3 +100,68 @@ def test_cli_uses_no_plugin_internals() -> None:
             continue
         bad.update(n for n in names if n != "pycni.plugins.registry")
     assert not bad, sorted(bad)
+
+
+def _run_time_imports(nodes: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements that run: everything but the bodies of ``if TYPE_CHECKING:``."""
+    out: list[ast.Import | ast.ImportFrom] = []
+    for node in nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.append(node)
+        elif isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            out.extend(_run_time_imports(node.orelse))
+        else:
+            for name in ("body", "orelse", "finalbody", "handlers"):
+                sub = getattr(node, name, None)
+                if isinstance(sub, list):
+                    out.extend(_run_time_imports(sub))
+    return out
+
+
+def test_no_typing_at_run_time() -> None:
+    """No module imports ``typing`` or ``dataclasses`` when it runs (docs/architecture.md: a plugin's
+    start path stays light; ``TYPE_CHECKING = False`` guards and ``pycni.record`` instead)."""
+    bad = set()
+    for path in SRC.rglob("*.py"):
+        for node in _run_time_imports(ast.parse(path.read_text()).body):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            bad.update(f"{path.relative_to(SRC)}:{node.lineno}: {m}" for m in mods
+                       if m.split(".")[0] in ("typing", "dataclasses"))
+    assert not bad, sorted(bad)
+
+
+def _imports_at_import_time(path: Path) -> set[str]:
+    """The pycni modules ``path`` imports when it is imported (module level, outside TYPE_CHECKING)."""
+    out = set()
+    for node in _run_time_imports([n for n in ast.parse(path.read_text()).body
+                                   if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] if node.module != "pycni" else [f"pycni.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out.update(n for n in names if n.startswith("pycni"))
+    return out
+
+
+def test_one_plugin_loader() -> None:
+    """Plugins are imported by their type in one place, pycni.plugins.registry (load / run_main):
+    no other module calls __import__ or importlib.import_module."""
+    bad = set()
+    for path in SRC.rglob("*.py"):
+        if path == SRC / "plugins" / "registry.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and (
+                    (isinstance(node.func, ast.Name) and node.func.id == "__import__")
+                    or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")):
+                bad.add(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not bad, sorted(bad)
+
+
+def test_registry_shim_no_cycle() -> None:
+    """The shim needs the registry (to load a plugin by type); the registry imports nothing of
+    pycni's when it is imported (install() takes the executable format from the shim when called)."""
+    assert not _imports_at_import_time(SRC / "plugins" / "registry.py")
+    assert "pycni.plugins.registry" not in _imports_at_import_time(SRC / "shim.py")

@@ -20,8 +20,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import plugin_util
 import pytest
 from netns_util import Namespace
+from plugin_util import ok
 
 from pycni.plugins.meta import portmap
 from pycni.plugins.meta.portmap import iptables as pm_ipt
@@ -147,16 +149,10 @@ def conf(t: Topo, i: int, mappings: list[dict[str, Any]] | None, backend: str = 
     return c
 
 
-def call(t: Topo, command: str, i: int, netconf: dict[str, Any], container_id: str | None = None) -> Outcome:
-    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id or f"ctr-{i}",
-           "CNI_NETNS": t.containers[i].path, "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent"}
-    with t.host.enter():
-        return dispatch(portmap.PLUGIN, env, json.dumps(netconf).encode())
-
-
-def ok(outcome: Outcome) -> dict[str, Any]:
-    assert outcome.exit_code == 0, outcome.stdout.decode()
-    return json.loads(outcome.stdout) if outcome.stdout else {}
+def call(t: Topo, command: str, i: int, netconf: dict[str, Any] | bytes, container_id: str | None = None,
+         via: str = "dispatch", cni_path: str = "/nonexistent") -> Outcome:
+    return plugin_util.run("portmap", command, netconf, via=via, host=t.host, container_id=container_id or f"ctr-{i}",
+                           netns=t.containers[i], cni_path=cni_path)
 
 
 def err(outcome: Outcome) -> dict[str, Any]:
@@ -412,10 +408,7 @@ def test_not_chained_and_bad_json(topo_factory: Callable[[int], Topo]) -> None:
     e = err(call(t, "ADD", 0, nc))
     assert e["code"] == 7 and "chained" in e["msg"]
     assert err(call(t, "CHECK", 0, nc))["code"] == 7
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "x", "CNI_NETNS": t.containers[0].path, "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/x"}
-    with t.host.enter():
-        assert err(dispatch(portmap.PLUGIN, env, b"{not json"))["code"] == 6
+    assert err(call(t, "ADD", 0, b"{not json", container_id="x"))["code"] == 6
 
 
 def test_bad_nft_conditions_roll_back(topo_factory: Callable[[int], Topo]) -> None:
@@ -452,13 +445,11 @@ def test_iptables_conditions_and_mark_bit(topo_factory: Callable[[int], Topo]) -
 def test_installed_executable(topo_factory: Callable[[int], Topo], plugin_dir: str) -> None:
     t = topo_factory(1)
     t.serve(0, 80, "c0")
-    nc = json.dumps(conf(t, 0, WEB))
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "exe-1", "CNI_NETNS": t.containers[0].path,
-           "CNI_IFNAME": "eth0", "CNI_PATH": plugin_dir}
-    proc = t.host.run([f"{plugin_dir}/portmap"], input=nc, env=env)
-    assert json.loads(proc.stdout)["ips"][0]["address"] == "10.88.0.10/24"
+    nc = conf(t, 0, WEB)
+    out = ok(call(t, "ADD", 0, nc, container_id="exe-1", via="exec", cni_path=plugin_dir))
+    assert out["ips"][0]["address"] == "10.88.0.10/24"
     assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
-    t.host.run([f"{plugin_dir}/portmap"], input=nc, env={**env, "CNI_COMMAND": "DEL"})
+    ok(call(t, "DEL", 0, nc, container_id="exe-1", via="exec", cni_path=plugin_dir))
     assert our_nft_objects(t) == ""
 
 

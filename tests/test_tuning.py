@@ -15,6 +15,7 @@ import sys
 import threading
 from typing import Any
 
+import plugin_util
 import pytest
 from netns_util import Namespace
 
@@ -59,18 +60,12 @@ def make_conf(ns: Namespace, data_dir: str, version: str = "1.0.0", ifname: str 
 
 
 def make_env(cmd: str, ns: Namespace | None, ifname: str = "eth0", cid: str = "c1", args: str = "") -> dict[str, str]:
-    env = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": cid, "CNI_NETNS": ns.path if ns else "", "CNI_IFNAME": ifname,
-           "CNI_PATH": "/usr/lib/cni", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-    if args:
-        env["CNI_ARGS"] = args
-    return env
+    return plugin_util.env(cmd, cid, ns, ifname, "/usr/lib/cni", args)
 
 
 def run_inproc(host: Namespace, env: dict[str, str], conf: dict[str, Any] | bytes) -> tuple[int, Any]:
     """Dispatch in this thread, which sits in the host namespace for the call."""
-    stdin = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
-    with host.enter():
-        out = dispatch(tuning.PLUGIN, env, stdin)
+    out = plugin_util.run("tuning", env["CNI_COMMAND"], conf, host=host, environ=env)
     return out.exit_code, json.loads(out.stdout) if out.stdout.strip() else None
 
 

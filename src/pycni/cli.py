@@ -30,12 +30,14 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
 from pycni.cniargs import runtime_args
-from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, IO_FAILURE, UNKNOWN_CONTAINER, CNIError
+from pycni.spec.errors import DECODE_FAILURE, INVALID_ENV, IO_FAILURE, UNKNOWN_CONTAINER, CNIError, invalid_config
 
+TYPE_CHECKING = False  # not typing's: importing typing costs a process ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from typing import Any
+
     from pycni.cluster.settings import ClusterSettings
     from pycni.runtime import CNI, NetworkConfigList
 
@@ -195,9 +197,9 @@ def cmd_install_plugins(opts: argparse.Namespace) -> int:
                                    daemon=not opts.direct,
                                    socket=opts.socket, force=opts.force)
     except KeyError as e:
-        raise CNIError(INVALID_CONFIG, "cannot install plugins", str(e.args[0])) from None
+        raise invalid_config("cannot install plugins", str(e.args[0])) from None
     except ValueError as e:
-        raise CNIError(INVALID_CONFIG, "cannot install plugins", str(e)) from None
+        raise invalid_config("cannot install plugins", str(e)) from None
     except registry.ForeignExecutable as e:
         raise CNIError(IO_FAILURE, f"refusing to replace executables that pycni did not write in {opts.dir}",
                          f"{', '.join(e.paths)} (another implementation's plugin?); nothing was written; "
@@ -214,7 +216,7 @@ def cmd_plugin(opts: argparse.Namespace) -> int:
 
     mods = registry.PLUGIN_MODULES
     if opts.type not in mods:
-        raise CNIError(INVALID_CONFIG, f"unknown plugin type {opts.type!r}", f"available: {', '.join(sorted(mods))}")
+        raise invalid_config(f"unknown plugin type {opts.type!r}", f"available: {', '.join(sorted(mods))}")
     from pycni.skel import run_plugin
 
     run_plugin(registry.load(opts.type))  # exits
@@ -242,7 +244,7 @@ def _cluster_ipam(opts: argparse.Namespace) -> ClusterSettings:
         ipam = plugin.raw.get("ipam")
         if isinstance(ipam, dict) and ipam.get("type") == "cluster-ipam":
             return parse_cluster_settings({"name": net.name, "ipam": ipam})
-    raise CNIError(INVALID_CONFIG, f"network {net.name!r} does not use cluster-ipam",
+    raise invalid_config(f"network {net.name!r} does not use cluster-ipam",
                      f"none of its plugins ({', '.join(p.type for p in net.plugins)}) has \"ipam\": "
                      "{\"type\": \"cluster-ipam\", ...}")
 
@@ -302,7 +304,7 @@ def cmd_ipam_release(opts: argparse.Namespace) -> int:
     try:
         ip = ipaddress.ip_address(opts.ip)
     except ValueError:
-        raise CNIError(INVALID_CONFIG, f"invalid --ip {opts.ip!r}", "give one address, e.g. --ip 10.90.0.5") from None
+        raise invalid_config(f"invalid --ip {opts.ip!r}", "give one address, e.g. --ip 10.90.0.5") from None
     cfg = _cluster_ipam(opts)
     with session(cfg) as store:
         block = next((b.cidr for b in store.blocks() if b.cidr.version == ip.version and ip in b.cidr), None)

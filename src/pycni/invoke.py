@@ -14,8 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from pycni import jsonlite as json
-from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import DECODE_FAILURE, INVALID_ENV, IO_FAILURE, TRY_AGAIN, UNKNOWN, CNIError, invalid_config
 from pycni.spec.gokeys import lookup
 from pycni.spec.types import Result
 from pycni.spec.validate import validate_plugin_type
@@ -46,14 +45,14 @@ def find_in_path(plugin: str, paths: Sequence[str]) -> str:
     validate_plugin_type(plugin)
     dirs = [p for p in paths if p]
     if not dirs:
-        raise CNIError(E.INVALID_ENV, "no plugin search path provided",
+        raise CNIError(INVALID_ENV, "no plugin search path provided",
                        f"cannot find plugin {plugin!r}: CNI_PATH is empty")
     for d in dirs:
         candidate = os.path.join(d, plugin)
         if os.path.isfile(candidate):
             return candidate
-    raise CNIError(E.INVALID_CONFIG, f"failed to find plugin {plugin!r} in path {list(dirs)}",
-                   f"install the {plugin!r} plugin into one of {list(dirs)} or fix the config's type")
+    raise invalid_config(f"failed to find plugin {plugin!r} in path {list(dirs)}",
+                         f"install the {plugin!r} plugin into one of {list(dirs)} or fix the config's type")
 
 
 _ETXTBSY_RETRIES = 5
@@ -73,18 +72,18 @@ def exec_plugin(plugin_path: str, stdin: bytes, env: Mapping[str, str], timeout:
                                   timeout=timeout)
             break
         except FileNotFoundError:
-            raise CNIError(E.INVALID_CONFIG, f"plugin {plugin_path!r} not found",
-                           "the file is missing, or it is a script whose interpreter does not exist") from None
+            raise invalid_config(f"plugin {plugin_path!r} not found",
+                                 "the file is missing, or it is a script whose interpreter does not exist") from None
         except PermissionError as e:
-            raise CNIError(E.IO_FAILURE, f"cannot execute plugin {plugin_path!r}",
+            raise CNIError(IO_FAILURE, f"cannot execute plugin {plugin_path!r}",
                            f"{e.strerror}: make it executable (chmod +x) or fix CNI_PATH") from None
         except subprocess.TimeoutExpired:
-            raise CNIError(E.TRY_AGAIN, f"plugin {name} timed out", f"no answer after {timeout}s") from None
+            raise CNIError(TRY_AGAIN, f"plugin {name} timed out", f"no answer after {timeout}s") from None
         except OSError as e:
             if e.errno == errno.ETXTBSY and attempt < _ETXTBSY_RETRIES:
                 time.sleep(1)
                 continue
-            raise CNIError(E.IO_FAILURE, f"cannot execute plugin {plugin_path!r}", str(e)) from None
+            raise CNIError(IO_FAILURE, f"cannot execute plugin {plugin_path!r}", str(e)) from None
     if proc.returncode != 0:
         if env.get("PYCNI_DEBUG") and proc.stderr:
             import sys
@@ -102,19 +101,19 @@ def error_from_output(plugin_path: str, rc: int, stdout: bytes, stderr: bytes) -
     err_text = stderr.decode(errors="replace").strip()
     if not stdout.strip():
         if not err_text:
-            return CNIError(E.UNKNOWN, f"netplugin failed with no error message: {status}")
-        return CNIError(E.UNKNOWN, f"netplugin failed: {err_text[-2000:]!r}", status)
+            return CNIError(UNKNOWN, f"netplugin failed with no error message: {status}")
+        return CNIError(UNKNOWN, f"netplugin failed: {err_text[-2000:]!r}", status)
     out_text = stdout.decode(errors="replace").strip()
     try:
         obj = json.loads(stdout)
     except (ValueError, UnicodeDecodeError) as e:
-        return CNIError(E.UNKNOWN, "netplugin failed but error parsing its diagnostic message",
+        return CNIError(UNKNOWN, "netplugin failed but error parsing its diagnostic message",
                         f"{out_text[-2000:]!r}: {e}; {status}")
     code = lookup(obj, "code", 0) if isinstance(obj, dict) else None  # Go's types.Error: keys in any case
     msg, details = lookup(obj, "msg", ""), lookup(obj, "details", "")
     if isinstance(code, bool) or not isinstance(code, int) or code < 0 \
             or not isinstance(msg, str) or not isinstance(details, str):
-        return CNIError(E.UNKNOWN, "netplugin failed but error parsing its diagnostic message",
+        return CNIError(UNKNOWN, "netplugin failed but error parsing its diagnostic message",
                         f"{out_text[-2000:]!r}: not a CNI error object; {status}")
     return CNIError(code, msg, details, str(lookup(obj, "cniVersion", "") or ""))
 
@@ -136,17 +135,17 @@ def exec_with_result(plugin_path: str, netconf: bytes, env: Mapping[str, str],
     try:
         conf: Any = json.loads(netconf)
     except (ValueError, UnicodeDecodeError) as e:
-        raise CNIError(E.DECODE_FAILURE, "decoding version from network config", str(e)) from None
+        raise CNIError(DECODE_FAILURE, "decoding version from network config", str(e)) from None
     conf_version = lookup(conf, "cniVersion")
     try:
         obj: Any = json.loads(out)
     except (ValueError, UnicodeDecodeError) as e:
-        raise CNIError(E.DECODE_FAILURE, f"failed to decode result of {name}",
+        raise CNIError(DECODE_FAILURE, f"failed to decode result of {name}",
                        f"{e}: {out[:500]!r}") from None
     if obj is None:
         obj = {}
     if not isinstance(obj, dict):
-        raise CNIError(E.DECODE_FAILURE, f"failed to decode result of {name}",
+        raise CNIError(DECODE_FAILURE, f"failed to decode result of {name}",
                        f"expected a JSON object, got {out[:500]!r}")
     version = lookup(obj, "cniVersion")
     if not isinstance(version, str) or not version:
@@ -213,19 +212,19 @@ def get_version_info(plugin_path: str, env: Mapping[str, str], cni_version: str 
     try:
         info = json.loads(out)
     except (ValueError, UnicodeDecodeError) as err:
-        raise CNIError(E.DECODE_FAILURE, "decoding version info", f"{err}: {out[:200]!r}") from None
+        raise CNIError(DECODE_FAILURE, "decoding version info", f"{err}: {out[:200]!r}") from None
     if not isinstance(info, dict):
-        raise CNIError(E.DECODE_FAILURE, "decoding version info", f"expected a JSON object: {out[:200]!r}")
+        raise CNIError(DECODE_FAILURE, "decoding version info", f"expected a JSON object: {out[:200]!r}")
     reported = lookup(info, "cniVersion")  # Go's PluginDecoder reads a struct: keys in any case
     if not isinstance(reported, str) or not reported:
-        raise CNIError(E.DECODE_FAILURE, "decoding version info: missing field cniVersion", repr(out[:200]))
+        raise CNIError(DECODE_FAILURE, "decoding version info: missing field cniVersion", repr(out[:200]))
     supported = lookup(info, "supportedVersions")
     if not supported:
         if reported != "0.2.0":
-            raise CNIError(E.DECODE_FAILURE, "decoding version info: missing field supportedVersions",
+            raise CNIError(DECODE_FAILURE, "decoding version info: missing field supportedVersions",
                            repr(out[:200]))
         supported = ["0.1.0", "0.2.0"]
     elif not isinstance(supported, list) or not all(isinstance(v, str) for v in supported):
-        raise CNIError(E.DECODE_FAILURE, "decoding version info: supportedVersions is not a list of strings",
+        raise CNIError(DECODE_FAILURE, "decoding version info: supportedVersions is not a list of strings",
                        repr(out[:200]))
     return {"cniVersion": reported, "supportedVersions": supported}  # in the spec's spelling

@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from pycni import invoke
 from pycni.netconf import ipam_type, valid_attachments
 from pycni.skel import CmdArgs
-from pycni.spec import errors as E
-from pycni.spec.errors import INTERNAL, CNIError
+from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 from pycni.spec.types import Result
 
 __all__ = ["ipam_type", "require_ipam", "locate", "add", "delete", "check", "gc", "status"]
@@ -29,17 +28,22 @@ def require_ipam(conf: Mapping[str, Any], plugin: str) -> str:
     """The IPAM type of a plugin that cannot work without one; CNIError 7 when there is none."""
     t = ipam_type(conf)
     if not t:
-        raise CNIError(E.INVALID_CONFIG, f"{plugin}: IPAM type is required",
-                       "add an \"ipam\" section, e.g. {\"type\": \"host-local\", \"subnet\": \"10.1.0.0/24\"}")
+        raise invalid_config(f"{plugin}: IPAM type is required",
+                             "add an \"ipam\" section, e.g. {\"type\": \"host-local\", \"subnet\": \"10.1.0.0/24\"}")
     return t
 
 
 def add(conf: Mapping[str, Any], args: CmdArgs) -> Result:
-    """Run IPAM ADD with the plugin's own stdin; refuse a result with no address."""
+    """Run IPAM ADD with the plugin's own stdin; refuse a result with no address (after an IPAM
+    DEL, as the reference's deferred one: whatever the IPAM plugin recorded is released)."""
     result = invoke.delegate_add(ipam_type(conf), args.stdin_data, args)
     if not result.ips:
+        try:
+            delete(conf, args)
+        except CNIError:
+            pass  # the refusal below is the answer
         raise CNIError(INTERNAL, "IPAM plugin returned missing IP config",
-                       f"{ipam_type(conf)} returned no addresses")
+                       f"{ipam_type(conf)} returned no addresses for {args.container_id}/{args.ifname}")
     return result
 
 

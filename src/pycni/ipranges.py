@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from pycni import netconf
 from pycni.record import record
-from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, CNIError
+from pycni.spec.errors import INVALID_ENV, CNIError, invalid_config
 from pycni.spec.types import Route
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -262,7 +262,7 @@ def _ip_list(section: Mapping[str, Any], where: str) -> list[tuple[IPAddress, in
         try:
             out.append(parse_ip_with_prefix(item))
         except ValueError as e:
-            raise CNIError(INVALID_CONFIG, f"invalid {where}", f"cannot understand ip: {e}") from None
+            raise invalid_config(f"invalid {where}", f"cannot understand ip: {e}") from None
     return out
 
 
@@ -294,14 +294,14 @@ def parse_routes(value: Any, where: str = "routes") -> list[Route]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise CNIError(INVALID_CONFIG, f"invalid {where}", f"{where} must be a list of {{\"dst\": CIDR}}, "
+        raise invalid_config(f"invalid {where}", f"{where} must be a list of {{\"dst\": CIDR}}, "
                        f"got {value!r}")
     routes = []
     for item in value:
         try:
             routes.append(Route.from_dict(item))
         except CNIError as e:
-            raise CNIError(INVALID_CONFIG, f"invalid route in {where}", str(e)) from None
+            raise invalid_config(f"invalid route in {where}", str(e)) from None
         except (TypeError, ValueError) as e:
-            raise CNIError(INVALID_CONFIG, f"invalid route in {where}", f"{item!r}: {e}") from None
+            raise invalid_config(f"invalid route in {where}", f"{item!r}: {e}") from None
     return routes

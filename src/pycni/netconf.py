@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pycni.spec.errors import INCOMPATIBLE_VERSION, INVALID_CONFIG, CNIError
+from pycni.spec.errors import INCOMPATIBLE_VERSION, CNIError, invalid_config
 from pycni.spec.gokeys import has, lookup
 from pycni.spec.validate import is_colon_mac
 
@@ -40,7 +40,7 @@ OLD_ATTACHMENTS = "cni.dev/attachments"
 
 def invalid(label: str, want: str, value: Any) -> CNIError:
     """Code 7 for key ``label`` holding ``value`` where ``want`` (e.g. "an integer") belongs."""
-    return CNIError(INVALID_CONFIG, f"{label!r} must be {want}", f"got {value!r}")
+    return invalid_config(f"{label!r} must be {want}", f"got {value!r}")
 
 
 def _get(conf: Mapping[str, Any], key: str) -> Any:
@@ -138,8 +138,8 @@ def args_cni(conf: Mapping[str, Any]) -> dict[str, Any]:
 def check_mac(mac: str, where: str) -> str:
     """``mac`` lower-cased; code 7 naming ``where`` it came from unless it is a colon MAC."""
     if not is_colon_mac(mac):
-        raise CNIError(INVALID_CONFIG, f"invalid MAC address {mac!r} in {where}",
-                       "give a MAC address like 0a:58:0a:f4:00:05")
+        raise invalid_config(f"invalid MAC address {mac!r} in {where}",
+                             "give a MAC address like 0a:58:0a:f4:00:05")
     return mac.lower()
 
 
@@ -189,8 +189,8 @@ def require_prev_result(conf: Mapping[str, Any], plugin: str) -> Result:
     """The ``prevResult`` a chained plugin (or CHECK) cannot work without; code 7 when absent."""
     prev = prev_result(conf)
     if prev is None:
-        raise CNIError(INVALID_CONFIG, "Required prevResult missing",  # the reference's words
-                       f"{plugin} needs the result of the plugins before it (prevResult)")
+        raise invalid_config("Required prevResult missing",  # the reference's words
+                             f"{plugin} needs the result of the plugins before it (prevResult)")
     return prev
 
 
@@ -207,7 +207,7 @@ def valid_attachments(conf: Mapping[str, Any]) -> list[tuple[str, str]]:
     if raw is None and lookup(conf, OLD_ATTACHMENTS) is not None:
         raw, key = lookup(conf, OLD_ATTACHMENTS), OLD_ATTACHMENTS
     if raw is None:
-        raise CNIError(INVALID_CONFIG, f"GC needs {VALID_ATTACHMENTS!r}",
+        raise invalid_config(f"GC needs {VALID_ATTACHMENTS!r}",
                        "without the list of attachments still in use, GC would release every one; the runtime "
                        "must pass it (an empty list means none is in use)")
     if not isinstance(raw, list):

@@ -125,14 +125,14 @@ def executable_text(name: str, module: str, versions: "Sequence[str]", *, python
 
 
 
-def plugin_module(path: str) -> str | None:
-    """The module behind ``path`` when it is an executable written by ``pycni install-plugins``."""
+def plugin_of(path: str) -> str | None:
+    """The CNI type ``path`` runs when it is one of our executables for a plugin pycni ships."""
     name = shim_type(path)
     if not name:
         return None
     from pycni.plugins.registry import PLUGIN_MODULES
 
-    return PLUGIN_MODULES.get(name)
+    return name if name in PLUGIN_MODULES else None
 
 
 def run_delegate(path: str, stdin: bytes, env: "Mapping[str, str]") -> bytes:
@@ -144,13 +144,13 @@ def run_delegate(path: str, stdin: bytes, env: "Mapping[str, str]") -> bytes:
     """
     from pycni import invoke
 
-    module = plugin_module(path)
-    if module is None:
+    plugin_type = plugin_of(path)
+    if plugin_type is None:
         return invoke.exec_plugin(path, stdin, env)
+    from pycni.plugins.registry import load
     from pycni.skel import dispatch
 
-    __import__(module)  # not importlib.import_module: see _run_here
-    outcome = dispatch(sys.modules[module].PLUGIN, env, stdin, runner=run_delegate)
+    outcome = dispatch(load(plugin_type), env, stdin, runner=run_delegate)
     if outcome.exit_code != 0:
         raise invoke.error_from_output(path, outcome.exit_code, outcome.stdout, outcome.stderr)
     return outcome.stdout
@@ -182,35 +182,37 @@ def _forward(sock_path: str, plugin_type: str, stdin: bytes) -> tuple[int, bytes
             s.sendall(protocol.encode_request(plugin_type, stdin, dict(os.environb)))
             return protocol.decode_reply(protocol.recv_frame(s))
         except (OSError, ValueError) as e:
-            # The request may have been partly served: retrying here could double an ADD.
-            msg = (f"{type(e).__name__}: {e}; retry, or set PYCNI_SOCKET=off to run without the daemon"
-                   .replace("\\", "\\\\").replace('"', '\\"'))
-            err = f'{{"code": 11, "msg": "pycni daemon failed while serving the request", "details": "{msg}"}}\n'
-            return 1, err.encode(), b""
+            # The request may have been partly served: retrying here could double an ADD. The
+            # error type is imported here only: the forwarding path stays _socket + protocol.
+            from pycni.spec.errors import TRY_AGAIN, CNIError
+
+            err = CNIError(TRY_AGAIN, "pycni daemon failed while serving the request",
+                           f"{type(e).__name__}: {e}; retry, or set PYCNI_SOCKET=off to run without the daemon")
+            return 1, (err.to_json() + "\n").encode(), b""
     finally:
         s.close()
 
 
-def _run_here(module: str, stdin: bytes) -> tuple[int, bytes, bytes]:
+def _run_here(plugin_type: str, stdin: bytes) -> tuple[int, bytes, bytes]:
+    from pycni.plugins.registry import load
     from pycni.skel import dispatch
 
-    # The __import__ builtin rather than importlib.import_module: importing the importlib
-    # package (and warnings with it) would cost this process ~0.4 ms for nothing else.
-    __import__(module)
-    plugin = sys.modules[module].PLUGIN
+    plugin = load(plugin_type)
     inproc = os.environ.get(INPROC_DELEGATE_ENV, "1") == "1"
     outcome = dispatch(plugin, dict(os.environ), stdin, runner=run_delegate if inproc else None)
     return outcome.exit_code, outcome.stdout, outcome.stderr
 
 
-def main(plugin_type: str, module: str, socket: str | None = None) -> None:
-    """Serve one invocation of ``plugin_type``; ``socket`` is the daemon's, baked in at install."""
+def main(plugin_type: str, module: str = "", socket: str | None = None) -> None:
+    """Serve one invocation of ``plugin_type``; ``socket`` is the daemon's, baked in at install.
+
+    ``module`` is what the executable names (its format); the plugin is found by its type, through
+    :func:`pycni.plugins.registry.load` as everywhere else."""
     command = os.environ.get("CNI_COMMAND", "")
     if len(sys.argv) > 1 or (not command and (sys.stdin is None or sys.stdin.isatty())):
-        import importlib
+        from pycni.plugins.registry import run_main
 
-        # run by hand (let the plugin describe itself), or with arguments (`dhcp daemon ...`)
-        importlib.import_module(module).main()
+        run_main(plugin_type)  # run by hand (the plugin describes itself), or with arguments (`dhcp daemon`)
         return
     stdin = _read_stdin()
     sock_path = os.environ.get("PYCNI_SOCKET") or socket or "/run/pycni/pycni.sock"  # protocol.DEFAULT_SOCKET
@@ -218,7 +220,7 @@ def main(plugin_type: str, module: str, socket: str | None = None) -> None:
     if sock_path != "off" and command != "VERSION":
         answer = _forward(sock_path, plugin_type, stdin)
     if answer is None:
-        answer = _run_here(module, stdin)
+        answer = _run_here(plugin_type, stdin)
     code, out, err = answer
     if out:
         sys.stdout.buffer.write(out)

@@ -19,8 +19,15 @@ from collections.abc import Callable, Mapping, Sequence
 
 from pycni import jsonlite as json
 from pycni.record import field, record
-from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import (
+    DECODE_FAILURE,
+    INCOMPATIBLE_VERSION,
+    INTERNAL,
+    INVALID_ENV,
+    INVALID_NETNS,
+    CNIError,
+    invalid_config,
+)
 from pycni.spec.gokeys import lookup
 from pycni.spec.types import Result
 from pycni.spec.validate import validate_container_id, validate_interface_name, validate_network_name
@@ -100,12 +107,12 @@ def load_conf(data: bytes | str) -> dict[str, Any]:
     try:
         conf = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
-        raise CNIError(E.DECODE_FAILURE, "error unmarshalling network config", str(e)) from None
+        raise CNIError(DECODE_FAILURE, "error unmarshalling network config", str(e)) from None
     except RecursionError:
-        raise CNIError(E.DECODE_FAILURE, "error unmarshalling network config",
+        raise CNIError(DECODE_FAILURE, "error unmarshalling network config",
                        "JSON nested too deeply to decode") from None
     if not isinstance(conf, dict):
-        raise CNIError(E.DECODE_FAILURE, "error unmarshalling network config",
+        raise CNIError(DECODE_FAILURE, "error unmarshalling network config",
                        f"expected a JSON object, got {type(conf).__name__}")
     return conf
 
@@ -113,7 +120,7 @@ def load_conf(data: bytes | str) -> dict[str, Any]:
 def config_version(conf: Mapping[str, Any]) -> str:
     v = lookup(conf, "cniVersion", "")  # Go's decoder: "CNIVersion" too (pycni.spec.gokeys)
     if not isinstance(v, str):
-        raise CNIError(E.DECODE_FAILURE, "invalid cniVersion", f"cniVersion must be a string, got {v!r}")
+        raise CNIError(DECODE_FAILURE, "invalid cniVersion", f"cniVersion must be a string, got {v!r}")
     return v or "0.1.0"
 
 
@@ -134,7 +141,7 @@ def _check_new_container_id(value: str) -> None:
     """ADD refuses an over-long ID before anything is made; DEL, CHECK and GC still accept one, so
     an attachment another implementation made with it can be cleaned up."""
     if len(value) > MAX_CONTAINER_ID:
-        raise CNIError(E.INVALID_ENV, "containerID too long",
+        raise CNIError(INVALID_ENV, "containerID too long",
                        f"CNI_CONTAINERID is {len(value)} characters; at most {MAX_CONTAINER_ID} are accepted")
 
 
@@ -160,7 +167,7 @@ def _cmd_args(command: str, env: Mapping[str, str], stdin: bytes, runner: Runner
             if name == "CNI_CONTAINERID" and command == "ADD":
                 _check_new_container_id(value)
     if missing:
-        raise CNIError(E.INVALID_ENV, f"required env variables [{','.join(missing)}] missing",
+        raise CNIError(INVALID_ENV, f"required env variables [{','.join(missing)}] missing",
                        f"the runtime must set {', '.join(missing)} for CNI_COMMAND={command or '(unset)'}")
     return CmdArgs(command=command, container_id=env.get("CNI_CONTAINERID", ""), netns=env.get("CNI_NETNS", ""),
                    ifname=env.get("CNI_IFNAME", ""), args=env.get("CNI_ARGS", ""), path=env.get("CNI_PATH", ""),
@@ -176,9 +183,9 @@ def _validate_config(stdin: bytes) -> dict[str, Any]:
     conf = load_conf(stdin)
     name = lookup(conf, "name")
     if name is None or name == "":
-        raise CNIError(E.INVALID_CONFIG, "missing network name", "the network configuration needs a \"name\"")
+        raise invalid_config("missing network name", "the network configuration needs a \"name\"")
     if not isinstance(name, str):
-        raise CNIError(E.DECODE_FAILURE, "error unmarshalling network config",
+        raise CNIError(DECODE_FAILURE, "error unmarshalling network config",
                        f"\"name\" must be a string, got {name!r}")
     validate_network_name(name)
     return conf
@@ -193,10 +200,10 @@ def _check_min_version(plugin: Plugin, command: str, cni_version: str) -> None:
     """CHECK needs 0.4.0, GC and STATUS 1.1.0, in the config and among the plugin's versions."""
     need = MIN_VERSION[command]
     if not greater_than_or_equal(cni_version, need):
-        raise CNIError(E.INCOMPATIBLE_VERSION, f"config version does not allow {command}",
+        raise CNIError(INCOMPATIBLE_VERSION, f"config version does not allow {command}",
                        f"{command} needs cniVersion {need} or later; the config says {cni_version}")
     if not any(greater_than_or_equal(v, cni_version) for v in plugin.versions):
-        raise CNIError(E.INCOMPATIBLE_VERSION, f"plugin version does not allow {command}",
+        raise CNIError(INCOMPATIBLE_VERSION, f"plugin version does not allow {command}",
                        f"the plugin supports {list(plugin.versions)}; the config says {cni_version}")
 
 
@@ -227,7 +234,7 @@ def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes, runner: Runne
         try:
             args = _cmd_args(command, env, stdin, runner)
         except CNIError as e:
-            if e.code == E.INVALID_ENV and not command and plugin.about:
+            if e.code == INVALID_ENV and not command and plugin.about:
                 # Run by hand with no CNI_COMMAND: say what this is, as the Go plugins do.
                 return Outcome(0, b"", (f"{plugin.about}\nCNI protocol versions supported: "
                                         f"{', '.join(plugin.versions)}\n").encode())
@@ -236,7 +243,7 @@ def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes, runner: Runne
             return _version(plugin, stdin)
         conf = _validate_config(stdin)
         if command not in REQUIRED_ENV:
-            raise CNIError(E.INVALID_ENV, f"unknown CNI_COMMAND: {command}",
+            raise CNIError(INVALID_ENV, f"unknown CNI_COMMAND: {command}",
                            "CNI_COMMAND must be ADD, DEL, CHECK, GC, STATUS or VERSION")
         cni_version = config_version(conf)
         if command in MIN_VERSION:
@@ -246,17 +253,17 @@ def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes, runner: Runne
         # already configured the plugin's own namespace when it reports the error).
         if command in ("ADD", "DEL") and not args.netns_override and args.netns \
                 and _same_netns_as_plugin(args.netns):
-            raise CNIError(E.INVALID_NETNS, "plugin's netns and netns from CNI_NETNS should not be the same",
+            raise CNIError(INVALID_NETNS, "plugin's netns and netns from CNI_NETNS should not be the same",
                            f"CNI_NETNS={args.netns} is the namespace the plugin runs in; pass the container's "
                            "namespace, or set CNI_NETNS_OVERRIDE=1 if this is really meant")
         handler = _handler_for(plugin, command)
         if handler is None and command == "ADD":
-            raise CNIError(E.INTERNAL, "plugin does not implement ADD", plugin.about)
+            raise CNIError(INTERNAL, "plugin does not implement ADD", plugin.about)
         result = handler(args) if handler is not None else None
         out = b""
         if command == "ADD":
             if result is None:
-                raise CNIError(E.INTERNAL, "plugin returned no result for ADD", plugin.about)
+                raise CNIError(INTERNAL, "plugin returned no result for ADD", plugin.about)
             out = (json.dumps(result.to_dict(cni_version), indent=4) + "\n").encode()
         return Outcome(0, out)
     except CNIError as e:
@@ -265,7 +272,7 @@ def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes, runner: Runne
                          e.cni_version)
         return Outcome(1, (e.to_json(cni_version or None) + "\n").encode())
     except (Exception, SystemExit) as e:  # noqa: BLE001 - no traceback ever reaches the runtime
-        err = CNIError(E.INTERNAL, str(e) or type(e).__name__, type(e).__name__)
+        err = CNIError(INTERNAL, str(e) or type(e).__name__, type(e).__name__)
         if _lacks_privilege(e):
             err.details = f"{err.details}; {PRIVILEGE_HINT}"
         debug = b""

@@ -22,8 +22,9 @@ TMP_PREFIX = ".tmp-"  # directory listings skip names starting with it
 
 
 def write_bytes(path: str, data: bytes, *, mode: int = 0o600, dir_mode: int = 0o700,
-                failure: str = "failed to write state file") -> None:
-    """Replace ``path`` with ``data`` atomically and durably; CNIError 5 ``failure`` on an I/O error."""
+                failure: str = "failed to write state file", durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically (and durably unless ``durable`` is False: a cache
+    whose loss costs nothing skips the fsync); CNIError 5 ``failure`` on an I/O error."""
     directory = os.path.dirname(path) or "."
     # A short name of its own, so any target name a directory can hold has room for its temporary.
     tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}.{os.urandom(4).hex()}")
@@ -35,7 +36,8 @@ def write_bytes(path: str, data: bytes, *, mode: int = 0o600, dir_mode: int = 0o
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)

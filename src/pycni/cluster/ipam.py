@@ -226,7 +226,7 @@ class ClusterStore:
             if existing:
                 kv = existing[0] if not fast else self.kv.get(hkey)  # a handle seen stale may be gone
                 if kv is not None:
-                    return self._held(handle_from_json(kv.value), range_sets)
+                    return self._assigned_from(handle_from_json(kv.value), range_sets)
             tomb_rev = self._check_tombstone(tomb, started, cid, ifname)
             mine = [key_cidr(kv.key.rpartition("/")[2]) for kv in affs]
             plan = _Plan(self, f"{cid}/{ifname}", mine, block_sizes, strict_affinity, fast)
@@ -254,7 +254,7 @@ class ClusterStore:
                 self.hint = plan.newest()
                 return out
             if done.responses and done.responses[0]:  # the handle appeared meanwhile (our own earlier try)
-                return self._held(handle_from_json(done.responses[0][0].value), range_sets)
+                return self._assigned_from(handle_from_json(done.responses[0][0].value), range_sets)
             if len(done.responses) > 1:
                 self._check_tombstone(done.responses[1], started, cid, ifname)  # a DEL landed meanwhile?
             self.lost_races += 1
@@ -273,7 +273,7 @@ class ClusterStore:
                             "on it); ADD it again if it is still wanted")
         return int(kv.mod_revision)
 
-    def _held(self, handle: dict[str, Any], range_sets: Sequence[RangeSet]) -> list[Assigned]:
+    def _assigned_from(self, handle: dict[str, Any], range_sets: Sequence[RangeSet]) -> list[Assigned]:
         out = []
         for text in handle.get("ips", ()):
             ip = ipaddress.ip_interface(text).ip

@@ -31,6 +31,7 @@ import time
 from pycni.cluster.model import Affinity, Keys, NodeInfo, handle_holder
 from pycni.cluster.settings import EtcdSettings
 from pycni.record import field, record
+from pycni.spec.errors import invalid_config
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a process ~4 ms (see pycni.record)
 if TYPE_CHECKING:
@@ -340,15 +341,15 @@ def vtep_mac(name: str) -> str:
 def _underlay_link(ip: str) -> tuple[int, int]:
     """(index, MTU) of the link holding the underlay address ``ip``."""
     from pycni.net import addr, link
-    from pycni.spec.errors import INVALID_CONFIG, CNIError
+    from pycni.spec.errors import invalid_config
 
     want = ipaddress.ip_address(ip)
     for a in addr.list_addrs():
         if a.address.ip == want:
             found = link.require_link(a.index)
             return found.index, found.mtu
-    raise CNIError(INVALID_CONFIG, f"underlay address {ip} is not on any interface of this node",
-                   "give --underlay-ip an address this host holds (the one other nodes reach it on)")
+    raise invalid_config(f"underlay address {ip} is not on any interface of this node",
+                         "give --underlay-ip an address this host holds (the one other nodes reach it on)")
 
 
 class NameTaken(Exception):
@@ -434,10 +435,10 @@ class Agent:
 
         local = next((ip for ip in self.opts.underlay_ips if ipaddress.ip_address(ip).version == 4), "")
         if not local:
-            from pycni.spec.errors import INVALID_CONFIG, CNIError
+            from pycni.spec.errors import invalid_config
 
-            raise CNIError(INVALID_CONFIG, "vxlan mode needs an IPv4 --underlay-ip",
-                           f"got {', '.join(self.opts.underlay_ips)}")
+            raise invalid_config("vxlan mode needs an IPv4 --underlay-ip",
+                                 f"got {', '.join(self.opts.underlay_ips)}")
         index, mtu = _underlay_link(local)
         spec = vxlan.VxlanSpec(name=self.device, vni=self.opts.vni, local=local, port=self.opts.port,
                                mtu=mtu - vxlan.VXLAN_OVERHEAD_V4, mac=self.mac, underlay_index=index)
@@ -706,7 +707,6 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     import socket
 
     from pycni.cluster.settings import etcd_settings_from_args
-    from pycni.spec.errors import INVALID_CONFIG, CNIError
 
     etcd = etcd_settings_from_args(ns, AGENT_ETCD_TIMEOUT)
     ips = [i.strip() for i in ns.underlay_ip.split(",") if i.strip()]
@@ -714,14 +714,14 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
         try:
             ipaddress.ip_address(ip)
         except ValueError:
-            raise CNIError(INVALID_CONFIG, f"invalid --underlay-ip {ip!r}", "give an IP address") from None
+            raise invalid_config(f"invalid --underlay-ip {ip!r}", "give an IP address") from None
     if need_underlay and not ips:
-        raise CNIError(INVALID_CONFIG, "--underlay-ip is required", "the address other nodes reach this one on")
+        raise invalid_config("--underlay-ip is required", "the address other nodes reach this one on")
     if ns.ttl < 2:
-        raise CNIError(INVALID_CONFIG, "--ttl must be at least 2 seconds", f"got {ns.ttl}")
+        raise invalid_config("--ttl must be at least 2 seconds", f"got {ns.ttl}")
     if not 0 < ns.vxlan_vni < 1 << 24 or not 0 < ns.vxlan_port < 65536 or not 0 < len(ns.vxlan_device) < 16:
-        raise CNIError(INVALID_CONFIG, "invalid vxlan settings",
-                       "--vxlan-vni 1..16777215, --vxlan-port 1..65535, --vxlan-device up to 15 characters")
+        raise invalid_config("invalid vxlan settings",
+                             "--vxlan-vni 1..16777215, --vxlan-port 1..65535, --vxlan-device up to 15 characters")
     # no --mode: the agent runs host-gw; status goes by the mode the node registered ("")
     mode = ns.mode or ("host-gw" if need_underlay else "")
     return AgentOptions(etcd=etcd, name=ns.node_name or socket.gethostname(), underlay_ips=ips, mode=mode,
@@ -733,7 +733,7 @@ def main(ns: argparse.Namespace) -> int:
     """``pycni node [run|status|remove NAME] ...``; etcd out of reach is CNIError 11."""
     from pycni.cluster.etcd import EtcdUnavailable
     from pycni.cluster.settings import client
-    from pycni.spec.errors import INVALID_CONFIG, TRY_AGAIN, CNIError
+    from pycni.spec.errors import TRY_AGAIN, CNIError, invalid_config
 
     opts = options(ns, need_underlay=ns.action == "run")
     try:
@@ -742,7 +742,7 @@ def main(ns: argparse.Namespace) -> int:
         with client(opts.etcd, one_shot=False) as etcd:
             if ns.action == "remove":
                 if not ns.target:
-                    raise CNIError(INVALID_CONFIG, "pycni node remove needs the node's NAME")
+                    raise invalid_config("pycni node remove needs the node's NAME")
                 found = remove_node(etcd, opts.etcd.prefix, ns.target)
                 print(f"node {ns.target}: {'removed' if found else 'not registered'}")
                 return 0

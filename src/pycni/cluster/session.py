@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import os
 
+from pycni import statefile
 from pycni.cluster.etcd import EtcdError, EtcdUnavailable
 from pycni.cluster.ipam import ClusterStore, IpamError
 from pycni.cluster.settings import ClusterSettings, client
@@ -44,7 +45,7 @@ class Session:
         self.timeout = timeout
         self.lock = lock and bool(cfg.lock_dir)
         self.who = who
-        self._held: Any = None
+        self._lock_held: Any = None
         self.unavailable = False  # the command failed because no etcd endpoint answered in time
         self._given = kv
         self.kv: KVStore | None = None
@@ -55,13 +56,13 @@ class Session:
         from pycni.lockfile import flocked
 
         cfg = self.cfg
-        held = flocked(os.path.join(cfg.lock_dir, f"{cfg.network}.{cfg.node}.lock"), create=True,
+        lock = flocked(os.path.join(cfg.lock_dir, f"{cfg.network}.{cfg.node}.lock"), create=True,
                        timeout=self.timeout or cfg.etcd.timeout)
         try:
-            held.__enter__()
+            lock.__enter__()
         except (TimeoutError, OSError):
             return  # no usable lock directory, or a queue too long: transactions alone
-        self._held = held
+        self._lock_held = lock
 
     def __enter__(self) -> ClusterStore:
         if self.lock:
@@ -89,25 +90,19 @@ class Session:
             return []
 
     def _write_hint(self, hint: list[Any]) -> None:
-        path = self._hint_path()
-        tmp = f"{path}.{os.getpid()}.{id(self)}"
-        try:
-            with open(tmp, "w", encoding="ascii") as f:
-                f.write("".join(f"{c}\n" for c in hint))
-            os.replace(tmp, path)  # no fsync: a lost or stale hint costs a round trip, nothing else
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        try:  # not durable: a lost or stale hint costs a round trip, nothing else
+            statefile.write_bytes(self._hint_path(), "".join(f"{c}\n" for c in hint).encode(),
+                                  durable=False)
+        except CNIError:
+            pass
 
     def _release(self) -> None:
-        if self._held is not None:
-            self._held.__exit__(None, None, None)
-            self._held = None
+        if self._lock_held is not None:
+            self._lock_held.__exit__(None, None, None)
+            self._lock_held = None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is None and self.lock and self._held is not None and self.store.hint != self._hint_before:
+        if exc is None and self.lock and self._lock_held is not None and self.store.hint != self._hint_before:
             self._write_hint(self.store.hint)  # under the lock: writers take turns
         self._release()
         if self.kv is not None and self._given is None:

@@ -1,5 +1,8 @@
 """Wire format between plugin shims and the daemon: length-prefixed binary fields.
 
+The frame (:func:`frame`, :func:`recv_frame`) is also the dhcp daemon's (its bodies are JSON):
+one framing for both of pycni's Unix-socket daemons.
+
 The shim is on every plugin's start-up path, so this module imports nothing at all (no json,
 base64, struct, typing or socket: each costs milliseconds in a fresh interpreter, which is
 the whole budget of a shim). A frame is a 4-byte big-endian length and a body; a body is a
@@ -15,6 +18,11 @@ MAGIC = b"PYCNI1"
 MAX_FRAME = 64 * 1024 * 1024
 
 
+def frame(body: bytes) -> bytes:
+    """One frame: the body's length (4 bytes, big-endian), then the body."""
+    return len(body).to_bytes(4, "big") + body
+
+
 def _field(data: bytes) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
@@ -23,13 +31,11 @@ def encode_request(plugin: str, stdin: bytes, env: dict[bytes, bytes]) -> bytes:
     """One framed request; ``env`` as bytes so nothing is re-encoded on the way."""
     parts = [MAGIC, _field(plugin.encode()), _field(stdin)]
     parts += [_field(k + b"=" + v) for k, v in env.items()]
-    body = b"".join(parts)
-    return len(body).to_bytes(4, "big") + body
+    return frame(b"".join(parts))
 
 
 def encode_reply(exit_code: int, stdout: bytes, stderr: bytes) -> bytes:
-    body = MAGIC + _field(str(exit_code).encode()) + _field(stdout) + _field(stderr)
-    return len(body).to_bytes(4, "big") + body
+    return frame(MAGIC + _field(str(exit_code).encode()) + _field(stdout) + _field(stderr))
 
 
 def _fields(body: bytes) -> list[bytes]:
@@ -84,9 +90,9 @@ def recv_exact(sock: object, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_frame(sock: object) -> bytes:
-    """One frame's body."""
+def recv_frame(sock: object, limit: int = MAX_FRAME) -> bytes:
+    """One frame's body; ValueError beyond ``limit`` bytes."""
     length = int.from_bytes(recv_exact(sock, 4), "big")
-    if length > MAX_FRAME:
-        raise ValueError(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
+    if length > limit:
+        raise ValueError(f"frame of {length} bytes exceeds the {limit}-byte limit")
     return recv_exact(sock, length)

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import importlib
 import logging
 import os
 import signal
 import socket
-import stat
 import struct
 import sys
 import threading
@@ -33,10 +31,12 @@ from contextlib import contextmanager, nullcontext
 from pycni.daemon import protocol
 from pycni.daemon.options import READ_TIMEOUT, STOP_TIMEOUT
 from pycni.net import netns
-from pycni.plugins.registry import PLUGIN_MODULES
+from pycni.plugins.registry import PLUGIN_MODULES, load
 from pycni.shim import run_delegate
 from pycni.skel import Outcome, Plugin, dispatch
 from pycni.spec.errors import INTERNAL, INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIError
+from pycni.unixsock import AlreadyServing, Refused, listen, socket_answers, unlisten
+from pycni.unixsock import activated_socket as _activated_socket
 
 log = logging.getLogger("pycni.daemon")
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -45,15 +45,10 @@ STOP_GRACE = 1.0      # seconds a connection still sending its request gets once
 _POLL = 0.25          # how often a blocked read looks at the stop flag
 MAX_CONNECTIONS = 512  # per process: beyond this a connection is answered "try again" at once
 EXIT_REFUSED = 3      # exit status of a daemon that refuses to start (see docs/daemon.md)
-SD_LISTEN_FDS_START = 3
 # Capabilities every request needs: setns into the caller's namespace, then links, addresses,
 # routes, sysctls and firewall rules there.
 NEEDED_CAPS = ((12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN"))
 PR_SET_PDEATHSIG = 1
-
-
-class Refused(Exception):
-    """The daemon will not start; the message says why and what to do instead."""
 
 
 class ContainerLocks:
@@ -158,35 +153,6 @@ def _same_file(fd: int, path: str) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _socket_answers(path: str) -> bool | None:
-    """True when something listens on ``path``, False for a stale socket, None when there is none.
-
-    Refused when the path is not a socket, or is one this process may not use: neither is ours
-    to replace.
-    """
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISSOCK(st.st_mode):
-        raise Refused(f"{path} exists and is not a socket; not touching it (remove it, or choose another --socket)")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(2.0)
-    try:
-        probe.connect(path)
-    except ConnectionRefusedError:
-        return False
-    except FileNotFoundError:
-        return None
-    except PermissionError:
-        raise Refused(f"{path} is a socket this user may not connect to; not replacing it") from None
-    except (TimeoutError, BlockingIOError):
-        return True  # a full backlog: someone listens, just not fast enough
-    finally:
-        probe.close()
-    return True
-
-
 def _already_serving(path: str) -> Refused:
     return Refused(f"another pycni daemon already serves {path} (one daemon per socket): stop it first, "
                    "or give this one another --socket")
@@ -229,7 +195,7 @@ class Daemon:
         with self._plugins_guard:
             plugin = self.plugins.get(name)
             if plugin is None:
-                plugin = importlib.import_module(PLUGIN_MODULES[name]).PLUGIN
+                plugin = load(name)
                 self.plugins[name] = plugin
             return plugin
 
@@ -246,7 +212,7 @@ class Daemon:
             return
         path = self.socket_path
         os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-        if _socket_answers(path):
+        if socket_answers(path):
             raise _already_serving(path)
         self._take_claim(self.stop_timeout + 5 if wait is None else wait, probe=True)
 
@@ -258,31 +224,16 @@ class Daemon:
         """
         path = self.socket_path
         self.claim()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        bound = False
         try:
-            state = _socket_answers(path)
-            if state:
-                raise _already_serving(path)
-            if state is False:
+            if socket_answers(path) is False:
                 log.info("replacing the stale socket %s", path)
-                os.unlink(path)
-            old = os.umask(0o177)
-            try:
-                sock.bind(path)
-            finally:
-                os.umask(old)
-            bound = True
-            os.chmod(path, 0o600)
-            sock.listen(128)
-            st = os.lstat(path)
+            self._sock, self._owned = listen(path, 0o600)  # pycni.unixsock: the one careful listener
+        except AlreadyServing:
+            self._release()
+            raise _already_serving(path) from None
         except BaseException:
-            sock.close()
-            if bound:
-                os.unlink(path)
             self._release()
             raise
-        self._sock, self._owned = sock, (st.st_dev, st.st_ino)
 
     def adopt(self, sock: socket.socket) -> None:
         """Serve a listening socket passed by systemd (socket activation): never re-bound or removed."""
@@ -297,7 +248,7 @@ class Daemon:
         claim = SocketClaim(self.socket_path)
         deadline = time.monotonic() + wait
         while not claim.try_acquire():
-            if probe and _socket_answers(self.socket_path):
+            if probe and socket_answers(self.socket_path):
                 raise _already_serving(self.socket_path)
             if time.monotonic() >= deadline:
                 raise Refused(f"pycni daemon pid {claim.holder()} still holds {claim.path} without answering on "
@@ -307,20 +258,9 @@ class Daemon:
 
     def _unlisten(self) -> None:
         """Take no more connections: close the listening socket, remove its path if it is still ours."""
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        if self._owned is not None:
-            try:
-                st = os.lstat(self.socket_path)
-            except FileNotFoundError:
-                pass
-            else:
-                if (st.st_dev, st.st_ino) == self._owned:
-                    os.unlink(self.socket_path)
-                else:
-                    log.warning("%s was replaced by another socket meanwhile; leaving it", self.socket_path)
-            self._owned = None
+        if unlisten(self._sock, self.socket_path, self._owned) is False:
+            log.warning("%s was replaced by another socket meanwhile; leaving it", self.socket_path)
+        self._sock, self._owned = None, None
 
     def _release(self) -> None:
         """Give up the claim and the per-container lock files (after every worker has exited)."""
@@ -685,31 +625,8 @@ def missing_capabilities() -> list[str]:
 
 
 def activated_socket(environ: MutableMapping[str, str]) -> socket.socket | None:
-    """The listening socket systemd passed (``LISTEN_PID``/``LISTEN_FDS``, fd 3), or None.
-
-    The variables are meant for this process only (``LISTEN_PID``), so they are removed before
-    anything is executed; :class:`Refused` when what was passed is not one listening unix socket.
-    """
-    if environ.get("LISTEN_PID") != str(os.getpid()):
-        return None
-    count = environ.get("LISTEN_FDS", "0")
-    for key in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
-        environ.pop(key, None)
-    if count == "0":
-        return None
-    if count != "1":
-        raise Refused(f"systemd passed {count} sockets (LISTEN_FDS); the pycni socket unit must have exactly "
-                      "one ListenStream=")
-    try:
-        sock = socket.socket(fileno=SD_LISTEN_FDS_START)
-        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-    except OSError as e:
-        raise Refused(f"the socket systemd passed (fd {SD_LISTEN_FDS_START}) is unusable: {e}") from None
-    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM or not listening:
-        raise Refused("the socket systemd passed is not a listening unix stream socket "
-                      "(the socket unit needs ListenStream=/path and Accept=no)")
-    os.set_inheritable(SD_LISTEN_FDS_START, False)
-    return sock
+    """The listening socket systemd passed, or None (:func:`pycni.unixsock.activated_socket`)."""
+    return _activated_socket(environ, "the pycni socket unit")
 
 
 def run(opts: argparse.Namespace) -> int:

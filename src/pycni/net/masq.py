@@ -21,7 +21,7 @@ from ipaddress import IPv4Interface, IPv6Interface
 
 from pycni import jsonlite as json
 from pycni.net import iptables, nft
-from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+from pycni.spec.errors import PLUGIN_SPECIFIC, CNIError, invalid_config
 
 Address = IPv4Interface | IPv6Interface
 
@@ -86,8 +86,8 @@ def check_backend(backend: str) -> None:
 
 def _check_backend(backend: str) -> None:
     if backend not in BACKENDS:
-        raise CNIError(INVALID_CONFIG, f"unknown ipMasq backend {backend!r}",
-                       f"ipMasqBackend must be one of {', '.join(BACKENDS)}")
+        raise invalid_config(f"unknown ipMasq backend {backend!r}",
+                             f"ipMasqBackend must be one of {', '.join(BACKENDS)}")
 
 
 # ---- public API ------------------------------------------------------------------------------

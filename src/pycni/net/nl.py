@@ -306,6 +306,14 @@ _IFLA_BRIDGE: dict[int, tuple[str, Callable[[bytes], Any]]] = {
     26: ("IFLA_AF_SPEC", _nested({2: ("IFLA_BRIDGE_VLAN_INFO", _vlan_info)})),
 }
 
+# Link attribute numbers by kernel name, for encoding: read off the decoding tables above, so each
+# number is written once; the ones we send but never decode are listed here (linux/if_link.h).
+_LINK_ATTR: dict[str, int] = {name: num for table in (_IFLA, _IFLA_BRIDGE, _BRPORT)
+                              for num, (name, _) in table.items()}
+_LINK_ATTR.update(IFLA_INFO_KIND=1, IFLA_INFO_DATA=2, IFLA_PROTINFO=12, IFLA_NET_NS_PID=19, IFLA_NET_NS_FD=28,
+                  IFLA_EXT_MASK=29, IFLA_INET_CONF=1, IFLA_BRIDGE_FLAGS=0, IFLA_BRIDGE_VLAN_INFO=2,
+                  VETH_INFO_PEER=1)
+
 def _u64(data: bytes) -> int:
     return int(_U64.unpack_from(data)[0])
 
@@ -398,49 +406,51 @@ def _ip_bytes(ip: str) -> tuple[int, bytes]:
         raise NetlinkError(22, f"invalid IP address {ip!r}") from None
 
 
-# Kind-specific IFLA_INFO_DATA keywords: keyword -> (attribute type, encoder).
+# Kind-specific IFLA_INFO_DATA keywords: keyword -> (attribute name in the kind's decoding table,
+# encoder); the numbers come from that table (_INFO_DATA).
 _MACVLAN_MODES = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8, "source": 16}
-_LINK_DATA: dict[str, dict[str, tuple[int, Callable[[int, Any], bytes]]]] = {
-    "bridge": {"br_vlan_filtering": (7, _nla_u8)},
-    "macvlan": {"macvlan_mode": (1, lambda k, v: _nla_u32(k, _MACVLAN_MODES[v] if isinstance(v, str) else int(v)))},
-    "ipvlan": {"ipvlan_mode": (1, lambda k, v: _nla_u16(k, int(v))),
-               "ipvlan_flags": (2, lambda k, v: _nla_u16(k, int(v)))},
-    "vlan": {"vlan_id": (1, lambda k, v: _nla_u16(k, int(v)))},
-    "vrf": {"vrf_table": (1, lambda k, v: _nla_u32(k, int(v)))},
+_LINK_DATA_BY_NAME: dict[str, dict[str, tuple[str, Callable[[int, Any], bytes]]]] = {
+    "bridge": {"br_vlan_filtering": ("IFLA_BR_VLAN_FILTERING", _nla_u8)},
+    "macvlan": {"macvlan_mode": ("IFLA_MACVLAN_MODE",
+                                 lambda k, v: _nla_u32(k, _MACVLAN_MODES[v] if isinstance(v, str) else int(v)))},
+    "ipvlan": {"ipvlan_mode": ("IFLA_IPVLAN_MODE", lambda k, v: _nla_u16(k, int(v))),
+               "ipvlan_flags": ("IFLA_IPVLAN_FLAGS", lambda k, v: _nla_u16(k, int(v)))},
+    "vlan": {"vlan_id": ("IFLA_VLAN_ID", lambda k, v: _nla_u16(k, int(v)))},
+    "vrf": {"vrf_table": ("IFLA_VRF_TABLE", lambda k, v: _nla_u32(k, int(v)))},
     # vxlan: VNI, underlay link, local (source) address, learning, UDP destination port (big-endian)
-    "vxlan": {"vxlan_id": (1, lambda k, v: _nla_u32(k, int(v))),
-              "vxlan_link": (3, lambda k, v: _nla_u32(k, int(v))),
-              "vxlan_local": (4, lambda k, v: _nla(k, _ip_bytes(str(v))[1])),
-              "vxlan_learning": (7, lambda k, v: _nla_u8(k, int(v))),
-              "vxlan_port": (15, lambda k, v: _nla(k, int(v).to_bytes(2, "big")))},
+    "vxlan": {"vxlan_id": ("IFLA_VXLAN_ID", lambda k, v: _nla_u32(k, int(v))),
+              "vxlan_link": ("IFLA_VXLAN_LINK", lambda k, v: _nla_u32(k, int(v))),
+              "vxlan_local": ("IFLA_VXLAN_LOCAL", lambda k, v: _nla(k, _ip_bytes(str(v))[1])),
+              "vxlan_learning": ("IFLA_VXLAN_LEARNING", lambda k, v: _nla_u8(k, int(v))),
+              "vxlan_port": ("IFLA_VXLAN_PORT", lambda k, v: _nla(k, int(v).to_bytes(2, "big")))},
 }
+_LINK_DATA: dict[str, dict[str, tuple[int, Callable[[int, Any], bytes]]]] = {
+    kind: {key: ({n: num for num, (n, _) in _INFO_DATA[kind].items()}[name], encode)
+           for key, (name, encode) in keys.items()}
+    for kind, keys in _LINK_DATA_BY_NAME.items()}
 _LINK_DATA["macvtap"] = _LINK_DATA["macvlan"]
+
+# The common link keywords: keyword -> (attribute name, encoder), in the order they are sent.
+_LINK_KEYWORDS: tuple[tuple[str, str, Callable[[int, Any], bytes]], ...] = (
+    ("ifname", "IFLA_IFNAME", _nla_str),
+    ("mtu", "IFLA_MTU", lambda k, v: _nla_u32(k, int(v))),
+    ("address", "IFLA_ADDRESS", lambda k, v: _nla(k, _mac_bytes(v))),
+    ("link", "IFLA_LINK", lambda k, v: _nla_u32(k, int(v))),
+    ("master", "IFLA_MASTER", lambda k, v: _nla_u32(k, int(v or 0))),
+    ("txqlen", "IFLA_TXQLEN", lambda k, v: _nla_u32(k, int(v))),
+    ("ifalias", "IFLA_IFALIAS", _nla_str),
+    ("net_ns_fd", "IFLA_NET_NS_FD", lambda k, v: _nla_u32(k, int(v))),
+    ("net_ns_pid", "IFLA_NET_NS_PID", lambda k, v: _nla_u32(k, int(v))),
+)
 
 
 def _link_attrs(kw: dict[str, Any]) -> bytes:
     """The IFLA attributes for the common link keywords (pops what it encodes from ``kw``)."""
-    out = []
-    if "ifname" in kw:
-        out.append(_nla_str(3, kw.pop("ifname")))
-    if "mtu" in kw:
-        out.append(_nla_u32(4, int(kw.pop("mtu"))))
-    if "address" in kw:
-        out.append(_nla(1, _mac_bytes(kw.pop("address"))))
-    if "link" in kw:
-        out.append(_nla_u32(5, int(kw.pop("link"))))
-    if "master" in kw:
-        out.append(_nla_u32(10, int(kw.pop("master") or 0)))
-    if "txqlen" in kw:
-        out.append(_nla_u32(13, int(kw.pop("txqlen"))))
-    if "ifalias" in kw:
-        out.append(_nla_str(20, kw.pop("ifalias")))
-    if "net_ns_fd" in kw:
-        out.append(_nla_u32(28, int(kw.pop("net_ns_fd"))))
-    if "net_ns_pid" in kw:
-        out.append(_nla_u32(19, int(kw.pop("net_ns_pid"))))
+    out = [encode(_LINK_ATTR[name], kw.pop(key)) for key, name, encode in _LINK_KEYWORDS if key in kw]
     if "ipv4_devconf" in kw:  # {IPV4_DEVCONF_* index: value}: IFLA_AF_SPEC / AF_INET / IFLA_INET_CONF
         conf = b"".join(_nla_u32(int(k), int(v)) for k, v in kw.pop("ipv4_devconf").items())
-        out.append(_nla(26 | NLA_F_NESTED, _nla(AF_INET | NLA_F_NESTED, _nla(1 | NLA_F_NESTED, conf))))
+        out.append(_nla(_LINK_ATTR["IFLA_AF_SPEC"] | NLA_F_NESTED,
+                        _nla(AF_INET | NLA_F_NESTED, _nla(_LINK_ATTR["IFLA_INET_CONF"] | NLA_F_NESTED, conf))))
     return b"".join(out)
 
 
@@ -464,7 +474,7 @@ def _link_request(kw: dict[str, Any]) -> bytes:
     peer = kw.pop("peer", None)
     attrs = _link_attrs(kw)
     if kind is not None:
-        info = _nla_str(1, kind)
+        info = _nla_str(_LINK_ATTR["IFLA_INFO_KIND"], kind)
         data = b""
         if kind == "veth" and peer is not None:
             peer_kw = {"ifname": peer} if isinstance(peer, str) else dict(peer)
@@ -472,15 +482,15 @@ def _link_request(kw: dict[str, Any]) -> bytes:
             body = _IFINFO.pack(AF_UNSPEC, 0, 0, peer_flags, peer_change) + _link_attrs(peer_kw)
             if peer_kw:
                 raise TypeError(f"unsupported veth peer keywords: {sorted(peer_kw)}")
-            data = _nla(1, body)
+            data = _nla(_LINK_ATTR["VETH_INFO_PEER"], body)
         else:
             known = _LINK_DATA.get(kind, {})
             for key in [k for k in kw if k in known]:
                 attr, encode = known[key]
                 data += encode(attr, kw.pop(key))
         if data:
-            info += _nla(2 | NLA_F_NESTED, data)
-        attrs += _nla(18 | NLA_F_NESTED, info)
+            info += _nla(_LINK_ATTR["IFLA_INFO_DATA"] | NLA_F_NESTED, data)
+        attrs += _nla(_LINK_ATTR["IFLA_LINKINFO"] | NLA_F_NESTED, info)
     if kw:
         raise TypeError(f"unsupported link keywords: {sorted(kw)}")
     return _IFINFO.pack(AF_UNSPEC, 0, index, flags, change) + attrs
@@ -609,7 +619,7 @@ class IPRoute(NetlinkSocket):
             if "index" in kw:
                 body = _IFINFO.pack(AF_UNSPEC, 0, int(kw["index"]), 0, 0)
             else:
-                body = _IFINFO.pack(AF_UNSPEC, 0, 0, 0, 0) + _nla_str(3, kw["ifname"])
+                body = _IFINFO.pack(AF_UNSPEC, 0, 0, 0, 0) + _nla_str(_LINK_ATTR["IFLA_IFNAME"], kw["ifname"])
             return self.request(RTM_GETLINK, body)
         if command == "add":
             return self.request(RTM_NEWLINK, _link_request(kw), NLM_F_CREATE | NLM_F_EXCL)
@@ -633,13 +643,15 @@ class IPRoute(NetlinkSocket):
         """Every link; ``family=AF_BRIDGE, ext_mask=RTEXT_FILTER_BRVLAN``: bridge ports with their VLANs."""
         body = _IFINFO.pack(family, 0, 0, 0, 0)
         if ext_mask:
-            body += _nla_u32(29, ext_mask)  # IFLA_EXT_MASK
+            body += _nla_u32(_LINK_ATTR["IFLA_EXT_MASK"], ext_mask)
         return self.dump(RTM_GETLINK, body)
 
     def vlan_filter(self, command: str, *, index: int, vid: int, flags: int = 0) -> list[Msg]:
         """``add`` or ``del`` VLAN ``vid`` (BRIDGE_VLAN_INFO_* ``flags``) on bridge port ``index``, master side
         (``bridge vlan add dev X vid N master``)."""
-        spec = _nla(26 | NLA_F_NESTED, _nla_u16(0, BRIDGE_FLAGS_MASTER) + _nla(2, _VLAN_INFO.pack(flags, vid)))
+        spec = _nla(_LINK_ATTR["IFLA_AF_SPEC"] | NLA_F_NESTED,
+                    _nla_u16(_LINK_ATTR["IFLA_BRIDGE_FLAGS"], BRIDGE_FLAGS_MASTER)
+                    + _nla(_LINK_ATTR["IFLA_BRIDGE_VLAN_INFO"], _VLAN_INFO.pack(flags, vid)))
         body = _IFINFO.pack(AF_BRIDGE, 0, index, 0, 0) + spec
         if command == "add":
             return self.request(RTM_SETLINK, body)
@@ -651,12 +663,12 @@ class IPRoute(NetlinkSocket):
         """``set`` bridge-port flags (``mode`` = hairpin, ``isolated``, ``learning``, ``unicast_flood``)."""
         if command != "set":
             raise ValueError(f"unsupported brport command {command!r}")
-        codes = {"mode": 4, "learning": 8, "unicast_flood": 9, "isolated": 33}
+        codes = {k: _LINK_ATTR[f"IFLA_BRPORT_{k.upper()}"] for k in ("mode", "learning", "unicast_flood", "isolated")}
         unknown = sorted(set(kw) - set(codes))
         if unknown:
             raise TypeError(f"unsupported brport keywords: {unknown}")
         protinfo = b"".join(_nla_u8(codes[k], int(v)) for k, v in kw.items())
-        body = _IFINFO.pack(AF_BRIDGE, 0, index, 0, 0) + _nla(12 | NLA_F_NESTED, protinfo)  # IFLA_PROTINFO
+        body = _IFINFO.pack(AF_BRIDGE, 0, index, 0, 0) + _nla(_LINK_ATTR["IFLA_PROTINFO"] | NLA_F_NESTED, protinfo)
         return self.request(RTM_SETLINK, body)
 
     # -- addresses --

@@ -23,8 +23,7 @@ from pycni.net.link import (
     rtnl,
     setlink,
 )
-from pycni.spec import errors as E
-from pycni.spec.errors import INTERNAL, CNIError
+from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
@@ -47,8 +46,8 @@ def parent_link(name: str, container_netns: str, link_in_container: bool) -> Lin
         link = get_link(name)
     if link is None:
         where = "the container namespace" if link_in_container else "the host namespace"
-        raise CNIError(E.INVALID_CONFIG, f"failed to lookup master {name!r}",
-                       f"no interface named {name!r} in {where}; fix \"master\" in the config")
+        raise invalid_config(f"failed to lookup master {name!r}",
+                             f"no interface named {name!r} in {where}; fix \"master\" in the config")
     return link
 
 

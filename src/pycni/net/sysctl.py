@@ -23,7 +23,7 @@ import _thread
 import errno
 import os
 
-from pycni.spec.errors import INVALID_CONFIG, IO_FAILURE, CNIError
+from pycni.spec.errors import IO_FAILURE, CNIError, invalid_config
 
 PROC_SYS = "/proc/sys"
 _DIR_CACHE_SIZE = 32
@@ -85,8 +85,8 @@ def normalize_key(key: str) -> str:
 def sysctl_path(key: str) -> str:
     """The /proc/sys file for ``key``; CNIError (code 7) for a key that leaves /proc/sys."""
     if not isinstance(key, str) or not key:
-        raise CNIError(INVALID_CONFIG, "invalid sysctl key",
-                       f"sysctl key must be a non-empty string, got {key!r}")
+        raise invalid_config("invalid sysctl key",
+                             f"sysctl key must be a non-empty string, got {key!r}")
     return proc_path(normalize_key(key), key)
 
 
@@ -99,7 +99,7 @@ def proc_path(name: str, key: str | None = None) -> str:
     label = key if key is not None else name
     parts = name.split("/")
     if name.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in name:
-        raise CNIError(INVALID_CONFIG, f"invalid sysctl key {label!r}",
+        raise invalid_config(f"invalid sysctl key {label!r}",
                        "a sysctl key is a relative name under /proc/sys such as net.ipv4.ip_forward; "
                        "empty components, '.', '..' and absolute paths are not allowed")
     return f"{PROC_SYS}/{name}"

@@ -19,13 +19,16 @@ import errno
 import ipaddress
 import subprocess
 from collections.abc import Sequence
-from typing import Any
 
 from pycni.net.errors import kernel_errors
 from pycni.net.link import link_index, rtnl
 from pycni.net.nl import TBF_CELL_LOG, TC_H_INGRESS, TC_H_ROOT
 from pycni.record import field, record
 from pycni.spec.errors import TRY_AGAIN, CNIError
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 TIME_UNITS_PER_SEC = 1_000_000
 LATENCY_MS = 25

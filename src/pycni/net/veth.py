@@ -23,7 +23,7 @@ from pycni.net.link import (
 )
 from pycni.net.sysctl import try_write_sysctl
 from pycni.record import record
-from pycni.spec.errors import INTERNAL, INVALID_CONFIG, CNIError
+from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 from pycni.spec.validate import is_colon_mac
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
@@ -148,5 +148,5 @@ def _read_back(name: str) -> Link:
 def _check_mac(mac: str) -> None:
     """Refuse a container MAC that is not six hex pairs before anything is made."""
     if not is_colon_mac(mac):
-        raise CNIError(INVALID_CONFIG, f"invalid MAC address {mac!r}",
-                       "give a 6-byte MAC address in the form 0a:58:0a:f4:00:05")
+        raise invalid_config(f"invalid MAC address {mac!r}",
+                             "give a 6-byte MAC address in the form 0a:58:0a:f4:00:05")

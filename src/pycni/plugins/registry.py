@@ -1,6 +1,11 @@
-"""Every plugin pycni ships: CNI type name -> module. Stdlib only.
+"""Every plugin pycni ships: CNI type name -> module, and the one loader. Stdlib only.
 
-Each module defines ``PLUGIN`` (a :class:`pycni.skel.Plugin`) and ``main()``.
+Each module defines ``PLUGIN`` (a :class:`pycni.skel.Plugin`) and ``main()``. Whoever runs a
+plugin by its type — the shim (in-process and delegate paths), the daemon, the CLI,
+``python -m pycni.plugins`` — goes through :func:`load` (or :func:`run_main` for a plugin run by
+hand). This module imports nothing of pycni's at import time: it is on the shim's in-process path,
+and pycni.shim imports it, not the other way round (:func:`install` takes the executable format
+from pycni.shim when it runs).
 """
 
 from __future__ import annotations
@@ -8,10 +13,10 @@ from __future__ import annotations
 import os
 import sys
 
-from pycni.shim import executable_text, shim_type
-
 TYPE_CHECKING = False  # not typing's: the in-process runner imports this module on a plugin's start path
 if TYPE_CHECKING:
+    from typing import Any
+
     from pycni.skel import Plugin
 
 PLUGIN_MODULES: dict[str, str] = {
@@ -42,10 +47,23 @@ PLUGIN_MODULES: dict[str, str] = {
 }
 
 
-def load(plugin_type: str) -> Plugin:
+def _module(plugin_type: str) -> Any:
+    """The module of ``plugin_type``, imported; KeyError for a type pycni does not ship."""
     module = PLUGIN_MODULES[plugin_type]
-    __import__(module)  # not importlib.import_module: the in-process runner imports this module (see pycni.shim)
-    return sys.modules[module].PLUGIN  # type: ignore[no-any-return]
+    # The __import__ builtin, not importlib.import_module: importing the importlib package (and
+    # warnings with it) would cost a one-shot plugin ~0.4 ms for nothing else.
+    __import__(module)
+    return sys.modules[module]
+
+
+def load(plugin_type: str) -> Plugin:
+    """The :class:`pycni.skel.Plugin` of ``plugin_type`` (KeyError when pycni has none)."""
+    return _module(plugin_type).PLUGIN  # type: ignore[no-any-return]
+
+
+def run_main(plugin_type: str) -> None:
+    """The plugin module's own ``main()``: run by hand it describes itself; dhcp's serves ``daemon``."""
+    _module(plugin_type).main()
 
 
 def import_paths() -> list[str]:
@@ -74,6 +92,9 @@ def install(target_dir: str, names: list[str] | None = None, python: str | None 
     Unknown names raise KeyError. A file in the way that is not one of ours (say a Go plugin)
     raises ForeignExecutable before anything is written, unless ``force``.
     """
+    from pycni import statefile
+    from pycni.shim import executable_text, shim_type
+
     mods = PLUGIN_MODULES
     selected = list(names) if names else sorted(mods)
     unknown = [n for n in selected if n not in mods]
@@ -93,9 +114,5 @@ def install(target_dir: str, names: list[str] | None = None, python: str | None 
                              daemon=daemon, socket=socket) for name in selected]
     os.makedirs(target_dir, exist_ok=True)
     for path, text in zip(targets, texts, strict=True):
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
+        statefile.write_bytes(path, text.encode(), mode=0o755, dir_mode=0o755, failure="cannot install plugins")
     return targets

@@ -22,12 +22,15 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from pycni import statefile
 from pycni.record import field, record
 from pycni.runtime.conf import go_json, sorted_keys
 from pycni.spec.errors import DECODE_FAILURE, IO_FAILURE, CNIError
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a process ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_CACHE_DIR = "/var/lib/cni"
 CACHE_KIND = "cniCacheV1"

@@ -18,13 +18,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import Any
 
 from pycni.record import field, record
-from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_CONFIG, CNIError
+from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CNIError, invalid_config
 from pycni.spec.gokeys import lookup
 from pycni.spec.validate import validate_network_name, validate_plugin_type
 from pycni.spec.version import ALL_VERSIONS, CURRENT_VERSION, highest, parse_version
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a process ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_CONF_DIR = "/etc/cni/net.d"
 CONFLIST_EXTENSIONS = (".conflist",)
@@ -75,7 +78,7 @@ def _decode(data: bytes | str, path: str, what: str) -> dict[str, Any]:
 
 
 def _invalid(path: str, what: str, details: str) -> CNIError:
-    return CNIError(INVALID_CONFIG, f"error parsing {what}{_where(path)}", details)
+    return invalid_config(f"error parsing {what}{_where(path)}", details)
 
 
 # ---- plugin configuration objects ---------------------------------------------------------------
@@ -157,7 +160,7 @@ def _read(path: str) -> bytes:
         with open(path, "rb") as f:
             return f.read()
     except OSError as e:
-        raise CNIError(INVALID_CONFIG, f"error reading {path}", e.strerror or str(e)) from None
+        raise invalid_config(f"error reading {path}", e.strerror or str(e)) from None
 
 
 # ---- network configurations (lists) -------------------------------------------------------------
@@ -307,8 +310,8 @@ def conf_files(directory: str, extensions: Sequence[str]) -> list[str]:
     except FileNotFoundError:
         return []
     except OSError as e:
-        raise CNIError(INVALID_CONFIG, f"cannot read configuration directory {directory}",
-                       e.strerror or str(e)) from None
+        raise invalid_config(f"cannot read configuration directory {directory}",
+                             e.strerror or str(e)) from None
     out = []
     for entry in sorted(entries):
         full = os.path.join(directory, entry)
@@ -320,7 +323,7 @@ def conf_files(directory: str, extensions: Sequence[str]) -> list[str]:
 
 
 def not_found(directory: str, name: str) -> CNIError:
-    return CNIError(INVALID_CONFIG, f'no net configuration with name "{name}" in {directory}',
+    return invalid_config(f'no net configuration with name "{name}" in {directory}',
                     f"add a .conflist file with \"name\": \"{name}\" to {directory}, "
                     "or check the network name (`pycni list` shows what is there)")
 
@@ -329,8 +332,8 @@ def load_conf(directory: str, name: str) -> NetworkConfig:
     """The first legacy ``.conf``/``.json`` file in ``directory`` whose name is ``name``."""
     files = conf_files(directory, CONF_EXTENSIONS)
     if not files:
-        raise CNIError(INVALID_CONFIG, f"no net configurations found in {directory}",
-                       f"put .conflist files (or legacy .conf/.json ones) into {directory}")
+        raise invalid_config(f"no net configurations found in {directory}",
+                             f"put .conflist files (or legacy .conf/.json ones) into {directory}")
     for path in files:
         conf = conf_from_file(path)
         if conf.name == name:
@@ -349,8 +352,8 @@ def load_network(directory: str, name: str) -> NetworkConfigList:
     if not conf_files(directory, CONF_EXTENSIONS):
         if lists:
             raise not_found(directory, name)
-        raise CNIError(INVALID_CONFIG, f"no net configurations found in {directory}",
-                       f"put .conflist files (or legacy .conf/.json ones) into {directory}")
+        raise invalid_config(f"no net configurations found in {directory}",
+                             f"put .conflist files (or legacy .conf/.json ones) into {directory}")
     nl = conflist_from_conf(load_conf(directory, name))
     nl.validate()
     return nl

@@ -22,8 +22,6 @@ TRY_AGAIN = 11
 # connectivity too (51).
 PLUGIN_NOT_AVAILABLE = 50
 LIMITED_CONNECTIVITY = 51
-# Not in the spec (kept because earlier code may name it); use 51.
-NO_CONNECTIVITY = 52
 # Codes 0-99 are the spec's; plugins use 100 and above for their own errors.
 PLUGIN_SPECIFIC = 100
 # What the Go reference reports for a failure that was not a CNI error (a bug, an OSError...).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, UNKNOWN_CONTAINER, CNIError
+from pycni.spec.errors import INVALID_ENV, UNKNOWN_CONTAINER, CNIError, invalid_config
 
 ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 # Container IDs and network names: alphanumerics plus '_', '.', '-'; no leading punctuation.
@@ -36,9 +36,9 @@ def validate_container_id(container_id: str) -> None:
 def validate_network_name(name: str) -> None:
     """A network name becomes part of file names (cache, IPAM store): same rule as container IDs."""
     if not name:
-        raise CNIError(INVALID_CONFIG, "missing network name", "the network configuration needs a \"name\"")
+        raise invalid_config("missing network name", "the network configuration needs a \"name\"")
     if not charset_match(name, ALNUM, _ID_REST):
-        raise CNIError(INVALID_CONFIG, "invalid characters found in network name",
+        raise invalid_config("invalid characters found in network name",
                        f"{name!r}: only letters, digits, '_', '.' and '-' are allowed, "
                        "starting with a letter or digit")
 
@@ -76,7 +76,7 @@ def is_colon_mac(mac: str) -> bool:
 def validate_plugin_type(plugin_type: str) -> None:
     """A plugin ``type`` is a file name on CNI_PATH: never a path."""
     if not plugin_type:
-        raise CNIError(INVALID_CONFIG, "missing plugin type", "every plugin configuration needs a \"type\"")
+        raise invalid_config("missing plugin type", "every plugin configuration needs a \"type\"")
     if "/" in plugin_type or "\\" in plugin_type or plugin_type in (".", "..") or "\x00" in plugin_type:
-        raise CNIError(INVALID_CONFIG, "invalid plugin type",
-                       f"{plugin_type!r} must be a plain executable name, not a path")
+        raise invalid_config("invalid plugin type",
+                             f"{plugin_type!r} must be a plain executable name, not a path")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 
 from pycni.cluster.model import Keys, PodMeta
-from pycni.spec.errors import INVALID_CONFIG, TRY_AGAIN, UNKNOWN_CONTAINER, CNIError
+from pycni.spec.errors import TRY_AGAIN, UNKNOWN_CONTAINER, CNIError, invalid_config
 
 TYPE_CHECKING = False  # `pycni` builds every parser at start: keep this module's import cheap
 if TYPE_CHECKING:
@@ -119,13 +119,13 @@ def _mapped(fn: Any) -> Any:
 def _split_target(text: str, what: str) -> tuple[str, str]:
     ns, sep, name = text.partition("/")
     if not sep or not ns or not name or "/" in name:
-        raise CNIError(INVALID_CONFIG, f"invalid {what} {text!r}", f"give it as NAMESPACE/NAME, e.g. default/{text}")
+        raise invalid_config(f"invalid {what} {text!r}", f"give it as NAMESPACE/NAME, e.g. default/{text}")
     return ns, name
 
 
 def _check_name(text: str, what: str) -> str:
     if not text or "/" in text or len(text) > 253:
-        raise CNIError(INVALID_CONFIG, f"invalid {what} {text!r}", "1-253 characters, no '/'")
+        raise invalid_config(f"invalid {what} {text!r}", "1-253 characters, no '/'")
     return text
 
 
@@ -146,7 +146,7 @@ def label_changes(labels: dict[str, str], changes: list[str]) -> dict[str, str]:
             else:
                 raise PolicyError(f"{ch!r}: write key=value to set a label, key- to remove it")
         except PolicyError as e:
-            raise CNIError(INVALID_CONFIG, "invalid label change", str(e)) from None
+            raise invalid_config("invalid label change", str(e)) from None
     return out
 
 
@@ -172,7 +172,7 @@ def port_changes(ports: list[tuple[str, int, str]], changes: list[str]) -> list[
             else:
                 raise PolicyError(f"{ch!r}: write name=PORT/PROTO to set a named port, name- to remove it")
         except PolicyError as e:
-            raise CNIError(INVALID_CONFIG, "invalid named port change", str(e)) from None
+            raise invalid_config("invalid named port change", str(e)) from None
     return sorted((n, p, proto) for (n, proto), p in out.items())
 
 
@@ -220,7 +220,7 @@ def cmd_namespace_label(opts: argparse.Namespace) -> int:
 
     ns = _check_name(opts.target, "namespace")
     if any(c.split("=", 1)[0].rstrip("-") == NS_NAME_LABEL for c in opts.changes):
-        raise CNIError(INVALID_CONFIG, f"{NS_NAME_LABEL} cannot be changed", "every namespace carries it, set to "
+        raise invalid_config(f"{NS_NAME_LABEL} cannot be changed", "every namespace carries it, set to "
                        "its own name, as in Kubernetes")
     kv, keys = _client(opts)
     label_changes({}, opts.changes)
@@ -284,7 +284,7 @@ def _read_file(name: str) -> str:
         with open(name, encoding="utf-8") as f:
             return f.read()
     except OSError as e:
-        raise CNIError(INVALID_CONFIG, f"cannot read {name}", e.strerror or str(e)) from None
+        raise invalid_config(f"cannot read {name}", e.strerror or str(e)) from None
 
 
 @_mapped
@@ -297,9 +297,9 @@ def cmd_policy_apply(opts: argparse.Namespace) -> int:
     try:
         policies = parse_policies(_read_file(opts.filename), default_namespace=opts.namespace)
     except PolicyError as e:
-        raise CNIError(INVALID_CONFIG, "invalid NetworkPolicy", str(e)) from None
+        raise invalid_config("invalid NetworkPolicy", str(e)) from None
     if not policies:
-        raise CNIError(INVALID_CONFIG, f"no NetworkPolicy in {opts.filename}", "the file holds no document")
+        raise invalid_config(f"no NetworkPolicy in {opts.filename}", "the file holds no document")
     kv, keys = _client(opts)
     with kv:
         existing = {p.key for p in policies if kv.get(keys.policy(p.namespace, p.name)) is not None}
@@ -353,7 +353,7 @@ def cmd_policy_why(opts: argparse.Namespace) -> int:
     port_text, _, proto = opts.port.partition("/")
     proto = (proto or "TCP").upper()
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535 or proto not in ("TCP", "UDP", "SCTP"):
-        raise CNIError(INVALID_CONFIG, f"invalid port {opts.port!r}", "give PORT[/PROTO], e.g. 80/TCP or 53/UDP")
+        raise invalid_config(f"invalid port {opts.port!r}", "give PORT[/PROTO], e.g. 80/TCP or 53/UDP")
     kv, keys = _client(opts)
     with kv:
         view = _view(kv, keys)

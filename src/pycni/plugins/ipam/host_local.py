@@ -37,11 +37,11 @@ from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import (
     INCOMPATIBLE_VERSION,
     INTERNAL,
-    INVALID_CONFIG,
     IO_FAILURE,
     PLUGIN_NOT_AVAILABLE,
     UNKNOWN_CONTAINER,
     CNIError,
+    invalid_config,
 )
 from pycni.spec.types import DNS, IPConfig, Result, Route
 from pycni.spec.validate import validate_network_name
@@ -86,11 +86,11 @@ def parse_conf(args: CmdArgs) -> HostLocalConf:
     conf = args.conf()
     ipam = netconf.lookup(conf, "ipam")
     if not isinstance(ipam, Mapping):
-        raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
-                       "host-local reads its settings from the \"ipam\" object of the network config")
+        raise invalid_config("IPAM config missing 'ipam' key",
+                             "host-local reads its settings from the \"ipam\" object of the network config")
     name = netconf.lookup(conf, "name")
     if not isinstance(name, str):
-        raise CNIError(INVALID_CONFIG, "missing network name", "the network config needs a \"name\": "
+        raise invalid_config("missing network name", "the network config needs a \"name\": "
                        "host-local keeps its reservations in <dataDir>/<name>")
     validate_network_name(name)
     cfg = HostLocalConf(name=name, data_dir=netconf.get_str(ipam, "dataDir", label="ipam.dataDir"),
@@ -118,14 +118,14 @@ def _parse_ranges(conf: Mapping[str, Any], ipam: Mapping[str, Any], cni_args: st
 
     raw_sets.extend(netconf.get_list(ipam, "ranges", label="ipam.ranges"))
     if not raw_sets:
-        raise CNIError(INVALID_CONFIG, "no IP ranges specified", "set ipam.ranges (or the legacy ipam.subnet), "
+        raise invalid_config("no IP ranges specified", "set ipam.ranges (or the legacy ipam.subnet), "
                        "or pass runtimeConfig.ipRanges")
 
     for idx, raw in enumerate(raw_sets):
         try:
             cfg.range_sets.append(parse_range_set(raw))
         except RangeError as e:
-            raise CNIError(INVALID_CONFIG, f"invalid range set {idx}: {e}", f"range set {idx} (runtime "
+            raise invalid_config(f"invalid range set {idx}: {e}", f"range set {idx} (runtime "
                            f"ipRanges first, then the legacy subnet, then ipam.ranges) is {raw!r}") from None
 
     families = [rs[0].version for rs in cfg.range_sets]
@@ -136,8 +136,8 @@ def _parse_ranges(conf: Mapping[str, Any], ipam: Mapping[str, Any], cni_args: st
     for i, a in enumerate(cfg.range_sets):
         for j in range(i + 1, len(cfg.range_sets)):
             if range_sets_overlap(a, cfg.range_sets[j]):
-                raise CNIError(INVALID_CONFIG, f"range set {i} overlaps with {j}",
-                               f"{range_set_str(a)} and {range_set_str(cfg.range_sets[j])} share addresses")
+                raise invalid_config(f"range set {i} overlaps with {j}",
+                                     f"{range_set_str(a)} and {range_set_str(cfg.range_sets[j])} share addresses")
 
 
 def parse_resolv_conf(path: str) -> DNS:
@@ -181,10 +181,9 @@ def _allocate(store: Store, rs: RangeSet, idx: int, cid: str, ifname: str,
         r = range_for(rs, requested)
         assert r is not None  # requests are matched to the range set containing them
         if requested == r.gateway:
-            raise CNIError(INVALID_CONFIG, f"requested ip {requested} is subnet's gateway")
+            raise invalid_config(f"requested ip {requested} is subnet's gateway")
         if r.is_reserved(int(requested)):
-            raise CNIError(INVALID_CONFIG,
-                           f"requested ip {requested} is the network or broadcast address of {r.subnet}")
+            raise invalid_config(f"requested ip {requested} is the network or broadcast address of {r.subnet}")
         if not store.reserve(cid, ifname, requested, str(idx)):
             owner = store.owner_of(requested)
             raise CNIError(ALLOCATION_FAILED, f"requested IP address {requested} is not available in range "
@@ -235,7 +234,7 @@ def cmd_add(args: CmdArgs) -> Result:
             undo.push(store.release_ip, ipc.address.ip, cid, ifname)  # leave nothing half-made
             result.ips.append(ipc)
         if pending:
-            raise CNIError(INVALID_CONFIG, "failed to allocate all requested IPs: " + " ".join(map(str, pending)),
+            raise invalid_config("failed to allocate all requested IPs: " + " ".join(map(str, pending)),
                            "each requested address must lie inside rangeStart..rangeEnd of a different range set; "
                            f"range sets: {'; '.join(range_set_str(rs) for rs in cfg.range_sets)}")
     result.routes = list(cfg.routes)

@@ -22,7 +22,7 @@ from pycni import netconf
 from pycni.cniargs import load_cni_args
 from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
-from pycni.spec.errors import INVALID_CONFIG, CNIError
+from pycni.spec.errors import CNIError, invalid_config
 from pycni.spec.types import DNS, IPAddress, IPConfig, IPInterface, Result, Route
 from pycni.spec.version import greater_than_or_equal
 
@@ -46,29 +46,29 @@ class StaticConf:
 def _parse_cidr(value: object, where: str) -> IPInterface:
     """An address with its prefix length, host bits kept (Go's net.ParseCIDR + IP)."""
     if not isinstance(value, str) or "/" not in value:
-        raise CNIError(INVALID_CONFIG, f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
+        raise invalid_config(f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
                    "write addresses as ADDRESS/PREFIX, e.g. 10.10.0.1/24 or 2001:db8::1/64")
     try:
         return ipaddress.ip_interface(value.strip())
     except ValueError as e:
-        raise CNIError(INVALID_CONFIG, f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
+        raise invalid_config(f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
                    str(e)) from None
 
 
 def _parse_ip(value: object, where: str) -> IPAddress:
     if not isinstance(value, str):
-        raise CNIError(INVALID_CONFIG, f"invalid {where}: {value!r}", "expected an IP address string")
+        raise invalid_config(f"invalid {where}: {value!r}", "expected an IP address string")
     try:
         return ipaddress.ip_address(value.strip())
     except ValueError as e:
-        raise CNIError(INVALID_CONFIG, f"invalid {where}: {value!r}", str(e)) from None
+        raise invalid_config(f"invalid {where}: {value!r}", str(e)) from None
 
 
 def _config_addresses(ipam: Mapping[str, Any]) -> list[IPConfig]:
     out: list[IPConfig] = []
     for i, entry in enumerate(netconf.get_list(ipam, "addresses", label="ipam.addresses")):
         if not isinstance(entry, dict):
-            raise CNIError(INVALID_CONFIG, f"invalid address {i}",
+            raise invalid_config(f"invalid address {i}",
                        f"each entry of ipam.addresses must be an object, got {entry!r}")
         addr = _parse_cidr(netconf.lookup(entry, "address"), "address")
         gw = netconf.lookup(entry, "gateway")
@@ -83,7 +83,7 @@ def _replace_from(values: list[Any], where: str) -> list[IPConfig]:
         try:
             out.append(IPConfig(address=_parse_cidr(v, where)))
         except CNIError as e:  # the reference's words for these two lists
-            raise CNIError(INVALID_CONFIG, f"an entry in the '{where}' field is NOT in CIDR notation, got: "
+            raise invalid_config(f"an entry in the '{where}' field is NOT in CIDR notation, got: "
                            f"'{v}'", e.details) from None
     return out
 
@@ -99,7 +99,7 @@ def _apply_env_args(addresses: list[IPConfig], raw_args: str) -> None:
         matched = [a for a in addresses if a.address.version == gw.version and gw in a.address.network]
         if not matched:
             have = [str(a.address) for a in addresses]
-            raise CNIError(INVALID_CONFIG, f"GATEWAY {item} is not inside any address",
+            raise invalid_config(f"GATEWAY {item} is not inside any address",
                        f"CNI_ARGS GATEWAY must lie in the subnet of one of {have}")
         for a in matched:
             a.gateway = gw
@@ -113,8 +113,8 @@ def parse_conf(args: CmdArgs) -> StaticConf:
         return cfg
     ipam = netconf.lookup(conf, "ipam")
     if not isinstance(ipam, dict):
-        raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
-                       "the network configuration needs an \"ipam\" object")
+        raise invalid_config("IPAM config missing 'ipam' key",
+                             "the network configuration needs an \"ipam\" object")
     cfg.addresses = _config_addresses(ipam)
     if args.args:
         _apply_env_args(cfg.addresses, args.args)
@@ -130,20 +130,19 @@ def parse_conf(args: CmdArgs) -> StaticConf:
         if a.gateway is None:
             continue
         if a.gateway.version != a.address.version:
-            raise CNIError(INVALID_CONFIG,
-                           f"invalid address {i}: gateway {a.gateway} is not of the family of {a.address}",
+            raise invalid_config(f"invalid address {i}: gateway {a.gateway} is not of the family of {a.address}",
                            "give an IPv4 gateway to an IPv4 address and an IPv6 one to an IPv6 address")
         # A host address (/32, /128) with an on-link gateway elsewhere (e.g. 169.254.1.1) is a
         # common pattern the reference accepts; only proper IPv4 subnets are checked. An IPv6
         # router is often outside the prefix (link-local fe80::1, or another /64 of the site's
         # on-link range) and Go takes any: so do we.
         if a.address.version == 4 and a.address.network.num_addresses > 1 and a.gateway not in a.address.network:
-            raise CNIError(INVALID_CONFIG, f"invalid address {i}: gateway {a.gateway} is outside {a.address.network}",
+            raise invalid_config(f"invalid address {i}: gateway {a.gateway} is outside {a.address.network}",
                        "a gateway must lie inside the subnet of its address")
     v4 = sum(1 for a in cfg.addresses if a.address.version == 4)
     v6 = len(cfg.addresses) - v4
     if (v4 > 1 or v6 > 1) and not greater_than_or_equal(cfg.cni_version, "0.3.0"):
-        raise CNIError(INVALID_CONFIG, f"CNI version {cfg.cni_version} does not support more than 1 address per family",
+        raise invalid_config(f"CNI version {cfg.cni_version} does not support more than 1 address per family",
                    "use cniVersion 0.3.0 or later for several addresses of one family")
 
     try:
@@ -151,7 +150,7 @@ def parse_conf(args: CmdArgs) -> StaticConf:
         cfg.dns = DNS.from_dict(netconf.lookup(ipam, "dns"))
 
     except CNIError as e:
-        raise CNIError(INVALID_CONFIG, f"invalid ipam section: {e.msg}", e.details) from None
+        raise invalid_config(f"invalid ipam section: {e.msg}", e.details) from None
     if args.command == "CHECK":
         cfg.prev = netconf.require_prev_result(conf, "static")
     return cfg
@@ -169,12 +168,10 @@ def cmd_check(args: CmdArgs) -> None:
     for want in cfg.addresses:
         found = [ip for ip in cfg.prev.ips if ip.address.ip == want.address.ip]
         if not found:
-            raise CNIError(INVALID_CONFIG,
-                           f"static: address {want.address.ip} missing on interface {args.ifname}",
+            raise invalid_config(f"static: address {want.address.ip} missing on interface {args.ifname}",
                            "prevResult does not hold an address this configuration assigns")
         if want.gateway is not None and not any(ip.gateway == want.gateway for ip in found):
-            raise CNIError(INVALID_CONFIG,
-                           f"static: Failed to match addr {want.address.ip} on interface {args.ifname}",
+            raise invalid_config(f"static: Failed to match addr {want.address.ip} on interface {args.ifname}",
                            f"expected gateway {want.gateway}, prevResult has "
                            f"{[str(i.gateway) for i in found]}")
 

@@ -18,8 +18,7 @@ from pycni import invoke, ipam, netconf
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version
-from pycni.spec import errors as E
-from pycni.spec.errors import INTERNAL, CNIError
+from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 from pycni.spec.types import DNS, Interface, Result
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -63,8 +62,8 @@ def default_route_interface(in_netns: str | None = None) -> str:
                 link = get_link(r.oif)
                 if link is not None:
                     return link.name
-        raise CNIError(E.INVALID_CONFIG, "no default route interface found",
-                       "set \"master\" in the config to the interface to attach to")
+        raise invalid_config("no default route interface found",
+                             "set \"master\" in the config to the interface to attach to")
 
     if in_netns:
         with netns.enter(in_netns):
@@ -140,8 +139,8 @@ class SublinkPlugin:
             n.master = default_route_interface(args.netns if n.link_in_container else None)
         parent = sublink.parent_link(n.master, args.netns, n.link_in_container)
         if n.mtu > parent.mtu:
-            raise CNIError(E.INVALID_CONFIG, f"invalid MTU {n.mtu}, must be [0, master MTU({parent.mtu})]",
-                           f"lower \"mtu\" to at most the MTU of {n.master!r}")
+            raise invalid_config(f"invalid MTU {n.mtu}, must be [0, master MTU({parent.mtu})]",
+                                 f"lower \"mtu\" to at most the MTU of {n.master!r}")
         return parent
 
     # ---- handlers ---------------------------------------------------------------------------
@@ -246,8 +245,8 @@ class LinkMode:
 
         mode = self.default if mode is None or mode == "" else mode
         if not isinstance(mode, str) or mode not in self.modes:
-            raise CNIError(E.INVALID_CONFIG, f"unknown {self.kind} mode: {mode!r}",
-                           f"use one of {', '.join(self.modes)}")
+            raise invalid_config(f"unknown {self.kind} mode: {mode!r}",
+                                 f"use one of {', '.join(self.modes)}")
         return str(mode)
 
     def check(self, conf: Mapping[str, Any], link: Link) -> None:

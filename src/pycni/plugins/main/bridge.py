@@ -16,12 +16,11 @@ from __future__ import annotations
 import ipaddress
 import time
 
-from pycni import invoke, ipam, netconf, skel
+from pycni import ipam, netconf, skel
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, run_plugin
-from pycni.spec import errors as E
-from pycni.spec.errors import INTERNAL, CNIError
+from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 from pycni.spec.types import DNS, Interface, Result, Route
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -76,23 +75,23 @@ def _vlan_trunk(items: Any) -> list[int]:
     def vid(item: dict[str, Any], key: str) -> int:
         v = netconf.lookup(item, key)
         if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 4094:
-            raise E.invalid_config(f"incorrect trunk {key} parameter",
+            raise invalid_config(f"incorrect trunk {key} parameter",
                                    f"{key} must be an integer in 1..4094, got {v!r}")
         return v
 
     for item in items:
         if not isinstance(item, dict):
-            raise E.invalid_config("invalid 'vlanTrunk' entry", f"expected an object, got {item!r}")
+            raise invalid_config("invalid 'vlanTrunk' entry", f"expected an object, got {item!r}")
         has_min, has_max = netconf.lookup(item, "minID") is not None, netconf.lookup(item, "maxID") is not None
         if has_min and has_max:
             lo, hi = vid(item, "minID"), vid(item, "maxID")
             if hi < lo:
-                raise E.invalid_config("minID is greater than maxID in trunk parameter", f"{item!r}")
+                raise invalid_config("minID is greater than maxID in trunk parameter", f"{item!r}")
             vids.update(range(lo, hi + 1))
         elif has_max:
-            raise E.invalid_config("minID and maxID should be configured simultaneously, minID is missing", f"{item!r}")
+            raise invalid_config("minID and maxID should be configured simultaneously, minID is missing", f"{item!r}")
         elif has_min:
-            raise E.invalid_config("minID and maxID should be configured simultaneously, maxID is missing", f"{item!r}")
+            raise invalid_config("minID and maxID should be configured simultaneously, maxID is missing", f"{item!r}")
         if netconf.lookup(item, "id") is not None:
             vids.add(vid(item, "id"))
     return sorted(vids)
@@ -119,10 +118,10 @@ def parse_conf(args: CmdArgs) -> BridgeConf:
     try:
         validate_interface_name(n.bridge)
     except CNIError as e:
-        raise E.invalid_config(f"invalid bridge name {n.bridge!r}", e.details or e.msg) from None
+        raise invalid_config(f"invalid bridge name {n.bridge!r}", e.details or e.msg) from None
     n.vlan = netconf.get_int(raw, "vlan")
     if not 0 <= n.vlan <= 4094:
-        raise E.invalid_config(f"invalid VLAN ID {n.vlan} (must be between 0 and 4094)",
+        raise invalid_config(f"invalid VLAN ID {n.vlan} (must be between 0 and 4094)",
                                "set vlan to 0 (none) or 1..4094")
     trunk = netconf.lookup(raw, "vlanTrunk")
     if trunk is not None:
@@ -130,7 +129,7 @@ def parse_conf(args: CmdArgs) -> BridgeConf:
         n.vlans = _vlan_trunk(trunk)
 
     if n.ip_masq_backend not in (None, "iptables", "nftables"):
-        raise E.invalid_config(f"unknown ipmasq backend {n.ip_masq_backend!r}",
+        raise invalid_config(f"unknown ipmasq backend {n.ip_masq_backend!r}",
                                "ipMasqBackend must be iptables or nftables")
     if n.is_default_gw:
         n.is_gw = True
@@ -147,13 +146,12 @@ def check_for_add(n: BridgeConf, args: CmdArgs) -> None:
     from pycni.net.link import check_container_ifname
 
     if n.ipam_type and n.disable_container_interface:
-        raise E.invalid_config("cannot use IPAM when DisableContainerInterface flag is set",
+        raise invalid_config("cannot use IPAM when DisableContainerInterface flag is set",
                    "drop ipam for an L2-only attachment, or drop disableContainerInterface")
     if n.hairpin and n.promisc:
-        raise E.invalid_config("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
+        raise invalid_config("cannot set hairpin mode and promiscuous mode at the same time", "choose one of them")
     netconf.require_ip_result(n.cni_version, bool(n.ipam_type), "bridge")
-    if n.ipam_type:
-        invoke.find_in_path(n.ipam_type, args.cni_path)
+    ipam.locate(args.conf(), args)
     check_container_ifname(args.netns, args.ifname)
 
 
@@ -322,12 +320,10 @@ def _add_l3(args: CmdArgs, n: BridgeConf, result: Result, bridge_mtu: int, pair:
     from pycni.net.sysctl import disable_forwarding, enable_forwarding, try_write_sysctl
 
     container_index = pair.container.index
-    ipam_result = invoke.delegate_add(n.ipam_type, args.stdin_data, args)
-    undo.push(invoke.delegate_del, n.ipam_type, args.stdin_data, args)
+    conf = args.conf()
+    ipam_result = ipam.add(conf, args)
+    undo.push(ipam.delete, conf, args)
     result.ips, result.routes, result.dns = ipam_result.ips, ipam_result.routes, ipam_result.dns
-    if not result.ips:
-        raise CNIError(INTERNAL, "IPAM plugin returned missing IP config",
-                       f"{n.ipam_type} returned no addresses for {args.container_id}/{args.ifname}")
     gws = _calc_gateways(result, n)
     masq_job: _Background | None = None
     if n.ip_masq:
@@ -412,8 +408,7 @@ def cmd_del(args: CmdArgs) -> None:
             if found is not None:
                 addrs = [a.address for a in addr.list_addrs(found.index) if _global_unicast(a.address.ip)]
                 link.delete_link(found.index)
-    if n.ipam_type:
-        invoke.delegate_del(n.ipam_type, args.stdin_data, args)
+    ipam.delete(args.conf(), args)
     if n.macspoofchk:
         spoofchk.teardown(spoofchk.ref_id(args.container_id, args.ifname))
     if n.ipam_type and n.ip_masq:
@@ -433,8 +428,7 @@ def cmd_check(args: CmdArgs) -> None:
 
     n = parse_conf(args)
     netns.check_netns(args.netns)
-    if n.ipam_type:
-        invoke.delegate_check(n.ipam_type, args.stdin_data, args)
+    ipam.check(args.conf(), args)
     result = netconf.require_prev_result(args.conf(), "bridge")
     br_map = next((i for i in result.interfaces if i.name == n.bridge), None)
     # the bridge, in the host

@@ -20,8 +20,7 @@ from pycni.net.link import Link
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
-from pycni.spec import errors as E
-from pycni.spec.errors import INTERNAL, CNIError
+from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 from pycni.spec.types import DNS, Interface, Result
 from pycni.spec.validate import validate_container_id
 
@@ -62,8 +61,8 @@ def parse_conf(args: CmdArgs) -> HostDeviceConf:
     if device_id:
         n.pci_bus_id = device_id
     if not (n.device or n.hwaddr or n.kernelpath or n.pci_bus_id):
-        raise CNIError(E.INVALID_CONFIG, 'specify either "device", "hwaddr", "kernelpath" or "pciBusID"',
-                       "host-device needs to know which host interface to move into the container")
+        raise invalid_config('specify either "device", "hwaddr", "kernelpath" or "pciBusID"',
+                             "host-device needs to know which host interface to move into the container")
     return n
 
 
@@ -86,8 +85,7 @@ def find_host_device(n: HostDeviceConf) -> str:
     if n.kernelpath:
         path = n.kernelpath
         if not os.path.isabs(path) or not path.startswith("/sys/devices/"):
-            raise CNIError(E.INVALID_CONFIG,
-                           f"kernel device path {path!r} must be absolute and begin with /sys/devices/")
+            raise invalid_config(f"kernel device path {path!r} must be absolute and begin with /sys/devices/")
         net_dir = os.path.join(path, "net")
         try:
             entries = sorted(os.listdir(net_dir))
@@ -115,8 +113,8 @@ def find_host_device(n: HostDeviceConf) -> str:
 def _refuse_unmovable(found: Link) -> None:
     """The host's loopback never leaves (the kernel would refuse anyway, after the reference took it down)."""
     if found.flags & IFF_LOOPBACK or found.name == "lo":
-        raise CNIError(E.INVALID_CONFIG, f"cannot move loopback device {found.name!r} into a container",
-                       "host-device moves a real host interface; name another \"device\"")
+        raise invalid_config(f"cannot move loopback device {found.name!r} into a container",
+                             "host-device moves a real host interface; name another \"device\"")
 
 
 def _state_path(n: HostDeviceConf, args: CmdArgs) -> str:

@@ -10,8 +10,7 @@ from __future__ import annotations
 from pycni import netconf
 from pycni.record import record
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
-from pycni.spec import errors as E
-from pycni.spec.errors import INTERNAL, CNIError
+from pycni.spec.errors import DECODE_FAILURE, INTERNAL, CNIError
 from pycni.spec.types import Interface, IPConfig, Result
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -52,7 +51,7 @@ def parse_conf(args: CmdArgs) -> LoopbackConf:
     try:
         prev = netconf.prev_result(conf)
     except CNIError as e:
-        raise CNIError(E.DECODE_FAILURE, "failed to parse prevResult", e.details or e.msg) from None
+        raise CNIError(DECODE_FAILURE, "failed to parse prevResult", e.details or e.msg) from None
     return LoopbackConf(name=netconf.network_name(conf), cni_version=config_version(conf), prev=prev)
 
 

@@ -13,8 +13,7 @@ from pycni import invoke, ipam, netconf
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
-from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import invalid_config
 from pycni.spec.types import DNS, Interface, IPConfig, Result
 
 
@@ -113,8 +112,8 @@ def cmd_add(args: CmdArgs) -> Result:
         undo.push(ipam.delete, conf, args)
         for ipc in result.ips:
             if ipc.gateway is None:
-                raise CNIError(E.INVALID_CONFIG, f"ptp: IPAM gave {ipc.address} no gateway",
-                               "ptp routes everything through the gateway; configure one in the IPAM section")
+                raise invalid_config(f"ptp: IPAM gave {ipc.address} no gateway",
+                                     "ptp routes everything through the gateway; configure one in the IPAM section")
         enable_forwarding(result.ips, undo)
         pair = veth.setup_veth(args.netns, args.ifname, mtu=n.mtu)
         undo.push(link.delete_link, pair.host.name)

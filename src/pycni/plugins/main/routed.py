@@ -24,8 +24,7 @@ from pycni import invoke, ipam, netconf
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, load_conf, run_plugin
-from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 from pycni.spec.types import DNS, Interface, IPConfig, Result, Route
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -67,7 +66,7 @@ def parse_conf(args: CmdArgs) -> RoutedConf:
         raise netconf.invalid("policySetupTimeout", "a number of seconds (0 < t <= 300)", timeout)
     ipam_type = ipam.require_ipam(raw, "routed")
     if default == "deny" and ipam_type != "cluster-ipam":
-        raise E.invalid_config('routed: "defaultPolicy": "deny" needs cluster-ipam',
+        raise invalid_config('routed: "defaultPolicy": "deny" needs cluster-ipam',
                                "the node agent learns of pods from their workload endpoints in etcd, which only "
                                "a cluster-ipam network records")
     return RoutedConf(conf=raw, ipam_type=ipam_type, mtu=mtu, dns=DNS.from_dict(netconf.get_dict(raw, "dns")),
@@ -123,7 +122,7 @@ def _claim_host_name(container_id: str, ifname: str) -> str:
         if alias == tag:
             link.delete_link(name)
             return name
-    raise CNIError(E.INTERNAL, f"routed: no free host interface name for {container_id}/{ifname}",
+    raise CNIError(INTERNAL, f"routed: no free host interface name for {container_id}/{ifname}",
                    f"{', '.join(host_names(container_id, ifname))} all exist and belong to other containers")
 
 
@@ -295,16 +294,16 @@ def cmd_check(args: CmdArgs) -> None:
     verify.container_link(prev, args.ifname, args.netns, kind="veth", label="routed")
     host = find_host_end(args.container_id, args.ifname)
     if host is None:
-        raise CNIError(E.INTERNAL, f"routed: host interface for {args.container_id}/{args.ifname} not found",
+        raise CNIError(INTERNAL, f"routed: host interface for {args.container_id}/{args.ifname} not found",
                        f"expected one of {', '.join(host_names(args.container_id, args.ifname))}")
     found = link.require_link(host)
     installed = route.list_routes(dev=found.index)
     for ipc in prev.ips:
         if ipc.address.version == 4 and sysctl.read_sysctl(f"net/ipv4/conf/{host}/proxy_arp") != "1":
-            raise CNIError(E.INTERNAL, f"routed: proxy ARP is off on {host}", "the pod cannot reach its next hop")
+            raise CNIError(INTERNAL, f"routed: proxy ARP is off on {host}", "the pod cannot reach its next hop")
         want = ipaddress.ip_network(f"{ipc.address.ip}/{ipc.address.max_prefixlen}")
         if not any(r.dst == want for r in installed):
-            raise CNIError(E.INTERNAL, f"routed: host route to {want} via {host} not found",
+            raise CNIError(INTERNAL, f"routed: host route to {want} via {host} not found",
                            "the host no longer routes to the pod")
 
 

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from pycni import netconf
 from pycni.plugins.main._sublink import SublinkPlugin, SublinkSpec
 from pycni.skel import run_plugin
-from pycni.spec import errors as E
-from pycni.spec.errors import INTERNAL, CNIError
+from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from typing import Any
+
     from pycni.net.link import Link
 
 
@@ -20,8 +20,8 @@ def _vlan_id(conf: Mapping[str, Any]) -> int:
     """``vlanId``, 0 to 4094; CNIError 7 otherwise."""
     vid = netconf.get_int(conf, "vlanId")
     if not 0 <= vid <= 4094:
-        raise CNIError(E.INVALID_CONFIG, f"invalid VLAN ID {vid} (must be between 0 and 4095 exclusive)",
-                       "set \"vlanId\" to a number from 0 to 4094")
+        raise invalid_config(f"invalid VLAN ID {vid} (must be between 0 and 4095 exclusive)",
+                             "set \"vlanId\" to a number from 0 to 4094")
     return vid
 
 

@@ -19,7 +19,7 @@ from pycni import netconf
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
-from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+from pycni.spec.errors import PLUGIN_SPECIFIC, CNIError, invalid_config
 from pycni.spec.types import Interface, Result
 from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
 
@@ -78,8 +78,8 @@ def _subnets(entry: dict[str, Any], key: str) -> list[str]:
                 raise ValueError("missing /prefix")
             ipaddress.ip_network(s, strict=False)
         except ValueError as e:
-            raise CNIError(INVALID_CONFIG, f"bad subnet {s!r} provided",
-                           f"{key} entries must be CIDRs such as 10.0.0.0/8 or fd00::/64 ({e})") from None
+            raise invalid_config(f"bad subnet {s!r} provided",
+                                 f"{key} entries must be CIDRs such as 10.0.0.0/8 or fd00::/64 ({e})") from None
     return list(v)
 
 
@@ -88,23 +88,23 @@ def _limits(direction: str, rate_bits: int, burst_bits: int) -> Limits | None:
     bucket at this rate (containerd's MaxUint32 "no particular burst") is taken as the largest
     bucket the kernel holds (:func:`pycni.net.tc.largest_burst`), never refused."""
     if rate_bits and not burst_bits:
-        raise CNIError(INVALID_CONFIG, "if rate is set, burst must also be set",
-                       f"{direction}Rate is {rate_bits} but {direction}Burst is 0: give a burst in bits")
+        raise invalid_config("if rate is set, burst must also be set",
+                             f"{direction}Rate is {rate_bits} but {direction}Burst is 0: give a burst in bits")
     if burst_bits and not rate_bits:
-        raise CNIError(INVALID_CONFIG, "if burst is set, rate must also be set",
-                       f"{direction}Burst is {burst_bits} but {direction}Rate is 0: give a rate in bits/s")
+        raise invalid_config("if burst is set, rate must also be set",
+                             f"{direction}Burst is {burst_bits} but {direction}Rate is 0: give a rate in bits/s")
     if burst_bits // 8 >= MAX_U32:
-        raise CNIError(INVALID_CONFIG, "burst cannot be more than 4GB",
-                       f"{direction}Burst is {burst_bits} bits; the kernel keeps bursts in 32 bits of bytes")
+        raise invalid_config("burst cannot be more than 4GB",
+                             f"{direction}Burst is {burst_bits} bits; the kernel keeps bursts in 32 bits of bytes")
     if not rate_bits:
         return None
     rate, burst = rate_bits // 8, burst_bits // 8
     if rate == 0:
-        raise CNIError(INVALID_CONFIG, f"{direction}Rate too small",
-                       f"{direction}Rate is {rate_bits} bits/s; the kernel counts whole bytes: use at least 8")
+        raise invalid_config(f"{direction}Rate too small",
+                             f"{direction}Rate is {rate_bits} bits/s; the kernel counts whole bytes: use at least 8")
     if burst == 0:
-        raise CNIError(INVALID_CONFIG, f"{direction}Burst too small",
-                       f"{direction}Burst is {burst_bits} bits; the kernel counts whole bytes: use at least 8")
+        raise invalid_config(f"{direction}Burst too small",
+                             f"{direction}Burst is {burst_bits} bits; the kernel counts whole bytes: use at least 8")
     from pycni.net import tc
 
     return Limits(rate, tc.largest_burst(rate, burst))
@@ -129,12 +129,12 @@ def parse_conf(args: CmdArgs) -> BandwidthConf:
     conf.shaped_subnets = _subnets(entry, "shapedSubnets")
     conf.unshaped_subnets = _subnets(entry, "unshapedSubnets")
     if conf.shaped_subnets and conf.unshaped_subnets:
-        raise CNIError(INVALID_CONFIG, "unshapedSubnets and shapedSubnets cannot be both specified",
+        raise invalid_config("unshapedSubnets and shapedSubnets cannot be both specified",
                        "give one of them: shapedSubnets shapes only those destinations, "
                        "unshapedSubnets shapes all but those")
     if conf.prev is None and (args.command == "CHECK" or args.command == "ADD" and not conf.is_zero):
-        raise CNIError(INVALID_CONFIG, "must be called as chained plugin",
-                       "bandwidth needs a prevResult from the interface plugin before it")
+        raise invalid_config("must be called as chained plugin",
+                             "bandwidth needs a prevResult from the interface plugin before it")
     return conf
 
 
@@ -144,7 +144,7 @@ def host_interface(prev: Result, args: CmdArgs) -> Interface:
     from pycni.net import link, netns
 
     if not prev.interfaces:
-        raise CNIError(INVALID_CONFIG, "no interfaces provided", "prevResult lists no interfaces")
+        raise invalid_config("no interfaces provided", "prevResult lists no interfaces")
     with netns.enter(args.netns):
         cont = link.get_link(args.ifname)
     if cont is None or cont.kind != "veth" or not cont.peer_index:

@@ -25,7 +25,7 @@ from pycni import netconf
 from pycni.record import record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
-from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+from pycni.spec.errors import PLUGIN_SPECIFIC, CNIError, invalid_config
 from pycni.spec.types import IPConfig, Result
 from pycni.spec.validate import ALNUM, charset_match
 from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
@@ -76,27 +76,27 @@ def parse_conf(args: CmdArgs) -> FirewallConf:
     backend = netconf.get_str(raw, "backend") or "iptables"
     netconf.get_str(raw, "firewalldZone")  # type-checked only: there is no firewalld backend
     if backend == "firewalld":
-        raise CNIError(INVALID_CONFIG, "firewalld backend is not supported",
+        raise invalid_config("firewalld backend is not supported",
                        "pycni has no firewalld integration and no firewalld runs here: "
                        "set \"backend\" to \"iptables\" or \"nftables\"")
     if backend not in ("iptables", "nftables"):
-        raise CNIError(INVALID_CONFIG, f"unknown firewall backend {backend!r}",
-                       "backend must be \"iptables\" or \"nftables\"")
+        raise invalid_config(f"unknown firewall backend {backend!r}",
+                             "backend must be \"iptables\" or \"nftables\"")
     admin = netconf.get_str(raw, "iptablesAdminChainName") or DEFAULT_ADMIN_CHAIN
     if not charset_match(admin, ALNUM + "_", ALNUM + "_.-", 28, eol=True):
-        raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
-                       "use up to 28 letters, digits, '_', '-' or '.'")
+        raise invalid_config(f"invalid iptablesAdminChainName {admin!r}",
+                             "use up to 28 letters, digits, '_', '-' or '.'")
     if admin in (_RESERVED_ADMIN if backend == "iptables" else ("forward",)):
-        raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
+        raise invalid_config(f"invalid iptablesAdminChainName {admin!r}",
                        f"{admin} is a built-in chain, a verdict or a chain of the firewall plugin itself; "
                        f"name a chain of your own (default {DEFAULT_ADMIN_CHAIN})")
     if backend == "nftables" and not charset_match(admin, ALNUM[:52] + "_", ALNUM + "_.-", eol=True):
-        raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {admin!r}",
-                       "an nftables chain name starts with a letter or '_'")
+        raise invalid_config(f"invalid iptablesAdminChainName {admin!r}",
+                             "an nftables chain name starts with a letter or '_'")
     policy = netconf.get_str(raw, "ingressPolicy")
     if policy not in POLICIES:
-        raise CNIError(INVALID_CONFIG, f"unknown ingress policy: {policy!r}",
-                       "ingressPolicy must be \"open\", \"same-bridge\" or \"isolated\"")
+        raise invalid_config(f"unknown ingress policy: {policy!r}",
+                             "ingressPolicy must be \"open\", \"same-bridge\" or \"isolated\"")
     if args.command in ("ADD", "CHECK"):
         prev: Result | None = netconf.require_prev_result(raw, "firewall")
     else:
@@ -140,8 +140,8 @@ def _create_chain(chain: str, v6: bool, undo: Rollback) -> None:
         if e.chain_exists:
             return
         if "clash with target name" in e.stderr:
-            raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {chain!r}",
-                           f"{chain} is the name of an iptables target; name a chain of your own") from None
+            raise invalid_config(f"invalid iptablesAdminChainName {chain!r}",
+                                 f"{chain} is the name of an iptables target; name a chain of your own") from None
         raise
     undo.push(ipt.delete_chain, "filter", chain, v6)
 
@@ -297,8 +297,8 @@ def nft_add(conf: FirewallConf, result: Result, undo: Rollback) -> None:
         nft.run(script, what="firewall ADD")
     except nft.NftError as e:
         if "syntax error" in e.stderr:  # the admin chain's name is an nftables keyword
-            raise CNIError(INVALID_CONFIG, f"invalid iptablesAdminChainName {conf.admin_chain!r} for nftables",
-                           f"nft cannot name a chain {conf.admin_chain}: {e.details}") from None
+            raise invalid_config(f"invalid iptablesAdminChainName {conf.admin_chain!r} for nftables",
+                                 f"nft cannot name a chain {conf.admin_chain}: {e.details}") from None
         raise
     undo.push(nft_del, conf, result)
 
@@ -352,8 +352,8 @@ LEGACY_POLICY_COMMENT = _policy_comment("same-bridge")
 def _isolation_rules(conf: FirewallConf, result: Result) -> list[tuple[str, list[str], bool]]:
     """(chain, rule, prepend) in the order the reference installs them, for the bridge."""
     if not result.interfaces or not result.interfaces[0].name:
-        raise CNIError(INVALID_CONFIG, f"interface needs to be set for ingress policy {conf.ingress_policy!r}",
-                       "make sure to chain \"firewall\" after \"bridge\"")
+        raise invalid_config(f"interface needs to be set for ingress policy {conf.ingress_policy!r}",
+                             "make sure to chain \"firewall\" after \"bridge\"")
     br = result.interfaces[0].name
     pc = _policy_comment(conf.ingress_policy)
     rules = [("FORWARD", ["-j", STAGE1, *DEFAULT_POLICY_COMMENT], True),

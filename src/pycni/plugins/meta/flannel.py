@@ -18,8 +18,7 @@ from pycni import invoke, netconf, statefile
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
-from pycni.spec import errors as E
-from pycni.spec.errors import CNIError
+from pycni.spec.errors import IO_FAILURE, PLUGIN_NOT_AVAILABLE, UNKNOWN_CONTAINER, CNIError, invalid_config
 from pycni.spec.types import Result
 from pycni.spec.validate import validate_container_id
 
@@ -60,11 +59,11 @@ def parse_conf(args: CmdArgs) -> FlannelConf:
     raw = args.conf()
     delegate = netconf.get_dict(raw, "delegate")
     if "type" in delegate and not isinstance(delegate["type"], str):
-        raise CNIError(E.INVALID_CONFIG, "'delegate' dictionary, if present, must have (string) 'type' field")
+        raise invalid_config("'delegate' dictionary, if present, must have (string) 'type' field")
     if "name" in delegate:
-        raise CNIError(E.INVALID_CONFIG, "'delegate' dictionary must not have 'name' field, it'll be set by flannel")
+        raise invalid_config("'delegate' dictionary must not have 'name' field, it'll be set by flannel")
     if "ipam" in delegate:
-        raise CNIError(E.INVALID_CONFIG, "'delegate' dictionary must not have 'ipam' field, it'll be set by flannel")
+        raise invalid_config("'delegate' dictionary must not have 'ipam' field, it'll be set by flannel")
     rc = netconf.runtime_config(raw)
     netconf.args_cni(raw)
     return FlannelConf(name=netconf.network_name(raw), cni_version=config_version(raw),
@@ -82,8 +81,8 @@ def load_subnet_env(path: str) -> SubnetEnv:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError as e:
-        raise CNIError(E.INVALID_CONFIG, f"failed to read flannel subnet file {path}",
-                       f"{e.strerror or e}; is flanneld running on this node?") from None
+        raise invalid_config(f"failed to read flannel subnet file {path}",
+                             f"{e.strerror or e}; is flanneld running on this node?") from None
     env = SubnetEnv()
     v4: dict[str, Any] = {}
     v6: dict[str, Any] = {}
@@ -103,8 +102,8 @@ def load_subnet_env(path: str) -> SubnetEnv:
             elif key == "FLANNEL_IPMASQ":
                 env.ipmasq = value == "true"
         except ValueError as e:
-            raise CNIError(E.INVALID_CONFIG, f"invalid {key} in flannel subnet file {path}",
-                           f"line {lineno}: {value!r}: {e}") from None
+            raise invalid_config(f"invalid {key} in flannel subnet file {path}",
+                                 f"line {lineno}: {value!r}: {e}") from None
     env.networks = [n for n in (v4.get("FLANNEL_NETWORK"), v6.get("FLANNEL_IPV6_NETWORK")) if n]
     env.subnets = [n for n in (v4.get("FLANNEL_SUBNET"), v6.get("FLANNEL_IPV6_SUBNET")) if n]
     missing = []
@@ -117,8 +116,8 @@ def load_subnet_env(path: str) -> SubnetEnv:
     if env.ipmasq is None:
         missing.append("FLANNEL_IPMASQ")
     if missing:
-        raise CNIError(E.INVALID_CONFIG, f"{path} is missing {', '.join(missing)}",
-                       "flanneld writes all of these; check the file or the subnetFile setting")
+        raise invalid_config(f"{path} is missing {', '.join(missing)}",
+                             "flanneld writes all of these; check the file or the subnetFile setting")
     return env
 
 
@@ -160,7 +159,7 @@ def _read_saved(path: str) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise CNIError(E.IO_FAILURE, f"failed to read saved flannel delegate config {path}", str(e)) from None
+        raise CNIError(IO_FAILURE, f"failed to read saved flannel delegate config {path}", str(e)) from None
 
 
 def validate_delegate(delegate: dict[str, Any], args: CmdArgs) -> None:
@@ -238,13 +237,13 @@ def cmd_check(args: CmdArgs) -> None:
     path = _scratch_path(conf.data_dir, args.container_id)
     saved = _read_saved(path)
     if saved is None:
-        raise CNIError(E.UNKNOWN_CONTAINER, f"no flannel delegate config for container {args.container_id}",
+        raise CNIError(UNKNOWN_CONTAINER, f"no flannel delegate config for container {args.container_id}",
                        f"nothing saved in {conf.data_dir}; was ADD run for this container?")
     try:
         delegate = json.loads(saved)
         delegate["type"]
     except (ValueError, KeyError, TypeError):
-        raise CNIError(E.IO_FAILURE, f"saved flannel delegate config for {args.container_id} is unreadable",
+        raise CNIError(IO_FAILURE, f"saved flannel delegate config for {args.container_id} is unreadable",
                        f"{_scratch_path(conf.data_dir, args.container_id)} is not a delegate config") from None
     if prev is not None:
         delegate["prevResult"] = prev.to_dict(delegate.get("cniVersion") or conf.cni_version)
@@ -279,7 +278,7 @@ def cmd_status(args: CmdArgs) -> None:
     try:
         load_subnet_env(conf.subnet_file)
     except CNIError as e:
-        raise CNIError(E.PLUGIN_NOT_AVAILABLE, "flannel subnet file not available", str(e)) from None
+        raise CNIError(PLUGIN_NOT_AVAILABLE, "flannel subnet file not available", str(e)) from None
 
 
 PLUGIN = Plugin(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status,

@@ -24,7 +24,7 @@ from pycni import netconf
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
-from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError, invalid_config
+from pycni.spec.errors import PLUGIN_SPECIFIC, CNIError, invalid_config
 from pycni.spec.types import IPAddress, IPConfig, Result
 from pycni.spec.validate import IFNAMSIZ
 
@@ -54,28 +54,28 @@ def parse_conf(args: CmdArgs) -> SbrConf:
 
         table = netconf.get_int(raw, "table")
         if not 0 < table < 2**32 or table in RESERVED_TABLES:
-            raise CNIError(INVALID_CONFIG, f"invalid routing table {table}",
-                           "use a table id between 1 and 4294967295 other than default/main/local (253-255)")
+            raise invalid_config(f"invalid routing table {table}",
+                                 "use a table id between 1 and 4294967295 other than default/main/local (253-255)")
         conf.table = table
     gws = netconf.get_list(raw, "gateways")
     if not all(isinstance(g, str) for g in gws):
         raise netconf.invalid("gateways", "a list of IP address strings", gws)
     if len(gws) > 2:
-        raise CNIError(INVALID_CONFIG, "gateways list cannot contain more than 2 entries (one IPv4, one IPv6)")
+        raise invalid_config("gateways list cannot contain more than 2 entries (one IPv4, one IPv6)")
     for g in gws:
         try:
             ip = ipaddress.ip_address(g)
         except ValueError:
-            raise CNIError(INVALID_CONFIG, f"invalid static gateway IP address: {g}",
-                           "gateways entries must be plain IPv4 or IPv6 addresses") from None
+            raise invalid_config(f"invalid static gateway IP address: {g}",
+                                 "gateways entries must be plain IPv4 or IPv6 addresses") from None
         if ip.version in conf.gateways:
-            raise CNIError(INVALID_CONFIG, f"gateways list contains multiple IPv{ip.version} addresses: "
+            raise invalid_config(f"gateways list contains multiple IPv{ip.version} addresses: "
                            f"{conf.gateways[ip.version]} and {g}", "give at most one gateway per family")
         conf.gateways[ip.version] = ip
     conf.add_source_hints = netconf.get_bool(raw, "addSourceHints")
     vrf = netconf.get_str(raw, "vrfname")
     if len(vrf) >= IFNAMSIZ or any(c in vrf for c in "/ :\t\n"):
-        raise CNIError(INVALID_CONFIG, f"invalid vrfname {vrf!r}", "vrfname must be a valid interface name")
+        raise invalid_config(f"invalid vrfname {vrf!r}", "vrfname must be a valid interface name")
     conf.vrfname = vrf
     if args.command == "ADD" and conf.prev is None:
         raise invalid_config("This plugin must be called as chained plugin",  # the reference's words
@@ -90,8 +90,8 @@ def parse_conf(args: CmdArgs) -> SbrConf:
 def ip_configs(ifname: str, prev: Result) -> list[IPConfig]:
     """prevResult's addresses on ``ifname`` (those without an interface index count as its)."""
     if not prev.ips:
-        raise CNIError(INVALID_CONFIG, f"No IP addresses supplied on interface: {ifname}",
-                       "sbr needs the addresses the interface plugin gave the container")
+        raise invalid_config(f"No IP addresses supplied on interface: {ifname}",
+                             "sbr needs the addresses the interface plugin gave the container")
     out = []
     for ip in prev.ips:
         idx = ip.interface
@@ -200,10 +200,10 @@ def vrf_table(name: str, table: int | None, undo: Rollback | None = None) -> int
         found = vrf.vrf_of(name) or ("", 0)
     kind, vt = found
     if kind != "vrf":
-        raise CNIError(INVALID_CONFIG, f"{name!r} is not a VRF device", f"it is a {kind or 'plain'} link")
+        raise invalid_config(f"{name!r} is not a VRF device", f"it is a {kind or 'plain'} link")
     if table is not None and vt != table:
-        raise CNIError(INVALID_CONFIG, f"VRF {name!r} uses table {vt}, not {table}",
-                       "drop \"table\" or make it match the existing VRF")
+        raise invalid_config(f"VRF {name!r} uses table {vt}, not {table}",
+                             "drop \"table\" or make it match the existing VRF")
     if not vt:
         raise CNIError(PLUGIN_SPECIFIC, f"cannot read the routing table of VRF {name!r}")
     return vt

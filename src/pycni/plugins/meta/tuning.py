@@ -31,7 +31,7 @@ from pycni.net.sysctl import normalize_key, proc_path, read_sysctl, try_write_sy
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
-from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, IO_FAILURE, PLUGIN_SPECIFIC, CNIError
+from pycni.spec.errors import DECODE_FAILURE, IO_FAILURE, PLUGIN_SPECIFIC, CNIError, invalid_config
 from pycni.spec.types import Result
 from pycni.spec.validate import charset_match
 
@@ -148,8 +148,8 @@ def parse_mac(value: str) -> str:
         ok = False
     if ok and len(groups) in (6, 8, 20) and all(charset_match(g, _HEX, _HEX) and len(g) == 2 for g in groups):
         return ":".join(groups).lower()
-    raise CNIError(INVALID_CONFIG, f"invalid args {value} for MAC addr",
-                   "expected a hardware address such as 0a:58:0a:f4:00:05")
+    raise invalid_config(f"invalid args {value} for MAC addr",
+                         "expected a hardware address such as 0a:58:0a:f4:00:05")
 
 
 def _sysctl_map(raw: Any, where: str) -> dict[str, str]:
@@ -160,7 +160,7 @@ def _sysctl_map(raw: Any, where: str) -> dict[str, str]:
         raise netconf.invalid(where, "an object of sysctl names to string values", raw)
     dups = getattr(raw, "dups", [])
     if dups:
-        raise CNIError(INVALID_CONFIG, "duplicated sysctl keys are not allowed", f"{where}: {sorted(set(dups))}")
+        raise invalid_config("duplicated sysctl keys are not allowed", f"{where}: {sorted(set(dups))}")
     for k, v in raw.items():
         if not isinstance(v, str):
             raise netconf.invalid(f"{where}[{k}]", "a string", v)
@@ -172,13 +172,13 @@ def sysctl_file(key: str, ifname: str) -> str:
     name = normalize_key(key).replace("IFNAME", ifname, 1)
     path = proc_path(name, key)
     if not name.startswith("net/"):
-        raise CNIError(INVALID_CONFIG, f"invalid net sysctl key: {json.dumps(key)}",
-                       "tuning only sets network sysctls (net.*), which belong to the container's namespace")
+        raise invalid_config(f"invalid net sysctl key: {json.dumps(key)}",
+                             "tuning only sets network sysctls (net.*), which belong to the container's namespace")
     import re
 
     if re.match(_global_pattern(), name):
-        raise CNIError(INVALID_CONFIG, f"sysctl {key!r} is not namespaced",
-                       "the kernel keeps it global (host-wide); it cannot be set for one container")
+        raise invalid_config(f"sysctl {key!r} is not namespaced",
+                             "the kernel keeps it global (host-wide); it cannot be set for one container")
     return path
 
 
@@ -198,10 +198,10 @@ def check_allowlist(keys: list[str], allowlist_file: str = ALLOWLIST_FILE) -> No
             if any(re.search(p, key) for p in patterns):
                 continue
         except re.error as e:
-            raise CNIError(INVALID_CONFIG, "invalid pattern in the sysctl allowlist",
-                           f"{allowlist_file}: {e}") from None
-        raise CNIError(INVALID_CONFIG, f"Sysctl {key} is not allowed",
-                       f"only sysctls matching these patterns are allowed ({allowlist_file}): {patterns}")
+            raise invalid_config("invalid pattern in the sysctl allowlist",
+                                 f"{allowlist_file}: {e}") from None
+        raise invalid_config(f"Sysctl {key} is not allowed",
+                             f"only sysctls matching these patterns are allowed ({allowlist_file}): {patterns}")
 
 
 def _link_attrs(conf: TuningConf, section: dict[str, Any], where: str) -> None:
@@ -250,8 +250,8 @@ def parse_conf(args: CmdArgs, allowlist_file: str = ALLOWLIST_FILE) -> TuningCon
     for key, value in sysctls.items():
         path = sysctl_file(key, args.ifname)
         if path in by_path and by_path[path].value != value:
-            raise CNIError(INVALID_CONFIG, "conflicting sysctl keys",
-                           f"{by_path[path].key!r} and {key!r} name the same sysctl with different values")
+            raise invalid_config("conflicting sysctl keys",
+                                 f"{by_path[path].key!r} and {key!r} name the same sysctl with different values")
         by_path[path] = Sysctl(key, path, value)
     conf.sysctls = list(by_path.values())
     check_allowlist(list(sysctls), allowlist_file)
@@ -333,8 +333,8 @@ def _write_sysctls(sysctls: list[Sysctl], undo: Rollback) -> None:
     """Set every sysctl, each put back by ``undo`` if the ADD fails later."""
     for s in sysctls:
         if not os.path.isfile(s.path):
-            raise CNIError(INVALID_CONFIG, f"sysctl {s.key!r} does not exist in the container's namespace",
-                           f"{s.path} not found (does the interface exist? is the kernel module loaded?)")
+            raise invalid_config(f"sysctl {s.key!r} does not exist in the container's namespace",
+                                 f"{s.path} not found (does the interface exist? is the kernel module loaded?)")
     for s in sysctls:
         key = _slash_key(s.path)
         try:

@@ -25,7 +25,6 @@ import sys
 import threading
 import zlib
 from collections.abc import Mapping
-from typing import Any
 
 from pycni import netconf
 from pycni.cniargs import parse_cni_args
@@ -33,10 +32,14 @@ from pycni.plugins.ipam.dhcp import client as C
 from pycni.plugins.ipam.dhcp import message as M
 from pycni.plugins.ipam.dhcp import options
 from pycni.plugins.ipam.dhcp.lease import Lease, Timing
-from pycni.plugins.ipam.dhcp.protocol import DEFAULT_SOCKET_PATH, read_all
+from pycni.plugins.ipam.dhcp.protocol import DEFAULT_SOCKET_PATH, receive, send
 from pycni.record import record
 from pycni.skel import config_version, load_conf
-from pycni.spec.errors import DECODE_FAILURE, INTERNAL, INVALID_CONFIG, INVALID_ENV, PLUGIN_SPECIFIC, CNIError
+from pycni.spec.errors import DECODE_FAILURE, INTERNAL, INVALID_ENV, PLUGIN_SPECIFIC, CNIError, invalid_config
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("pycni.dhcp")
 
@@ -64,8 +67,8 @@ def client_options(ipam: Mapping[str, Any], cni_args: str, key: str, broadcast: 
             value = args[from_arg]
         if value:
             if len(value.encode()) > 255:
-                raise CNIError(INVALID_CONFIG, f"value too long for option {netconf.lookup(entry, 'option')!r}",
-                               "DHCP options hold at most 255 bytes")
+                raise invalid_config(f"value too long for option {netconf.lookup(entry, 'option')!r}",
+                                     "DHCP options hold at most 255 bytes")
             provide[code] = value.encode()
     request: list[int] = []
     skip_default = False
@@ -145,8 +148,8 @@ class DHCPService:
         conf = load_conf(str(raw.get("stdin", "")).encode())
         ipam = netconf.lookup(conf, "ipam")
         if not isinstance(ipam, dict):
-            raise CNIError(INVALID_CONFIG, "IPAM config missing 'ipam' key",
-                           "the network configuration needs an \"ipam\" object")
+            raise invalid_config("IPAM config missing 'ipam' key",
+                                 "the network configuration needs an \"ipam\" object")
         fields = {k: raw.get(k, "") for k in ("method", "containerID", "netns", "ifname", "args")}
         if not all(isinstance(v, str) for v in fields.values()):
             raise CNIError(DECODE_FAILURE, "malformed request to the DHCP daemon", "fields must be strings")
@@ -233,13 +236,16 @@ class DHCPService:
 class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         try:
-            raw = json.loads(read_all(self.request))
+            raw = json.loads(receive(self.request))
+        except ConnectionError as e:
+            log.info("client went away before its request was whole: %s", e)
+            return
         except ValueError as e:
             reply: dict[str, Any] = {"error": CNIError(DECODE_FAILURE, "undecodable request", str(e)).to_dict()}
         else:
             reply = self.server.service.handle(raw)  # type: ignore[attr-defined]
         try:
-            self.request.sendall(json.dumps(reply).encode())
+            send(self.request, reply)
         except OSError as e:
             log.info("client went away before the reply: %s", e)
 
@@ -306,31 +312,16 @@ def _normalise_bool_flags(argv: list[str]) -> list[str]:
     return out
 
 
-def _listener(path: str) -> tuple[socket.socket, bool]:
-    """The listening socket: systemd's (LISTEN_FDS) or our own at ``path``; and whether we own it."""
-    if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS"):
-        count = int(os.environ["LISTEN_FDS"])
-        if count != 1:
-            raise SystemExit(f"dhcp daemon: too many ({count}) sockets passed by systemd; pass one")
-        for k in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
-            os.environ.pop(k, None)
-        return socket.socket(fileno=3), False
+def _listener(path: str) -> tuple[socket.socket, tuple[int, int] | None]:
+    """The listening socket — systemd's (LISTEN_FDS) or our own at ``path`` (pycni.unixsock: never
+    replaces anything but a dead socket, appears listening and 0660) — and the inode we own there."""
+    from pycni.unixsock import activated_socket, listen
+
+    inherited = activated_socket(os.environ, "cni-dhcp.socket")
+    if inherited is not None:
+        return inherited, None
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-    if os.path.exists(path):
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except OSError:
-            os.unlink(path)  # stale socket of a daemon that died
-        else:
-            raise SystemExit(f"dhcp daemon: another daemon already listens on {path}")
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    os.chmod(path, 0o660)
-    sock.listen(128)
-    return sock, True
+    return listen(path, 0o660)
 
 
 def run(argv: list[str]) -> int:
@@ -341,9 +332,14 @@ def run(argv: list[str]) -> int:
         log.error("Error writing pidfile %r: path not absolute", opts.pidfile)
         return 1
     path = opts.hostprefix + (opts.socketpath or DEFAULT_SOCKET_PATH)
+    from pycni.unixsock import AlreadyServing, Refused, unlisten
+
     try:
         sock, owned = _listener(path)
-    except OSError as e:
+    except AlreadyServing:
+        log.error("dhcp daemon: another daemon already listens on %s", path)
+        return 1
+    except (Refused, OSError) as e:
         log.error("Error getting listener on %s: %s", path, e)
         return 1
     if opts.pidfile:
@@ -365,8 +361,7 @@ def run(argv: list[str]) -> int:
     server.shutdown()
     server.server_close()
     service.shutdown()
-    if owned:
-        _unlink(path)
+    unlisten(None, path, owned)  # the socket server closed the socket; the path only while ours
     if opts.pidfile:
         _unlink(opts.pidfile)
     return 0

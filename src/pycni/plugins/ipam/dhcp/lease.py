@@ -16,12 +16,15 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 from pycni.net import netns
 from pycni.plugins.ipam.dhcp import client as C
 from pycni.record import record
-from pycni.spec.errors import INVALID_CONFIG, INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIError
+from pycni.spec.errors import INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIError, invalid_config
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 log = logging.getLogger("pycni.dhcp")
 
@@ -157,8 +160,8 @@ class Lease:
         """Refuse (and give back) a lease we cannot turn into a result."""
         if binding.ack.subnet_mask is None:
             self._release()
-            raise CNIError(INVALID_CONFIG, "DHCP option Subnet Mask not found in DHCPACK",
-                           f"the server {binding.server_ip} must send option 1 (subnet-mask)")
+            raise invalid_config("DHCP option Subnet Mask not found in DHCPACK",
+                                 f"the server {binding.server_ip} must send option 1 (subnet-mask)")
 
     # ---- maintenance (own thread) ---------------------------------------------------------------
     def start(self) -> None:

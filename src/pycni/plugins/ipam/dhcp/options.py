@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from pycni import netconf
 from pycni.plugins.ipam.dhcp import message as M
-from pycni.spec.errors import INVALID_CONFIG, CNIError
+from pycni.spec.errors import invalid_config
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def option_code(entry: Mapping[str, Any]) -> int:
     try:
         return M.parse_option_name(str(name) if name is not None else "")
     except ValueError as e:
-        raise CNIError(INVALID_CONFIG, f"Can not parse option {name!r}", str(e)) from None
+        raise invalid_config(f"Can not parse option {name!r}", str(e)) from None
 
 
 def check(ipam: Mapping[str, Any]) -> None:
@@ -41,9 +41,9 @@ def check(ipam: Mapping[str, Any]) -> None:
         value = netconf.get_str(entry, "value", label="ipam.provide[].value")
         netconf.get_str(entry, "fromArg", label="ipam.provide[].fromArg")
         if len(value.encode()) > 255:
-            raise CNIError(INVALID_CONFIG, f"value too long for option {netconf.lookup(entry, 'option')!r}",
+            raise invalid_config(f"value too long for option {netconf.lookup(entry, 'option')!r}",
 
-                           "DHCP options hold at most 255 bytes")
+                                 "DHCP options hold at most 255 bytes")
     for entry in entries(ipam, "request"):
         option_code(entry)
         netconf.get_bool(entry, "skipDefault", label="ipam.request[].skipDefault")

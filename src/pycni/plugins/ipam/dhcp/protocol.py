@@ -6,7 +6,8 @@ The reference uses Go's net/rpc; nothing else speaks to the daemon, so ours is s
               "ifname": ..., "args": CNI_ARGS, "stdin": the network configuration (text)}
     reply:   {"result": {...a 1.1.0 result...}}  |  {}  |  {"error": {"code", "msg", "details"}}
 
-The client half writes its request, shuts down its writing side, and reads to EOF. Stdlib only.
+Each travels in the frame pycni's main daemon uses (:mod:`pycni.daemon.protocol`: a 4-byte
+length, then the body), so a truncated message is told from a complete one. Stdlib only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import socket
 
+from pycni.daemon.protocol import frame, recv_frame
 from pycni.spec.errors import DECODE_FAILURE, TRY_AGAIN, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
@@ -35,17 +37,13 @@ class DaemonUnavailable(CNIError):
                          f"{why}; {START_HINT}")
 
 
-def read_all(sock: socket.socket, limit: int = MAX_MESSAGE) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > limit:
-            raise ValueError(f"message larger than {limit} bytes")
-        chunks.append(chunk)
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.sendall(frame(json.dumps(message).encode()))
+
+
+def receive(sock: socket.socket) -> bytes:
+    """One message's JSON text; ValueError when too large, ConnectionError when cut short."""
+    return recv_frame(sock, MAX_MESSAGE)
 
 
 def call(path: str, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
@@ -60,9 +58,13 @@ def call(path: str, request: dict[str, Any], timeout: float | None = None) -> di
         except PermissionError as e:
             raise CNIError(TRY_AGAIN, f"cannot connect to the DHCP daemon at {path}",
                            f"{e.strerror}: the plugin must run as a user allowed to use the socket") from None
-        s.sendall(json.dumps(request).encode())
-        s.shutdown(socket.SHUT_WR)
-        data = read_all(s)
+        send(s, request)
+        try:
+            data = receive(s)
+        except ConnectionError:
+            data = b""  # closed before a whole reply: said below
+        except ValueError as e:
+            raise CNIError(DECODE_FAILURE, "undecodable reply from the DHCP daemon", str(e)) from None
     except TimeoutError:
         raise CNIError(TRY_AGAIN, "the DHCP daemon did not answer in time",
                        f"no reply on {path} after {timeout}s") from None

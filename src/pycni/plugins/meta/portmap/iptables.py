@@ -34,7 +34,7 @@ from __future__ import annotations
 from pycni.net import iptables
 from pycni.net.masq import chain_name
 from pycni.plugins.meta.portmap.backend import Backend, Unusable
-from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+from pycni.spec.errors import PLUGIN_SPECIFIC, CNIError, invalid_config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -197,11 +197,11 @@ def _forward_slow(conf: PortmapConf, net: ContainerNet) -> None:
     except CNIError as e:
         external = conf.external_set_mark_chain
         if conf.conditions_v6 if v6 else conf.conditions_v4:
-            raise CNIError(INVALID_CONFIG, "unable to set up DNAT: check conditionsV4/conditionsV6",
-                           e.details) from None
+            raise invalid_config("unable to set up DNAT: check conditionsV4/conditionsV6",
+                                 e.details) from None
         if external is not None and external in e.details:
-            raise CNIError(INVALID_CONFIG, f"externalSetMarkChain {external} cannot be used",
-                           f"{e.details}; it must be an existing chain of the nat table") from None
+            raise invalid_config(f"externalSetMarkChain {external} cannot be used",
+                                 f"{e.details}; it must be an existing chain of the nat table") from None
         raise CNIError(e.code, "unable to set up DNAT", e.details) from None
 
 

@@ -13,7 +13,7 @@ from pycni import netconf
 from pycni.plugins.meta.portmap import backend as backends
 from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
-from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
+from pycni.spec.errors import PLUGIN_SPECIFIC, CNIError, invalid_config
 from pycni.spec.types import Result
 from pycni.spec.validate import ALNUM, charset_match
 
@@ -79,14 +79,10 @@ class PortmapConf:
     nets: list[ContainerNet] = field(default_factory=list)
 
 
-def _bad(msg: str, details: str = "") -> CNIError:
-    return CNIError(INVALID_CONFIG, msg, details)
-
-
 def _int_field(entry: dict[str, Any], key: str, i: int) -> int:
     v = netconf.lookup(entry, key, 0)
     if isinstance(v, bool) or not isinstance(v, int):
-        raise _bad(f"invalid portMappings[{i}].{key}", f"expected an integer, got {v!r}")
+        raise invalid_config(f"invalid portMappings[{i}].{key}", f"expected an integer, got {v!r}")
     return v
 
 
@@ -94,27 +90,30 @@ def _parse_mappings(raw: Any) -> list[PortMapping]:
     if raw is None:
         return []
     if not isinstance(raw, list):
-        raise _bad("invalid runtimeConfig.portMappings", f"expected a list, got {type(raw).__name__}")
+        raise invalid_config("invalid runtimeConfig.portMappings", f"expected a list, got {type(raw).__name__}")
     out = []
     for i, e in enumerate(raw):
         if not isinstance(e, dict):
-            raise _bad(f"invalid portMappings[{i}]", f"expected an object, got {e!r}")
+            raise invalid_config(f"invalid portMappings[{i}]", f"expected an object, got {e!r}")
         hp, cp = _int_field(e, "hostPort", i), _int_field(e, "containerPort", i)
         if cp <= 0 or cp > 65535:
-            raise _bad(f"Invalid container port number: {cp}", f"portMappings[{i}].containerPort must be 1-65535")
+            raise invalid_config(f"Invalid container port number: {cp}",
+                                 f"portMappings[{i}].containerPort must be 1-65535")
         if hp <= 0 or hp > 65535:
-            raise _bad(f"Invalid host port number: {hp}", f"portMappings[{i}].hostPort must be 1-65535")
+            raise invalid_config(f"Invalid host port number: {hp}", f"portMappings[{i}].hostPort must be 1-65535")
         proto = netconf.lookup(e, "protocol") or "tcp"
         if not isinstance(proto, str) or proto.lower() not in PROTOCOLS:
-            raise _bad(f"invalid portMappings[{i}].protocol {proto!r}", f"protocol must be one of {PROTOCOLS}")
+            raise invalid_config(f"invalid portMappings[{i}].protocol {proto!r}",
+                                 f"protocol must be one of {PROTOCOLS}")
         host_ip = netconf.lookup(e, "hostIP") or ""
         if not isinstance(host_ip, str):
-            raise _bad(f"invalid portMappings[{i}].hostIP", f"expected a string, got {host_ip!r}")
+            raise invalid_config(f"invalid portMappings[{i}].hostIP", f"expected a string, got {host_ip!r}")
         if host_ip:
             try:
                 host_ip = str(ipaddress.ip_address(host_ip))
             except ValueError:
-                raise _bad(f"invalid portMappings[{i}].hostIP {host_ip!r}", "hostIP must be an IP address") from None
+                raise invalid_config(f"invalid portMappings[{i}].hostIP {host_ip!r}",
+                                     "hostIP must be an IP address") from None
         out.append(PortMapping(hp, cp, proto.lower(), host_ip))
     return out
 
@@ -124,7 +123,7 @@ def _conditions(conf: dict[str, Any], key: str) -> list[str] | None:
     if v is None:
         return None
     if not isinstance(v, list) or not all(isinstance(c, str) for c in v):
-        raise _bad(f"invalid {key}", f"{key} must be a list of strings, got {v!r}")
+        raise invalid_config(f"invalid {key}", f"{key} must be a list of strings, got {v!r}")
     return v
 
 
@@ -140,7 +139,7 @@ def _external_chain(v: Any) -> str | None:
         return None
     if (not isinstance(v, str) or not charset_match(v, ALNUM + "_", ALNUM + "_.+-", 28, eol=True)
             or v in _RESERVED_CHAINS):
-        raise _bad(f"invalid externalSetMarkChain {v!r}",
+        raise invalid_config(f"invalid externalSetMarkChain {v!r}",
                    "expected the name of an existing nat chain that sets the masquerade mark "
                    "(letters, digits, '_', '-', '.', '+'; at most 28; not a built-in chain or target)")
     return v
@@ -155,11 +154,11 @@ def parse_conf(args: CmdArgs) -> PortmapConf:
     netconf.args_cni(raw)
     masq_all = netconf.get_bool(raw, "masqAll")
     if netconf.lookup(raw, "markMasqBit") is not None and netconf.lookup(raw, "externalSetMarkChain") is not None:
-        raise _bad("Cannot specify externalSetMarkChain and markMasqBit",
+        raise invalid_config("Cannot specify externalSetMarkChain and markMasqBit",
                    "externalSetMarkChain replaces the mark chain markMasqBit configures; set one of them")
     mark_bit = netconf.get_int(raw, "markMasqBit", DEFAULT_MARK_BIT)
     if not 0 <= mark_bit <= 31:  # the reference's wording
-        raise _bad("MasqMarkBit must be between 0 and 31", f"markMasqBit is {mark_bit!r}")
+        raise invalid_config("MasqMarkBit must be between 0 and 31", f"markMasqBit is {mark_bit!r}")
     ext_chain = netconf.lookup(raw, "externalSetMarkChain")
     ext_chain = _external_chain(ext_chain)
     cond4, cond6 = _conditions(raw, "conditionsV4"), _conditions(raw, "conditionsV6")
@@ -179,10 +178,10 @@ def parse_conf(args: CmdArgs) -> PortmapConf:
         backend = "nftables" if wants["nftables"] and not wants["iptables"] else "iptables"
         auto = not wants["iptables"] and not wants["nftables"]
     if backend not in BACKENDS:
-        raise _bad(f"unrecognized backend {backend!r}", f"backend must be one of {', '.join(BACKENDS)}")
+        raise invalid_config(f"unrecognized backend {backend!r}", f"backend must be one of {', '.join(BACKENDS)}")
     wrong = "nftables" if backend == "iptables" else "iptables"
     if wants[wrong]:
-        raise _bad(f"{backend} backend was requested but configuration contains {wrong}-specific options "
+        raise invalid_config(f"{backend} backend was requested but configuration contains {wrong}-specific options "
                    f"{wants[wrong]}", f"remove them or set \"backend\": \"{wrong}\"")
 
     rc = netconf.runtime_config(raw)
@@ -247,7 +246,8 @@ def forget_stale_udp_flows(conf: PortmapConf) -> None:
 def cmd_add(args: CmdArgs) -> Result:
     conf = parse_conf(args)
     if conf.prev is None:
-        raise _bad("must be called as chained plugin", "portmap needs a prevResult (put it after an interface plugin)")
+        raise invalid_config("must be called as chained plugin",
+                             "portmap needs a prevResult (put it after an interface plugin)")
     if not conf.mappings or not conf.nets:
         return conf.prev
     mapper = backends.named(conf.backend)
@@ -291,7 +291,7 @@ def cmd_del(args: CmdArgs) -> None:
 def cmd_check(args: CmdArgs) -> None:
     conf = parse_conf(args)
     if conf.prev is None:
-        raise _bad("Required prevResult missing", "CHECK needs the prevResult of the ADD")
+        raise invalid_config("Required prevResult missing", "CHECK needs the prevResult of the ADD")
     if not conf.mappings or not conf.nets:
         return None
     backends.chosen(conf).check(conf)
