@@ -118,11 +118,20 @@ def _run_time_imports(nodes: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom
     return out
 
 
+# The policy engine runs in the node agent and the CLI only, long-lived or interactive, never on a
+# plugin's start path (routed imports pycni.cluster.policy.workload, which is held to the rule).
+AGENT_ONLY = {"cluster/policy/agent.py", "cluster/policy/compile.py", "cluster/policy/evaluate.py",
+              "cluster/policy/model.py", "cluster/policy/cli.py", "cluster/policy/nftsync.py",
+              "cluster/policy/yamlite.py"}
+
+
 def test_no_typing_at_run_time() -> None:
-    """No module imports ``typing`` or ``dataclasses`` when it runs (docs/architecture.md: a plugin's
-    start path stays light; ``TYPE_CHECKING = False`` guards and ``pycni.record`` instead)."""
+    """No module a plugin can load imports ``typing`` or ``dataclasses`` when it runs (docs/architecture.md:
+    a plugin's start path stays light; ``TYPE_CHECKING = False`` guards and ``pycni.record`` instead)."""
     bad = set()
     for path in SRC.rglob("*.py"):
+        if str(path.relative_to(SRC)) in AGENT_ONLY:
+            continue
         for node in _run_time_imports(ast.parse(path.read_text()).body):
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             bad.update(f"{path.relative_to(SRC)}:{node.lineno}: {m}" for m in mods
