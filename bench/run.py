@@ -17,7 +17,8 @@ Cases: (a) bridge+host-local+portmap ADD+DEL cycle, (b) the same with ptp and ma
 (c) 32 containers ADDed in parallel, (d) host-local allocation with many addresses already
 reserved in a /16, (e) ADD latency of the Nth container on one bridge (N port mappings
 present) against the 1st, (v) VERSION: the plugin exec'd alone, and libcni's
-ValidateNetworkList of podman's default chain (what podman asks before every use of a network).
+ValidateNetworkList of podman's default chain (what podman asks before every use of a network),
+(p) where (a)'s milliseconds go, per call, and the floor (bench/breakdown.py).
 """
 
 from __future__ import annotations
@@ -569,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer rounds and smaller sizes (a couple of minutes)")
     p.add_argument("--rounds", type=int, help="measured rounds per case (default 9, quick 3)")
-    p.add_argument("--only", default="a,b,c,d,e,v", help="comma-separated cases to run (default: all)")
+    p.add_argument("--only", default="a,b,c,d,e,v,p", help="comma-separated cases to run (default: all)")
     p.add_argument("--parallel", type=int, default=32, help="containers in case (c) (default 32)")
     p.add_argument("--reserved", type=int, help="addresses taken in case (d) (default 20000; full: 60000)")
     p.add_argument("--containers", type=int, help="containers on the bridge in case (e) (default 200; full: 1000)")
@@ -612,11 +613,18 @@ def main(argv: list[str] | None = None) -> int:
         if "v" in only:
             log("(v) VERSION")
             rows.extend(case_version(env, rounds))
+        if "p" in only:
+            log("(p) profile of (a) and its floor")
+            from breakdown import profile
+
+            report = profile(env, rounds)
     print()
     print(f"pycni vs Go reference plugins (both under the Go libcni), medians; ratio = ours / Go; "
           f"{rounds} rounds; our ipMasqBackend: {MASQ_BACKEND or 'default'}; "
           f"run took {time.perf_counter() - started:.0f} s")
     print(table(rows))
+    if "p" in only:
+        print("\nWhere (a)'s milliseconds go (bench/breakdown.py):\n" + report)
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump([{"case": r.case, "unit": r.unit, "values": r.values} for r in rows], f, indent=1)
