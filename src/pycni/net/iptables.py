@@ -303,8 +303,12 @@ def _binary_identity(ipv6: bool) -> tuple[bool, str, int, int, int] | None:
     return ipv6, path, st.st_dev, st.st_ino, st.st_mtime_ns
 
 
-def usable(ipv6: bool = False) -> bool:
+def usable(ipv6: bool = False, *, quick: bool = False) -> bool:
     """Whether this iptables family works here (binary present, nat table reachable).
+
+    ``quick``: for a choice made before anything is tried (ipMasq's default backend, asked on
+    every one-shot bridge ADD): iptables-nft whose kernel side answers counts as usable without
+    running it. Ask without ``quick`` after a failure, to know whether to fall back.
 
     A yes is remembered for the process (the daemon) as long as the binary stays the same:
     asking means listing a nat chain, and iptables-nft reads the whole nat table for that,
@@ -315,6 +319,13 @@ def usable(ipv6: bool = False) -> bool:
     ident = _binary_identity(ipv6)
     if ident is not None and ident in _usable:
         return True
+    if quick and ident is not None and os.path.basename(os.path.realpath(ident[1])) == "xtables-nft-multi":
+        # iptables-nft works where nf_tables answers: one netlink request instead of a process
+        # listing the nat table. Not remembered: it trusts the binary without running it.
+        from pycni.net import nft
+
+        if nft.table_present("ip6" if ipv6 else "ip", "nat") is not None:
+            return True
     try:
         run(["-t", "nat", "-S", "OUTPUT"], ipv6)
     except IptablesError:
