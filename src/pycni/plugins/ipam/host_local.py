@@ -176,11 +176,23 @@ def _ip_config(ip: IPAddress, prefixlen: int, gateway: IPAddress) -> IPConfig:
 _WALK_BEFORE_LISTING = 32  # candidates tried one by one before the store's names are listed
 
 
-def _name(version: int, value: int) -> str:
-    """The store's file name for an address (``str`` of it), without making the address object."""
-    if version == 4:
-        return f"{value >> 24}.{(value >> 16) & 255}.{(value >> 8) & 255}.{value & 255}"
-    return str(address(version, value))
+def _taken_values(names: set[str]) -> dict[int, set[int]]:
+    """The addresses among a store's file names, as integers by IP version; the store's own
+    files (lock, last_reserved_ip.N) are not addresses and drop out."""
+    import _socket
+
+    aton, pton, af6 = _socket.inet_aton, _socket.inet_pton, _socket.AF_INET6
+    v4: set[int] = set()
+    v6: set[int] = set()
+    for name in names:
+        try:
+            if ":" in name:
+                v6.add(int.from_bytes(pton(af6, name), "big"))
+            elif name.count(".") == 3:
+                v4.add(int.from_bytes(aton(name), "big"))
+        except OSError:
+            continue
+    return {4: v4, 6: v6}
 
 
 def _allocate(store: Store, rs: RangeSet, idx: int, cid: str, ifname: str,
@@ -210,11 +222,11 @@ def _allocate(store: Store, rs: RangeSet, idx: int, cid: str, ifname: str,
     # (bench (d): 60,000) costs a stat and two address objects each. So after a few, the names in
     # the store are listed once (we hold its lock: nobody adds one meanwhile) and the taken ones
     # are skipped by name; a free-looking one is still created exclusively (reserve).
-    taken: set[str] | None = None
+    taken: dict[int, set[int]] | None = None
     for n, (r, value) in enumerate(candidates(rs, store.last_reserved_ip(str(idx)))):
         if taken is None and n == _WALK_BEFORE_LISTING:
-            taken = store.names()
-        if taken is not None and _name(r.version, value) in taken:
+            taken = _taken_values(store.names())
+        if taken is not None and value in taken[r.version]:
             continue
         ip = address(r.version, value)
         if store.reserve(cid, ifname, ip, str(idx)):
