@@ -131,9 +131,43 @@ class Env:
             time.sleep(0.05)
         raise RuntimeError("pycni daemon did not start")
 
+    def cpu_seconds(self, variant: Variant) -> float:
+        """CPU used so far by the processes a call runs: this process's reaped children (the
+        runtime and everything it waited for) and, for the daemon variant, the daemon, its
+        workers and their children (restore sessions, tools), read from /proc (schedstat)."""
+        import resource
+
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        total = ru.ru_utime + ru.ru_stime
+        if variant.socket != "off" and self.daemon is not None:
+            total += _tree_cpu(self.daemon.pid)
+        return total
+
     def variants(self) -> list[Variant]:
         return [Variant("go", GO_PLUGINS, "off"), Variant("oneshot", self.shims, "off"),
                 Variant("daemon", self.shims, self.socket)]
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants (threads included), from schedstat."""
+    total = 0.0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        with open(f"/proc/{pid}/stat") as f:  # children it reaped (sessions ended, tools): cutime + cstime
+            fields = f.read().rpartition(")")[2].split()
+        total += (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return total
+    children: list[str] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0]) / 1e9
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                children += f.read().split()
+        except (OSError, ValueError, IndexError):
+            continue
+    return total + sum(_tree_cpu(int(c)) for c in children)
 
 
 @contextlib.contextmanager
@@ -193,6 +227,7 @@ class Net:
     conf_dir: str
     cache: str
     name: str
+    cpu: float = 0.0  # CPU seconds of the calls made with run(): the runtime's process tree, and the daemon's
 
     def cmd(self, verb: str, cid: str, ctr: str, ifname: str = "eth0", port: int | None = None) -> list[str]:
         c = [self.env.tool, "-confdir", self.conf_dir, "-net", self.name, "-path", self.variant.cni_path,
@@ -204,10 +239,12 @@ class Net:
     def run(self, verb: str, cid: str, ctr: str, ifname: str = "eth0", port: int | None = None) -> float:
         """One libcni call from inside the host namespace (no `ip netns exec` in the timing)."""
         with netns.enter(f"/var/run/netns/{self.host}"):
+            cpu0 = self.env.cpu_seconds(self.variant)
             t = time.perf_counter()
             proc = subprocess.run(self.cmd(verb, cid, ctr, ifname, port), env=self.variant.env(),
                                   capture_output=True)
             elapsed = time.perf_counter() - t
+            self.cpu += self.env.cpu_seconds(self.variant) - cpu0
         if proc.returncode != 0:
             raise RuntimeError(f"{self.variant.name} {verb} {cid} failed: {proc.stdout!r} {proc.stderr!r}")
         return elapsed
@@ -303,7 +340,7 @@ def log(msg: str) -> None:
 
 # ---- the cases ---------------------------------------------------------------------------------
 
-def case_cycle(env: Env, kind: str, rounds: int, subnet: str) -> Row:
+def case_cycle(env: Env, kind: str, rounds: int, subnet: str) -> list[Row]:
     """(a)/(b): one ADD+DEL through the Go libcni, one port mapping, a fresh container namespace each time."""
     nets = {v.name: make_net(env, v, kind, f"c{kind[:2]}{v.name[:2]}", subnet) for v in env.variants()}
 
@@ -317,8 +354,16 @@ def case_cycle(env: Env, kind: str, rounds: int, subnet: str) -> Row:
     values = paired(rounds, list(nets), step)
     for n in nets.values():
         env.del_ns(n.host)
-    return Row(f"({'a' if kind == 'bridge' else 'b'}) {kind}+host-local+portmap ADD+DEL", "s", values,
-               "daemon <= 0.8, one-shot <= 2.0" if kind == "bridge" else "")
+    case = f"({'a' if kind == 'bridge' else 'b'}) {kind}+host-local+portmap ADD+DEL"
+    return [Row(case, "s", values, "daemon <= 0.2, one-shot <= 0.9" if kind == "bridge" else "one-shot <= 0.9"),
+            cpu_row(f"({case[1]}) {kind}", nets, rounds + 1)]
+
+
+def cpu_row(case: str, nets: dict[str, Net], cycles: int) -> Row:
+    """CPU per cycle of each variant (all rounds, warm-up included): steadier than wall time on a
+    loaded machine, where the CPU-heavier side also waits longer for a CPU."""
+    return Row(f"{case}, CPU per cycle", "s", {v: [n.cpu / cycles] for v, n in nets.items()},
+               note="runtime + plugins + their tools (+ the daemon's process tree for the daemon variant)")
 
 
 def case_runtime_cycle(env: Env, rounds: int) -> Row:
@@ -595,12 +640,12 @@ def main(argv: list[str] | None = None) -> int:
         log(f"Go libcni driver {env.tool}; our shims in {env.shims}; daemon on {env.socket}")
         if "a" in only:
             log("(a) bridge cycle")
-            rows.append(case_cycle(env, "bridge", rounds, "10.60.0.0/16"))
+            rows.extend(case_cycle(env, "bridge", rounds, "10.60.0.0/16"))
             rows.append(case_runtime_cycle(env, rounds))
         if "b" in only:
             for kind, net in (("ptp", "10.66.0.0/16"), ("macvlan", "10.67.0.0/16")):
                 log(f"(b) {kind} cycle")
-                rows.append(case_cycle(env, kind, rounds, net))
+                rows.extend(case_cycle(env, kind, rounds, net))
         if "c" in only:
             log(f"(c) {opts.parallel} parallel ADDs")
             rows.append(case_parallel(env, max(2, rounds // 3), opts.parallel))
