@@ -106,3 +106,16 @@ def test_line_numbers_are_the_blocks_own() -> None:
         "iptables-restore: line 3 failed: x\n"
     assert restore_session.Session._renumber("Error occurred at line: 7\n", 3) == "Error occurred at line: 4\n"
     assert restore_session.Session._renumber("no number here, online 5", 5) == "no number here, online 5"
+
+
+def test_where_a_session_cannot_be_read_each_restore_is_a_process(host_ns: Namespace, sessions: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """No usable /proc/<pid>/wchan (a restricted /proc): sessions turn off, restores still work."""
+    monkeypatch.setattr(restore_session.Session, "_waiting_for_input", lambda self: False)
+    monkeypatch.setattr(restore_session, "_START_SECONDS", 0.2)
+    monkeypatch.setattr(restore_session, "_off_reason", "")
+    with host_ns.enter():
+        iptables.restore("*nat\n:PFS-F - [0:0]\nCOMMIT\n")
+        assert restore_session._off_reason and _restore_pids() == set()
+        iptables.restore("*nat\n-A PFS-F -j RETURN\nCOMMIT\n")
+        assert len(iptables.list_rules("nat", "PFS-F")) == 1

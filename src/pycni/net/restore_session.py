@@ -36,7 +36,7 @@ from pycni.net.tools import find_tool
 
 IDLE_SECONDS = 5.0
 WAIT_SECONDS = 90.0  # as long as a one-shot restore may take (pycni.net.iptables)
-_START_SECONDS = 5.0  # a new process must be waiting for input by then, or sessions are off here
+_START_SECONDS = 2.0  # a new process must be waiting for input by then, or sessions are off here
 
 _lock = threading.Lock()
 _off_reason = ""  # why sessions cannot work on this machine (set once, then every call execs)
@@ -103,7 +103,7 @@ class Session:
                 wchan = f.read()
         except OSError:
             return False
-        return b"pipe_read" in wchan
+        return b"pipe_read" in wchan or b"pipe_wait" in wchan  # pipe_wait: kernels before 5.6
 
     def _settle(self, deadline: float) -> bool:
         """Wait until it reads again (True) or has exited (False)."""
