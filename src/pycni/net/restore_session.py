@@ -122,7 +122,10 @@ class Session:
 
     def started(self) -> bool:
         """Did the new process get ready to read input (False: sessions cannot work here)?"""
-        return self._settle(time.monotonic() + _START_SECONDS)
+        try:
+            return self._settle(time.monotonic() + _START_SECONDS)
+        except TimeoutError:
+            return False  # killed and reaped by _settle
 
     def apply(self, text: str) -> None:
         """Commit ``text`` (whole ``*table ... COMMIT`` blocks); :class:`Failed` when refused."""
