@@ -319,9 +319,12 @@ def usable(ipv6: bool = False, *, quick: bool = False) -> bool:
     ident = _binary_identity(ipv6)
     if ident is not None and ident in _usable:
         return True
-    if quick and ident is not None and os.path.basename(os.path.realpath(ident[1])) == "xtables-nft-multi":
+    if quick and not _sessions and ident is not None \
+            and os.path.basename(os.path.realpath(ident[1])) == "xtables-nft-multi":
         # iptables-nft works where nf_tables answers: one netlink request instead of a process
-        # listing the nat table. Not remembered: it trusts the binary without running it.
+        # listing the nat table. Not remembered: it trusts the binary without running it. Not in
+        # the daemon (sessions): there the thorough yes is asked once and remembered, and closing
+        # the request's socket would wait for the kernel to release what sessions deleted.
         from pycni.net import nft
 
         if nft.table_present("ip6" if ipv6 else "ip", "nat") is not None:
