@@ -924,3 +924,11 @@ def test_wrong_type_reserves_nothing(tmp_path: Path, where: str, key: str, value
         code, err = run_py(conf, command)
         assert code == 1 and err["code"] in (6, 7), (command, err)
     assert reservations(tmp_path) == {} and not any(tmp_path.iterdir())
+
+
+def test_taken_values_read_only_address_names() -> None:
+    """The walk past a full range skips by integer: both families apart, the store's own files out."""
+    names = {"10.20.0.2", "10.20.0.3", "2001:db8::5", "lock", "last_reserved_ip.0", "10.20", "bogus"}
+    taken = host_local._taken_values(names)
+    assert taken[4] == {0x0A140002, 0x0A140003}
+    assert taken[6] == {0x20010DB8 << 96 | 5}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -141,7 +142,7 @@ def test_iptables_usable_remembers_yes_per_binary(monkeypatch: pytest.MonkeyPatc
             raise iptables.IptablesError(IO_FAILURE, "iptables failed", "can't initialize iptables table `nat'", 3)
         return ""
 
-    ident = {"v": (False, "/usr/sbin/iptables", 1, 2, 3)}
+    ident = {"v": (False, "/nonexistent/iptables", 1, 2, 3)}  # not iptables-nft: asked with a command
     monkeypatch.setattr(iptables, "run", fake_run)
     monkeypatch.setattr(iptables, "_binary_identity", lambda ipv6: (ipv6, *ident["v"][1:]))
     monkeypatch.setattr(iptables, "_usable", set())
@@ -153,7 +154,7 @@ def test_iptables_usable_remembers_yes_per_binary(monkeypatch: pytest.MonkeyPatc
     assert len(calls) == 3
     assert iptables.usable(True)  # the other family is its own question
     assert len(calls) == 4
-    ident["v"] = (False, "/usr/sbin/iptables", 1, 99, 3)  # replaced (e.g. legacy <-> nft): asked again
+    ident["v"] = (False, "/nonexistent/iptables", 1, 99, 3)  # replaced (e.g. legacy <-> nft): asked again
     assert iptables.usable()
     assert len(calls) == 5
     monkeypatch.setattr(iptables, "_binary_identity", lambda ipv6: None)  # binary not found: never cached
@@ -176,3 +177,35 @@ def test_canonical_matches_rules_as_listed(host_ns: Namespace) -> None:
     assert listed != rules  # iptables reorders and rewrites them ...
     assert [iptables.canonical(r) for r in listed] == [iptables.canonical(r) for r in rules]  # ... canonically equal
     assert iptables.canonical(["-s", "10.0.0.1", "-j", "X"]) != iptables.canonical(["-s", "10.0.0.2", "-j", "X"])
+
+
+def test_table_present_asks_the_kernel(host_ns: Namespace) -> None:
+    """The netlink check that spares a DEL an nft process agrees with nft itself."""
+    with host_ns.enter():
+        assert nft.table_present("inet", "pf_t") is False
+        assert nft.list_json("table", "inet", "pf_t", missing_ok=True) == {"nftables": []}
+        assert nft.list_json("chain", "inet", "pf_t", "c", missing_ok=True) == {"nftables": []}
+        nft.run("add table inet pf_t\nadd chain inet pf_t c\n")
+        assert nft.table_present("inet", "pf_t") is True
+        assert nft.table_present("ip", "pf_t") is False and nft.table_present("ip6", "pf_t") is False
+        assert nft.objects(nft.list_json("chain", "inet", "pf_t", "c", missing_ok=True), "chain")
+        assert nft.list_json("chain", "inet", "pf_t", "nope", missing_ok=True) == {"nftables": []}
+        iptables.run(["-t", "nat", "-N", "PF-X"])  # iptables-nft makes table ip nat
+        assert nft.table_present("ip", "nat") is True
+    assert nft.table_present("nosuchfamily", "x") is None
+
+
+def test_iptables_nft_usable_without_a_process(host_ns: Namespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quick yes (ipMasq's default backend): iptables-nft where nf_tables answers a netlink
+    request, without an iptables process."""
+    ident = iptables._binary_identity(False)
+    if ident is None or os.path.basename(os.path.realpath(ident[1])) != "xtables-nft-multi":
+        pytest.skip("iptables here is not iptables-nft")
+
+    def no_run(*_: object, **__: object) -> str:
+        raise AssertionError("ran an iptables process")
+
+    monkeypatch.setattr(iptables, "run", no_run)
+    monkeypatch.setattr(iptables, "_usable", set())
+    with host_ns.enter():
+        assert iptables.usable(quick=True) and iptables.usable(True, quick=True)

@@ -69,6 +69,7 @@ class Node:
                     f"ip route add default via {HOST_IP}"):
             client.run(cmd.split())
         self.servers: list[subprocess.Popen[str]] = []
+        self.socket: str | None = None  # ours through a `pycni daemon` on this socket (else one-shot)
 
     def caps(self, container_port: int) -> dict[str, Any]:
         return {"portMappings": [{"hostPort": HOST_PORT, "containerPort": container_port, "protocol": "tcp"}]}
@@ -84,7 +85,8 @@ class Node:
     def pycni(self, command: str, cid: str, ns: Namespace, container_port: int) -> Any:
         from pycni.runtime import CNI
 
-        rt = CNI(conf_dir=str(self.conf_dir), plugin_path=[self.ours], cache_dir=str(self.cache_dir))
+        env = None if self.socket is None else {"PATH": os.environ.get("PATH", ""), "PYCNI_SOCKET": self.socket}
+        rt = CNI(conf_dir=str(self.conf_dir), plugin_path=[self.ours], cache_dir=str(self.cache_dir), env=env)
         network = rt.load_network(self.name)
         with self.host.enter():
             if command == "add":
@@ -136,9 +138,34 @@ def published(node: Node, ns: Namespace, ip: str, tag: str) -> None:
     assert hairpin == f"{tag} {gateway}", hairpin  # masqueraded to the bridge's address
 
 
+@pytest.fixture
+def daemon_socket(netns_factory: Callable[[], Namespace], tmp_path: Path) -> Iterator[str]:
+    """A `pycni daemon`: its iptables changes go through long-lived iptables-restore sessions."""
+    from daemon_proc import DaemonProc, children_of
+
+    sock = str(tmp_path / "pycni.sock")
+    d = DaemonProc(sock, tmp_path / "daemon.log", prefix=["ip", "netns", "exec", netns_factory().name]).ready()
+    try:
+        yield sock
+        sessions = [p for w in children_of(d.pid) for p in children_of(w)
+                    if Path(f"/proc/{p}/comm").read_text().strip() == "iptables-restor"]
+        assert sessions, "the daemon wrote the rules without its restore sessions"
+    finally:
+        d.terminate()
+        d.reap()
+
+
 @pytest.mark.parametrize("first", ["go", "pycni"])
+@pytest.mark.parametrize("ours", ["one-shot", "daemon"])
 def test_swap_implementations_under_live_containers(node: Node, netns_factory: Callable[[], Namespace],
-                                                    first: str) -> None:
+                                                    first: str, ours: str, request: pytest.FixtureRequest) -> None:
+    """Ours one-shot, and ours through the daemon, whose restores go to long-lived processes."""
+    if ours == "daemon":
+        from pycni.plugins.registry import install
+
+        node.socket = request.getfixturevalue("daemon_socket")
+        node.ours = str(request.getfixturevalue("tmp_path") / "bin")
+        install(node.ours, daemon=True)  # shims that forward to the daemon
     impls = {"go": node.go, "pycni": node.pycni}
     order = [first, "pycni" if first == "go" else "go"] * 2
     for i, adder in enumerate(order):

@@ -195,7 +195,7 @@ def cmd_install_plugins(opts: argparse.Namespace) -> int:
     try:
         written = registry.install(opts.dir, opts.names or None, python=opts.python,
                                    daemon=not opts.direct,
-                                   socket=opts.socket, force=opts.force)
+                                   socket=opts.socket, force=opts.force, forwarder=not opts.no_forwarder)
     except KeyError as e:
         raise invalid_config("cannot install plugins", str(e.args[0])) from None
     except ValueError as e:
@@ -431,6 +431,9 @@ def _parser() -> argparse.ArgumentParser:
                      "(default /run/pycni/pycni.sock; a PYCNI_SOCKET passed at run time still wins)")
     sp.add_argument("--force", action="store_true",
                     help="replace executables that pycni did not write (e.g. the Go plugins); refused otherwise")
+    sp.add_argument("--no-forwarder", action="store_true",
+                    help="do not build the native forwarder (.pycni-forward, needs a C compiler): calls the daemon "
+                    "serves then start Python to forward")
     sp.add_argument("names", nargs="*", metavar="TYPE", help="plugin types (default: all)")
     sp.set_defaults(fn=cmd_install_plugins)
 

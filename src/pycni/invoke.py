@@ -133,11 +133,6 @@ def exec_with_result(plugin_path: str, netconf: bytes, env: Mapping[str, str],
     out = exec_plugin(plugin_path, netconf, env, timeout) if runner is None else runner(plugin_path, netconf, env)
     name = os.path.basename(plugin_path)
     try:
-        conf: Any = json.loads(netconf)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CNIError(DECODE_FAILURE, "decoding version from network config", str(e)) from None
-    conf_version = lookup(conf, "cniVersion")
-    try:
         obj: Any = json.loads(out)
     except (ValueError, UnicodeDecodeError) as e:
         raise CNIError(DECODE_FAILURE, f"failed to decode result of {name}",
@@ -149,9 +144,14 @@ def exec_with_result(plugin_path: str, netconf: bytes, env: Mapping[str, str],
                        f"expected a JSON object, got {out[:500]!r}")
     version = lookup(obj, "cniVersion")
     if not isinstance(version, str) or not version:
+        # Only then is the config needed (the plugin that ran has decoded it already).
+        try:
+            conf: Any = json.loads(netconf)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CNIError(DECODE_FAILURE, "decoding version from network config", str(e)) from None
+        conf_version = lookup(conf, "cniVersion")
         version = (conf_version if isinstance(conf_version, str) else "") or "0.1.0"
         obj = {**obj, "cniVersion": version}  # appended: it wins over a "CNIVersion": "" before it
-
     return Result.from_dict(obj, version)
 
 

@@ -106,8 +106,13 @@ def _sh_word(word: str) -> str:
 
 
 def executable_text(name: str, module: str, versions: "Sequence[str]", *, python: str, paths: list[str],
-                    daemon: bool, socket: str | None = None) -> str:
-    """The executable for plugin ``name``: the sh front, then the Python program."""
+                    daemon: bool, socket: str | None = None, forwarder: str | None = None) -> str:
+    """The executable for plugin ``name``: the sh front, then the Python program.
+
+    With ``forwarder`` (a daemon executable; see :mod:`pycni.forwarder`) the front runs
+    ``forwarder TYPE SOCKET PYTHON -IS "$0" ...`` where it would run ``PYTHON -IS "$0" ...``:
+    the native forwarder serves the call through the daemon, or runs that Python command line.
+    """
     from pycni.spec.version import highest
 
     for v in versions:  # case patterns and printf arguments in the sh front: keep them plain
@@ -119,7 +124,10 @@ def executable_text(name: str, module: str, versions: "Sequence[str]", *, python
         body = _DAEMON_BODY.format(name=name, module=module, socket_arg=f", {socket!r}" if socket else "")
     else:
         note, body = "", _DIRECT_BODY.format(module=module)
-    return _FRONT.format(name=name, note=note, python=_sh_word(python), paths=paths, newest=highest(versions),
+    command = _sh_word(python)
+    if daemon and forwarder:
+        command = " ".join(_sh_word(w) for w in (forwarder, name, socket or "", python))
+    return _FRONT.format(name=name, note=note, python=command, paths=paths, newest=highest(versions),
                          alternatives="|".join(versions), supported=", ".join(f'"{v}"' for v in versions)) + body
 
 

@@ -67,14 +67,22 @@ class CmdArgs:
     env: Mapping[str, str] = field(default_factory=dict)
     # How delegates run (pycni.invoke): injected by dispatch's caller; None execs them.
     runner: Runner | None = field(default=None, compare=False, repr=False)
+    # stdin as dispatch decoded it, handed to the first conf() call (see there); None: not decoded.
+    decoded: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def cni_path(self) -> list[str]:
         return [p for p in self.path.split(os.pathsep) if p]
 
     def conf(self) -> dict[str, Any]:
-        """The network configuration from stdin, as a dict (decoded by dispatch already)."""
-        return load_conf(self.stdin_data)
+        """The network configuration from stdin, as a dict of the caller's own.
+
+        The first call takes the dict dispatch decoded to check the config (stdin is decoded
+        once per plugin call); a later call decodes stdin again, so a caller that changes its
+        dict (say, to delegate) never changes what another part of the handler reads.
+        """
+        conf, self.decoded = self.decoded, None
+        return conf if conf is not None else load_conf(self.stdin_data)
 
 
 Handler = Callable[[CmdArgs], "Result | None"]
@@ -242,6 +250,7 @@ def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes, runner: Runne
         if command == "VERSION":
             return _version(plugin, stdin)
         conf = _validate_config(stdin)
+        args.decoded = conf
         if command not in REQUIRED_ENV:
             raise CNIError(INVALID_ENV, f"unknown CNI_COMMAND: {command}",
                            "CNI_COMMAND must be ADD, DEL, CHECK, GC, STATUS or VERSION")

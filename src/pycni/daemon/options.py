@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="import plugins on first use instead of at start-up")
     parser.add_argument("--workers", type=int, default=None,
                         help="worker processes sharing the socket (default: one per CPU; 1 serves in-process)")
+    parser.add_argument("--no-restore-sessions", action="store_true",
+                        help="run one iptables-restore per change instead of reusing long-lived ones")
     parser.add_argument("--read-timeout", type=_seconds, default=READ_TIMEOUT, metavar="SECONDS",
                         help="a client must send its whole request within this (default: %(default)g)")
     parser.add_argument("--stop-timeout", type=_seconds, default=STOP_TIMEOUT, metavar="SECONDS",

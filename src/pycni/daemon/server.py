@@ -676,6 +676,12 @@ def run(opts: argparse.Namespace) -> int:
     # kernel's reclaim of each transaction happens off the request path (see pycni.net.nftlib).
     if not nft.use_library():
         log.info("libnftables not found: nftables changes run the nft command")
+    if not opts.no_restore_sessions:
+        from pycni.net import iptables
+
+        # The reference's iptables layout without a process per call: restores go to long-lived
+        # iptables-restore processes, one per network namespace in use (pycni.net.restore_session).
+        iptables.keep_sessions()
     workers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
     daemon.serve_workers(workers)
     return 0

@@ -66,12 +66,15 @@ def _exec(cmd: list[str], stdin: str | None, code: int) -> str:
         raise IptablesError(TRY_AGAIN, f"{cmd[0]} timed out", "the xtables lock was not released in time",
                             -1) from None
     if status != 0:
-        err = err or out
-        if status == 4 or "Resource temporarily unavailable" in err or "xtables lock" in err:
-            code = TRY_AGAIN
-        shown = " ".join(_sh_quote(a) for a in cmd)
-        raise IptablesError(code, f"{shown} failed", err, status)
+        raise _failure(cmd, status, err or out, code)
     return out
+
+
+def _failure(cmd: list[str], status: int, err: str, code: int) -> IptablesError:
+    if status == 4 or "Resource temporarily unavailable" in err or "xtables lock" in err:
+        code = TRY_AGAIN
+    shown = " ".join(_sh_quote(a) for a in cmd)
+    return IptablesError(code, f"{shown} failed", err, status)
 
 
 _SH_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-")
@@ -90,11 +93,34 @@ def run(args: Sequence[str], ipv6: bool = False, *, code: int = IO_FAILURE) -> s
     return _exec([_binary(ipv6), "-w", LOCK_WAIT_SECONDS, *args], None, code)
 
 
+# Set by the daemon (keep_sessions): --noflush restores go to long-lived iptables-restore
+# processes (pycni.net.restore_session) instead of one process per call.
+_sessions = False
+
+
+def keep_sessions(on: bool = True) -> None:
+    """Have this process's ``--noflush`` restores reuse long-lived processes (a daemon's choice:
+    a one-shot plugin must leave no process behind)."""
+    global _sessions
+    _sessions = on
+
+
 def restore(text: str, ipv6: bool = False, *, noflush: bool = True, code: int = IO_FAILURE) -> None:
     """Apply ``iptables-save`` formatted ``text`` in one atomic commit per table."""
     cmd = [_binary(ipv6, restore=True), "-w", LOCK_WAIT_SECONDS]
     if noflush:
         cmd.append("--noflush")
+        if _sessions:
+            from pycni.net import restore_session
+
+            try:
+                if restore_session.apply(cmd[0], text):
+                    return
+            except restore_session.Failed as e:
+                raise _failure(cmd, e.status, e.stderr, code) from None
+            except TimeoutError:
+                raise IptablesError(TRY_AGAIN, f"{cmd[0]} timed out", "the restore did not finish in time",
+                                    -1) from None
     _exec(cmd, text, code)
 
 
@@ -277,8 +303,12 @@ def _binary_identity(ipv6: bool) -> tuple[bool, str, int, int, int] | None:
     return ipv6, path, st.st_dev, st.st_ino, st.st_mtime_ns
 
 
-def usable(ipv6: bool = False) -> bool:
+def usable(ipv6: bool = False, *, quick: bool = False) -> bool:
     """Whether this iptables family works here (binary present, nat table reachable).
+
+    ``quick``: for a choice made before anything is tried (ipMasq's default backend, asked on
+    every one-shot bridge ADD): iptables-nft whose kernel side answers counts as usable without
+    running it. Ask without ``quick`` after a failure, to know whether to fall back.
 
     A yes is remembered for the process (the daemon) as long as the binary stays the same:
     asking means listing a nat chain, and iptables-nft reads the whole nat table for that,
@@ -289,6 +319,16 @@ def usable(ipv6: bool = False) -> bool:
     ident = _binary_identity(ipv6)
     if ident is not None and ident in _usable:
         return True
+    if quick and not _sessions and ident is not None \
+            and os.path.basename(os.path.realpath(ident[1])) == "xtables-nft-multi":
+        # iptables-nft works where nf_tables answers: one netlink request instead of a process
+        # listing the nat table. Not remembered: it trusts the binary without running it. Not in
+        # the daemon (sessions): there the thorough yes is asked once and remembered, and closing
+        # the request's socket would wait for the kernel to release what sessions deleted.
+        from pycni.net import nft
+
+        if nft.table_present("ip6" if ipv6 else "ip", "nat") is not None:
+            return True
     try:
         run(["-t", "nat", "-S", "OUTPUT"], ipv6)
     except IptablesError:

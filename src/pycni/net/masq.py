@@ -76,7 +76,7 @@ def nft_comment(network: str, ifname: str, container_id: str) -> str:
 
 def default_backend() -> str:
     """iptables unless only nftables works here, as the reference chooses."""
-    return "iptables" if iptables.usable() else "nftables"
+    return "iptables" if iptables.usable(quick=True) else "nftables"
 
 
 def check_backend(backend: str) -> None:

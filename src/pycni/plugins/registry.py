@@ -82,13 +82,16 @@ class ForeignExecutable(Exception):
 
 
 def install(target_dir: str, names: list[str] | None = None, python: str | None = None,
-            daemon: bool = False, socket: str | None = None, force: bool = False) -> list[str]:
+            daemon: bool = False, socket: str | None = None, force: bool = False,
+            forwarder: bool = True) -> list[str]:
     """Write one executable per plugin type into ``target_dir`` (format: :mod:`pycni.shim`); return their paths.
 
     Executables answer VERSION in sh and otherwise run ``python -IS`` with an explicit
     ``sys.path`` (no site scan: fast start). With ``daemon`` they go through pycni.shim (served
     by a running ``pycni daemon`` on ``$PYCNI_SOCKET``, else on ``socket`` when given, else on
     the default socket; else in-process); without, they always run the plugin in-process.
+    With ``daemon`` and ``forwarder`` the native forwarder is built there too when a C compiler
+    is at hand (:mod:`pycni.forwarder`): a call the daemon serves then starts no Python at all.
     Unknown names raise KeyError. A file in the way that is not one of ours (say a Go plugin)
     raises ForeignExecutable before anything is written, unless ``force``.
     """
@@ -110,9 +113,14 @@ def install(target_dir: str, names: list[str] | None = None, python: str | None 
         if foreign:
             raise ForeignExecutable(foreign)
     paths = import_paths()
-    texts = [executable_text(name, mods[name], load(name).versions, python=python or sys.executable, paths=paths,
-                             daemon=daemon, socket=socket) for name in selected]
     os.makedirs(target_dir, exist_ok=True)
+    fwd = None
+    if daemon and forwarder:
+        from pycni.forwarder import build
+
+        fwd = build(target_dir)
+    texts = [executable_text(name, mods[name], load(name).versions, python=python or sys.executable, paths=paths,
+                             daemon=daemon, socket=socket, forwarder=fwd) for name in selected]
     for path, text in zip(targets, texts, strict=True):
         statefile.write_bytes(path, text.encode(), mode=0o755, dir_mode=0o755, failure="cannot install plugins")
     return targets

@@ -142,6 +142,16 @@ class Store:
             raise _io_error(f"cannot reserve {ip}", e) from None
         return True
 
+    def names(self) -> set[str]:
+        """The names in the store directory (addresses taken, and the store's own files); hold
+        :meth:`locked` for it to stay true."""
+        try:
+            return set(os.listdir(self.dir))
+        except FileNotFoundError:
+            return set()
+        except OSError as e:
+            raise _io_error("cannot list the data directory", e) from None
+
     def _create_whole(self, path: str, data: bytes) -> bool:
         """Create ``path`` holding ``data`` unless it exists (False then), never visible half-written.
 

@@ -1,0 +1,292 @@
+"""Long-lived ``iptables-restore --noflush`` processes, so the daemon writes the reference's
+iptables layout without starting a process per plugin call.
+
+Why: a portmap or ipMasq ADD/DEL is one ``iptables-restore`` transaction, and under the daemon
+that process was most of the call. Most of its wall time is not starting it: when an
+nf_tables netlink socket that deleted rules or chains is closed, the close waits for the
+kernel's deferred release (measured 8-19 ms a DEL, twice per cycle). A process that stays,
+keeps its socket and commits each ``COMMIT`` block as it comes, pays neither.
+
+What makes it sound: iptables-nft's restore commits every ``*table ... COMMIT`` block when
+it reads the ``COMMIT`` line, checks the ruleset generation at each commit (and re-reads what
+changed under it, so another process's rules, the Go plugins' for instance, are seen), and on
+any failure prints ``line N failed`` and exits without committing that block. A success prints
+nothing, so the answer is read from the process itself: it has consumed everything written
+(the pipe is empty) and sleeps in ``read(0)`` again (``/proc/<pid>/wchan`` is the pipe read)
+only after processing every line before it, the ``COMMIT`` included; a failure is its exit.
+
+Only for iptables-nft (``(nf_tables)`` in ``--version``): the legacy restore holds the xtables
+lock for its whole life. Used only where :func:`pycni.net.iptables.keep_sessions` was called
+(the daemon); a one-shot
+plugin keeps one process per call and leaves nothing behind. A session lives in one network
+namespace (it pins it while it lives), is reused by calls in that namespace, and ends after
+:data:`IDLE_SECONDS` unused, or when its owner process exits (its stdin reaches end of file).
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import termios
+import threading
+import time
+
+from pycni.net.tools import find_tool
+
+IDLE_SECONDS = 5.0
+WAIT_SECONDS = 90.0  # as long as a one-shot restore may take (pycni.net.iptables)
+_START_SECONDS = 2.0  # a new process must be waiting for input by then, or sessions are off here
+
+_lock = threading.Lock()
+_off_reason = ""  # why sessions cannot work on this machine (set once, then every call execs)
+_idle: dict[tuple[object, ...], list[Session]] = {}
+_reaper_pid = 0
+_nft_binaries: dict[tuple[str, int, int, int], bool] = {}
+
+
+class Failed(Exception):
+    """The block was refused: the process has exited; ``status`` and ``stderr`` are its own."""
+
+    def __init__(self, status: int, stderr: str) -> None:
+        super().__init__(stderr)
+        self.status = status
+        self.stderr = stderr
+
+
+class Session:
+    """One ``iptables-restore --noflush`` process in the calling thread's network namespace."""
+
+    def __init__(self, path: str, key: tuple[object, ...]) -> None:
+        import _signal
+
+        self.key = key
+        self.lines = 0  # lines sent so far: its error messages count from its start
+        self.used = time.monotonic()
+        in_r, self._in = os.pipe()
+        self._err, err_w = os.pipe()
+        try:
+            self.pid = os.posix_spawn(path, [path, "-w", "30", "--noflush"], os.environ,
+                                      file_actions=[(os.POSIX_SPAWN_DUP2, in_r, 0),
+                                                    (os.POSIX_SPAWN_DUP2, err_w, 1),
+                                                    (os.POSIX_SPAWN_DUP2, err_w, 2)],
+                                      setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
+        except BaseException:
+            os.close(self._in)
+            os.close(self._err)
+            raise
+        finally:
+            os.close(in_r)
+            os.close(err_w)
+        self.status: int | None = None
+        self._said: list[bytes] = []  # what it printed so far (read as it comes: a full pipe would stall it)
+        os.set_blocking(self._err, False)
+
+    # ---- the process's state -----------------------------------------------------------------
+    def _exited(self) -> bool:
+        if self.status is None:
+            pid, st = os.waitpid(self.pid, os.WNOHANG)
+            if pid == 0:
+                return False
+            self.status = os.waitstatus_to_exitcode(st)
+        return True
+
+    def _waiting_for_input(self) -> bool:
+        """Everything written has been read and processed: it sleeps reading its stdin again."""
+        self._read_output()
+        buf = bytearray(4)
+        fcntl.ioctl(self._in, termios.FIONREAD, buf)
+        if int.from_bytes(buf, "little"):
+            return False
+        try:
+            with open(f"/proc/{self.pid}/wchan", "rb") as f:
+                wchan = f.read()
+        except OSError:
+            return False
+        return b"pipe_read" in wchan or b"pipe_wait" in wchan  # pipe_wait: kernels before 5.6
+
+    def _settle(self, deadline: float) -> bool:
+        """Wait until it reads again (True) or has exited (False)."""
+        pause = 0.0001
+        while True:
+            if self._waiting_for_input():
+                # It may have printed its failure and be exiting: an exited process never reads.
+                return not self._exited()
+            if self._exited():
+                return False
+            if time.monotonic() > deadline:
+                self.close(kill=True)
+                raise TimeoutError("iptables-restore did not finish in time")
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.002)
+
+    def started(self) -> bool:
+        """Did the new process get ready to read input (False: sessions cannot work here)?"""
+        try:
+            return self._settle(time.monotonic() + _START_SECONDS)
+        except TimeoutError:
+            return False  # killed and reaped by _settle
+
+    def apply(self, text: str) -> None:
+        """Commit ``text`` (whole ``*table ... COMMIT`` blocks); :class:`Failed` when refused."""
+        data = text.encode()
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._in, view):]
+        except BrokenPipeError:
+            pass  # it exited part-way: its status and message say why
+        ok = not self._exited() and self._settle(time.monotonic() + WAIT_SECONDS)
+        base = self.lines
+        self.lines += data.count(b"\n")
+        self.used = time.monotonic()
+        if ok:
+            self._said = []  # a success's chatter (warnings) is not kept
+        else:
+            raise Failed(self.status if self.status is not None else 1, self._renumber(self._drain(), base))
+
+    def _read_output(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._err, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            self._said.append(chunk)
+
+    def _drain(self) -> str:
+        """All it printed (it has exited: the pipe ends)."""
+        os.set_blocking(self._err, True)
+        self._read_output()
+        said, self._said = b"".join(self._said), []
+        return said.decode(errors="replace")
+
+    @staticmethod
+    def _renumber(msg: str, base: int) -> str:
+        """``line N`` / ``line: N`` as the block's own line number, as a one-shot restore reports it."""
+        out, rest = [], msg
+        while "line" in rest:
+            head, _, rest = rest.partition("line")
+            sep = rest[:len(rest) - len(rest.lstrip(": "))]
+            rest = rest[len(sep):]
+            digits = len(rest) - len(rest.lstrip("0123456789"))
+            out.append(head + "line" + sep)
+            if digits and sep and not (head and head[-1].isalnum()):
+                out.append(str(max(int(rest[:digits]) - base, 1)))
+                rest = rest[digits:]
+        return "".join(out) + rest
+
+    def close(self, kill: bool = False) -> None:
+        """End the process: end of input (it exits at once), or SIGKILL; reap it."""
+        for fd in (self._in, self._err):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._in = self._err = -1
+        if self.status is None:
+            if kill:
+                try:
+                    os.kill(self.pid, 9)
+                except ProcessLookupError:
+                    pass
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            self.status = -9 if kill else 0
+
+
+def _is_nft(path: str) -> bool:
+    """iptables-nft (per resolved file, remembered): only its restore commits per block without a lock."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    ident = (path, st.st_dev, st.st_ino, st.st_mtime_ns)
+    known = _nft_binaries.get(ident)
+    if known is None:
+        from pycni.net.tools import run_tool
+
+        try:
+            status, out, err = run_tool([path, "--version"], timeout=10)
+        except (OSError, Exception):  # noqa: BLE001 - anything odd: no sessions with it
+            status, out, err = 1, "", ""
+        known = _nft_binaries[ident] = status == 0 and "nf_tables" in out + err
+    return known
+
+
+def _netns_key() -> tuple[int, int]:
+    st = os.stat("/proc/thread-self/ns/net")
+    return st.st_dev, st.st_ino
+
+
+def apply(binary: str, text: str) -> bool:
+    """Commit ``text`` through a session in the calling thread's namespace; False when sessions
+    are not usable for it (the caller runs a process of its own instead). :class:`Failed` when
+    the input is refused (nothing of the failing block was committed)."""
+    global _off_reason
+    if _off_reason:
+        return False
+    path = find_tool(binary)
+    if not _is_nft(path):
+        return False
+    key = (path, _netns_key())
+    with _lock:
+        pool = _idle.get(key) or []
+        session = pool.pop() if pool else None
+    if session is None:
+        session = Session(path, key)
+        if not session.started():
+            session.close(kill=True)
+            _off_reason = f"{path} did not wait for input as expected (no /proc/<pid>/wchan?)"
+            return False
+        _start_reaper()
+    try:
+        session.apply(text)
+    except BaseException:
+        session.close(kill=session.status is None)
+        raise
+    with _lock:
+        _idle.setdefault(key, []).append(session)
+    return True
+
+
+def _start_reaper() -> None:
+    """One thread per process (a forked worker starts its own) closes sessions left idle."""
+    global _reaper_pid
+    with _lock:
+        if _reaper_pid == os.getpid():
+            return
+        _reaper_pid = os.getpid()
+    threading.Thread(target=_reap, name="pycni-restore-reaper", daemon=True).start()
+
+
+def _reap() -> None:
+    while True:
+        time.sleep(1.0)
+        close_idle(IDLE_SECONDS)
+
+
+def close_idle(idle: float = 0.0) -> int:
+    """Close the sessions unused for ``idle`` seconds (all of them with 0); how many closed."""
+    now = time.monotonic()
+    stale: list[Session] = []
+    with _lock:
+        for key, pool in list(_idle.items()):
+            keep = [s for s in pool if now - s.used < idle]
+            stale += [s for s in pool if now - s.used >= idle]
+            if keep:
+                _idle[key] = keep
+            else:
+                del _idle[key]
+    for s in stale:
+        s.close()
+    return len(stale)
+
+
+def count() -> int:
+    """Sessions alive and idle in this process (for tests and the profile)."""
+    with _lock:
+        return sum(len(p) for p in _idle.values())
