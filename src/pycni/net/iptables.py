@@ -132,6 +132,12 @@ def list_rules(table: str, chain: str, ipv6: bool = False) -> list[str]:
 
 
 def chain_exists(table: str, chain: str, ipv6: bool = False) -> bool:
+    """Whether ``chain`` exists in ``table``: asked of the kernel without an exec where iptables
+    is iptables-nft (:mod:`pycni.net.probe`), else of the tool."""
+    from pycni.net import probe
+
+    if probe.iptables_chain_exists(table, chain, ipv6) is False:
+        return False
     try:
         run(["-t", table, "-n", "-L", chain], ipv6)
     except IptablesError as e:

@@ -91,7 +91,15 @@ def run(script: str, *, code: int = IO_FAILURE, what: str = "transaction") -> No
 
 
 def list_json(*args: str, missing_ok: bool = False) -> dict[str, Any]:
-    """``nft -j list <args>`` parsed; with ``missing_ok`` a missing object lists as empty."""
+    """``nft -j list <args>`` parsed; with ``missing_ok`` a missing object lists as empty.
+
+    A missing table or chain is found without running nft (:mod:`pycni.net.probe`): DELs ask
+    about tables that are usually absent (another backend's), and nft costs an exec."""
+    if missing_ok and len(args) in (3, 4) and args[0] == ("table" if len(args) == 3 else "chain"):
+        from pycni.net import probe
+
+        if probe.nft_object_exists(*args[1:]) is False:
+            return {"nftables": []}
     try:
         out = _exec(["-j", "list", *args], None, f"list {' '.join(args)}", IO_FAILURE)
     except NftError as e:
