@@ -225,3 +225,23 @@ def test_probes_agree_with_the_tools(host_ns: Namespace, tmp_path: Path) -> None
         assert probe.iptables_chain_exists("nat", "CC-PROBE") is None
     finally:
         os.environ["PATH"] = old
+
+
+def test_usable_asks_the_kernel_once_the_nat_table_is_there(host_ns: Namespace, logged_tools: tuple[str, Path],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """iptables.usable() (every ADD of bridge with ipMasq, or of portmap, asks it) runs iptables
+    only until iptables-nft's nat POSTROUTING chain exists in the namespace; then the kernel's
+    word is enough."""
+    from pycni.net import iptables
+
+    path, log = logged_tools
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.setattr(iptables, "_usable", set())
+    with host_ns.enter():
+        assert iptables.usable()
+        assert [c for c in _calls(log) if "-S OUTPUT" in c], "a fresh namespace: the tool is asked"
+        iptables._usable.clear()
+        iptables.run(["-t", "nat", "-A", "POSTROUTING", "-d", "192.0.2.1/32", "-j", "RETURN"])
+        _calls(log)
+        assert iptables.usable()
+        assert _calls(log) == []
