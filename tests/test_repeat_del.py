@@ -245,3 +245,27 @@ def test_usable_asks_the_kernel_once_the_nat_table_is_there(host_ns: Namespace, 
         _calls(log)
         assert iptables.usable()
         assert _calls(log) == []
+
+
+def test_shaping_runs_tc_without_subprocess(netns_factory: Callable[[], Namespace], tmp_path: Path,
+                                            logged_tools: tuple[str, Path]) -> None:
+    """A pod with bandwidth annotations: bandwidth's ADD (tbf, ifb, the redirect through
+    ``tc -batch``) and DEL run tc through pycni.net.tools, never importing subprocess or typing."""
+    path, _log = logged_tools
+    host, ctr = netns_factory(), netns_factory()
+    shims = str(tmp_path / "bin")
+    install(shims, daemon=True)
+    bridge, _portmap, bandwidth = _chain(str(tmp_path / "ipam"))
+    pod = Pod(host, ctr, shims, path, "ccshape1")
+    prev = pod.call("ADD", bridge, ctr.path)
+    shaped = dict(bandwidth, prevResult=prev, runtimeConfig={"bandwidth": {
+        "ingressRate": 8_000_000, "ingressBurst": 80_000, "egressRate": 8_000_000, "egressBurst": 80_000}})
+    never = ("subprocess", "typing")
+    mods = pod.modules("ADD", shaped, ctr.path, tmp_path)
+    assert "pycni.net.tc" in mods and [m for m in mods if m in never] == []
+    qdiscs = host.run(["tc", "qdisc", "show"]).stdout
+    assert "tbf" in qdiscs and "ingress" in qdiscs and "bwp" in host.run(["ip", "-o", "link"]).stdout
+    mods = pod.modules("DEL", shaped, ctr.path, tmp_path)
+    assert "pycni.net.tc" in mods and [m for m in mods if m in never] == []
+    assert "bwp" not in host.run(["ip", "-o", "link"]).stdout
+    pod.call("DEL", dict(bridge, prevResult=prev), ctr.path)
