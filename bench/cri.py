@@ -8,7 +8,9 @@ and containerd state, a containerd with its CRI plugin) differ only in /opt/cni/
 
 * ``go``       — the Go reference plugins (Debian's containernetworking-plugins, /usr/lib/cni);
 * ``oneshot``  — ours (``pycni install-plugins``), no daemon;
-* ``daemon``   — the same, with ``pycni daemon`` on its default socket /run/pycni/pycni.sock.
+* ``daemon``   — the same, with ``pycni daemon`` on its default socket /run/pycni/pycni.sock;
+* with ``--base PYCNI``, ``base`` and ``base-daemon`` — the same two with another tree's pycni
+  command, so a change is measured against the tree it started from in one run.
 
 The network is the kubeadm-like conflist of tests/test_cri.py (bridge + host-local v4/v6,
 portmap, bandwidth); go-cni also runs the loopback network, at the same time as it. A pod is
@@ -44,11 +46,10 @@ sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests"), os.path.
 
 from cri.client import CRIClient, Pod, Port  # noqa: E402
 from cri.kubeadm import CONFLIST, SANDBOX_CMD, SANDBOX_IMAGE, kubeadm_conflist  # noqa: E402
-from run import Row, log, paired, table  # noqa: E402
+from run import Row, fmt, log, paired, table  # noqa: E402
 from runtime_host import RuntimeHost, busybox_rootfs, missing  # noqa: E402
 
 PYCNI = os.path.join(os.path.dirname(sys.executable), "pycni")
-VARIANTS = ("go", "oneshot", "daemon")
 CALL_LOG = "/run/cr-calls.log"
 # a plugin wrapped for the calls pass: the real one moved to /opt/cni/real (same base name)
 WRAPPER = """#!/bin/sh
@@ -76,13 +77,14 @@ class Node:
 
 
 @contextlib.contextmanager
-def nodes(tmp: Path) -> Iterator[dict[str, Node]]:
-    """One CRI host per variant; all closed at the end (also on Ctrl-C and SIGTERM)."""
+def nodes(tmp: Path, pycni: dict[str, str]) -> Iterator[dict[str, Node]]:
+    """One CRI host per variant (``pycni``: the pycni command of each of ours); all closed at the
+    end (also on Ctrl-C and SIGTERM)."""
     made: dict[str, Node] = {}
     old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         rootfs = busybox_rootfs(tmp)
-        for v in VARIANTS:
+        for v in ("go", *pycni):
             scratch = tmp / v
             scratch.mkdir()
             host = RuntimeHost(scratch)
@@ -90,12 +92,12 @@ def nodes(tmp: Path) -> Iterator[dict[str, Node]]:
                 if v == "go":
                     host.install_go()
                 else:
-                    host.install_ours(PYCNI)
+                    host.install_ours(pycni[v])
                 host.path(CONFLIST).write_text(kubeadm_conflist())
                 host.start_containerd(host.cri_config(SANDBOX_IMAGE))
                 host.import_image(rootfs, SANDBOX_IMAGE, SANDBOX_CMD)
-                if v == "daemon":
-                    host.start_pycni_daemon(PYCNI)
+                if v.endswith("daemon"):
+                    host.start_pycni_daemon(pycni[v])
                 made[v] = Node(host, v)
             except BaseException:
                 host.close()
@@ -117,7 +119,7 @@ def case_cycle(ns: dict[str, Node], rounds: int, hostport: bool) -> list[Row]:
     for node in ns.values():
         if not node.cri.list():
             node.cri.run_pod(node.pod("keep", False))
-    phases: dict[str, dict[str, list[float]]] = {p: {v: [] for v in VARIANTS} for p in ("run", "stop", "remove")}
+    phases: dict[str, dict[str, list[float]]] = {p: {v: [] for v in ns} for p in ("run", "stop", "remove")}
 
     def step(v: str, r: int) -> float:
         node = ns[v]
@@ -133,7 +135,7 @@ def case_cycle(ns: dict[str, Node], rounds: int, hostport: bool) -> list[Row]:
                 phases[p][v].append(x)
         return t3 - t0
 
-    values = paired(rounds, list(VARIANTS), step)
+    values = paired(rounds, list(ns), step)
     what = "pod with hostPort + bandwidth annotations" if hostport else "plain pod"
     return [Row(f"CRI RunPodSandbox+Stop+Remove ({what})", "s", values, "daemon <= 0.6, one-shot <= 1.0"),
             Row("  of which RunPodSandbox", "s", phases["run"]),
@@ -184,7 +186,7 @@ def case_calls(ns: dict[str, Node], rounds: int, hostport: bool) -> str:
             spans.append((ifname, int(s), int(e)))
         order = {p: i for i, p in enumerate(PHASES)}
         for (phase, name, cmd), xs in sorted(calls.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1])):
-            label = f"{name} {cmd}" + (" (+ host-local)" if name == "bridge" and v != "daemon" else "")
+            label = f"{name} {cmd}" + (" (+ host-local)" if name == "bridge" and not v.endswith("daemon") else "")
             lines.append(f"| {v} | {phase} | {label} | {len(xs) / rounds:g} | {statistics.median(xs) * 1000:.1f} ms | "
                          f"{sum(xs) / rounds * 1000:.0f} ms |")
         lo = [(s, e) for i, s, e in spans if i == "lo"]
@@ -193,6 +195,17 @@ def case_calls(ns: dict[str, Node], rounds: int, hostport: bool) -> str:
         total = sum(sum(xs) for xs in calls.values()) / rounds
         lines.append(f"| {v} | all | every plugin call (loopback overlapping the main network: {overlapping} of "
                      f"{len(lo)}) | | | {total * 1000:.0f} ms |")
+    return "\n".join(lines)
+
+
+def base_table(rows: list[Row]) -> str:
+    """Ours and the base tree's, one-shot and daemon, each as a ratio to Go's (medians)."""
+    head = "| case | Go | base one-shot | ours one-shot | base daemon | ours daemon |"
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in rows:
+        cells = [fmt(r.median("go"), r.unit)] + [f"{fmt(r.median(v), r.unit)} ({fmt(r.ratio(v), 'x')})"
+                                                 for v in ("base", "oneshot", "base-daemon", "daemon")]
+        lines.append(f"| {r.case} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -206,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-calls", action="store_true", help="skip the per-plugin-call pass")
     p.add_argument("--call-rounds", type=int, default=5, help="pod cycles in the calls pass (default 5)")
     p.add_argument("--json", help="also write the raw numbers here")
+    p.add_argument("--base", metavar="PYCNI",
+                   help="also measure another tree's pycni command (one-shot and daemon: variants base, "
+                   "base-daemon), e.g. a script running `python -m pycni` with that tree's src on PYTHONPATH")
     opts = p.parse_args(argv)
     if os.geteuid() != 0:
         sys.exit("bench: needs root (it creates namespaces)")
@@ -218,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="pycni-bench-cri-"))
     calls = ""
     try:
-        with nodes(tmp) as ns:
+        pycni = {"oneshot": PYCNI, "daemon": PYCNI}
+        if opts.base:
+            pycni.update({"base": opts.base, "base-daemon": opts.base})
+        with nodes(tmp, pycni) as ns:
             version = ns["go"].cri.version()
             rows: list[Row] = []
             kinds = [k == "hostport" for k in opts.pods.split(",")]
@@ -236,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{version.runtime_api_version}, runc), medians; ratio = ours / Go; {rounds} rounds; "
           f"run took {time.perf_counter() - started:.0f} s")
     print(table(rows))
+    if opts.base:
+        print()
+        print(f"the same run, {opts.base} (base) beside this tree (ours):")
+        print(base_table(rows))
     if calls:
         print()
         print(f"plugin calls per pod cycle ({call_rounds} cycles; each plugin wrapped, each time includes ~1 ms "

@@ -622,6 +622,8 @@ def _state(host: Namespace, ctr: Namespace) -> dict[str, Any]:
     port = hl[veths[0]] if veths else {}
     slave = port.get("linkinfo", {}).get("info_slave_data", {})
     br = hl.get("cni0", {})
+    # carrier (LOWER_UP / NO-CARRIER) reaches the bridge through the kernel's linkwatch, up to a
+    # second after its port came up: not the plugin's doing, and racy to compare right after ADD
     return {"bridge_mtu": br.get("mtu"), "bridge_flags": sorted(set(br.get("flags", [])) - {"LOWER_UP", "NO-CARRIER"}),
             "bridge_addrs": sorted(a for a in addrs(host, "cni0") if not a.startswith("fe80")),
             "port": {k: slave.get(k) for k in ("hairpin", "isolated", "state")}, "port_mtu": port.get("mtu"),

@@ -8,7 +8,7 @@ import threading
 import pytest
 from netns_util import Namespace
 
-from pycni.net import iptables, nft
+from pycni.net import iptables, nft, probe
 from pycni.spec.errors import INVALID_CONFIG, IO_FAILURE
 
 
@@ -182,17 +182,17 @@ def test_canonical_matches_rules_as_listed(host_ns: Namespace) -> None:
 def test_table_present_asks_the_kernel(host_ns: Namespace) -> None:
     """The netlink check that spares a DEL an nft process agrees with nft itself."""
     with host_ns.enter():
-        assert nft.table_present("inet", "pf_t") is False
+        assert probe.nft_object_exists("inet", "pf_t") is False
         assert nft.list_json("table", "inet", "pf_t", missing_ok=True) == {"nftables": []}
         assert nft.list_json("chain", "inet", "pf_t", "c", missing_ok=True) == {"nftables": []}
         nft.run("add table inet pf_t\nadd chain inet pf_t c\n")
-        assert nft.table_present("inet", "pf_t") is True
-        assert nft.table_present("ip", "pf_t") is False and nft.table_present("ip6", "pf_t") is False
+        assert probe.nft_object_exists("inet", "pf_t") is True
+        assert probe.nft_object_exists("ip", "pf_t") is False and probe.nft_object_exists("ip6", "pf_t") is False
         assert nft.objects(nft.list_json("chain", "inet", "pf_t", "c", missing_ok=True), "chain")
         assert nft.list_json("chain", "inet", "pf_t", "nope", missing_ok=True) == {"nftables": []}
         iptables.run(["-t", "nat", "-N", "PF-X"])  # iptables-nft makes table ip nat
-        assert nft.table_present("ip", "nat") is True
-    assert nft.table_present("nosuchfamily", "x") is None
+        assert probe.nft_object_exists("ip", "nat") is True
+    assert probe.nft_object_exists("nosuchfamily", "x") is None
 
 
 def test_iptables_nft_usable_without_a_process(host_ns: Namespace, monkeypatch: pytest.MonkeyPatch) -> None:

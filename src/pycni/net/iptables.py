@@ -158,6 +158,12 @@ def list_rules(table: str, chain: str, ipv6: bool = False) -> list[str]:
 
 
 def chain_exists(table: str, chain: str, ipv6: bool = False) -> bool:
+    """Whether ``chain`` exists in ``table``: asked of the kernel without an exec where iptables
+    is iptables-nft (:mod:`pycni.net.probe`), else of the tool."""
+    from pycni.net import probe
+
+    if probe.iptables_chain_exists(table, chain, ipv6) is False:
+        return False
     try:
         run(["-t", table, "-n", "-L", chain], ipv6)
     except IptablesError as e:
@@ -319,15 +325,15 @@ def usable(ipv6: bool = False, *, quick: bool = False) -> bool:
     ident = _binary_identity(ipv6)
     if ident is not None and ident in _usable:
         return True
-    if quick and not _sessions and ident is not None \
-            and os.path.basename(os.path.realpath(ident[1])) == "xtables-nft-multi":
-        # iptables-nft works where nf_tables answers: one netlink request instead of a process
-        # listing the nat table. Not remembered: it trusts the binary without running it. Not in
-        # the daemon (sessions): there the thorough yes is asked once and remembered, and closing
-        # the request's socket would wait for the kernel to release what sessions deleted.
-        from pycni.net import nft
+    if quick and not _sessions:
+        # iptables-nft works where nf_tables answers (present or absent, the nat table): one
+        # netlink request instead of a process listing the nat table (one per ADD of bridge or
+        # portmap, ~10 ms of CPU). Not remembered: it trusts the binary without running it. Not
+        # in the daemon (sessions): there the thorough yes is asked once and remembered, and
+        # closing the probe's socket would wait for the kernel to release what sessions deleted.
+        from pycni.net import probe
 
-        if nft.table_present("ip6" if ipv6 else "ip", "nat") is not None:
+        if probe.iptables_is_nft(ipv6) and probe.nft_object_exists("ip6" if ipv6 else "ip", "nat") is not None:
             return True
     try:
         run(["-t", "nat", "-S", "OUTPUT"], ipv6)

@@ -21,6 +21,7 @@ from ipaddress import IPv4Interface, IPv6Interface
 
 from pycni import jsonlite as json
 from pycni.net import iptables, nft
+from pycni.net.names import hash_with_prefix
 from pycni.spec.errors import PLUGIN_SPECIFIC, CNIError, invalid_config
 
 Address = IPv4Interface | IPv6Interface
@@ -34,21 +35,6 @@ MULTICAST = {4: "224.0.0.0/4", 6: "ff00::/8"}
 
 
 # ---- names shared with the Go reference -----------------------------------------------------
-def hash_with_prefix(length: int, prefix: str, to_hash: str) -> str:
-    """``prefix`` + hex SHA-512 of ``to_hash``, cut to ``length`` (Go: MustFormatHashWithPrefix)."""
-    return (prefix + sha512_hex(to_hash.encode()))[:length]
-
-
-def sha512_hex(data: bytes) -> str:
-    """SHA-512 of ``data`` in hex, from the builtin module when there is one: hashlib would load
-    OpenSSL's bindings first (~2 ms a one-shot call, for one digest)."""
-    try:
-        from _sha512 import sha512  # CPython < 3.12
-    except ImportError:
-        from hashlib import sha512
-    return sha512(data).hexdigest()
-
-
 def chain_name(network: str, container_id: str, prefix: str = "") -> str:
     """The 28-character iptables chain name Go's utils.FormatChainName(WithPrefix) gives."""
     return hash_with_prefix(28, "CNI-" + prefix, network + container_id)

@@ -90,49 +90,24 @@ def run(script: str, *, code: int = IO_FAILURE, what: str = "transaction") -> No
     _exec(["-f", "-"], script, what, code)
 
 
-# nf_tables netlink: NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETTABLE; NFTA_TABLE_NAME; NFPROTO_* by family.
-_NETLINK_NETFILTER = 12
-_GETTABLE = (10 << 8) | 1
-_NFTA_TABLE_NAME = 1
-_NFPROTO = {"inet": 1, "ip": 2, "arp": 3, "netdev": 5, "bridge": 7, "ip6": 10}
-
-
-def table_present(family: str, table: str) -> bool | None:
-    """Does table ``family table`` exist here? Asked of the kernel directly (one netlink request,
-    no ``nft`` process, no ruleset fetch); None when it cannot be asked that way."""
-    import errno
-
-    from pycni.net import nl
-
-    proto = _NFPROTO.get(family)
-    name = table.encode() + b"\0"
-    if proto is None or len(name) > 256:
-        return None
-    attr = (4 + len(name)).to_bytes(2, "little") + _NFTA_TABLE_NAME.to_bytes(2, "little") + name
-    attr += b"\0" * (-len(attr) % 4)
-    try:
-        with nl.NetlinkSocket(_NETLINK_NETFILTER) as sock:
-            sock.exchange(_GETTABLE, bytes((proto, 0, 0, 0)) + attr)
-    except nl.NetlinkError as e:
-        return False if e.code == errno.ENOENT else None
-    except OSError:
-        return None
-    return True
 
 
 def list_json(*args: str, missing_ok: bool = False) -> dict[str, Any]:
     """``nft -j list <args>`` parsed; with ``missing_ok`` a missing object lists as empty.
 
-    With ``missing_ok``, a table or chain listing whose table does not exist is answered without
-    running nft (see :func:`table_present`): DELs look for the layout they did not make (the
+    With ``missing_ok``, a table or chain listing whose table or chain does not exist is answered
+    without running nft (:mod:`pycni.net.probe`): DELs look for the layout they did not make (the
     nftables one under the iptables default, and back), and that is the usual answer. Not with
-    libnftables in-process (the daemon): its socket stays open, whereas closing the check's
+    libnftables in-process (the daemon): its socket stays open, whereas closing the probe's
     socket waits for the kernel to release what earlier commits deleted (6-8 ms after a
     restore session's DEL: a session never closes its own socket to pay it there).
     """
-    if missing_ok and not _in_process and len(args) >= 3 and args[0] in ("table", "chain") \
-            and table_present(args[1], args[2]) is False:
-        return {"nftables": []}
+    if missing_ok and not _in_process and len(args) in (3, 4) \
+            and args[0] == ("table" if len(args) == 3 else "chain"):
+        from pycni.net import probe
+
+        if probe.nft_object_exists(*args[1:]) is False:
+            return {"nftables": []}
     try:
         out = _exec(["-j", "list", *args], None, f"list {' '.join(args)}", IO_FAILURE)
     except NftError as e:

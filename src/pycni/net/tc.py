@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import subprocess
 from collections.abc import Sequence
 
 from pycni.net.errors import kernel_errors
@@ -116,15 +115,17 @@ def tbf_limit(rate_bytes: int, burst_bytes: int) -> int:
 
 def run_tc(lines: Sequence[str], what: str) -> None:
     """Run tc commands as one ``tc -batch`` (stops at the first failure); CNIError on failure."""
+    from pycni.net.tools import ToolTimeout, run_tool  # not subprocess: see pycni.net.tools
+
     script = "".join(line + "\n" for line in lines)
     try:
-        proc = subprocess.run(["tc", "-batch", "-"], input=script, capture_output=True, text=True, timeout=30)
+        status, out, err = run_tool(["tc", "-batch", "-"], script, timeout=30)
     except FileNotFoundError:
         raise CNIError(TC_ERROR, "tc command not found", "install iproute2 (the `tc` tool)") from None
-    except subprocess.TimeoutExpired:
+    except ToolTimeout:
         raise CNIError(TRY_AGAIN, f"{what}: tc timed out", "try again") from None
-    if proc.returncode != 0:
-        raise CNIError(TC_ERROR, f"failed to {what}", (proc.stderr or proc.stdout).strip()[-1000:])
+    if status != 0:
+        raise CNIError(TC_ERROR, f"failed to {what}", (err or out).strip()[-1000:])
 
 
 # ---- devices ---------------------------------------------------------------------------------
@@ -288,12 +289,13 @@ def filters(dev: str, parent: str) -> list[dict[str, Any]]:
     """u32 filters under ``parent`` (e.g. ``ffff:`` or ``1:``) as tc's JSON (keys/flowid/actions)."""
     import json
 
-    proc = subprocess.run(["tc", "-j", "filter", "show", "dev", dev, "parent", parent],
-                          capture_output=True, text=True, timeout=30)
-    if proc.returncode != 0:
+    from pycni.net.tools import run_tool
+
+    status, out, _err = run_tool(["tc", "-j", "filter", "show", "dev", dev, "parent", parent], timeout=30)
+    if status != 0:
         return []
     try:
-        data = json.loads(proc.stdout or "[]")
+        data = json.loads(out or "[]")
     except ValueError:
         return []
     return [f for f in data if isinstance(f, dict) and "flowid" in (f.get("options") or {})]

@@ -398,24 +398,39 @@ def _global_unicast(ip: Any) -> bool:
 
 
 def cmd_del(args: CmdArgs) -> None:
-    from pycni.net import addr, link, netns, spoofchk
+    """Delete the container's veth, release its addresses, remove its masquerade rules.
 
+    A DEL with no netns (containerd's RemovePodSandbox repeats the DEL with CNI_NETNS empty)
+    imports no netlink module: IPAM and the masquerade teardown (found by name, without an
+    exec when nothing is left: pycni.net.probe) are all it does."""
     n = parse_conf(args)
-    addrs: list[Any] | None = None
-    if args.netns and netns.netns_exists(args.netns):
-        with netns.enter(args.netns):
-            found = link.get_link(args.ifname)
-            if found is not None:
-                addrs = [a.address for a in addr.list_addrs(found.index) if _global_unicast(a.address.ip)]
-                link.delete_link(found.index)
+    addrs = _delete_veth(args) if args.netns else None
     ipam.delete(args.conf(), args)
     if n.macspoofchk:
+        from pycni.net import spoofchk
+
         spoofchk.teardown(spoofchk.ref_id(args.container_id, args.ifname))
     if n.ipam_type and n.ip_masq:
         from pycni.net import masq
 
         # Both backends, as the reference: the container may have been set up under another config.
         masq.teardown_ip_masq(None, n.name, args.container_id, args.ifname, addrs or None)
+
+
+def _delete_veth(args: CmdArgs) -> list[Any] | None:
+    """Delete the container's end of the veth (the host end goes with it); its global addresses,
+    or None when the netns or the interface is gone."""
+    from pycni.net import addr, link, netns
+
+    if not netns.netns_exists(args.netns):
+        return None
+    with netns.enter(args.netns):
+        found = link.get_link(args.ifname)
+        if found is None:
+            return None
+        addrs = [a.address for a in addr.list_addrs(found.index) if _global_unicast(a.address.ip)]
+        link.delete_link(found.index)
+    return addrs
 
 
 # ---- CHECK -------------------------------------------------------------------------------------

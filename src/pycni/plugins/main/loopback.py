@@ -7,6 +7,8 @@ prevResult through unchanged. DEL succeeds when there is no netns at all.
 
 from __future__ import annotations
 
+import os
+
 from pycni import netconf
 from pycni.record import record
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
@@ -80,10 +82,14 @@ def cmd_add(args: CmdArgs) -> Result:
 
 
 def cmd_del(args: CmdArgs) -> None:
+    """Take lo down; nothing to do (and nothing imported) when the netns is gone: containerd's
+    RemovePodSandbox repeats the DEL with CNI_NETNS empty."""
+    if not args.netns or not os.path.exists(args.netns):
+        return  # nothing to take down: DEL is idempotent
     from pycni.net import link, netns
 
-    if not args.netns or not netns.netns_exists(args.netns):
-        return  # nothing to take down: DEL is idempotent
+    if not netns.netns_exists(args.netns):
+        return
     with netns.enter(args.netns):
         if link.get_link(LOOPBACK) is not None:
             link.set_link(LOOPBACK, up=False)

@@ -12,10 +12,10 @@ config itself or from ``runtimeConfig.bandwidth`` (the ``bandwidth`` capability)
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 
 from pycni import netconf
+from pycni.net import probe
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
@@ -62,8 +62,9 @@ class BandwidthConf:
 
 def ifb_name(network: str, container_id: str) -> str:
     """The ifb device's name, derived as the reference derives it (so either can clean up)."""
-    digest = hashlib.sha512((network + container_id).encode()).hexdigest()
-    return (IFB_PREFIX + digest)[:IFNAME_MAX]
+    from pycni.net.names import hash_with_prefix
+
+    return hash_with_prefix(IFNAME_MAX, IFB_PREFIX, network + container_id)
 
 
 # ---- configuration ---------------------------------------------------------------------------
@@ -220,11 +221,11 @@ def _check_shaper(conf: BandwidthConf, dev: str, lim: Limits) -> None:
 
 # ---- handlers --------------------------------------------------------------------------------
 def cmd_add(args: CmdArgs) -> Result:
+    conf = parse_conf(args)
+    if conf.prev is None or conf.is_zero:  # most pods: nothing to shape, nothing to import
+        return conf.prev or Result(cni_version=conf.cni_version)
     from pycni.net import link, tc
 
-    conf = parse_conf(args)
-    if conf.prev is None or conf.is_zero:
-        return conf.prev or Result(cni_version=conf.cni_version)
     result = conf.prev.copy()
     host = host_interface(result, args)
     ifb = ifb_name(conf.name, args.container_id)
@@ -244,11 +245,19 @@ def cmd_add(args: CmdArgs) -> Result:
 
 
 def cmd_del(args: CmdArgs) -> None:
-    """Remove the ifb (and, when the veth still exists, its shapers). Idempotent."""
+    """Remove the ifb (and, when the veth still exists, its shapers). Idempotent.
+
+    Most pods ask for no shaping, and a runtime repeats DELs (containerd: StopPodSandbox, then
+    RemovePodSandbox): with no ifb (ADD makes one for any egress limit) and no ingress limit
+    configured (or no veth to clear it from), nothing is left to remove, and the DEL returns
+    before netlink, tc and the netns."""
+    conf = parse_conf(args)
+    ifb = ifb_name(conf.name, args.container_id)
+    if probe.link_exists(ifb) is False and (conf.ingress is None or conf.prev is None or not args.netns):
+        return
     from pycni.net import link, tc
 
-    conf = parse_conf(args)
-    link.delete_link(ifb_name(conf.name, args.container_id))
+    link.delete_link(ifb)
     if conf.prev is None or not args.netns:
         return
     try:  # beyond the reference: also clear the host veth's qdiscs if it outlives this DEL
