@@ -325,16 +325,22 @@ def usable(ipv6: bool = False, *, quick: bool = False) -> bool:
     ident = _binary_identity(ipv6)
     if ident is not None and ident in _usable:
         return True
-    if quick and not _sessions:
-        # iptables-nft works where nf_tables answers (present or absent, the nat table): one
-        # netlink request instead of a process listing the nat table (one per ADD of bridge or
-        # portmap, ~10 ms of CPU). Not remembered: it trusts the binary without running it. Not
-        # in the daemon (sessions): there the thorough yes is asked once and remembered, and
-        # closing the probe's socket would wait for the kernel to release what sessions deleted.
+    if not _sessions:
+        # iptables-nft answered by the kernel in one netlink request instead of a process listing
+        # the nat table (one per ADD of bridge or portmap, ~10 ms of CPU): with ``quick`` any
+        # answer about the nat table will do (nf_tables works), otherwise its POSTROUTING chain
+        # must be there (iptables has worked in this namespace). Not remembered: it trusts the
+        # binary without running it. Not in the daemon (sessions): there the thorough yes is
+        # asked once and remembered, and closing the probe's socket would wait for the kernel to
+        # release what sessions deleted.
         from pycni.net import probe
 
-        if probe.iptables_is_nft(ipv6) and probe.nft_object_exists("ip6" if ipv6 else "ip", "nat") is not None:
-            return True
+        if probe.iptables_is_nft(ipv6):
+            family = "ip6" if ipv6 else "ip"
+            if quick and probe.nft_object_exists(family, "nat") is not None:
+                return True
+            if probe.nft_object_exists(family, "nat", "POSTROUTING") is True:
+                return True
     try:
         run(["-t", "nat", "-S", "OUTPUT"], ipv6)
     except IptablesError:
