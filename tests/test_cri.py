@@ -412,12 +412,11 @@ def test_conflist_change_picked_up_live(k8s: Kubelet) -> None:
 ROUTED = "cr-routed"
 
 
+@pytest.mark.parametrize("k8s", ["ours", "daemon"], indirect=True)  # Go has no routed nor cluster-ipam
 def test_routed_cluster_ipam(k8s: Kubelet, tmp_path: Path) -> None:
     """Our routed + cluster-ipam under the CRI, on a local etcd: two pods get addresses from
     the cluster pool and ping each other; ``pycni ipam list`` names their sandboxes; after
     Stop + Remove the pool is empty and nothing is left on the host."""
-    if k8s.impl == "go":
-        pytest.skip("routed and cluster-ipam are pycni's own (no Go reference plugin to compare)")
     from etcd_util import EtcdCluster, etcd_available
 
     if not etcd_available():
