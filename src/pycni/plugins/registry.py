@@ -55,6 +55,29 @@ def import_paths() -> list[str]:
     return [os.path.dirname(os.path.dirname(os.path.abspath(pycni.__file__)))]
 
 
+def checked_interpreter(python: str, paths: list[str]) -> str:
+    """``python`` as an absolute path, once it has imported pycni from ``paths`` as the executables
+    will; ValueError naming it and what failed otherwise (an executable baked with an interpreter
+    that cannot run would fail every call)."""
+    import shutil
+    import subprocess
+
+    found = shutil.which(python) if os.sep not in python else python
+    if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
+        raise ValueError(f"--python {python}: no such executable interpreter; give the path of the Python that "
+                         f"has pycni installed (this one is {sys.executable})")
+    found = os.path.abspath(found)
+    probe = f"import sys; sys.path[:0] = {paths!r}; import pycni.shim, pycni.skel"
+    try:
+        proc = subprocess.run([found, "-IS", "-c", probe], capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        raise ValueError(f"--python {found}: cannot run it: {e}") from None
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise ValueError(f"--python {found} cannot import pycni from {', '.join(paths)}: {why}")
+    return found
+
+
 class ForeignExecutable(Exception):
     """install() would replace executables that ``pycni install-plugins`` did not write."""
 
@@ -64,7 +87,8 @@ class ForeignExecutable(Exception):
 
 
 def install(target_dir: str, names: list[str] | None = None, python: str | None = None,
-            daemon: bool = False, socket: str | None = None, force: bool = False) -> list[str]:
+            daemon: bool = False, socket: str | None = None, force: bool = False,
+            check_python: bool = True) -> list[str]:
     """Write one executable per plugin type into ``target_dir`` (format: :mod:`pycni.shim`); return their paths.
 
     Executables answer VERSION in sh and otherwise run ``python -IS`` with an explicit
@@ -72,7 +96,9 @@ def install(target_dir: str, names: list[str] | None = None, python: str | None 
     by a running ``pycni daemon`` on ``$PYCNI_SOCKET``, else on ``socket`` when given, else on
     the default socket; else in-process); without, they always run the plugin in-process.
     Unknown names raise KeyError. A file in the way that is not one of ours (say a Go plugin)
-    raises ForeignExecutable before anything is written, unless ``force``.
+    raises ForeignExecutable before anything is written, unless ``force``. An interpreter given
+    as ``python`` must run this pycni (:func:`checked_interpreter`; ``check_python=False`` skips
+    that, for tests that bake in a stand-in).
     """
     mods = PLUGIN_MODULES
     selected = list(names) if names else sorted(mods)
@@ -89,6 +115,8 @@ def install(target_dir: str, names: list[str] | None = None, python: str | None 
         if foreign:
             raise ForeignExecutable(foreign)
     paths = import_paths()
+    if python is not None and check_python:
+        python = checked_interpreter(python, paths)
     texts = [executable_text(name, mods[name], load(name).versions, python=python or sys.executable, paths=paths,
                              daemon=daemon, socket=socket) for name in selected]
     os.makedirs(target_dir, exist_ok=True)
