@@ -471,6 +471,14 @@ def _error_line(e: CNIError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pycni`` and ``python -m pycni``; returns (and exits with) the status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["demo"]:  # its options are the demo's own (argparse's REMAINDER refuses a leading option)
+        from pycni import demo
+
+        status = demo.main(args[1:])
+        if argv is None:
+            sys.exit(status)
+        return status
     opts = _parser().parse_args(argv)
     try:
         status = int(opts.fn(opts))
