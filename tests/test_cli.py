@@ -104,6 +104,22 @@ def test_errors_are_one_line_with_code(tmp_path: Path) -> None:
     assert usage.returncode == 2 and "usage:" in usage.stderr and "Traceback" not in usage.stderr
 
 
+@pytest.mark.skipif(not os.path.exists(f"{GO_PLUGINS}/bridge"), reason="needs containernetworking-plugins")
+def test_failed_add_is_one_error_unless_the_cleanup_failed_otherwise(tmp_path: Path) -> None:
+    """The DEL after a failed ADD refused for the same reason adds nothing; for another, it is told."""
+    (tmp_path / "a.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": "net1",
+                                                     "plugins": [{"type": "bridge", "mtu": "x"}]}))
+    (tmp_path / "b.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": "net2",
+                                                     "plugins": [{"type": "bridge", "ipam": {"type": "nosuch"}}]}))
+    env = {"NETCONFPATH": str(tmp_path), "CNI_PATH": GO_PLUGINS}
+    same = run(["add", "net1", "/var/run/netns/x", "--cache-dir", str(tmp_path / "cache")], env)
+    assert_one_line_error(same, 999, "NetConf.mtu")
+    assert "also failed" not in same.stderr and same.stderr.count("NetConf.mtu") == 1, same.stderr
+    other = run(["add", "net2", "/var/run/netns/x", "--cache-dir", str(tmp_path / "cache")], env)
+    assert_one_line_error(other, 999, "failed to open netns", "cleaning up after the failed ADD also failed",
+                          '"nosuch"')
+
+
 def test_list_shows_networks_plugins_errors_and_shadowing(tmp_path: Path) -> None:
     (tmp_path / "10-a.conflist").write_text(json.dumps({
         "cniVersion": "1.0.0", "name": "net1",
@@ -215,7 +231,7 @@ def test_install_plugins_and_plugin_verb(tmp_path: Path) -> None:
     shim = tmp_path / "bin" / name
     assert proc.stdout.strip() == str(shim)
     assert os.access(shim, os.X_OK) and shim.read_text().startswith("#!/bin/sh\n# pycni plugin ")
-    assert f"exec '{sys.executable}' -IS \"$0\" \"$@\"" in shim.read_text()
+    assert f"py='{sys.executable}'\n" in shim.read_text() and 'exec "$py" -IS "$0" "$@"' in shim.read_text()
     for cmd in ([str(shim)], [*PYCNI, "plugin", name]):
         ver = subprocess.run(cmd, input='{"cniVersion":"1.0.0"}', env={"CNI_COMMAND": "VERSION"},
                              capture_output=True, text=True, timeout=60)
@@ -300,7 +316,12 @@ def test_gc_deletes_stale_attachments_and_status(host_ns: Namespace, netns_facto
     remaining = [p.name for p in (Path(env["CACHE"]) / "results").iterdir()]
     assert remaining == [f"clinet-{keep.name}-eth0"]
     assert pycni_in(host_ns, ["status", "clinet", keep.path], env).stdout == ""  # 1.0.0: nothing to ask
-    pycni_in(host_ns, ["gc", "clinet", "ignored-netns"], env)  # as cnitool: nothing valid, all go
+    # cnitool's spelling (no list: nothing is valid) is refused, and says what it would do
+    assert_one_line_error(pycni_in(host_ns, ["gc", "clinet", "ignored-netns"], env, check=False), 4,
+                          "without --valid", f"all 1 cached attachment(s) ({keep.name}:eth0)", "--all")
+    assert addresses(keep, "eth0") != []
+    done = pycni_in(host_ns, ["gc", "clinet", "--all"], env)
+    assert done.stdout == f"gc clinet: deleted 1 cached attachment(s) ({keep.name}:eth0), kept 0\n"
     assert addresses(keep, "eth0") == []
     assert list((Path(env["CACHE"]) / "results").iterdir()) == []
 

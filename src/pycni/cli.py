@@ -115,17 +115,30 @@ def cmd_del(opts: argparse.Namespace) -> int:
 
 
 def cmd_gc(opts: argparse.Namespace) -> int:
+    """GC with the attachments in use (--valid), or with none (--all: every one is DELeted); with
+    neither, refused: cnitool's "nothing given, nothing valid" took every container's interface."""
+    from pycni.runtime import cache
+
     rt = _runtime(opts)
     net = _network(rt, opts.network)
-    valid = None
-    if opts.valid is not None:
-        valid = []
-        for item in opts.valid:
-            cid, sep, ifname = item.rpartition(":")
-            if not sep or not cid or not ifname:
-                raise CNIError(INVALID_ENV, f"invalid --valid attachment {item!r}", "use CONTAINERID:IFNAME")
-            valid.append((cid, ifname))
+    cached = sorted((e.container_id, e.ifname) for e in cache.list_entries(rt.cache_dir) if e.network_name == net.name)
+    if opts.valid is None and not opts.all:
+        shown = ", ".join(f"{c}:{i}" for c, i in cached[:5]) + (f" and {len(cached) - 5} more" if len(cached) > 5
+                                                                    else "")
+        raise CNIError(INVALID_ENV, f"refusing to GC network {net.name} without --valid",
+                       f"with no attachment listed as valid, GC would DEL all {len(cached)} cached attachment(s) "
+                       f"({shown or 'none now'}) and let every plugin release everything it holds for {net.name}; "
+                       "list the ones in use with --valid CONTAINERID:IFNAME (repeatable), or pass --all")
+    valid: list[tuple[str, str]] = []
+    for item in opts.valid or ():
+        cid, sep, ifname = item.rpartition(":")
+        if not sep or not cid or not ifname:
+            raise CNIError(INVALID_ENV, f"invalid --valid attachment {item!r}", "use CONTAINERID:IFNAME")
+        valid.append((cid, ifname))
     rt.gc(net, valid)
+    gone = [a for a in cached if a not in valid]
+    print(f"gc {net.name}: deleted {len(gone)} cached attachment(s)"
+          + (f" ({', '.join(f'{c}:{i}' for c, i in gone)})" if gone else "") + f", kept {len(cached) - len(gone)}")
     return 0
 
 
@@ -367,11 +380,15 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("gc", help="garbage-collect NETWORK (spec 1.1)",
                         description="DEL cached attachments of NETWORK that are not --valid, then GC "
-                        "every plugin. Like cnitool, with no --valid every cached attachment is stale.")
+                        "every plugin with that list. One of --valid or --all is required (cnitool takes "
+                        "neither to mean that every attachment is stale).")
     sp.add_argument("network", metavar="NETWORK")
     sp.add_argument("netns", metavar="NETNS", nargs="?", help="ignored (cnitool takes it)")
-    sp.add_argument("--valid", action="append", metavar="CONTAINERID:IFNAME",
-                    help="an attachment still in use (repeatable)")
+    which = sp.add_mutually_exclusive_group()
+    which.add_argument("--valid", action="append", metavar="CONTAINERID:IFNAME",
+                       help="an attachment still in use (repeatable)")
+    which.add_argument("--all", action="store_true",
+                       help="no attachment is in use: DEL every cached one, and plugins release all they hold")
     sp.add_argument("-i", "--ifname", help=argparse.SUPPRESS)
     common(sp)
     sp.set_defaults(fn=cmd_gc)
