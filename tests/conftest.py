@@ -48,9 +48,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     guard = config.stash.get(_GUARD, None)
     if not guard:
         return
-    if guard.get("others"):
-        terminalreporter.write_line(f"host guard: namespaces that appeared during the run, not made by "
-                                    f"tests/netns_util (another process's?): {', '.join(guard['others'])}")  # type: ignore[arg-type]
+    others: list[str] = guard.get("others") or []  # type: ignore[assignment]
+    if others:
+        shown = ", ".join(others[:6]) + (f" and {len(others) - 6} more" if len(others) > 6 else "")
+        terminalreporter.write_line(f"host guard: {len(others)} namespace(s) appeared during the run, not made by "
+                                    f"tests/netns_util (another process's?): {shown}")
     if guard.get("report"):
         terminalreporter.section("the machine changed during this test run (tests must be hermetic)", red=True)
         for line in guard["report"]:  # type: ignore[attr-defined]

@@ -339,3 +339,10 @@ def test_install_plugins_daemon_shims_fall_back_to_in_process(tmp_path: Path) ->
     assert ver.returncode == 0 and "1.0.0" in json.loads(ver.stdout)["supportedVersions"], ver.stderr
     direct = registry.install(str(tmp_path / "direct"), ["loopback"])  # what tests' plugin_dir uses
     assert "pycni.shim" not in Path(direct[0]).read_text()
+
+
+def test_daemon_refuses_a_relative_socket() -> None:
+    """As install-plugins --socket: the shims find the daemon by an absolute path."""
+    for sock in ("rel.sock", "/" + "x" * 107):
+        proc = run(["daemon", "--socket", sock])
+        assert proc.returncode == 2 and "must be an absolute path" in proc.stderr, proc

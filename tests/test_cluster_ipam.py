@@ -119,6 +119,7 @@ def listed(cluster: EtcdCluster, conf_dir: Path, network: str) -> set[tuple[str,
 def assert_consistent(cluster: EtcdCluster, conf_dir: Path, network: str) -> None:
     proc = cli(cluster, conf_dir, "ipam", "check", network)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout == "" and f"network {network}: consistent (" in proc.stderr, proc.stderr
 
 
 # ---- the whereabouts scenario: macvlan pods on three nodes, faults on the way ---------------------

@@ -320,11 +320,14 @@ def cmd_ipam_check(opts: argparse.Namespace) -> int:
     cfg = _cluster_ipam(opts)
     with session(cfg) as store:
         problems = store.inconsistencies()
+        blocks, handles = len(store.blocks()), len(store.handles())
     for p in problems:
         print(json.dumps(p))
     if problems:
         sys.stderr.write(f"pycni: network {cfg.name}: {len(problems)} inconsistencies\n")
         return 1
+    # on stderr as the line above: stdout stays JSON lines, one per problem
+    sys.stderr.write(f"pycni: network {cfg.name}: consistent ({blocks} block(s), {handles} attachment(s))\n")
     return 0
 
 
