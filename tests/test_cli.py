@@ -346,3 +346,29 @@ def test_daemon_refuses_a_relative_socket() -> None:
     for sock in ("rel.sock", "/" + "x" * 107):
         proc = run(["daemon", "--socket", sock])
         assert proc.returncode == 2 and "must be an absolute path" in proc.stderr, proc
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3") or os.geteuid() != 0,
+                    reason="needs root to drop to another user, and a Python that user may run")
+def test_non_root_add_says_root_is_needed(tmp_path: Path) -> None:
+    """Run as nobody with the system Python on this clone's source (the venv's may not be readable)."""
+    import pycni
+    from pycni.plugins import registry
+
+    src = os.path.dirname(os.path.dirname(pycni.__file__))
+    probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                            "import sys; sys.path.insert(0, sys.argv[1]); import pycni.cli", src], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"/usr/bin/python3 cannot import pycni from {src} as nobody: {probe.stderr[-200:]!r}")
+    tmp_path.chmod(0o755)
+    registry.install(str(tmp_path / "bin"), python="/usr/bin/python3")
+    conf = tmp_path / "net.d"
+    conf.mkdir()
+    (conf / "a.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": "net1", "plugins": [
+        {"type": "bridge", "ipam": {"type": "host-local", "subnet": "10.9.9.0/24", "dataDir": str(tmp_path / "d")}}]}))
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-m",
+                           "pycni", "add", "net1", "/var/run/netns/nc-nothere"], capture_output=True, text=True,
+                          timeout=60, env={"PATH": os.environ["PATH"], "PYTHONPATH": src, "NETCONFPATH": str(conf),
+                                           "CNI_PATH": str(tmp_path / "bin")})
+    assert proc.returncode == 1 and "pycni add needs root (this is uid 65534)" in proc.stderr, proc
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -503,6 +503,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = int(opts.fn(opts))
     except CNIError as e:
+        if os.geteuid() != 0 and opts.fn in (cmd_add, cmd_check, cmd_del, cmd_gc, cmd_status):
+            # not the first thing such a failure says (Permission denied on /var/lib/cni, a netns...)
+            e = CNIError(e.code, e.msg, "; ".join([*[e.details] * bool(e.details),
+                         f"pycni {opts.verb} needs root (this is uid {os.geteuid()}): plugins change network "
+                         "namespaces and keep state under /var/lib/cni and /run"]), e.cni_version)
         sys.stderr.write(f"pycni: {_error_line(e)}\n")
         status = 1
     except KeyboardInterrupt:
