@@ -372,3 +372,25 @@ def test_non_root_add_says_root_is_needed(tmp_path: Path) -> None:
                                            "CNI_PATH": str(tmp_path / "bin")})
     assert proc.returncode == 1 and "pycni add needs root (this is uid 65534)" in proc.stderr, proc
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_validate_runs_our_plugins_config_parsing(tmp_path: Path, plugin_dir: str) -> None:
+    """What ADD would refuse, validate refuses (it once said "valid"); unread keys are warnings."""
+    def conflist(name: str, *plugins: dict[str, Any]) -> None:
+        (tmp_path / f"{name}.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": name,
+                                                               "plugins": list(plugins)}))
+    ipam = {"type": "host-local", "subnet": "10.1.0.0/24"}
+    conflist("masq", {"type": "bridge", "ipMasq": "true", "ipam": ipam})
+    conflist("ipamtype", {"type": "bridge", "ipam": dict(ipam, type="host-locl")})
+    conflist("prefix", {"type": "bridge", "ipam": dict(ipam, subnet="10.1.0.0/33")})
+    conflist("typo", {"type": "bridge", "isGatway": True, "ipam": dict(ipam, rnages=[])},
+             {"type": "portmap", "capabilities": {"portMappings": True}}, {"type": "tuning"}, {"type": "firewall"})
+    env = {"NETCONFPATH": str(tmp_path), "CNI_PATH": plugin_dir}
+    assert_one_line_error(run(["validate", "masq"], env), 7, "'ipMasq' must be true or false")
+    assert_one_line_error(run(["validate", "ipamtype"], env), 7, "(ipam host-locl)", "failed to find plugin")
+    assert_one_line_error(run(["validate", "prefix"], env), 7, "(ipam host-local)", "10.1.0.0/33")
+    typo = run(["validate", "typo"], env)
+    assert typo.returncode == 0 and "is valid" in typo.stdout, typo
+    assert typo.stderr.splitlines() == [
+        "pycni: warning: plugin bridge: key 'isGatway' is not read by bridge (misspelled?)",
+        "pycni: warning: plugin bridge (ipam host-local): key 'ipam.rnages' is not read by host-local (misspelled?)"]

@@ -148,13 +148,106 @@ def cmd_status(opts: argparse.Namespace) -> int:
     return 0
 
 
+class _Tracked(dict):  # type: ignore[type-arg]
+    """A JSON object that remembers which keys were looked up (what a plugin's parser read)."""
+
+    def __init__(self, pairs: Any = ()) -> None:
+        super().__init__(pairs)
+        self.read: set[str] = set()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: Any) -> bool:
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+# Keys the runtime or the spec gives every plugin: never "unknown".
+_SPEC_KEYS = {"cniVersion", "cniVersions", "name", "type", "ipam", "dns", "args", "runtimeConfig", "capabilities",
+              "prevResult", "disableCheck", "disableGC"}
+
+
+def _parse_with_ours(rt: CNI, net: NetworkConfigList) -> tuple[list[CNIError], list[str]]:
+    """Run the config parsing of each plugin (and IPAM) of ``net`` that is one of ours, as its ADD
+    would: the errors ADD would refuse with, and warnings for keys no parser read (misspelled?)."""
+    import json
+
+    from pycni import invoke
+    from pycni.runtime.api import RuntimeConf, build_config
+    from pycni.shim import plugin_module
+    from pycni.skel import CmdArgs
+    from pycni.spec.types import Result
+
+    class Args(CmdArgs):
+        def conf(self) -> dict[str, Any]:
+            return self.tracked  # type: ignore[attr-defined,no-any-return]
+
+    errors: list[CNIError] = []
+    warnings: list[str] = []
+    rtc = RuntimeConf(container_id="pycni-validate", netns="", ifname="eth0", args=[], capability_args={})
+    # what the plugins after the first get at ADD: a result (TEST-NET-1, documentation only)
+    prev = Result.from_dict({"cniVersion": net.cni_version, "interfaces": [{"name": "eth0", "sandbox": "/x"}],
+                             "ips": [{"address": "192.0.2.2/24", "gateway": "192.0.2.1", "interface": 0}]},
+                            net.cni_version)
+    for i, plugin in enumerate(net.plugins):
+        stdin = build_config(net.name, net.cni_version, plugin, prev if i else None, rtc)
+        raw = plugin.raw
+        ipam = raw.get("ipam")
+        checks: list[tuple[str, str | None]] = [(plugin.type, None)]
+        if isinstance(ipam, dict) and isinstance(ipam.get("type"), str) and ipam["type"]:
+            checks.append((ipam["type"], "ipam"))
+        for type_, section in checks:
+            where = f"plugin {plugin.type}" + (f" (ipam {type_})" if section else "")
+            try:
+                path = invoke.find_in_path(type_, rt.plugin_path)
+            except CNIError as e:
+                errors.append(CNIError(e.code, f"{where}: {e.msg}", e.details))
+                continue
+            module = plugin_module(path)
+            if module is None:
+                continue  # not ours (a Go plugin, say): only its own ADD can tell
+            __import__(module)
+            parse = getattr(sys.modules[module], "parse_conf", None)
+            if parse is None:
+                continue
+            args = Args(command="ADD", container_id=rtc.container_id, ifname="eth0",
+                        path=os.pathsep.join(rt.plugin_path), stdin_data=stdin)
+            args.tracked = json.loads(stdin, object_pairs_hook=_Tracked)  # type: ignore[attr-defined]
+            try:
+                parse(args)
+            except CNIError as e:
+                errors.append(CNIError(e.code, f"{where}: {e.msg}", e.details))
+                continue
+            obj = args.tracked if section is None else args.tracked.get(section)  # type: ignore[attr-defined]
+            if isinstance(obj, _Tracked) and obj.read:
+                known = obj.read | (_SPEC_KEYS if section is None else {"type"})
+                for key in sorted(set(obj) - known):
+                    warnings.append(f"{where}: key {(section + '.' if section else '') + key!r} is not read by "
+                                    f"{type_} (misspelled?)")
+    return errors, warnings
+
+
 def cmd_validate(opts: argparse.Namespace) -> int:
+    """libcni's validation (every plugin found, speaking the version), then our plugins' own config
+    parsing, so that what ADD would refuse is refused here; keys no parser reads are warnings."""
     rt = _runtime(opts)
     net = _network(rt, opts.network)
     caps = rt.validate(net)
+    errors, warnings = _parse_with_ours(rt, net)
+    for w in warnings:
+        sys.stderr.write(f"pycni: warning: {w}\n")
+    if errors:
+        raise CNIError(errors[0].code, f"network {net.name!r} is not valid: " + "; ".join(e.msg for e in errors),
+                       "; ".join(e.details for e in errors if e.details))
     types = ", ".join(p.type for p in net.plugins)
     print(f"network {net.name!r} (cniVersion {net.cni_version}, {net.path or 'inline'}) is valid: "
-          f"plugins {types} found and speak {net.cni_version}")
+          f"plugins {types} found and speak {net.cni_version}" + "; pycni's plugins accept their config")
     print(f"capabilities: {', '.join(caps) if caps else '(none)'}")
     return 0
 
