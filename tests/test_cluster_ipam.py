@@ -345,12 +345,12 @@ def test_cli_release_and_check(up: EtcdCluster, bin_dir: str, tmp_path: Path) ->
     assert proc.returncode == 0 and "2 attachment(s) and 1 block(s)" in proc.stdout, proc.stdout + proc.stderr
     assert listed(cluster, conf_dir, network) == {(b, "r2", "node1")}
     s = store(cluster, network)
-    assert s.etcd.get_prefix(f"/pycni/ipam/affinity/node2/{network}/")[0] == []
+    assert s.kv.get_prefix(f"/pycni/ipam/affinity/node2/{network}/")[0] == []
     assert_consistent(cluster, conf_dir, network)
     # an orphan (written behind the plugin's back) is reported, and the exit status says so
     blk = s.blocks()[0]
     blk.allocations[200] = "ghost/eth0"
-    s.etcd.put(s.block_key(blk.cidr), blk.to_json())
+    s.kv.put(s.block_key(blk.cidr), blk.to_json())
     proc = cli(cluster, conf_dir, "ipam", "check", network)
     assert proc.returncode == 1
     problems = [json.loads(line) for line in proc.stdout.splitlines()]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import ipaddress
 import itertools
 
-from pycni.cluster.ipam import Block, block_for, blocks_of, cidr_key, free_ordinal, key_cidr, usable
-from pycni.plugins.ipam.ranges import parse_range_set
+from pycni.cluster.ipam import block_for, blocks_of, free_ordinal, usable
+from pycni.cluster.model import Block, cidr_key, key_cidr
+from pycni.ipranges import parse_range_set
 
 
 def test_blocks_cover_the_range_window_only() -> None:

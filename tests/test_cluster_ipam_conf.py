@@ -20,14 +20,15 @@ def conf(**ipam: Any) -> dict[str, Any]:
 
 def test_defaults() -> None:
     cfg = parse_conf_dict(conf())
-    assert cfg.prefix == "/pycni" and cfg.block_sizes == (26, 122) and cfg.node == os.uname().nodename
-    assert cfg.timeout == 8 and not cfg.strict_affinity and len(cfg.range_sets) == 2
+    c = cfg.cluster
+    assert c.etcd.prefix == "/pycni" and c.block_sizes == (26, 122) and c.node == os.uname().nodename
+    assert c.etcd.timeout == 8 and not c.strict_affinity and len(cfg.range_sets) == 2
 
 
 @pytest.mark.parametrize(("ipam", "sizes"), [({"blockSize": 24}, (24, 122)), ({"blockSize": 120}, (26, 120)),
                                              ({"blockSize": 28, "blockSizeV6": 124}, (28, 124))])
 def test_block_sizes(ipam: dict[str, Any], sizes: tuple[int, int]) -> None:
-    assert parse_conf_dict(conf(**ipam)).block_sizes == sizes
+    assert parse_conf_dict(conf(**ipam)).cluster.block_sizes == sizes
 
 
 @pytest.mark.parametrize(("ipam", "cni_args", "needle"), [

@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from pycni.plugins.ipam.ranges import (
+from pycni.ipranges import (
     RangeError,
     address,
     candidates,

@@ -7,7 +7,8 @@ import json
 import socket
 
 from pycni import cli
-from pycni.cluster.node import ClusterView, Hop, NodeInfo, plan, vtep_mac
+from pycni.cluster.model import NodeInfo
+from pycni.cluster.node import ClusterView, Hop, plan, vtep_mac
 
 P = "/pycni"
 

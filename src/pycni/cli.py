@@ -34,6 +34,7 @@ from pycni.cniargs import runtime_args
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, INVALID_ENV, IO_FAILURE, UNKNOWN_CONTAINER, CNIError
 
 if TYPE_CHECKING:
+    from pycni.cluster.settings import ClusterSettings
     from pycni.runtime import CNI, NetworkConfigList
 
 DEFAULT_NETCONFPATH = "/etc/cni/net.d"
@@ -336,15 +337,15 @@ def cmd_node(opts: argparse.Namespace) -> int:
     return node.main(opts)
 
 
-def _cluster_ipam(opts: argparse.Namespace) -> Any:
+def _cluster_ipam(opts: argparse.Namespace) -> ClusterSettings:
     """The cluster-ipam settings of NETWORK (its first plugin whose ipam.type is cluster-ipam)."""
-    from pycni.plugins.ipam.cluster_ipam import parse_conf_dict
+    from pycni.cluster.settings import parse_cluster_settings
 
     net = _network(_runtime(opts), opts.network)
     for plugin in net.plugins:
         ipam = plugin.raw.get("ipam")
         if isinstance(ipam, dict) and ipam.get("type") == "cluster-ipam":
-            return parse_conf_dict({"name": net.name, "ipam": ipam}, need_ranges=False)
+            return parse_cluster_settings({"name": net.name, "ipam": ipam})
     raise CNIError(INVALID_CONFIG, f"network {net.name!r} does not use cluster-ipam",
                      f"none of its plugins ({', '.join(p.type for p in net.plugins)}) has \"ipam\": "
                      "{\"type\": \"cluster-ipam\", ...}")
@@ -355,7 +356,7 @@ def cmd_ipam_list(opts: argparse.Namespace) -> int:
     import ipaddress
     import json
 
-    from pycni.plugins.ipam.cluster_ipam import session
+    from pycni.cluster.session import session
 
     cfg = _cluster_ipam(opts)
     with session(cfg) as store:
@@ -378,7 +379,7 @@ def cmd_ipam_release(opts: argparse.Namespace) -> int:
     --node, everything a node that is gone for good holds (handles, then its empty blocks)."""
     import ipaddress
 
-    from pycni.plugins.ipam.cluster_ipam import session
+    from pycni.cluster.session import session
 
     if bool(opts.ip) == bool(opts.node):
         raise CNIError(INVALID_ENV, "give exactly one of --ip IP and --node NODE")
@@ -398,7 +399,7 @@ def cmd_ipam_release(opts: argparse.Namespace) -> int:
         block = next((b.cidr for b in store.blocks() if b.cidr.version == ip.version and ip in b.cidr), None)
         owner = store.release_ip(ip, block) if block is not None else None
     if owner is None:
-        raise CNIError(UNKNOWN_CONTAINER, f"{ip} is not allocated in network {cfg.name}",
+        raise CNIError(UNKNOWN_CONTAINER, f"{ip} is not allocated in network {cfg.network}",
                          "`pycni ipam list NETWORK` shows what is allocated")
     print(f"released {ip} (held by {owner})")
     return 0
@@ -408,7 +409,7 @@ def cmd_ipam_check(opts: argparse.Namespace) -> int:
     """Blocks vs handles vs affinities; prints each problem as JSON, exit 1 when there is any."""
     import json
 
-    from pycni.plugins.ipam.cluster_ipam import session
+    from pycni.cluster.session import session
 
     cfg = _cluster_ipam(opts)
     with session(cfg) as store:
@@ -417,7 +418,7 @@ def cmd_ipam_check(opts: argparse.Namespace) -> int:
     for p in problems:
         print(json.dumps(p))
     if problems:
-        sys.stderr.write(f"pycni: network {cfg.name}: {len(problems)} inconsistencies\n")
+        sys.stderr.write(f"pycni: network {cfg.network}: {len(problems)} inconsistencies\n")
         return 1
     # on stderr as the line above: stdout stays JSON lines, one per problem
     sys.stderr.write(f"pycni: network {cfg.name}: consistent ({blocks} block(s), {handles} attachment(s))\n")

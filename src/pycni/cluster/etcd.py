@@ -187,6 +187,16 @@ def if_mod(key: str, revision: int) -> dict[str, Any]:
     return {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
 
 
+def if_version(key: str, version: int) -> dict[str, Any]:
+    """Compare: the key has been written ``version`` times since it was created (0: absent)."""
+    return {"key": _b64(key), "target": "VERSION", "result": "EQUAL", "version": str(version)}
+
+
+def if_created(key: str, revision: int) -> dict[str, Any]:
+    """Compare: the key was created at ``revision`` (the same incarnation, not a re-creation)."""
+    return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(revision)}
+
+
 def if_value(key: str, value: str) -> dict[str, Any]:
     """Compare: the key holds exactly ``value``."""
     return {"key": _b64(key), "target": "VALUE", "result": "EQUAL", "value": _b64(value)}

@@ -1,10 +1,7 @@
-"""Cluster-wide IPAM state in etcd: blocks with node affinity, and handles. Stdlib only.
+"""Cluster-wide IPAM state: blocks with node affinity, and handles. Stdlib only.
 
-Key layout (all under the prefix P, default ``/pycni``; a CIDR in a key has '/' as '-')::
-
-    P/ipam/blocks/<network>/<cidr>            {"cidr", "node", "allocations": {"<ordinal>": "<cid>/<ifname>"}, "next"}
-    P/ipam/affinity/<node>/<network>/<cidr>   {"cidr", "node", "network"}
-    P/ipam/handles/<network>/<cid>/<ifname>   {"network", "containerID", "ifname", "node", "ips", "blocks"}
+The keys and values are :mod:`pycni.cluster.model`'s; the store talks to the key-value seam of
+:mod:`pycni.cluster.kv` (etcd, or :class:`~pycni.cluster.memkv.MemKV` in tests).
 
 A range set's subnets are cut into blocks (/26 and /122 by default). A node *claims* a block
 by creating the block and its affinity key in one transaction that requires both to be
@@ -23,19 +20,28 @@ import ipaddress
 import os
 import time
 
-from pycni import jsonlite as json
-from pycni.cluster.etcd import Etcd, if_absent, if_mod, op_delete, op_get, op_put
-from pycni.plugins.ipam.ranges import IPAddress, IPNetwork, Range, RangeSet, address, range_for
-from pycni.record import field, record
+from pycni.cluster.kv import if_absent, if_mod, op_delete, op_get, op_put
+from pycni.cluster.model import (
+    DEFAULT_PREFIX,
+    Affinity,
+    Block,
+    Keys,
+    handle_from_json,
+    handle_json,
+    handle_to_json,
+    key_cidr,
+)
+from pycni.cluster.settings import DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6
+from pycni.ipranges import IPAddress, IPNetwork, Range, RangeSet, range_for
+from pycni.record import record
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
     from typing import Any
 
-DEFAULT_PREFIX = "/pycni"
-DEFAULT_BLOCK_V4 = 26
-DEFAULT_BLOCK_V6 = 122
+    from pycni.cluster.kv import KVStore
+
 MAX_ATTEMPTS = 64  # lost races before an ADD/DEL gives up (each retry reads fresh state)
 BATCH = 4  # blocks an ADD reads at a time while looking for room
 
@@ -49,44 +55,6 @@ class IpamError(Exception):
         self.kind = kind
         self.msg = msg
         self.details = details
-
-
-def cidr_key(net: IPNetwork) -> str:
-    return str(net).replace("/", "-")
-
-
-def key_cidr(text: str) -> IPNetwork:
-    addr, _, plen = text.rpartition("-")
-    return ipaddress.ip_network(f"{addr}/{plen}")
-
-
-@record
-class Block:
-    """One block as stored, with the mod revision it was read at (0: not in etcd yet)."""
-
-    cidr: IPNetwork
-    node: str
-    allocations: dict[int, str] = field(default_factory=dict)
-    next: int = 0
-    mod_revision: int = 0
-
-    @classmethod
-    def from_json(cls, text: str, mod_revision: int) -> Block:
-        d = json.loads(text)
-        return cls(cidr=ipaddress.ip_network(d["cidr"]), node=d.get("node", ""),
-                   allocations={int(k): v for k, v in d.get("allocations", {}).items()},
-                   next=int(d.get("next", 0)), mod_revision=mod_revision)
-
-    def to_json(self) -> str:
-        return json.dumps({"cidr": str(self.cidr), "node": self.node,
-                           "allocations": {str(k): v for k, v in sorted(self.allocations.items())},
-                           "next": self.next}, separators=(",", ":"))
-
-    def ip(self, ordinal: int) -> IPAddress:
-        return address(self.cidr.version, int(self.cidr.network_address) + ordinal)
-
-    def ordinal(self, ip: IPAddress) -> int:
-        return int(ip) - int(self.cidr.network_address)
 
 
 def usable(block: IPNetwork, r: Range) -> tuple[int, int] | None:
@@ -147,15 +115,14 @@ class Assigned:
 class ClusterStore:
     """The IPAM state of one network as seen from one node."""
 
-    def __init__(self, etcd: Etcd, network: str, node: str, prefix: str = DEFAULT_PREFIX) -> None:
-        self.etcd = etcd
+    def __init__(self, kv: KVStore, network: str, node: str, prefix: str = DEFAULT_PREFIX) -> None:
+        self.kv = kv
         self.network = network
         self.node = node
-        self.prefix = prefix.rstrip("/")
-        p = self.prefix
-        self.blocks_prefix = f"{p}/ipam/blocks/{network}/"
-        self.handles_prefix = f"{p}/ipam/handles/{network}/"
-        self.affinity_prefix = f"{p}/ipam/affinity/{node}/{network}/"
+        self.keys = Keys(prefix)
+        self.blocks_prefix = self.keys.blocks_of(network)
+        self.handles_prefix = self.keys.handles_of(network)
+        self.affinity_prefix = self.keys.affinities_of(node, network)
         self.lost_races = 0  # transactions that lost to a concurrent writer and were retried
         # Blocks this node used last, newest first (a node-local hint the plugin keeps between
         # commands): read together with the handle, they save the ADD and the DEL a round trip.
@@ -166,32 +133,36 @@ class ClusterStore:
     # -- keys --
 
     def block_key(self, cidr: IPNetwork) -> str:
-        return self.blocks_prefix + cidr_key(cidr)
+        return self.keys.block(self.network, cidr)
 
     def affinity_key(self, cidr: IPNetwork, node: str | None = None) -> str:
-        return f"{self.prefix}/ipam/affinity/{node or self.node}/{self.network}/{cidr_key(cidr)}"
+        return self.keys.affinity(node or self.node, self.network, cidr)
 
     def handle_key(self, cid: str, ifname: str) -> str:
-        return f"{self.handles_prefix}{cid}/{ifname}"
+        return self.keys.handle(self.network, cid, ifname)
+
+    def ready(self) -> None:
+        """One linearizable read (STATUS: does a member with a quorum answer?); raises when not."""
+        self.kv.range(self.blocks_prefix, prefix=True, keys_only=True, limit=1)
 
     # -- reads --
 
     def handle(self, cid: str, ifname: str) -> dict[str, Any] | None:
-        kv = self.etcd.get(self.handle_key(cid, ifname))
-        return kv.json() if kv else None
+        kv = self.kv.get(self.handle_key(cid, ifname))
+        return handle_from_json(kv.value) if kv else None
 
     def handles(self) -> list[dict[str, Any]]:
-        kvs, _rev = self.etcd.get_prefix(self.handles_prefix)
-        return [kv.json() for kv in kvs]
+        kvs, _rev = self.kv.get_prefix(self.handles_prefix)
+        return [handle_from_json(kv.value) for kv in kvs]
 
     def blocks(self) -> list[Block]:
-        kvs, _rev = self.etcd.get_prefix(self.blocks_prefix)
+        kvs, _rev = self.kv.get_prefix(self.blocks_prefix)
         return [Block.from_json(kv.value, kv.mod_revision) for kv in kvs]
 
     def _get_blocks(self, cidrs: Sequence[IPNetwork], serializable: bool = False) -> dict[IPNetwork, Block]:
         if not cidrs:
             return {}
-        res = self.etcd.txn([], [op_get(self.block_key(c), serializable=serializable) for c in cidrs])
+        res = self.kv.txn([], [op_get(self.block_key(c), serializable=serializable) for c in cidrs])
         out = {}
         for kvs in res.responses:
             for kv in kvs:
@@ -217,23 +188,22 @@ class ClusterStore:
             # stale view only costs a lost compare, and a retry reads linearizably.
             fast = attempt == 0
             hinted = self.hint[:2 * BATCH]
-            res = self.etcd.txn([], [op_get(hkey, serializable=fast),
+            res = self.kv.txn([], [op_get(hkey, serializable=fast),
                                      op_get(self.affinity_prefix, prefix=True, serializable=fast, keys_only=True),
                                      *(op_get(self.block_key(c), serializable=fast) for c in hinted)])
             existing, affs, *got = res.responses
             if existing:
-                kv = existing[0] if not fast else self.etcd.get(hkey)  # a handle seen stale may be gone
+                kv = existing[0] if not fast else self.kv.get(hkey)  # a handle seen stale may be gone
                 if kv is not None:
-                    return self._held(kv.json(), range_sets)
+                    return self._held(handle_from_json(kv.value), range_sets)
             mine = [key_cidr(kv.key.rpartition("/")[2]) for kv in affs]
             plan = _Plan(self, f"{cid}/{ifname}", mine, block_sizes, strict_affinity, fast)
             plan.prefetched([Block.from_json(kv.value, kv.mod_revision) for kvs in got for kv in kvs])
             out = [plan.take(idx, rs, _requested_in(rs, requested)) for idx, rs in enumerate(range_sets)]
-            handle = {"network": self.network, "containerID": cid, "ifname": ifname, "node": self.node,
-                      "ips": [f"{a.ip}/{a.range.subnet.prefixlen}" for a in out],
-                      "blocks": [str(b) for b in plan.touched]}
+            handle = handle_json(self.network, cid, ifname, self.node,
+                                 [f"{a.ip}/{a.range.subnet.prefixlen}" for a in out], [str(b) for b in plan.touched])
             compare = [if_absent(hkey)]
-            success = [op_put(hkey, json.dumps(handle, separators=(",", ":")))]
+            success = [op_put(hkey, handle)]
             failure = [op_get(hkey)]
             for cidr in plan.touched:
                 b = plan.blocks[cidr]
@@ -243,15 +213,15 @@ class ClusterStore:
                 else:  # a claim: the block and its affinity must both be new
                     compare.append(if_absent(key))
                     compare.append(if_absent(self.affinity_key(cidr)))
-                    success.append(op_put(self.affinity_key(cidr), json.dumps(
-                        {"cidr": str(cidr), "node": self.node, "network": self.network}, separators=(",", ":"))))
+                    success.append(op_put(self.affinity_key(cidr),
+                                          Affinity(cidr=cidr, node=self.node, network=self.network).to_json()))
                 success.append(op_put(key, b.to_json()))
-            done = self.etcd.txn(compare, success, failure)
+            done = self.kv.txn(compare, success, failure)
             if done.succeeded:
                 self.hint = plan.newest()
                 return out
             if done.responses and done.responses[0]:  # the handle appeared meanwhile (our own earlier try)
-                return self._held(done.responses[0][0].json(), range_sets)
+                return self._held(handle_from_json(done.responses[0][0].value), range_sets)
             self.lost_races += 1
         raise IpamError("contention", f"gave up after {MAX_ATTEMPTS} conflicting attempts",
                         "other writers changed the same blocks each time; try again")
@@ -278,16 +248,16 @@ class ClusterStore:
                 _pause(attempt)
             fast = attempt == 0  # serializable first (see assign); "no handle" is confirmed linearizably
             hinted = self.hint[:2 * BATCH]
-            res = self.etcd.txn([], [op_get(hkey, serializable=fast),
+            res = self.kv.txn([], [op_get(hkey, serializable=fast),
                                      *(op_get(self.block_key(c), serializable=fast) for c in hinted)])
             found, *got = res.responses
             kv = found[0] if found else None
             if kv is None and fast:
-                kv = self.etcd.get(hkey)
+                kv = self.kv.get(hkey)
                 got = []  # read at another revision than the handle: read the blocks again below
             if kv is None:
                 return []
-            handle = kv.json()
+            handle = handle_from_json(kv.value)
             cidrs = [ipaddress.ip_network(b) for b in handle.get("blocks", ())]
             blocks = {b.cidr: b for b in (Block.from_json(k.value, k.mod_revision) for kvs in got for k in kvs)
                       if b.cidr in cidrs}
@@ -303,7 +273,7 @@ class ClusterStore:
                     del b.allocations[o]
                 compare.append(if_mod(self.block_key(cidr), b.mod_revision))
                 success.append(op_put(self.block_key(cidr), b.to_json()))
-            if self.etcd.txn(compare, success).succeeded:
+            if self.kv.txn(compare, success).succeeded:
                 return list(handle.get("ips", ()))
             self.lost_races += 1
         raise IpamError("contention", f"gave up releasing {hid} after {MAX_ATTEMPTS} conflicting attempts",
@@ -314,7 +284,7 @@ class ClusterStore:
         (deleting a handle left with nothing), in one transaction. Returns the owner, None when free."""
         bkey = self.block_key(block)
         for _attempt in range(MAX_ATTEMPTS):
-            kv = self.etcd.get(bkey)
+            kv = self.kv.get(bkey)
             if kv is None:
                 return None
             b = Block.from_json(kv.value, kv.mod_revision)
@@ -325,16 +295,16 @@ class ClusterStore:
             success = [op_put(bkey, b.to_json())]
             cid, _, ifname = owner.partition("/")
             hkey = self.handle_key(cid, ifname)
-            hkv = self.etcd.get(hkey)
+            hkv = self.kv.get(hkey)
             compare.append(if_mod(hkey, hkv.mod_revision if hkv else 0))
             if hkv is not None:
-                h = hkv.json()
+                h = handle_from_json(hkv.value)
                 h["ips"] = [t for t in h.get("ips", ()) if ipaddress.ip_interface(t).ip != ip]
                 if h["ips"]:
-                    success.append(op_put(hkey, json.dumps(h, separators=(",", ":"))))
+                    success.append(op_put(hkey, handle_to_json(h)))
                 else:
                     success.append(op_delete(hkey))
-            if self.etcd.txn(compare, success).succeeded:
+            if self.kv.txn(compare, success).succeeded:
                 return owner
         raise IpamError("contention", f"gave up releasing {ip} after {MAX_ATTEMPTS} conflicting attempts")
 
@@ -359,7 +329,7 @@ class ClusterStore:
         for b in self.blocks():
             if b.node != self.node or b.allocations:
                 continue
-            if self.etcd.txn([if_mod(self.block_key(b.cidr), b.mod_revision)],
+            if self.kv.txn([if_mod(self.block_key(b.cidr), b.mod_revision)],
                              [op_delete(self.block_key(b.cidr)), op_delete(self.affinity_key(b.cidr))]).succeeded:
                 freed.append(b.cidr)
         return gone, freed
@@ -374,7 +344,7 @@ class ClusterStore:
             hid: {ipaddress.ip_interface(t).ip for t in h.get("ips", ())} for hid, h in handles.items()}
         taken: dict[IPAddress, str] = {}
         for b in self.blocks():
-            aff = self.etcd.get(self.affinity_key(b.cidr, b.node)) if b.node else None
+            aff = self.kv.get(self.affinity_key(b.cidr, b.node)) if b.node else None
             if aff is None:
                 problems.append({"problem": "block without affinity", "block": str(b.cidr), "node": b.node})
             for o, owner in b.allocations.items():
@@ -462,7 +432,7 @@ class _Plan:
                 raise IpamError("requested", f"requested IP {want} is reserved (gateway, network or broadcast)")
             b = self.blocks.get(cidr)
             if b is None:
-                kv = store.etcd.get(store.block_key(cidr))
+                kv = store.kv.get(store.block_key(cidr))
                 b = Block.from_json(kv.value, kv.mod_revision) if kv else Block(cidr=cidr, node=store.node)
                 self.blocks[cidr] = b
             o = b.ordinal(want)
@@ -485,7 +455,7 @@ class _Plan:
                 return self._take(have, oo, rr)
         # 2. claim a free block
         if self._all_keys is None:
-            kvs, _rev = store.etcd.range(store.blocks_prefix, prefix=True, keys_only=True)
+            kvs, _rev = store.kv.range(store.blocks_prefix, prefix=True, keys_only=True)
             self._all_keys = {kv.key for kv in kvs}
         for cidr, r in blocks_of(rs, size):
             if store.block_key(cidr) in self._all_keys or cidr in self.blocks:

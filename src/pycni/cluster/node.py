@@ -24,12 +24,13 @@ agent restarted within the TTL disturbs no one.
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import signal
 import sys
 import time
 
+from pycni.cluster.model import DEFAULT_PREFIX, Affinity, Keys, NodeInfo, handle_holder
+from pycni.cluster.settings import EtcdSettings
 from pycni.record import field, record
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a process ~4 ms (see pycni.record)
@@ -37,10 +38,10 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-    from pycni.cluster.etcd import Etcd
+    from pycni.cluster.kv import KVStore as Etcd
 
 RTPROT_PYCNI = 94  # our routes' protocol (``ip route show proto 94``); not one iproute2 names
-DEFAULT_PREFIX = "/pycni"
+AGENT_ETCD_TIMEOUT = 5.0  # the budget of each of the agent's etcd calls (it has no command deadline)
 DEFAULT_TTL = 60
 DEFAULT_VXLAN_DEVICE = "pycni.vxlan"
 DEFAULT_VNI = 4096
@@ -49,50 +50,6 @@ RESYNC_SECONDS = 30.0  # a full read now and then, whatever the watch said
 # A blackhole's metric: above the kernel's default for IPv6 routes (1024), so a pod's own host
 # route to the same prefix (a block of one address: /32, /128) never collides with it and wins.
 BLACKHOLE_METRIC = 4096
-
-
-@record
-class NodeInfo:
-    """A registered node, as ``P/nodes/<name>`` says."""
-
-    name: str
-    underlay_ips: list[str] = field(default_factory=list)  # the first is "underlayIP"
-    vtep_mac: str = ""
-
-    def underlay(self, version: int) -> str:
-        """Its underlay address of IP ``version``, '' when it registered none."""
-        return next((ip for ip in self.underlay_ips if ipaddress.ip_address(ip).version == version), "")
-
-    def vtep_link_local(self) -> str:
-        """Its VTEP's IPv6 next hop: the EUI-64 link-local address of its VTEP MAC, which its vxlan
-        device carries by itself — IPv6 over the IPv4 overlay with no address to hand out."""
-        b = [int(x, 16) for x in self.vtep_mac.split(":")]
-        eui = [b[0] ^ 0x02, b[1], b[2], 0xFF, 0xFE, b[3], b[4], b[5]]
-        return str(ipaddress.IPv6Address(bytes([0xFE, 0x80] + [0] * 6 + eui)))
-
-    def vtep_neighbours(self) -> dict[str, str]:
-        """The neighbour entries a peer needs on our vxlan device: its VTEP addresses -> its MAC."""
-        return {self.underlay(4): self.vtep_mac, self.vtep_link_local(): self.vtep_mac}
-
-    def to_json(self) -> str:
-        obj: dict[str, Any] = {"name": self.name, "underlayIP": self.underlay_ips[0],
-                               "underlayIPs": self.underlay_ips}
-        if self.vtep_mac:
-            obj["vtepMAC"] = self.vtep_mac
-            obj["vtepIP"] = self.underlay(4)
-        return json.dumps(obj, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, name: str, text: str) -> NodeInfo | None:
-        try:
-            obj = json.loads(text)
-            ips = obj.get("underlayIPs") or [obj["underlayIP"]]
-            for ip in ips:
-                ipaddress.ip_address(ip)
-            return cls(name=str(obj.get("name") or name), underlay_ips=[str(i) for i in ips],
-                       vtep_mac=str(obj.get("vtepMAC") or ""))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return None
 
 
 @record
@@ -119,29 +76,31 @@ class Plan:
 
 
 class ClusterView:
-    """Nodes and block affinities under the prefix, kept current from a full read plus watch events."""
+    """Nodes, block affinities and handles under the prefix, kept current from a full read plus
+    watch events (keys and values decoded by :mod:`pycni.cluster.model`)."""
 
     def __init__(self, prefix: str) -> None:
-        self.prefix = prefix.rstrip("/")
+        self.keys = Keys(prefix)
+        self.prefix = self.keys.prefix
         self.nodes: dict[str, NodeInfo] = {}
         self.affinity: dict[str, tuple[str, str]] = {}  # affinity key -> (block CIDR, node)
         self.handles: dict[str, tuple[str, list[str]]] = {}  # handle key -> (node, addresses)
 
     @property
     def nodes_prefix(self) -> str:
-        return f"{self.prefix}/nodes/"
+        return self.keys.nodes
 
     @property
     def affinity_prefix(self) -> str:
-        return f"{self.prefix}/ipam/affinity/"
+        return self.keys.affinities
 
     @property
     def handles_prefix(self) -> str:
-        return f"{self.prefix}/ipam/handles/"
+        return self.keys.handles
 
     def load(self, etcd: Etcd) -> int:
         """A full read of the three prefixes at one revision; returns it."""
-        from pycni.cluster.etcd import op_get
+        from pycni.cluster.kv import op_get
 
         res = etcd.txn([], [op_get(p, prefix=True)
                             for p in (self.nodes_prefix, self.affinity_prefix, self.handles_prefix)])
@@ -162,14 +121,14 @@ class ClusterView:
                 self.nodes[name] = info
             return True
         if key.startswith(self.affinity_prefix):
-            parsed = _affinity(key[len(self.affinity_prefix):], value)
-            if parsed is None:
+            aff = Affinity.from_kv(self.keys, key, value)
+            if aff is None:
                 self.affinity.pop(key, None)
             else:
-                self.affinity[key] = parsed
+                self.affinity[key] = (str(aff.cidr), aff.node)
             return True
         if key.startswith(self.handles_prefix):
-            held = _handle(value)
+            held = handle_holder(value)
             if held is None:
                 self.handles.pop(key, None)
             else:
@@ -192,35 +151,6 @@ class ClusterView:
     def blocks(self) -> dict[str, str]:
         """Block CIDR -> owning node."""
         return {cidr: node for cidr, node in self.affinity.values()}
-
-
-def _affinity(rest: str, value: str) -> tuple[str, str] | None:
-    """(block, node) of an affinity key (``<node>/<network>/<cidr with - for />``) and its value."""
-    node, cidr = "", ""
-    try:
-        obj = json.loads(value)
-        node, cidr = str(obj.get("node") or ""), str(obj.get("cidr") or "")
-    except (ValueError, AttributeError):
-        pass
-    parts = rest.split("/")
-    if not node and parts:
-        node = parts[0]
-    if not cidr and len(parts) >= 3:
-        head, _, bits = parts[-1].rpartition("-")
-        cidr = f"{head}/{bits}"
-    try:
-        return str(ipaddress.ip_network(cidr)), node
-    except ValueError:
-        return None
-
-
-def _handle(value: str) -> tuple[str, list[str]] | None:
-    """(node, addresses) of a cluster-ipam handle."""
-    try:
-        obj = json.loads(value)
-        return str(obj["node"]), [str(ipaddress.ip_interface(t).ip) for t in obj.get("ips", ())]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def plan(view: ClusterView, me: str, mode: str, device: str) -> Plan:
@@ -375,18 +305,14 @@ def converge(want: Plan, device: str, log: Any) -> tuple[int, int]:
 
 @record
 class AgentOptions:
-    endpoints: list[str]
+    etcd: EtcdSettings
     name: str
     underlay_ips: list[str]
     mode: str = "host-gw"
-    prefix: str = DEFAULT_PREFIX
     ttl: int = DEFAULT_TTL
     device: str = DEFAULT_VXLAN_DEVICE
     vni: int = DEFAULT_VNI
     port: int = DEFAULT_VXLAN_PORT
-    ca_cert: str = ""
-    cert: str = ""
-    key: str = ""
     resync: float = RESYNC_SECONDS
 
 
@@ -417,7 +343,7 @@ class Agent:
 
     def __init__(self, opts: AgentOptions, out: Any = None) -> None:
         self.opts = opts
-        self.view = ClusterView(opts.prefix)
+        self.view = ClusterView(opts.etcd.prefix)
         self.out = out if out is not None else sys.stderr
         self.stopping = False
         self.lease = 0
@@ -433,13 +359,12 @@ class Agent:
         self.stopping = True
 
     def _client(self) -> Etcd:
-        from pycni.cluster.etcd import Etcd
+        from pycni.cluster.settings import client
 
-        return Etcd(self.opts.endpoints, timeout=5.0, attempt_timeout=2.0, ca_cert=self.opts.ca_cert,
-                    cert=self.opts.cert, key=self.opts.key)
+        return client(self.opts.etcd, one_shot=False)
 
     def node_key(self) -> str:
-        return f"{self.view.prefix}/nodes/{self.opts.name}"
+        return self.view.keys.node(self.opts.name)
 
     def setup_device(self) -> None:
         """vxlan mode: the device, its MTU the underlay's less the encapsulation."""
@@ -509,7 +434,7 @@ class Agent:
         signal.signal(signal.SIGINT, self.stop)
         etcd = self._client()
         self.log(f"starting: mode {self.opts.mode}, underlay {', '.join(self.opts.underlay_ips)}, "
-                 f"etcd {', '.join(self.opts.endpoints)}, prefix {self.view.prefix}")
+                 f"etcd {', '.join(self.opts.etcd.endpoints)}, prefix {self.view.prefix}")
         pause = 0.5
         try:
             while not self.stopping:
@@ -575,7 +500,7 @@ class Agent:
 
 def status_lines(opts: AgentOptions, etcd: Etcd) -> tuple[list[str], bool]:
     """What this node has programmed against what etcd asks of it; (lines, in sync)."""
-    view = ClusterView(opts.prefix)
+    view = ClusterView(opts.etcd.prefix)
     view.load(etcd)
     me = view.nodes.get(opts.name)
     mode = opts.mode or ("vxlan" if me is not None and me.vtep_mac else "host-gw")  # as registered
@@ -608,7 +533,7 @@ def status_lines(opts: AgentOptions, etcd: Etcd) -> tuple[list[str], bool]:
 
 def remove_node(etcd: Etcd, prefix: str, name: str) -> bool:
     """Delete node ``name``'s registration and revoke its lease: every agent drops its routes."""
-    key = f"{prefix.rstrip('/')}/nodes/{name}"
+    key = Keys(prefix).node(name)
     kv = etcd.get(key)
     if kv is None:
         return False
@@ -649,14 +574,15 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     """Validated options; CNIError 7 naming the flag for anything wrong."""
     import socket
 
+    from pycni.cluster.settings import check_endpoints, check_prefix
     from pycni.spec.errors import INVALID_CONFIG, CNIError
 
     endpoints = [e.strip() for e in ns.etcd_endpoints.split(",") if e.strip()]
     if not endpoints:
         raise CNIError(INVALID_CONFIG, "--etcd-endpoints is required", "e.g. --etcd-endpoints http://10.0.0.1:2379")
-    for ep in endpoints:
-        if not ep.startswith(("http://", "https://")):
-            raise CNIError(INVALID_CONFIG, f"invalid etcd endpoint {ep!r}", "endpoints are http:// or https:// URLs")
+    etcd = EtcdSettings(endpoints=check_endpoints(endpoints, "--etcd-endpoints"),
+                        prefix=check_prefix(ns.etcd_prefix or DEFAULT_PREFIX, "--etcd-prefix"),
+                        timeout=AGENT_ETCD_TIMEOUT, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert, key=ns.etcd_key)
     ips = [i.strip() for i in ns.underlay_ip.split(",") if i.strip()]
     for ip in ips:
         try:
@@ -672,26 +598,25 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
                        "--vxlan-vni 1..16777215, --vxlan-port 1..65535, --vxlan-device up to 15 characters")
     # no --mode: the agent runs host-gw; status goes by the mode the node registered ("")
     mode = ns.mode or ("host-gw" if need_underlay else "")
-    return AgentOptions(endpoints=endpoints, name=ns.node_name or socket.gethostname(), underlay_ips=ips,
-                        mode=mode, prefix=ns.etcd_prefix or DEFAULT_PREFIX, ttl=ns.ttl, device=ns.vxlan_device,
-                        vni=ns.vxlan_vni, port=ns.vxlan_port, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert,
-                        key=ns.etcd_key)
+    return AgentOptions(etcd=etcd, name=ns.node_name or socket.gethostname(), underlay_ips=ips, mode=mode,
+                        ttl=ns.ttl, device=ns.vxlan_device, vni=ns.vxlan_vni, port=ns.vxlan_port)
 
 
 def main(ns: argparse.Namespace) -> int:
     """``pycni node [run|status|remove NAME] ...``; etcd out of reach is CNIError 11."""
-    from pycni.cluster.etcd import Etcd, EtcdUnavailable
+    from pycni.cluster.etcd import EtcdUnavailable
+    from pycni.cluster.settings import client
     from pycni.spec.errors import INVALID_CONFIG, TRY_AGAIN, CNIError
 
     opts = options(ns, need_underlay=ns.action == "run")
     try:
         if ns.action == "run":
             return Agent(opts).run()
-        with Etcd(opts.endpoints, timeout=5.0, ca_cert=opts.ca_cert, cert=opts.cert, key=opts.key) as etcd:
+        with client(opts.etcd, one_shot=False) as etcd:
             if ns.action == "remove":
                 if not ns.target:
                     raise CNIError(INVALID_CONFIG, "pycni node remove needs the node's NAME")
-                found = remove_node(etcd, opts.prefix, ns.target)
+                found = remove_node(etcd, opts.etcd.prefix, ns.target)
                 print(f"node {ns.target}: {'removed' if found else 'not registered'}")
                 return 0
             lines, in_sync = status_lines(opts, etcd)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from pycni import netconf
 from pycni.cniargs import load_cni_args
-from pycni.plugins.ipam.ranges import (
+from pycni.ipranges import (
     IPAddress,
     RangeError,
     RangeSet,

@@ -1,0 +1,255 @@
+"""The one codec of what pycni keeps in etcd: every key and every value, written and read here.
+
+The store (:mod:`pycni.cluster.ipam`), the agent (:mod:`pycni.cluster.node`) and the CLI build
+and parse keys only through :class:`Keys`, and values only through the records below, so the
+layout exists once. Key layout (prefix P, default ``/pycni``; a CIDR in a key has '/' as '-')::
+
+    P/ipam/blocks/<network>/<cidr>            Block     {"cidr", "node", "allocations": {"<ord>": "<cid>/<if>"}, "next"}
+    P/ipam/affinity/<node>/<network>/<cidr>   Affinity  {"cidr", "node", "network"}
+    P/ipam/handles/<network>/<cid>/<ifname>   handle    {"network", "containerID", "ifname", "node", "ips", "blocks"}
+    P/nodes/<name>                            NodeInfo  {"name", "underlayIP", "underlayIPs", "vtepMAC"?, "vtepIP"?}
+
+Values are compact JSON (``separators=(",", ":")``) except a node's, which is ``json.dumps``'s
+default spacing with sorted keys; both byte-identical to what earlier releases wrote, so a
+running cluster keeps working. To add a record kind (workload endpoints, policies): a prefix
+and key builder on :class:`Keys`, a branch in :meth:`Keys.parse`, and a record with
+``to_json``/``from_json`` here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pycni import jsonlite as json
+from pycni.ipranges import IPAddress, IPNetwork, address
+from pycni.record import field, record
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+DEFAULT_PREFIX = "/pycni"
+_COMPACT = (",", ":")
+
+
+def cidr_key(net: IPNetwork) -> str:
+    """A CIDR as one key segment ('/' -> '-')."""
+    return str(net).replace("/", "-")
+
+
+def key_cidr(text: str) -> IPNetwork:
+    """The CIDR of a key segment made by :func:`cidr_key` (ValueError when it is not one)."""
+    addr, _, plen = text.rpartition("-")
+    return ipaddress.ip_network(f"{addr}/{plen}")
+
+
+@record
+class ParsedKey:
+    """What a key names: ``kind`` is "block", "affinity", "handle" or "node"; the other fields
+    are those the kind has ('' / None otherwise)."""
+
+    kind: str
+    network: str = ""
+    node: str = ""
+    cidr: IPNetwork | None = None
+    container_id: str = ""
+    ifname: str = ""
+
+
+class Keys:
+    """The key layout under one prefix."""
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
+        self.prefix = prefix.rstrip("/")
+        p = self.prefix
+        self.root = f"{p}/"
+        self.nodes = f"{p}/nodes/"
+        self.blocks = f"{p}/ipam/blocks/"
+        self.affinities = f"{p}/ipam/affinity/"
+        self.handles = f"{p}/ipam/handles/"
+
+    # -- builders --
+
+    def blocks_of(self, network: str) -> str:
+        return f"{self.blocks}{network}/"
+
+    def handles_of(self, network: str) -> str:
+        return f"{self.handles}{network}/"
+
+    def affinities_of(self, node: str, network: str) -> str:
+        return f"{self.affinities}{node}/{network}/"
+
+    def block(self, network: str, cidr: IPNetwork) -> str:
+        return f"{self.blocks}{network}/{cidr_key(cidr)}"
+
+    def affinity(self, node: str, network: str, cidr: IPNetwork) -> str:
+        return f"{self.affinities}{node}/{network}/{cidr_key(cidr)}"
+
+    def handle(self, network: str, container_id: str, ifname: str) -> str:
+        return f"{self.handles}{network}/{container_id}/{ifname}"
+
+    def node(self, name: str) -> str:
+        return f"{self.nodes}{name}"
+
+    # -- parser --
+
+    def parse(self, key: str) -> ParsedKey | None:
+        """What ``key`` names, None for a key outside the layout (or a malformed one)."""
+        try:
+            if key.startswith(self.nodes):
+                name = key[len(self.nodes):]
+                return ParsedKey("node", node=name) if name and "/" not in name else None
+            if key.startswith(self.blocks):
+                network, _, c = key[len(self.blocks):].partition("/")
+                return ParsedKey("block", network=network, cidr=key_cidr(c)) if network and "/" not in c else None
+            if key.startswith(self.affinities):
+                parts = key[len(self.affinities):].split("/")
+                if len(parts) != 3 or not all(parts):
+                    return None
+                return ParsedKey("affinity", node=parts[0], network=parts[1], cidr=key_cidr(parts[2]))
+            if key.startswith(self.handles):
+                parts = key[len(self.handles):].split("/")
+                if len(parts) != 3 or not all(parts):
+                    return None
+                return ParsedKey("handle", network=parts[0], container_id=parts[1], ifname=parts[2])
+        except ValueError:
+            return None
+        return None
+
+
+# ---- values -------------------------------------------------------------------------------------
+
+
+@record
+class Block:
+    """One block as stored, with the mod revision it was read at (0: not in etcd yet)."""
+
+    cidr: IPNetwork
+    node: str
+    allocations: dict[int, str] = field(default_factory=dict)
+    next: int = 0
+    mod_revision: int = 0
+
+    @classmethod
+    def from_json(cls, text: str, mod_revision: int) -> Block:
+        d = json.loads(text)
+        return cls(cidr=ipaddress.ip_network(d["cidr"]), node=d.get("node", ""),
+                   allocations={int(k): v for k, v in d.get("allocations", {}).items()},
+                   next=int(d.get("next", 0)), mod_revision=mod_revision)
+
+    def to_json(self) -> str:
+        return json.dumps({"cidr": str(self.cidr), "node": self.node,
+                           "allocations": {str(k): v for k, v in sorted(self.allocations.items())},
+                           "next": self.next}, separators=_COMPACT)
+
+    def ip(self, ordinal: int) -> IPAddress:
+        return address(self.cidr.version, int(self.cidr.network_address) + ordinal)
+
+    def ordinal(self, ip: IPAddress) -> int:
+        return int(ip) - int(self.cidr.network_address)
+
+
+@record
+class Affinity:
+    """A node's claim on a block of a network."""
+
+    cidr: IPNetwork
+    node: str
+    network: str
+
+    def to_json(self) -> str:
+        return json.dumps({"cidr": str(self.cidr), "node": self.node, "network": self.network},
+                          separators=_COMPACT)
+
+    @classmethod
+    def from_kv(cls, keys: Keys, key: str, value: str) -> Affinity | None:
+        """The affinity at ``key``: the value's fields, the key's where the value lacks them
+        (None when neither names a block)."""
+        parsed = keys.parse(key)
+        obj: Any = {}
+        try:
+            obj = json.loads(value)
+        except ValueError:
+            pass
+        if not isinstance(obj, dict):
+            obj = {}
+        try:
+            cidr = ipaddress.ip_network(obj["cidr"]) if obj.get("cidr") else (parsed.cidr if parsed else None)
+        except (ValueError, TypeError):
+            cidr = parsed.cidr if parsed else None
+        if cidr is None:
+            return None
+        return cls(cidr=cidr, node=str(obj.get("node") or (parsed.node if parsed else "")),
+                   network=str(obj.get("network") or (parsed.network if parsed else "")))
+
+
+def handle_json(network: str, container_id: str, ifname: str, node: str, ips: Sequence[str],
+                blocks: Sequence[str]) -> str:
+    """A handle's value: who holds which addresses, in which blocks (decode with :func:`handle_from_json`)."""
+    return handle_to_json({"network": network, "containerID": container_id, "ifname": ifname, "node": node,
+                           "ips": list(ips), "blocks": list(blocks)})
+
+
+def handle_to_json(obj: dict[str, Any]) -> str:
+    """A handle object (as :func:`handle_from_json` gives it, maybe changed) as its stored value."""
+    return json.dumps(obj, separators=_COMPACT)
+
+
+def handle_from_json(text: str) -> dict[str, Any]:
+    """A handle as the JSON object it is stored as (keys as in :func:`handle_json`)."""
+    obj: dict[str, Any] = json.loads(text)
+    return obj
+
+
+def handle_holder(text: str) -> tuple[str, list[str]] | None:
+    """(node, addresses) of a handle's value, None when it is not one."""
+    try:
+        obj = json.loads(text)
+        return str(obj["node"]), [str(ipaddress.ip_interface(t).ip) for t in obj.get("ips", ())]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+@record
+class NodeInfo:
+    """A registered node, as ``P/nodes/<name>`` says."""
+
+    name: str
+    underlay_ips: list[str] = field(default_factory=list)  # the first is "underlayIP"
+    vtep_mac: str = ""
+
+    def underlay(self, version: int) -> str:
+        """Its underlay address of IP ``version``, '' when it registered none."""
+        return next((ip for ip in self.underlay_ips if ipaddress.ip_address(ip).version == version), "")
+
+    def vtep_link_local(self) -> str:
+        """Its VTEP's IPv6 next hop: the EUI-64 link-local address of its VTEP MAC, which its vxlan
+        device carries by itself — IPv6 over the IPv4 overlay with no address to hand out."""
+        b = [int(x, 16) for x in self.vtep_mac.split(":")]
+        eui = [b[0] ^ 0x02, b[1], b[2], 0xFF, 0xFE, b[3], b[4], b[5]]
+        return str(ipaddress.IPv6Address(bytes([0xFE, 0x80] + [0] * 6 + eui)))
+
+    def vtep_neighbours(self) -> dict[str, str]:
+        """The neighbour entries a peer needs on our vxlan device: its VTEP addresses -> its MAC."""
+        return {self.underlay(4): self.vtep_mac, self.vtep_link_local(): self.vtep_mac}
+
+    def to_json(self) -> str:
+        obj: dict[str, Any] = {"name": self.name, "underlayIP": self.underlay_ips[0],
+                               "underlayIPs": self.underlay_ips}
+        if self.vtep_mac:
+            obj["vtepMAC"] = self.vtep_mac
+            obj["vtepIP"] = self.underlay(4)
+        return json.dumps(dict(sorted(obj.items())))  # json.dumps(sort_keys=True), as ever
+
+    @classmethod
+    def from_json(cls, name: str, text: str) -> NodeInfo | None:
+        try:
+            obj = json.loads(text)
+            ips = obj.get("underlayIPs") or [obj["underlayIP"]]
+            for ip in ips:
+                ipaddress.ip_address(ip)
+            return cls(name=str(obj.get("name") or name), underlay_ips=[str(i) for i in ips],
+                       vtep_mac=str(obj.get("vtepMAC") or ""))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None

@@ -1,0 +1,162 @@
+"""The settings of the cluster layer, read once, and the one etcd client factory.
+
+:class:`EtcdSettings` is how to reach etcd (endpoints, prefix, budget, TLS files) for the
+plugin, the agent (``pycni node``) and the CLI (``pycni ipam``) alike; :func:`client` is the
+one place an :class:`~pycni.cluster.etcd.Etcd` is built from it. :class:`ClusterSettings` adds
+what one network on one node needs (node name, lock directory, block sizes), parsed from a
+cluster-ipam ``ipam`` section by :func:`parse_cluster_settings` (the plugin adds its ranges;
+the CLI needs no more).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+
+from pycni import netconf
+from pycni.cluster.etcd import DEFAULT_TIMEOUT
+from pycni.cluster.model import DEFAULT_PREFIX
+from pycni.record import record
+from pycni.spec.errors import invalid_config
+
+TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+    from pycni.cluster.etcd import Etcd
+
+DEFAULT_BLOCK_V4 = 26
+DEFAULT_BLOCK_V6 = 122
+# Where this node's ADD/DEL/GC of one network queue behind each other (see pycni.cluster.session).
+DEFAULT_LOCK_DIR = "/run/pycni/cluster-ipam"
+MAX_NODE_NAME = 253  # a DNS name, the longest Kubernetes node name
+
+
+@record
+class EtcdSettings:
+    """How to reach etcd: client URLs, key prefix, the budget of one command (seconds), TLS files."""
+
+    endpoints: list[str]
+    prefix: str = DEFAULT_PREFIX
+    timeout: float = DEFAULT_TIMEOUT
+    ca_cert: str = ""
+    cert: str = ""
+    key: str = ""
+
+
+@record
+class ClusterSettings:
+    """One network as seen from one node: its etcd, its node name and the node-local lock directory."""
+
+    network: str
+    etcd: EtcdSettings
+    node: str = ""
+    lock_dir: str = DEFAULT_LOCK_DIR
+    block_sizes: tuple[int, int] = (DEFAULT_BLOCK_V4, DEFAULT_BLOCK_V6)
+    strict_affinity: bool = False
+
+
+def check_endpoints(endpoints: Sequence[Any], label: str) -> list[str]:
+    """The endpoints, or code 7 naming ``label`` when they are not a non-empty list of http(s) URLs."""
+    if not endpoints or not all(isinstance(e, str) for e in endpoints):
+        raise invalid_config(f"invalid {label}", f"{label} must be a non-empty list of URLs such as "
+                             "[\"http://10.0.0.1:2379\"]")
+    for ep in endpoints:
+        if not ep.startswith(("http://", "https://")):
+            raise invalid_config(f"invalid {label}", f"{ep!r}: an endpoint is http://host:port or https://host:port")
+    return list(endpoints)
+
+
+def check_prefix(prefix: str, label: str) -> str:
+    if not prefix.startswith("/"):
+        raise invalid_config(f"invalid {label}", f"{prefix!r}: the prefix must start with '/'")
+    return prefix
+
+
+def parse_etcd_settings(section: Mapping[str, Any], label: str = "ipam") -> EtcdSettings:
+    """``etcdEndpoints``, ``etcdPrefix``, ``etcdTimeout``, ``etcdCACert``/``etcdCert``/``etcdKey`` of a
+    config section (``label`` names it in errors)."""
+    eps = check_endpoints(netconf.get_list(section, "etcdEndpoints", label=f"{label}.etcdEndpoints"),
+                          f"{label}.etcdEndpoints")
+    prefix = check_prefix(netconf.get_str(section, "etcdPrefix", DEFAULT_PREFIX, label=f"{label}.etcdPrefix"),
+                          f"{label}.etcdPrefix")
+    timeout = section.get("etcdTimeout", DEFAULT_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 300:
+        raise netconf.invalid(f"{label}.etcdTimeout", "a number of seconds (0 < t <= 300)", timeout)
+    out = EtcdSettings(endpoints=eps, prefix=prefix, timeout=float(timeout),
+                       ca_cert=netconf.get_str(section, "etcdCACert", label=f"{label}.etcdCACert"),
+                       cert=netconf.get_str(section, "etcdCert", label=f"{label}.etcdCert"),
+                       key=netconf.get_str(section, "etcdKey", label=f"{label}.etcdKey"))
+    if out.key and not out.cert:
+        raise invalid_config(f"invalid {label}.etcdKey",
+                             "etcdKey needs etcdCert (the client certificate it belongs to)")
+    return out
+
+
+def check_node_name(node: str, label: str) -> str:
+    if "/" in node or not node or len(node) > MAX_NODE_NAME:
+        raise invalid_config(f"invalid {label}", f"{node[:80]!r}{'...' if len(node) > 80 else ''}: a node name "
+                             f"must be 1 to {MAX_NODE_NAME} characters (a DNS name, as Kubernetes' node names) "
+                             "and hold no '/'")
+    return node
+
+
+def parse_cluster_settings(conf: Mapping[str, Any]) -> ClusterSettings:
+    """Everything of a cluster-ipam network config but its ranges (what the CLI needs too)."""
+    from pycni.spec.validate import validate_network_name
+
+    ipam = conf.get("ipam")
+    if not isinstance(ipam, Mapping):
+        raise invalid_config("IPAM config missing 'ipam' key", "cluster-ipam reads its settings from the \"ipam\" "
+                             "object")
+    name = conf.get("name")
+    if not isinstance(name, str):
+        raise invalid_config("missing network name", "the network config needs a \"name\": its blocks and "
+                             "handles live under <etcdPrefix>/ipam/.../<name>")
+    validate_network_name(name)
+    etcd = parse_etcd_settings(ipam)
+    node = check_node_name(netconf.get_str(ipam, "nodeName", label="ipam.nodeName") or os.uname().nodename,
+                           "ipam.nodeName")
+    lock_dir = netconf.get_str(ipam, "lockDir", DEFAULT_LOCK_DIR, label="ipam.lockDir")
+    # The node lock and block hint are files named <network>.<node>.*: refuse what cannot name one.
+    if len(lock_dir) > 1024 or len(f"{name}.{node}.blocks".encode()) > 255:
+        raise invalid_config("invalid ipam.lockDir", f"the lock directory ({len(lock_dir)} characters, at most "
+                             f"1024) or the file names <network>.<nodeName>.lock in it ({len(name) + len(node) + 7} "
+                             "characters, at most 255) are too long")
+    # blockSize is the IPv4 block prefix (20..32); a value only IPv6 can have (116..128) sets the
+    # IPv6 one instead, unless blockSizeV6 does.
+    v4 = DEFAULT_BLOCK_V4
+    v6 = netconf.get_int(ipam, "blockSizeV6", DEFAULT_BLOCK_V6, minimum=116, maximum=128, label="ipam.blockSizeV6")
+    bs = netconf.get_int(ipam, "blockSize", DEFAULT_BLOCK_V4, label="ipam.blockSize")
+    if 20 <= bs <= 32:
+        v4 = bs
+    elif 116 <= bs <= 128 and "blockSizeV6" not in ipam:
+        v6 = bs
+    else:
+        raise netconf.invalid("ipam.blockSize", "a prefix length from 20 to 32 (IPv4 blocks), or 116 to 128 "
+                              "(IPv6 blocks, when blockSizeV6 is not set)", bs)
+    strict = netconf.get_bool(ipam, "strictAffinity", label="ipam.strictAffinity")
+    return ClusterSettings(network=name, etcd=etcd, node=node, lock_dir=lock_dir, block_sizes=(v4, v6),
+                           strict_affinity=strict)
+
+
+def client(settings: EtcdSettings, timeout: float | None = None, *, one_shot: bool = True) -> Etcd:
+    """The etcd client for ``settings``. ``timeout`` (default ``settings.timeout``) is the budget of
+    each call; with ``one_shot`` (a plugin command, a CLI action) it is also the deadline of all
+    of them together, counted from now. A long-running caller (the agent) passes False."""
+    from pycni.cluster.etcd import Etcd
+
+    budget = timeout or settings.timeout
+    # A third of the budget per attempt (at most 3 s): a member stuck without a leader (an election
+    # after the leader died, or no quorum) must not eat the whole budget before the others are tried.
+    try:
+        etcd = Etcd(settings.endpoints, timeout=budget, attempt_timeout=max(0.5, min(3.0, budget / 3)),
+                    ca_cert=settings.ca_cert, cert=settings.cert, key=settings.key)
+    except (OSError, ValueError) as e:
+        raise invalid_config("cannot set up the etcd client", str(e)) from None
+    if one_shot:
+        etcd.deadline = time.monotonic() + budget
+    return etcd
+
