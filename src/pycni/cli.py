@@ -421,7 +421,7 @@ def cmd_ipam_check(opts: argparse.Namespace) -> int:
         sys.stderr.write(f"pycni: network {cfg.network}: {len(problems)} inconsistencies\n")
         return 1
     # on stderr as the line above: stdout stays JSON lines, one per problem
-    sys.stderr.write(f"pycni: network {cfg.name}: consistent ({blocks} block(s), {handles} attachment(s))\n")
+    sys.stderr.write(f"pycni: network {cfg.network}: consistent ({blocks} block(s), {handles} attachment(s))\n")
     return 0
 
 
