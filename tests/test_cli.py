@@ -394,3 +394,14 @@ def test_validate_runs_our_plugins_config_parsing(tmp_path: Path, plugin_dir: st
     assert typo.stderr.splitlines() == [
         "pycni: warning: plugin bridge: key 'isGatway' is not read by bridge (misspelled?)",
         "pycni: warning: plugin bridge (ipam host-local): key 'ipam.rnages' is not read by host-local (misspelled?)"]
+
+
+def test_node_tls_files_are_named(tmp_path: Path) -> None:
+    """A missing TLS file is the flag and the path, before any connection (it was an internal error)."""
+    for flag in ("--etcd-ca-cert", "--etcd-cert", "--etcd-key"):
+        extra = ["--etcd-cert", str(tmp_path / "c.pem")] if flag == "--etcd-key" else []
+        if extra:
+            (tmp_path / "c.pem").write_text("x")
+        proc = run(["node", "status", "--etcd-endpoints", "https://192.0.2.1:2379", flag, "/nonexistent/x.pem",
+                    *extra])
+        assert_one_line_error(proc, 7, f"invalid {flag}", "/nonexistent/x.pem: no such file")

@@ -574,7 +574,7 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     """Validated options; CNIError 7 naming the flag for anything wrong."""
     import socket
 
-    from pycni.cluster.settings import check_endpoints, check_prefix
+    from pycni.cluster.settings import check_endpoints, check_prefix, check_tls_files
     from pycni.spec.errors import INVALID_CONFIG, CNIError
 
     endpoints = [e.strip() for e in ns.etcd_endpoints.split(",") if e.strip()]
@@ -583,6 +583,7 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     etcd = EtcdSettings(endpoints=check_endpoints(endpoints, "--etcd-endpoints"),
                         prefix=check_prefix(ns.etcd_prefix or DEFAULT_PREFIX, "--etcd-prefix"),
                         timeout=AGENT_ETCD_TIMEOUT, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert, key=ns.etcd_key)
+    check_tls_files(etcd, ("--etcd-ca-cert", "--etcd-cert", "--etcd-key"))
     ips = [i.strip() for i in ns.underlay_ip.split(",") if i.strip()]
     for ip in ips:
         try:
@@ -616,8 +617,13 @@ def main(ns: argparse.Namespace) -> int:
             if ns.action == "remove":
                 if not ns.target:
                     raise CNIError(INVALID_CONFIG, "pycni node remove needs the node's NAME")
-                found = remove_node(etcd, opts.etcd.prefix, ns.target)
-                print(f"node {ns.target}: {'removed' if found else 'not registered'}")
+                if not remove_node(etcd, opts.etcd.prefix, ns.target):
+                    sys.stderr.write(f"pycni: node {ns.target} is not registered under {opts.etcd.prefix} "
+                                     "(`pycni node status` lists the nodes)\n")
+                    return 1
+                # The registration is gone; an agent still running there writes it again at once.
+                print(f"node {ns.target}: removed; if its agent (`pycni node`) still runs on {ns.target} it "
+                      "registers the node again within seconds: stop the agent first to remove the node for good")
                 return 0
             lines, in_sync = status_lines(opts, etcd)
             print("\n".join(lines))
