@@ -442,6 +442,7 @@ environment:
   CAP_ARGS      capability arguments, a JSON object, e.g. '{"portMappings": [...]}'
   PYCNI_SOCKET  the daemon's socket for installed plugins (default /run/pycni/pycni.sock; 'off' never forwards)
   PYCNI_DEBUG   1: show a failing plugin's stderr, and tracebacks of internal errors
+  PYCNI_ETCD_ENDPOINTS  etcd client URLs for `pycni node` (comma-separated; --etcd-endpoints wins)
 
 add/check/del/gc change the network of the machine they run on (bridges, routes, firewall
 rules in the namespace you run them in); try them inside a throwaway namespace first:

@@ -212,14 +212,19 @@ def run(conf_dir: str, network: str) -> int:
             print(f"  removed namespaces {', '.join(made)} and {state}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main_parser() -> argparse.ArgumentParser:
+    """The demo's options (``pycni demo ...``, ``python -m pycni.demo ...``)."""
     parser = argparse.ArgumentParser(prog="pycni demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--conf-dir", default=os.path.join(os.path.dirname(__file__), "demo_net.d"),
                         help="where the network config lives (default: the demo network shipped with pycni, "
                         "also at conf/net.d in the repository)")
     parser.add_argument("--network", default="pycni-demo", help="network name to attach to")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv[1:] if argv[:1] == ["--"] else argv)
+    args = main_parser().parse_args(argv[1:] if argv[:1] == ["--"] else argv)
     if os.geteuid() != 0:
         print("pycni demo: needs root (it creates network namespaces)", file=sys.stderr)
         return 1
