@@ -8,7 +8,9 @@ else notices: the test passes, the next run behaves differently. conftest.py tak
 only process) and fails the run with :func:`describe` of the difference.
 
 A snapshot is a set of lines per section; volatile parts (counters, lifetimes, dates) are
-left out so that only what a test could have made or removed shows.
+left out so that only what a test could have made or removed shows. Sections: files under each guarded
+directory, links, addresses, routes, rules, forwarding sysctls, qdiscs, the nftables ruleset,
+and iptables-save / ip6tables-save (nft and legacy) by table.
 """
 
 from __future__ import annotations
@@ -142,6 +144,33 @@ def _xtables(tool: str) -> set[str] | None:
     return lines
 
 
+def _qdiscs() -> set[str] | None:
+    out = _run(["tc", "-j", "qdisc", "show"])
+    try:
+        found = json.loads(out) if out else None
+    except ValueError:
+        return None
+    if found is None:
+        return None
+    return {" ".join(f"{k}={q.get(k)}" for k in ("dev", "kind", "handle", "parent", "root") if q.get(k) is not None)
+            for q in found}
+
+
+# What a gateway plugin turns on in the namespace it runs in.
+SYSCTLS = ("net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding", "net/ipv4/conf/all/rp_filter")
+
+
+def _sysctls() -> set[str]:
+    lines = set()
+    for name in SYSCTLS:
+        try:
+            with open(f"/proc/sys/{name}") as f:
+                lines.add(f"{name.replace('/', '.')} = {f.read().strip()}")
+        except OSError:
+            continue
+    return lines
+
+
 def netns_names() -> set[str]:
     """The named network namespaces (``ip netns list``) on the machine now."""
     out = _run(["ip", "netns", "list"]) or ""
@@ -151,8 +180,10 @@ def netns_names() -> set[str]:
 def snapshot(dirs: tuple[str, ...] = GUARDED_DIRS) -> Snapshot:
     """What the machine (the calling thread's network namespace, and ``dirs``) holds now, by section."""
     snap: Snapshot = {f"files under {d}": _files(d) for d in dirs}
-    snap.update({"links": _links(), "addresses": _addresses(), "routes": _routes(), "ip rules": _rules()})
-    for name, lines in (("nftables ruleset", _nft()), ("iptables-save", _xtables("iptables-save")),
+    snap.update({"links": _links(), "addresses": _addresses(), "routes": _routes(), "ip rules": _rules(),
+                 "sysctls": _sysctls()})
+    for name, lines in (("nftables ruleset", _nft()), ("qdiscs", _qdiscs()),
+                        ("iptables-save", _xtables("iptables-save")),
                         ("ip6tables-save", _xtables("ip6tables-save")),
                         ("iptables-legacy-save", _xtables("iptables-legacy-save")),
                         ("ip6tables-legacy-save", _xtables("ip6tables-legacy-save"))):

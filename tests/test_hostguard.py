@@ -29,9 +29,12 @@ def test_guard_names_every_change(host_ns: Namespace, tmp_path: Path) -> None:
         host_ns.run(["ip", "rule", "add", "from", "10.1.2.3", "table", "7"])
         host_ns.run(["nft", "add", "table", "inet", "ncguard"])
         host_ns.run(["iptables", "-t", "nat", "-N", "NCGUARD"])
+        host_ns.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        host_ns.run(["tc", "qdisc", "add", "dev", "ncg0", "root", "handle", "1:", "htb"])
         report = "\n".join(hostguard.describe(before, hostguard.snapshot((str(state),))))
     for expected in (f"+ {state}/networks/refnet/10.77.0.1", f"+ {state}/networks/refnet/",
                      f"- {state}/networks/keep (1 bytes", "+ ncg1 type=ether kind=bridge",
                      "+ ncg0 10.1.2.3/24", "dst=10.1.2.0/24 dev=ncg0", '"src": "10.1.2.3"',
-                     "+ table inet ncguard", "nat: :NCGUARD -"):
+                     "+ table inet ncguard", "nat: :NCGUARD -", "+ net.ipv4.ip_forward = 1",
+                     "+ dev=ncg0 kind=htb handle=1: root=True"):
         assert expected in report, (expected, report)
