@@ -28,8 +28,10 @@ def snapshot(ns: Namespace) -> dict[str, Any]:
         "links": sorted((x["ifname"], "UP" in x.get("flags", []), x.get("ifalias", ""),
                          tuple(sorted(f"{a['local']}/{a['prefixlen']}" for a in x.get("addr_info", []))))
                         for x in links),
-        # not "linkdown": a port-less bridge's carrier, which the kernel settles when it likes
-        "routes": ns.run(["ip", "route", "show", "table", "all"]).stdout.replace(" linkdown", ""),
+        # Not what the kernel does on its own when a bridge first gets a port: "linkdown" (a port-less
+        # bridge's carrier) and the local route of its IPv6 link-local address (once DAD is over).
+        "routes": "\n".join(line.replace(" linkdown", "") for line in ns.run(
+            ["ip", "route", "show", "table", "all"]).stdout.splitlines() if not line.startswith("local fe80:")),
         "forward": ns.run(["sysctl", "-n", "net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"]).stdout,
         "nft": ns.run(["nft", "list", "ruleset"], check=False).stdout,
     }
