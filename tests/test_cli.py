@@ -154,7 +154,8 @@ def test_help_version_and_demo_verb() -> None:
     assert proc.returncode == 0 and proc.stdout.startswith("pycni ")
     top = run(["--help"])
     assert top.returncode == 0
-    for name in ("CNI_ARGS", "CAP_ARGS", "PYCNI_SOCKET", "PYCNI_DEBUG", "NETCONFPATH", "CNI_PATH", "demo",
+    for name in ("CNI_ARGS", "CAP_ARGS", "PYCNI_SOCKET", "PYCNI_DEBUG", "PYCNI_ETCD_ENDPOINTS", "NETCONFPATH",
+                 "CNI_PATH", "demo",
                  "throwaway namespace"):
         assert name in top.stdout, name
     verbs = ("add", "check", "del", "gc", "status", "validate", "list", "version", "install-plugins", "plugin",

@@ -26,7 +26,9 @@ VENV_BIN = os.path.dirname(sys.executable)
 
 
 def sh_blocks(path: Path) -> list[str]:
-    return re.findall(r"```sh\n(.*?)```", path.read_text(), re.S)
+    """The sh blocks, and plain blocks that are a pycni synopsis (docs/api.md's)."""
+    text = path.read_text()
+    return re.findall(r"```sh\n(.*?)```", text, re.S) + re.findall(r"```\n(pycni .*?)```", text, re.S)
 
 
 def block(path: Path, marker: str) -> str:
@@ -72,11 +74,25 @@ def pycni_commands(script: str) -> list[list[str]]:
 
 def _synopsis_example(argv: list[str]) -> list[str]:
     """A usage line made an example: optional ``[...]`` parts dropped, ``a|b`` taken as ``a``."""
-    out, depth = [], 0
+    out, depth, alternative = [], 0, 0  # alternative: 1 in a (a | b) group's first branch, 2 after it
     for w in argv:
+        if not w.startswith("[") and not depth:
+            w = re.sub(r"\[.*\]$", "", w)  # URL[,URL...]
         depth += w.count("[") - w.count("]") if w.startswith("[") or depth else 0
-        if depth or w.startswith("[") or w.endswith("]"):
+        if depth or w.startswith("[") or w.endswith("]") or w == "...":
             continue
+        if w.startswith("("):
+            alternative, w = 1, w[1:]
+        if alternative:
+            closes = w.endswith(")")
+            keep = alternative == 1 and w not in ("|", ")")
+            if w == "|":
+                alternative = 2
+            if closes:
+                alternative = 0
+            if not keep:
+                continue
+            w = w.rstrip(")")
         out.append(w.split("|")[0] if "|" in w and not w.startswith("-") else w)
     return out
 
@@ -147,3 +163,17 @@ def test_install_and_cli_blocks_run_in_a_throwaway_host(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert '"cniVersion": "1.0.0"' in proc.stdout and "pycni-demo  cniVersion=1.0.0" in proc.stdout, proc.stdout
     assert "is valid" in proc.stdout, proc.stdout
+
+
+def test_readme_names_every_package_setup_installs() -> None:
+    setup = (REPO / "scripts" / "setup").read_text()
+    packages = " ".join(re.findall(r"^\s*APT_PACKAGES\+?=\(([^)]*)\)", setup, re.M)).split()
+    assert "podman" in packages and "iproute2" in packages, packages
+    readme = (REPO / "README.md").read_text()
+    assert [p for p in packages if p not in readme] == []
+
+
+def test_cluster_demo_help_offers_only_what_it_takes() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "cluster_demo.py"), "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and "--keep" not in proc.stdout and "--mode" in proc.stdout, proc
