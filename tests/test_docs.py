@@ -177,3 +177,41 @@ def test_cluster_demo_help_offers_only_what_it_takes() -> None:
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "cluster_demo.py"), "--help"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0 and "--keep" not in proc.stdout and "--mode" in proc.stdout, proc
+
+
+@pytest.mark.skipif(not have_root(), reason="a throwaway host needs root")
+def test_daemon_block_runs_in_a_throwaway_host(tmp_path: Path) -> None:
+    """docs/daemon.md's first two lines as written: shims into /opt/cni/bin, then `pycni daemon` in
+    the foreground on its default socket, which the shims then use; SIGTERM stops it cleanly.
+    (The third line writes /var/log, which a throwaway host does not make private: parsed only.)"""
+    import json
+    import signal
+    import time
+
+    from runtime_host import RuntimeHost
+
+    install, daemon = [line.split("#")[0].strip() for line in block(REPO / "docs" / "daemon.md",
+                                                                     "pycni daemon").splitlines()[:2]]
+    assert install.startswith("pycni install-plugins") and daemon == "pycni daemon"
+    env = {"PATH": f"{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    host = RuntimeHost(tmp_path)
+    try:
+        host.run(["sh", "-c", install], env=env)
+        served = host.popen(["sh", "-c", f"echo $$ > /run/doc-daemon.pid; exec {daemon}"], tmp_path / "daemon.log",
+                            env=env)
+        deadline = time.monotonic() + 120
+        while host.run(["test", "-S", "/run/pycni/pycni.sock"], check=False).returncode != 0:
+            assert served.poll() is None and time.monotonic() < deadline, (tmp_path / "daemon.log").read_text()
+            time.sleep(0.1)
+        conf = json.dumps({"cniVersion": "1.0.0", "name": "docnet", "ipam": {
+            "type": "host-local", "subnet": "10.66.0.0/24", "dataDir": "/run/doc-ipam"}})
+        call = dict(env, CNI_COMMAND="ADD", CNI_CONTAINERID="doc1", CNI_NETNS="/nonexistent", CNI_IFNAME="eth0",
+                    CNI_PATH="/opt/cni/bin")
+        added = host.run(["/opt/cni/bin/host-local"], input=conf, env=call)
+        assert json.loads(added.stdout)["ips"][0]["address"] == "10.66.0.2/24"
+        host.run(["/opt/cni/bin/host-local"], input=conf, env=dict(call, CNI_COMMAND="DEL"))
+        # the daemon itself (nsenter, the Popen, waits for it and exits with its status)
+        host.run(["sh", "-c", f"kill -{signal.SIGTERM.name[3:]} $(cat /run/doc-daemon.pid)"])
+        assert served.wait(timeout=60) == 0, (tmp_path / "daemon.log").read_text()
+    finally:
+        host.close()
