@@ -1,6 +1,6 @@
 """Three nodes on one machine: etcd, a node agent per node, routed pods pinging across nodes.
 
-Run through ``scripts/cluster-demo [--mode host-gw|vxlan] [--pods N] [--keep]``. Everything lives
+Run through ``bash scripts/cluster-demo [--mode host-gw|vxlan] [--pods N]``. Everything lives
 in throwaway network namespaces named ``pycni-demo-...`` (an underlay bridge and three "nodes",
 each with an etcd member and a ``pycni node`` agent) and a temporary directory (etcd data, CNI
 configs, plugin executables, logs); all of it is removed at the end, on Ctrl-C and on SIGTERM.

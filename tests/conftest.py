@@ -2,10 +2,61 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable, Iterator
 
+import hostguard
 import pytest
-from netns_util import Namespace, have_root, new_namespace
+from netns_util import NETNS_LOG_ENV, Namespace, have_root, new_namespace
+
+# ---- the hermeticity guard: the machine is the same after the whole run as before ---------------
+# Taken once in the process that runs the session (xdist's controller, whose workers inherit
+# NETNS_LOG_ENV; or the only process). PYCNI_HOST_GUARD=off skips it (e.g. a debugging loop).
+_GUARD = pytest.StashKey[dict[str, object]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or os.environ.get("PYCNI_HOST_GUARD") == "off" or not have_root():
+        return
+    fd, log = tempfile.mkstemp(prefix="pycni-test-netns-", suffix=".log")
+    os.close(fd)
+    os.environ[NETNS_LOG_ENV] = log
+    config.stash[_GUARD] = {"log": log, "before": hostguard.snapshot(), "netns": hostguard.netns_names()}
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has stopped its workers
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    guard = session.config.stash.get(_GUARD, None)
+    if guard is None or "report" in guard:
+        return
+    log = str(guard["log"])
+    with open(log) as f:
+        ours = set(f.read().split())
+    os.unlink(log)
+    report = hostguard.describe(guard["before"], hostguard.snapshot())  # type: ignore[arg-type]
+    new = hostguard.netns_names() - guard["netns"]  # type: ignore[operator]
+    if new & ours:
+        report += ["network namespaces left behind:", *(f"  + {n}" for n in sorted(new & ours))]
+    guard["report"] = report
+    guard["others"] = sorted(new - ours)
+    if report:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    guard = config.stash.get(_GUARD, None)
+    if not guard:
+        return
+    others: list[str] = guard.get("others") or []  # type: ignore[assignment]
+    if others:
+        shown = ", ".join(others[:6]) + (f" and {len(others) - 6} more" if len(others) > 6 else "")
+        terminalreporter.write_line(f"host guard: {len(others)} namespace(s) appeared during the run, not made by "
+                                    f"tests/netns_util (another process's?): {shown}")
+    if guard.get("report"):
+        terminalreporter.section("the machine changed during this test run (tests must be hermetic)", red=True)
+        for line in guard["report"]:  # type: ignore[attr-defined]
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -104,6 +104,22 @@ def test_errors_are_one_line_with_code(tmp_path: Path) -> None:
     assert usage.returncode == 2 and "usage:" in usage.stderr and "Traceback" not in usage.stderr
 
 
+@pytest.mark.skipif(not os.path.exists(f"{GO_PLUGINS}/bridge"), reason="needs containernetworking-plugins")
+def test_failed_add_is_one_error_unless_the_cleanup_failed_otherwise(tmp_path: Path) -> None:
+    """The DEL after a failed ADD refused for the same reason adds nothing; for another, it is told."""
+    (tmp_path / "a.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": "net1",
+                                                     "plugins": [{"type": "bridge", "mtu": "x"}]}))
+    (tmp_path / "b.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": "net2",
+                                                     "plugins": [{"type": "bridge", "ipam": {"type": "nosuch"}}]}))
+    env = {"NETCONFPATH": str(tmp_path), "CNI_PATH": GO_PLUGINS}
+    same = run(["add", "net1", "/var/run/netns/x", "--cache-dir", str(tmp_path / "cache")], env)
+    assert_one_line_error(same, 999, "NetConf.mtu")
+    assert "also failed" not in same.stderr and same.stderr.count("NetConf.mtu") == 1, same.stderr
+    other = run(["add", "net2", "/var/run/netns/x", "--cache-dir", str(tmp_path / "cache")], env)
+    assert_one_line_error(other, 999, "failed to open netns", "cleaning up after the failed ADD also failed",
+                          '"nosuch"')
+
+
 def test_list_shows_networks_plugins_errors_and_shadowing(tmp_path: Path) -> None:
     (tmp_path / "10-a.conflist").write_text(json.dumps({
         "cniVersion": "1.0.0", "name": "net1",
@@ -138,7 +154,8 @@ def test_help_version_and_demo_verb() -> None:
     assert proc.returncode == 0 and proc.stdout.startswith("pycni ")
     top = run(["--help"])
     assert top.returncode == 0
-    for name in ("CNI_ARGS", "CAP_ARGS", "PYCNI_SOCKET", "PYCNI_DEBUG", "NETCONFPATH", "CNI_PATH", "demo",
+    for name in ("CNI_ARGS", "CAP_ARGS", "PYCNI_SOCKET", "PYCNI_DEBUG", "PYCNI_ETCD_ENDPOINTS", "NETCONFPATH",
+                 "CNI_PATH", "demo",
                  "throwaway namespace"):
         assert name in top.stdout, name
     verbs = ("add", "check", "del", "gc", "status", "validate", "list", "version", "install-plugins", "plugin",
@@ -215,7 +232,7 @@ def test_install_plugins_and_plugin_verb(tmp_path: Path) -> None:
     shim = tmp_path / "bin" / name
     assert proc.stdout.strip() == str(shim)
     assert os.access(shim, os.X_OK) and shim.read_text().startswith("#!/bin/sh\n# pycni plugin ")
-    assert f"exec '{sys.executable}' -IS \"$0\" \"$@\"" in shim.read_text()
+    assert f"py='{sys.executable}'\n" in shim.read_text() and 'exec "$py" -IS "$0" "$@"' in shim.read_text()
     for cmd in ([str(shim)], [*PYCNI, "plugin", name]):
         ver = subprocess.run(cmd, input='{"cniVersion":"1.0.0"}', env={"CNI_COMMAND": "VERSION"},
                              capture_output=True, text=True, timeout=60)
@@ -300,7 +317,12 @@ def test_gc_deletes_stale_attachments_and_status(host_ns: Namespace, netns_facto
     remaining = [p.name for p in (Path(env["CACHE"]) / "results").iterdir()]
     assert remaining == [f"clinet-{keep.name}-eth0"]
     assert pycni_in(host_ns, ["status", "clinet", keep.path], env).stdout == ""  # 1.0.0: nothing to ask
-    pycni_in(host_ns, ["gc", "clinet", "ignored-netns"], env)  # as cnitool: nothing valid, all go
+    # cnitool's spelling (no list: nothing is valid) is refused, and says what it would do
+    assert_one_line_error(pycni_in(host_ns, ["gc", "clinet", "ignored-netns"], env, check=False), 4,
+                          "without --valid", f"all 1 cached attachment(s) ({keep.name}:eth0)", "--all")
+    assert addresses(keep, "eth0") != []
+    done = pycni_in(host_ns, ["gc", "clinet", "--all"], env)
+    assert done.stdout == f"gc clinet: deleted 1 cached attachment(s) ({keep.name}:eth0), kept 0\n"
     assert addresses(keep, "eth0") == []
     assert list((Path(env["CACHE"]) / "results").iterdir()) == []
 
@@ -318,3 +340,69 @@ def test_install_plugins_daemon_shims_fall_back_to_in_process(tmp_path: Path) ->
     assert ver.returncode == 0 and "1.0.0" in json.loads(ver.stdout)["supportedVersions"], ver.stderr
     direct = registry.install(str(tmp_path / "direct"), ["loopback"])  # what tests' plugin_dir uses
     assert "pycni.shim" not in Path(direct[0]).read_text()
+
+
+def test_daemon_refuses_a_relative_socket() -> None:
+    """As install-plugins --socket: the shims find the daemon by an absolute path."""
+    for sock in ("rel.sock", "/" + "x" * 107):
+        proc = run(["daemon", "--socket", sock])
+        assert proc.returncode == 2 and "must be an absolute path" in proc.stderr, proc
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3") or os.geteuid() != 0,
+                    reason="needs root to drop to another user, and a Python that user may run")
+def test_non_root_add_says_root_is_needed(tmp_path: Path) -> None:
+    """Run as nobody with the system Python on this clone's source (the venv's may not be readable)."""
+    import pycni
+    from pycni.plugins import registry
+
+    src = os.path.dirname(os.path.dirname(pycni.__file__))
+    probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
+                            "import sys; sys.path.insert(0, sys.argv[1]); import pycni.cli", src], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"/usr/bin/python3 cannot import pycni from {src} as nobody: {probe.stderr[-200:]!r}")
+    tmp_path.chmod(0o755)
+    registry.install(str(tmp_path / "bin"), python="/usr/bin/python3")
+    conf = tmp_path / "net.d"
+    conf.mkdir()
+    (conf / "a.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": "net1", "plugins": [
+        {"type": "bridge", "ipam": {"type": "host-local", "subnet": "10.9.9.0/24", "dataDir": str(tmp_path / "d")}}]}))
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-m",
+                           "pycni", "add", "net1", "/var/run/netns/nc-nothere"], capture_output=True, text=True,
+                          timeout=60, env={"PATH": os.environ["PATH"], "PYTHONPATH": src, "NETCONFPATH": str(conf),
+                                           "CNI_PATH": str(tmp_path / "bin")})
+    assert proc.returncode == 1 and "pycni add needs root (this is uid 65534)" in proc.stderr, proc
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_validate_runs_our_plugins_config_parsing(tmp_path: Path, plugin_dir: str) -> None:
+    """What ADD would refuse, validate refuses (it once said "valid"); unread keys are warnings."""
+    def conflist(name: str, *plugins: dict[str, Any]) -> None:
+        (tmp_path / f"{name}.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": name,
+                                                               "plugins": list(plugins)}))
+    ipam = {"type": "host-local", "subnet": "10.1.0.0/24"}
+    conflist("masq", {"type": "bridge", "ipMasq": "true", "ipam": ipam})
+    conflist("ipamtype", {"type": "bridge", "ipam": dict(ipam, type="host-locl")})
+    conflist("prefix", {"type": "bridge", "ipam": dict(ipam, subnet="10.1.0.0/33")})
+    conflist("typo", {"type": "bridge", "isGatway": True, "ipam": dict(ipam, rnages=[])},
+             {"type": "portmap", "capabilities": {"portMappings": True}}, {"type": "tuning"}, {"type": "firewall"})
+    env = {"NETCONFPATH": str(tmp_path), "CNI_PATH": plugin_dir}
+    assert_one_line_error(run(["validate", "masq"], env), 7, "'ipMasq' must be true or false")
+    assert_one_line_error(run(["validate", "ipamtype"], env), 7, "(ipam host-locl)", "failed to find plugin")
+    assert_one_line_error(run(["validate", "prefix"], env), 7, "(ipam host-local)", "10.1.0.0/33")
+    typo = run(["validate", "typo"], env)
+    assert typo.returncode == 0 and "is valid" in typo.stdout, typo
+    assert typo.stderr.splitlines() == [
+        "pycni: warning: plugin bridge: key 'isGatway' is not read by bridge (misspelled?)",
+        "pycni: warning: plugin bridge (ipam host-local): key 'ipam.rnages' is not read by host-local (misspelled?)"]
+
+
+def test_node_tls_files_are_named(tmp_path: Path) -> None:
+    """A missing TLS file is the flag and the path, before any connection (it was an internal error)."""
+    for flag in ("--etcd-ca-cert", "--etcd-cert", "--etcd-key"):
+        extra = ["--etcd-cert", str(tmp_path / "c.pem")] if flag == "--etcd-key" else []
+        if extra:
+            (tmp_path / "c.pem").write_text("x")
+        proc = run(["node", "status", "--etcd-endpoints", "https://192.0.2.1:2379", flag, "/nonexistent/x.pem",
+                    *extra])
+        assert_one_line_error(proc, 7, f"invalid {flag}", "/nonexistent/x.pem: no such file")

@@ -119,6 +119,7 @@ def listed(cluster: EtcdCluster, conf_dir: Path, network: str) -> set[tuple[str,
 def assert_consistent(cluster: EtcdCluster, conf_dir: Path, network: str) -> None:
     proc = cli(cluster, conf_dir, "ipam", "check", network)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout == "" and f"network {network}: consistent (" in proc.stderr, proc.stderr
 
 
 # ---- the whereabouts scenario: macvlan pods on three nodes, faults on the way ---------------------
@@ -374,6 +375,12 @@ def test_tls_endpoints(bin_dir: str) -> None:
         missing_ca = dict(conf, ipam=dict(conf["ipam"], etcdCACert="/nonexistent"))
         code, out = run(bin_dir, node, "cluster-ipam", "ADD", missing_ca, "t3")
         assert code != 0 and out["code"] == 7, out
+        # ... that names the key and the path (it was "cannot set up the etcd client")
+        for key in ("etcdCACert", "etcdCert", "etcdKey"):
+            missing = dict(conf, ipam=dict(conf["ipam"], **{key: "/nonexistent/x.pem"}))
+            code, out = run(bin_dir, node, "cluster-ipam", "ADD", missing, "t3")
+            assert (code, out["code"], out["msg"]) == (1, 7, f"invalid ipam.{key}"), out
+            assert out["details"] == "/nonexistent/x.pem: no such file", out
 
 
 def test_through_the_daemon(up: EtcdCluster, tmp_path: Path, netns_factory: Callable[[], Namespace]) -> None:
@@ -462,3 +469,19 @@ def test_no_quorum_is_code_11_and_del_leaves_nothing(up: EtcdCluster, bin_dir: s
     ok(run(bin_dir, node, "cluster-ipam", "DEL", conf, "q1"))
     s = store(cluster, "quorum", node.name)
     assert s.handles() == [] and all(not b.allocations for b in s.blocks())
+
+
+def test_node_remove_says_what_it_did(up: EtcdCluster, tmp_path: Path) -> None:
+    """An unknown node is an error; a removed one may come back while its agent runs: it says so."""
+    prefix = "/pycni-t-remove"
+    flags = ["--etcd-endpoints", ",".join(up.endpoints), "--etcd-prefix", prefix]
+    assert up.underlay is not None
+    gone = up.underlay.run([sys.executable, "-m", "pycni", "node", "remove", "nosuchnode", *flags], check=False)
+    assert gone.returncode == 1 and "node nosuchnode is not registered" in gone.stderr, gone
+    with up.client() as etcd:
+        etcd.put(f"{prefix}/nodes/n1", json.dumps({"name": "n1", "underlayIP": "192.0.2.1"}),
+                 lease=etcd.lease_grant(30))
+    done = up.underlay.run([sys.executable, "-m", "pycni", "node", "remove", "n1", *flags], check=False)
+    assert done.returncode == 0 and "node n1: removed" in done.stdout and "registers the node again" in done.stdout
+    with up.client() as etcd:
+        assert etcd.get(f"{prefix}/nodes/n1") is None

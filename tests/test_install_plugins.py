@@ -28,8 +28,10 @@ PYCNI = [sys.executable, "-m", "pycni"]
 
 # What runtimes send (Go libcni, our runtime), then everything the sh front hands to Python.
 USUAL_INPUTS = [b'{"cniVersion":"1.0.0"}', b'{"cniVersion": "0.4.0"}\n', b'', b'{"cniVersion":"9.9.9"}',
-                b' {\n\t"cniVersion" : "0.3.1"\n}\n', b'{"cniVersion":"1.0"}', b'{"cniVersion":"0.1.0"}\n\n']
-UNUSUAL_INPUTS = [b'{}', b'not json', b'{"cniVersion":""}', b'{"name":"x","cniVersion":"0.2.0"}',
+                b'{"cniVersion":"1.0"}', b'\n']
+UNUSUAL_INPUTS = [b' {\n\t"cniVersion" : "0.3.1"\n}\n', b'{"cniVersion":"0.1.0"}\n\n', b'{"cniVersion":"1.0.0"}\nx',
+                  b'{"cniVersion":"1.0.0"}\n\n\n', b'a\nb\nc', b' {"cniVersion":"1.0.0"}',
+                  b'{}', b'not json', b'{"cniVersion":""}', b'{"name":"x","cniVersion":"0.2.0"}',
                   b'{"cniVersion":"1.0.0"', b'{"cniVersion":"1.0.0"} x', b'{"cniVersion":"1.0.\\u0030"}',
                   b'{"cniVersion":1}', b'[1]', b'{"cniVersion":"1.1.0","cniVersion":"0.4.0"}',
                   b'{"cniVersion":"1.0.0"}\r\n', b'{"cniVersion":"1.0.0-rc1"}', b'{ "cniVersion" : "1.0.0" , }']
@@ -67,7 +69,7 @@ def no_python(tmp_path: Path) -> tuple[str, Path]:
 @pytest.mark.parametrize("plugin", sorted(registry.PLUGIN_MODULES))
 def test_version_answered_by_sh_without_python(plugin: str, no_python: tuple[str, Path], tmp_path: Path) -> None:
     fake, marker = no_python
-    (exe,) = registry.install(str(tmp_path / "bin"), [plugin], python=fake, daemon=True)
+    (exe,) = registry.install(str(tmp_path / "bin"), [plugin], python=fake, daemon=True, check_python=False)
     for stdin in USUAL_INPUTS:
         proc = version_of(exe, stdin)
         assert (proc.returncode, proc.stderr) == (0, b""), proc
@@ -202,3 +204,80 @@ def test_socket_option(tmp_path: Path) -> None:
         assert refused.returncode == 1 and "absolute path" in refused.stderr and not (tmp_path / "b").exists()
     both = install_cli("--dir", str(tmp_path / "c"), "--socket", "/x.sock", "--direct", "loopback")
     assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+# ---- unusual sizes, and an executable whose interpreter or pycni is gone (issue 24) ------------------
+@pytest.mark.parametrize("stdin", [b'{"cniVersion": "' + b"A" * 3_000_000, b'{"cniVersion":"1.0.0"}' + b"\n" * 500_000,
+                                   b'{"cniVersion":' + b"\n" * 200_000 + b'"1.0.0"}', b"{" * 1_000_000])
+def test_version_of_large_input_is_skels_answer(installed: dict[str, str], stdin: bytes) -> None:
+    """The front reads at most two lines (linear: a quadratic read loop once hung here for minutes)
+    and hands the rest to Python, which answers as skel does."""
+    exe = os.path.join(installed["daemon"], "vlan")
+    proc = subprocess.run([exe], input=stdin, capture_output=True, timeout=120, env={"CNI_COMMAND": "VERSION"})
+    assert (proc.returncode, proc.stdout) == (0, skel_answer("vlan", stdin)), proc.stderr[-500:]
+
+
+COMMANDS = ["VERSION", "ADD", "DEL", "CHECK", "STATUS", "GC"]
+
+
+def _call(exe: str, command: str, stdin: bytes = b'{"cniVersion":"1.0.0","name":"n","type":"bridge"}'
+          ) -> subprocess.CompletedProcess[bytes]:
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "c1", "CNI_NETNS": "/nonexistent", "CNI_IFNAME": "eth0",
+           "CNI_PATH": os.path.dirname(exe), "PYCNI_SOCKET": "off"}
+    return subprocess.run([exe], input=stdin, env=env, capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("kind", ["daemon", "direct"])
+def test_missing_interpreter_is_a_cni_error_for_every_command(tmp_path: Path, kind: str) -> None:
+    python = tmp_path / "venv-python"
+    python.symlink_to(sys.executable)
+    (exe,) = registry.install(str(tmp_path / "bin"), ["bridge"], python=str(python), daemon=kind == "daemon")
+    assert _call(exe, "VERSION").returncode == 0
+    python.unlink()  # the venv was rebuilt, the clone moved...
+    for command in COMMANDS:
+        proc = _call(exe, command)
+        e = json.loads(proc.stdout)
+        assert proc.returncode == 1 and e["code"] == 50, (command, proc)
+        assert str(python) in e["msg"] and "pycni install-plugins" in e["details"], e
+    python.write_text("#!/bin/sh\nexit 0\n")  # there, but not executable by the caller
+    python.chmod(0o644)
+    assert json.loads(_call(exe, "ADD").stdout)["code"] == 50
+
+
+@pytest.mark.parametrize("kind", ["daemon", "direct"])
+def test_interpreter_without_pycni_is_a_cni_error(tmp_path: Path, kind: str) -> None:
+    from pycni.plugins.registry import PLUGIN_MODULES
+    from pycni.shim import executable_text
+
+    gone = tmp_path / "site-packages"
+    (gone / "pycni").mkdir(parents=True)
+    (gone / "pycni" / "shim.py").write_text("raise ImportError('a half-removed installation')\n")
+    exe = tmp_path / "bridge"
+    exe.write_text(executable_text("bridge", PLUGIN_MODULES["bridge"], registry.load("bridge").versions,
+                                   python=sys.executable, paths=[str(gone)], daemon=kind == "daemon"))
+    exe.chmod(0o755)
+    # the front still finds both: it answers what runtimes send; any other input needs Python
+    assert _call(str(exe), "VERSION", b'{"cniVersion":"1.0.0"}').returncode == 0
+    for command in COMMANDS:
+        proc = _call(str(exe), command)
+        e = json.loads(proc.stdout)
+        assert proc.returncode == 1 and e["code"] == 50 and str(gone) in e["msg"], (command, proc)
+        assert "pycni install-plugins" in e["details"] and "Error" in e["details"], e
+    (gone / "pycni" / "shim.py").unlink()
+    e = json.loads(_call(str(exe), "VERSION").stdout)
+    assert e["code"] == 50 and str(gone) in e["msg"], e
+
+
+def test_install_refuses_an_interpreter_that_cannot_run_pycni(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    for python in ("/nonexistent", str(fake), "no-such-python-here"):
+        proc = subprocess.run([*PYCNI, "install-plugins", "--dir", str(tmp_path / "bin"), "--python", python],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and python in proc.stderr, proc
+        assert not (tmp_path / "bin").exists()
+    # a name on PATH is baked in as its absolute path
+    (exe,) = registry.install(str(tmp_path / "bin"), ["bridge"], python=os.path.basename(sys.executable)
+                              if shutil.which(os.path.basename(sys.executable)) == sys.executable else sys.executable)
+    assert f"py='{sys.executable}'" in Path(exe).read_text()

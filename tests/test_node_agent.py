@@ -170,7 +170,7 @@ def _env(cluster: EtcdCluster, tmp_path: Path, plugin_dir: str, mode: str, dual:
 
 def _iperf(env: Env, src: Node, dst: Node) -> str:
     if shutil.which("iperf3") is None:
-        return "iperf3 not installed (scripts/setup installs it): throughput not measured"
+        return "iperf3 not installed (scripts/setup --test installs it): throughput not measured"
     (sns, _), (dns, dres) = next(iter(src.pods.values())), next(iter(dst.pods.values()))
     server = subprocess.Popen(["ip", "netns", "exec", dns.name, "iperf3", "-s", "-1"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)

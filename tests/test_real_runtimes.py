@@ -10,7 +10,7 @@ netns file, or rule of a container or network.
 The swap tests run containers with one implementation in /opt/cni/bin and remove them with
 the other (a node operator replacing the plugins under live containers).
 
-Skipped, saying why, only when a runtime's binaries are not installed (``bash scripts/setup``
+Skipped, saying why, only when a runtime's binaries are not installed (``bash scripts/setup --test``
 installs them).
 """
 
@@ -42,7 +42,7 @@ def need(*binaries: str) -> None:
         pytest.skip("real runtimes need root")
     absent = missing(*binaries)
     if absent:
-        reason = f"runtime binaries not installed: {', '.join(absent)} (bash scripts/setup installs them)"
+        reason = f"runtime binaries not installed: {', '.join(absent)} (bash scripts/setup --test installs them)"
         print(f"SKIP: {reason}", file=sys.stderr)
         pytest.skip(reason)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import call, err
+from plugin_util import call, err, ok, runtime_env
 
 from pycni.plugins.main import bridge, host_device, ptp, tap
 from pycni.skel import Plugin, dispatch
@@ -28,7 +28,10 @@ def snapshot(ns: Namespace) -> dict[str, Any]:
         "links": sorted((x["ifname"], "UP" in x.get("flags", []), x.get("ifalias", ""),
                          tuple(sorted(f"{a['local']}/{a['prefixlen']}" for a in x.get("addr_info", []))))
                         for x in links),
-        "routes": ns.run(["ip", "route", "show", "table", "all"]).stdout,
+        # Not what the kernel does on its own when a bridge first gets a port: "linkdown" (a port-less
+        # bridge's carrier) and the local route of its IPv6 link-local address (once DAD is over).
+        "routes": "\n".join(line.replace(" linkdown", "") for line in ns.run(
+            ["ip", "route", "show", "table", "all"]).stdout.splitlines() if not line.startswith("local fe80:")),
         "forward": ns.run(["sysctl", "-n", "net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"]).stdout,
         "nft": ns.run(["nft", "list", "ruleset"], check=False).stdout,
     }
@@ -66,10 +69,18 @@ def ipam(data: Path, **extra: Any) -> dict[str, Any]:
     return {"type": "host-local", "subnet": SUBNET, "dataDir": str(data / "ipam"), **extra}
 
 
+def with_ipam(data: Path, conf: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``conf`` with ``extra`` on top; an ``ipam`` in ``extra`` amends :func:`ipam` (its dataDir
+    stays in ``data``: without one, host-local writes the machine's /var/lib/cni/networks); any
+    other ``ipam`` value replaces it (the wrong-type cases)."""
+    amend = extra.get("ipam")
+    return {**conf, **extra, **({"ipam": ipam(data, **amend)} if isinstance(amend, dict) else {})}
+
+
 # ---- bridge --------------------------------------------------------------------------------------
 def _bridge(data: Path, **extra: Any) -> dict[str, Any]:
     return {"cniVersion": "1.0.0", "name": "refnet", "type": "bridge", "bridge": "refbr0", "isGateway": True,
-            "ipMasq": True, "ipam": ipam(data), **extra}
+            "ipMasq": True, "ipam": ipam(data)} | with_ipam(data, {}, extra)
 
 
 @pytest.mark.parametrize(("extra", "env", "code"), [
@@ -78,7 +89,6 @@ def _bridge(data: Path, **extra: Any) -> dict[str, Any]:
     ({"args": {"cni": "x"}}, {}, 7),
     ({"dns": []}, {}, None),
     ({"mtu": 65536}, {}, 7),
-    ({"ipam": {"type": "host-local", "subnet": SUBNET, "gateway": "10.99.0.1"}}, {}, None),  # gateway outside
     ({"ipam": {"type": "no-such-ipam"}}, {}, 7),
     ({}, {"args": "FOO=1"}, 4),
     ({}, {"container_id": "c" * 100_000}, 4),
@@ -88,9 +98,32 @@ def test_bridge_refusal_changes_nothing(host_ns: Namespace, container_ns: Namesp
                                         tmp_path: Path, extra: dict[str, Any], env: dict[str, str],
                                         code: int | None) -> None:
     conf = _bridge(tmp_path, **extra)
-    e = refused(bridge.PLUGIN, host_ns, container_ns, conf, plugin_dir, tmp_path, **env)
+    e = refused(bridge.PLUGIN, host_ns, container_ns, conf, plugin_dir, tmp_path, ipam_ran="ipam" in extra, **env)
     if code is not None:
         assert e["code"] == code, e
+
+
+def test_bridge_gateway_outside_the_subnet_is_accepted_as_the_reference_does(
+        netns_factory: Any, plugin_dir: str, tmp_path: Path) -> None:
+    """Not a refusal: Go's bridge takes a host-local gateway outside the subnet too (the bridge gets
+    it with the subnet's mask). Run with its dataDir in ``tmp_path``: without one this case once
+    wrote the machine's /var/lib/cni and its outcome depended on what an earlier run left there."""
+    import subprocess
+
+    results = {}
+    for who in ("go", "ours"):
+        host, ctr = netns_factory(), netns_factory()
+        conf = _bridge(tmp_path / who, ipMasq=False, ipam={"gateway": "10.99.0.1"})
+        if who == "ours":
+            got = ok(call(bridge.PLUGIN, host, "ADD", conf, ctr, plugin_dir))
+        else:
+            proc = subprocess.run(["ip", "netns", "exec", host.name, "/usr/lib/cni/bridge"], input=json.dumps(conf),
+                                  env=runtime_env("ADD", "ctr", ctr.path), capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            got = json.loads(proc.stdout)
+        bridge_addrs = host.run(["ip", "-br", "-4", "addr", "show", "refbr0"]).stdout.split()[2:]
+        results[who] = ([(x["address"], x.get("gateway")) for x in got["ips"]], bridge_addrs)
+    assert results["ours"] == results["go"] == ([("10.77.0.1/24", "10.99.0.1")], ["10.99.0.1/24"]), results
 
 
 def test_bridge_failure_after_the_bridge_exists_keeps_the_existing_bridge(host_ns: Namespace,
@@ -121,7 +154,8 @@ def test_bridge_late_failure_rolls_back_everything(host_ns: Namespace, container
 
 # ---- ptp -----------------------------------------------------------------------------------------
 def _ptp(data: Path, **extra: Any) -> dict[str, Any]:
-    return {"cniVersion": "1.0.0", "name": "refnet", "type": "ptp", "ipMasq": True, "ipam": ipam(data), **extra}
+    return with_ipam(data, {"cniVersion": "1.0.0", "name": "refnet", "type": "ptp", "ipMasq": True, "ipam": ipam(data)},
+                     extra)
 
 
 @pytest.mark.parametrize(("extra", "env"), [
@@ -139,14 +173,13 @@ def test_ptp_refusal_changes_nothing(host_ns: Namespace, container_ns: Namespace
 # ---- host-device ---------------------------------------------------------------------------------
 def _hostdev(data: Path, **extra: Any) -> dict[str, Any]:
     return {"cniVersion": "1.0.0", "name": "refnet", "type": "host-device", "device": "hd0",
-            "dataDir": str(data / "hd"), "ipam": ipam(data), **extra}
+            "dataDir": str(data / "hd"), "ipam": ipam(data)} | with_ipam(data, {}, extra)
 
 
 @pytest.mark.parametrize(("extra", "env"), [
     ({"args": "x"}, {}),
     ({"runtimeConfig": "x"}, {}),
     ({"dns": []}, {}),
-    ({"ipam": {"type": "host-local", "subnet": SUBNET, "gateway": "10.99.0.1"}}, {}),
     ({}, {"args": "FOO=1"}),
     ({}, {"ifname": "lo"}),
 ])
@@ -155,7 +188,8 @@ def test_host_device_refusal_changes_nothing(host_ns: Namespace, container_ns: N
     host_ns.run(["ip", "link", "add", "hd0", "type", "veth", "peer", "name", "hd0p"])
     host_ns.run(["ip", "addr", "add", "192.168.5.1/24", "dev", "hd0"])
     host_ns.run(["ip", "link", "set", "hd0", "up"])
-    refused(host_device.PLUGIN, host_ns, container_ns, _hostdev(tmp_path, **extra), plugin_dir, tmp_path, **env)
+    refused(host_device.PLUGIN, host_ns, container_ns, _hostdev(tmp_path, **extra), plugin_dir, tmp_path,
+            ipam_ran="ipam" in extra, **env)
 
 
 def test_host_device_refuses_loopback_before_touching_it(host_ns: Namespace, container_ns: Namespace,

@@ -120,17 +120,30 @@ def cmd_del(opts: argparse.Namespace) -> int:
 
 
 def cmd_gc(opts: argparse.Namespace) -> int:
+    """GC with the attachments in use (--valid), or with none (--all: every one is DELeted); with
+    neither, refused: cnitool's "nothing given, nothing valid" took every container's interface."""
+    from pycni.runtime import cache
+
     rt = _runtime(opts)
     net = _network(rt, opts.network)
-    valid = None
-    if opts.valid is not None:
-        valid = []
-        for item in opts.valid:
-            cid, sep, ifname = item.rpartition(":")
-            if not sep or not cid or not ifname:
-                raise CNIError(INVALID_ENV, f"invalid --valid attachment {item!r}", "use CONTAINERID:IFNAME")
-            valid.append((cid, ifname))
+    cached = sorted((e.container_id, e.ifname) for e in cache.list_entries(rt.cache_dir) if e.network_name == net.name)
+    if opts.valid is None and not opts.all:
+        shown = ", ".join(f"{c}:{i}" for c, i in cached[:5]) + (f" and {len(cached) - 5} more" if len(cached) > 5
+                                                                    else "")
+        raise CNIError(INVALID_ENV, f"refusing to GC network {net.name} without --valid",
+                       f"with no attachment listed as valid, GC would DEL all {len(cached)} cached attachment(s) "
+                       f"({shown or 'none now'}) and let every plugin release everything it holds for {net.name}; "
+                       "list the ones in use with --valid CONTAINERID:IFNAME (repeatable), or pass --all")
+    valid: list[tuple[str, str]] = []
+    for item in opts.valid or ():
+        cid, sep, ifname = item.rpartition(":")
+        if not sep or not cid or not ifname:
+            raise CNIError(INVALID_ENV, f"invalid --valid attachment {item!r}", "use CONTAINERID:IFNAME")
+        valid.append((cid, ifname))
     rt.gc(net, valid)
+    gone = [a for a in cached if a not in valid]
+    print(f"gc {net.name}: deleted {len(gone)} cached attachment(s)"
+          + (f" ({', '.join(f'{c}:{i}' for c, i in gone)})" if gone else "") + f", kept {len(cached) - len(gone)}")
     return 0
 
 
@@ -140,13 +153,106 @@ def cmd_status(opts: argparse.Namespace) -> int:
     return 0
 
 
+class _Tracked(dict):  # type: ignore[type-arg]
+    """A JSON object that remembers which keys were looked up (what a plugin's parser read)."""
+
+    def __init__(self, pairs: Any = ()) -> None:
+        super().__init__(pairs)
+        self.read: set[str] = set()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: Any) -> bool:
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+# Keys the runtime or the spec gives every plugin: never "unknown".
+_SPEC_KEYS = {"cniVersion", "cniVersions", "name", "type", "ipam", "dns", "args", "runtimeConfig", "capabilities",
+              "prevResult", "disableCheck", "disableGC"}
+
+
+def _parse_with_ours(rt: CNI, net: NetworkConfigList) -> tuple[list[CNIError], list[str]]:
+    """Run the config parsing of each plugin (and IPAM) of ``net`` that is one of ours, as its ADD
+    would: the errors ADD would refuse with, and warnings for keys no parser read (misspelled?)."""
+    import json
+
+    from pycni import invoke
+    from pycni.plugins import registry
+    from pycni.runtime.api import RuntimeConf, build_config
+    from pycni.shim import plugin_of
+    from pycni.skel import CmdArgs
+    from pycni.spec.types import Result
+
+    class Args(CmdArgs):
+        def conf(self) -> dict[str, Any]:
+            return self.tracked  # type: ignore[attr-defined,no-any-return]
+
+    errors: list[CNIError] = []
+    warnings: list[str] = []
+    rtc = RuntimeConf(container_id="pycni-validate", netns="", ifname="eth0", args=[], capability_args={})
+    # what the plugins after the first get at ADD: a result (TEST-NET-1, documentation only)
+    prev = Result.from_dict({"cniVersion": net.cni_version, "interfaces": [{"name": "eth0", "sandbox": "/x"}],
+                             "ips": [{"address": "192.0.2.2/24", "gateway": "192.0.2.1", "interface": 0}]},
+                            net.cni_version)
+    for i, plugin in enumerate(net.plugins):
+        stdin = build_config(net.name, net.cni_version, plugin, prev if i else None, rtc)
+        raw = plugin.raw
+        ipam = raw.get("ipam")
+        checks: list[tuple[str, str | None]] = [(plugin.type, None)]
+        if isinstance(ipam, dict) and isinstance(ipam.get("type"), str) and ipam["type"]:
+            checks.append((ipam["type"], "ipam"))
+        for type_, section in checks:
+            where = f"plugin {plugin.type}" + (f" (ipam {type_})" if section else "")
+            try:
+                path = invoke.find_in_path(type_, rt.plugin_path)
+            except CNIError as e:
+                errors.append(CNIError(e.code, f"{where}: {e.msg}", e.details))
+                continue
+            ours = plugin_of(path)
+            if ours is None:
+                continue  # not ours (a Go plugin, say): only its own ADD can tell
+            parse = registry.parser(ours)
+            if parse is None:
+                continue
+            args = Args(command="ADD", container_id=rtc.container_id, ifname="eth0",
+                        path=os.pathsep.join(rt.plugin_path), stdin_data=stdin)
+            args.tracked = json.loads(stdin, object_pairs_hook=_Tracked)  # type: ignore[attr-defined]
+            try:
+                parse(args)
+            except CNIError as e:
+                errors.append(CNIError(e.code, f"{where}: {e.msg}", e.details))
+                continue
+            obj = args.tracked if section is None else args.tracked.get(section)  # type: ignore[attr-defined]
+            if isinstance(obj, _Tracked) and obj.read:
+                known = obj.read | (_SPEC_KEYS if section is None else {"type"})
+                for key in sorted(set(obj) - known):
+                    warnings.append(f"{where}: key {(section + '.' if section else '') + key!r} is not read by "
+                                    f"{type_} (misspelled?)")
+    return errors, warnings
+
+
 def cmd_validate(opts: argparse.Namespace) -> int:
+    """libcni's validation (every plugin found, speaking the version), then our plugins' own config
+    parsing, so that what ADD would refuse is refused here; keys no parser reads are warnings."""
     rt = _runtime(opts)
     net = _network(rt, opts.network)
     caps = rt.validate(net)
+    errors, warnings = _parse_with_ours(rt, net)
+    for w in warnings:
+        sys.stderr.write(f"pycni: warning: {w}\n")
+    if errors:
+        raise CNIError(errors[0].code, f"network {net.name!r} is not valid: " + "; ".join(e.msg for e in errors),
+                       "; ".join(e.details for e in errors if e.details))
     types = ", ".join(p.type for p in net.plugins)
     print(f"network {net.name!r} (cniVersion {net.cni_version}, {net.path or 'inline'}) is valid: "
-          f"plugins {types} found and speak {net.cni_version}")
+          f"plugins {types} found and speak {net.cni_version}" + "; pycni's plugins accept their config")
     print(f"capabilities: {', '.join(caps) if caps else '(none)'}")
     return 0
 
@@ -325,11 +431,14 @@ def cmd_ipam_check(opts: argparse.Namespace) -> int:
     cfg = _cluster_ipam(opts)
     with session(cfg) as store:
         problems = store.inconsistencies()
+        blocks, handles = len(store.blocks()), len(store.handles())
     for p in problems:
         print(json.dumps(p))
     if problems:
         sys.stderr.write(f"pycni: network {cfg.network}: {len(problems)} inconsistencies\n")
         return 1
+    # on stderr as the line above: stdout stays JSON lines, one per problem
+    sys.stderr.write(f"pycni: network {cfg.network}: consistent ({blocks} block(s), {handles} attachment(s))\n")
     return 0
 
 
@@ -350,6 +459,7 @@ environment:
   CAP_ARGS      capability arguments, a JSON object, e.g. '{"portMappings": [...]}'
   PYCNI_SOCKET  the daemon's socket for installed plugins (default /run/pycni/pycni.sock; 'off' never forwards)
   PYCNI_DEBUG   1: show a failing plugin's stderr, and tracebacks of internal errors
+  PYCNI_ETCD_ENDPOINTS  etcd client URLs for `pycni node` (comma-separated; --etcd-endpoints wins)
 
 add/check/del/gc change the network of the machine they run on (bridges, routes, firewall
 rules in the namespace you run them in); try them inside a throwaway namespace first:
@@ -385,11 +495,15 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("gc", help="garbage-collect NETWORK (spec 1.1)",
                         description="DEL cached attachments of NETWORK that are not --valid, then GC "
-                        "every plugin. Like cnitool, with no --valid every cached attachment is stale.")
+                        "every plugin with that list. One of --valid or --all is required (cnitool takes "
+                        "neither to mean that every attachment is stale).")
     sp.add_argument("network", metavar="NETWORK")
     sp.add_argument("netns", metavar="NETNS", nargs="?", help="ignored (cnitool takes it)")
-    sp.add_argument("--valid", action="append", metavar="CONTAINERID:IFNAME",
-                    help="an attachment still in use (repeatable)")
+    which = sp.add_mutually_exclusive_group()
+    which.add_argument("--valid", action="append", metavar="CONTAINERID:IFNAME",
+                       help="an attachment still in use (repeatable)")
+    which.add_argument("--all", action="store_true",
+                       help="no attachment is in use: DEL every cached one, and plugins release all they hold")
     sp.add_argument("-i", "--ifname", help=argparse.SUPPRESS)
     common(sp)
     sp.set_defaults(fn=cmd_gc)
@@ -499,10 +613,23 @@ def _error_line(e: CNIError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pycni`` and ``python -m pycni``; returns (and exits with) the status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["demo"]:  # its options are the demo's own (argparse's REMAINDER refuses a leading option)
+        from pycni import demo
+
+        status = demo.main(args[1:])
+        if argv is None:
+            sys.exit(status)
+        return status
     opts = _parser().parse_args(argv)
     try:
         status = int(opts.fn(opts))
     except CNIError as e:
+        if os.geteuid() != 0 and opts.fn in (cmd_add, cmd_check, cmd_del, cmd_gc, cmd_status):
+            # not the first thing such a failure says (Permission denied on /var/lib/cni, a netns...)
+            e = CNIError(e.code, e.msg, "; ".join([*[e.details] * bool(e.details),
+                         f"pycni {opts.verb} needs root (this is uid {os.geteuid()}): plugins change network "
+                         "namespaces and keep state under /var/lib/cni and /run"]), e.cni_version)
         sys.stderr.write(f"pycni: {_error_line(e)}\n")
         status = 1
     except KeyboardInterrupt:

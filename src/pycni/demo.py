@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,21 @@ CONTAINER_PORT = 80
 # (RFC 2544 benchmarking range: never routed anywhere real).
 HOST_ADDR = "198.18.0.1"
 CLIENT_ADDR = "198.18.0.2"
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(BaseException):
+    """A stop signal arrived: unwind through run()'s cleanup (not an Exception: no "demo failed")."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped(signum)
 
 
 def _say(text: str) -> None:
@@ -154,9 +170,10 @@ def run(conf_dir: str, network: str) -> int:
         os.makedirs(www)
         with open(os.path.join(www, "index.html"), "w") as f:
             f.write(f"hello from {c1}\n")
+        # its own session: a Ctrl-C in the terminal reaches the demo, which stops the server itself
         server = subprocess.Popen(["ip", "netns", "exec", c1, sys.executable, "-m", "http.server",
                                    str(CONTAINER_PORT), "--bind", ip1, "--directory", www],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         body = _fetch(client, f"http://{HOST_ADDR}:{HOST_PORT}/index.html")
         if not body:
             raise RuntimeError(f"could not fetch http://{HOST_ADDR}:{HOST_PORT}/ through the port mapping")
@@ -169,10 +186,16 @@ def run(conf_dir: str, network: str) -> int:
                 print(f"  {ns}: ok")
         _say("the main job worked")
         return 0
+    except Stopped as e:
+        print(f"\ndemo stopped by {e}: cleaning up", file=sys.stderr)
+        return 128 + e.signum
     except Exception as e:  # noqa: BLE001 - the demo reports, then cleans up
         print(f"\ndemo failed: {e}", file=sys.stderr)
         return 1
     finally:
+        # a second Ctrl-C or SIGTERM must not cut the cleanup short
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
         if server is not None:
             server.terminate()
             server.wait(timeout=5)
@@ -192,16 +215,24 @@ def run(conf_dir: str, network: str) -> int:
             print(f"  removed namespaces {', '.join(made)} and {state}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main_parser() -> argparse.ArgumentParser:
+    """The demo's options (``pycni demo ...``, ``python -m pycni.demo ...``)."""
     parser = argparse.ArgumentParser(prog="pycni demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--conf-dir", default=os.path.join(os.path.dirname(__file__), "demo_net.d"),
                         help="where the network config lives (default: the demo network shipped with pycni, "
                         "also at conf/net.d in the repository)")
     parser.add_argument("--network", default="pycni-demo", help="network name to attach to")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = main_parser().parse_args(argv[1:] if argv[:1] == ["--"] else argv)
     if os.geteuid() != 0:
         print("pycni demo: needs root (it creates network namespaces)", file=sys.stderr)
         return 1
+    for signum in STOP_SIGNALS:  # SIGINT too: cleaned up, and no traceback
+        signal.signal(signum, _stop)
     return run(args.conf_dir, args.network)
 
 

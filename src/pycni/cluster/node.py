@@ -743,8 +743,13 @@ def main(ns: argparse.Namespace) -> int:
             if ns.action == "remove":
                 if not ns.target:
                     raise invalid_config("pycni node remove needs the node's NAME")
-                found = remove_node(etcd, opts.etcd.prefix, ns.target)
-                print(f"node {ns.target}: {'removed' if found else 'not registered'}")
+                if not remove_node(etcd, opts.etcd.prefix, ns.target):
+                    sys.stderr.write(f"pycni: node {ns.target} is not registered under {opts.etcd.prefix} "
+                                     "(`pycni node status` lists the nodes)\n")
+                    return 1
+                # The registration is gone; an agent still running there writes it again at once.
+                print(f"node {ns.target}: removed; if its agent (`pycni node`) still runs on {ns.target} it "
+                      "registers the node again within seconds: stop the agent first to remove the node for good")
                 return 0
             lines, in_sync = status_lines(opts, etcd)
             print("\n".join(lines))

@@ -92,7 +92,17 @@ def parse_etcd_settings(section: Mapping[str, Any], label: str = "ipam") -> Etcd
     if out.key and not out.cert:
         raise invalid_config(f"invalid {label}.etcdKey",
                              "etcdKey needs etcdCert (the client certificate it belongs to)")
+    check_tls_files(out, (f"{label}.etcdCACert", f"{label}.etcdCert", f"{label}.etcdKey"))
     return out
+
+
+def check_tls_files(settings: EtcdSettings, labels: tuple[str, str, str]) -> None:
+    """Each TLS file given can be read: else code 7 naming its key (``labels``: CA, cert, key) and
+    path, before any connection (a bare FileNotFoundError from ssl names neither)."""
+    for label, path in zip(labels, (settings.ca_cert, settings.cert, settings.key), strict=True):
+        if path and not os.access(path, os.R_OK):
+            why = "no such file" if not os.path.exists(path) else "not readable by this user"
+            raise invalid_config(f"invalid {label}", f"{path}: {why}")
 
 
 def check_node_name(node: str, label: str) -> str:
@@ -154,8 +164,11 @@ def client(settings: EtcdSettings, timeout: float | None = None, *, one_shot: bo
     try:
         etcd = Etcd(settings.endpoints, timeout=budget, attempt_timeout=max(0.5, min(3.0, budget / 3)),
                     ca_cert=settings.ca_cert, cert=settings.cert, key=settings.key)
-    except (OSError, ValueError) as e:
-        raise invalid_config("cannot set up the etcd client", str(e)) from None
+    except (OSError, ValueError) as e:  # say, a file that is not PEM
+        files = ", ".join(f"{what} {path}" for what, path in (("CA", settings.ca_cert), ("certificate", settings.cert),
+                                                              ("key", settings.key)) if path)
+        raise invalid_config("cannot set up the etcd client", f"{e}" + (f" (TLS files: {files})" if files else "")
+                             ) from None
     if one_shot:
         etcd.deadline = time.monotonic() + budget
     return etcd
@@ -178,6 +191,8 @@ def etcd_settings_from_args(ns: Any, timeout: float = DEFAULT_TIMEOUT) -> EtcdSe
     if not endpoints:
         raise invalid_config("--etcd-endpoints is required", "e.g. --etcd-endpoints http://10.0.0.1:2379 (or set "
                              "PYCNI_ETCD_ENDPOINTS)")
-    return EtcdSettings(endpoints=check_endpoints(endpoints, "--etcd-endpoints"),
-                        prefix=check_prefix(ns.etcd_prefix or DEFAULT_PREFIX, "--etcd-prefix"),
-                        timeout=timeout, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert, key=ns.etcd_key)
+    out = EtcdSettings(endpoints=check_endpoints(endpoints, "--etcd-endpoints"),
+                       prefix=check_prefix(ns.etcd_prefix or DEFAULT_PREFIX, "--etcd-prefix"),
+                       timeout=timeout, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert, key=ns.etcd_key)
+    check_tls_files(out, ("--etcd-ca-cert", "--etcd-cert", "--etcd-key"))
+    return out

@@ -19,10 +19,20 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _socket_path(text: str) -> str:
+    """The socket must be where the plugin shims look for it: an absolute path (as install-plugins
+    --socket requires), short enough for sun_path."""
+    if not os.path.isabs(text) or "\n" in text or "\0" in text or len(text.encode()) > 107:
+        raise argparse.ArgumentTypeError(f"{text!r}: the daemon's socket must be an absolute path of at most "
+                                         "107 bytes on one line (the plugin shims find it by that path)")
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The daemon's options (shared by ``pycni daemon`` and ``python -m pycni.daemon``)."""
     env_socket = os.environ.get("PYCNI_SOCKET", "")
-    parser.add_argument("--socket", default=env_socket if env_socket not in ("", "off") else DEFAULT_SOCKET,
+    parser.add_argument("--socket", type=_socket_path,
+                        default=env_socket if env_socket not in ("", "off") else DEFAULT_SOCKET,
                         help="unix socket to listen on (default: $PYCNI_SOCKET or %(default)s)")
     parser.add_argument("--log-file", help="log here instead of stderr")
     parser.add_argument("--debug", action="store_true", help="log every request with its duration")

@@ -13,7 +13,6 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from pycni.lockfile import flocked
 from pycni.net.tools import ToolTimeout, find_tool, run_tool
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
 
@@ -39,15 +38,19 @@ class IptablesError(CNIError):
         return "Chain already exists" in self.stderr
 
 
-# Our own lock for read-check-write sequences (e.g. "add the shared jump unless present"):
-# iptables' -w only makes single commands wait for each other.
-LOCK_PATH = "/run/pycni/iptables.lock"
-
-
 @contextmanager
-def locked(path: str = LOCK_PATH) -> Iterator[None]:
-    """Hold an exclusive flock across several iptables commands (threads and processes)."""
-    with flocked(path, create=True):
+def locked() -> Iterator[None]:
+    """Hold our lock across several iptables commands (threads and processes).
+
+    For read-check-write sequences (e.g. "add the shared jump unless present"): iptables' -w
+    only makes single commands wait for each other. iptables state is per network namespace,
+    so is the lock: :func:`pycni.net.netns.locked` on the calling thread's namespace, which
+    leaves no file on the machine (a lock file under /run/pycni was written by every masquerade
+    ADD, even one in a throwaway namespace).
+    """
+    from pycni.net import netns
+
+    with netns.locked():
         yield
 
 

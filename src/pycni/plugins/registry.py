@@ -61,6 +61,12 @@ def load(plugin_type: str) -> Plugin:
     return _module(plugin_type).PLUGIN  # type: ignore[no-any-return]
 
 
+def parser(plugin_type: str) -> Any:
+    """The plugin module's ``parse_conf(args)`` (None when it has none): what ``pycni validate``
+    runs to refuse what ADD would refuse, before anything is made."""
+    return getattr(_module(plugin_type), "parse_conf", None)
+
+
 def run_main(plugin_type: str) -> None:
     """The plugin module's own ``main()``: run by hand it describes itself; dhcp's serves ``daemon``."""
     _module(plugin_type).main()
@@ -73,6 +79,29 @@ def import_paths() -> list[str]:
     return [os.path.dirname(os.path.dirname(os.path.abspath(pycni.__file__)))]
 
 
+def checked_interpreter(python: str, paths: list[str]) -> str:
+    """``python`` as an absolute path, once it has imported pycni from ``paths`` as the executables
+    will; ValueError naming it and what failed otherwise (an executable baked with an interpreter
+    that cannot run would fail every call)."""
+    import shutil
+    import subprocess
+
+    found = shutil.which(python) if os.sep not in python else python
+    if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
+        raise ValueError(f"--python {python}: no such executable interpreter; give the path of the Python that "
+                         f"has pycni installed (this one is {sys.executable})")
+    found = os.path.abspath(found)
+    probe = f"import sys; sys.path[:0] = {paths!r}; import pycni.shim, pycni.skel"
+    try:
+        proc = subprocess.run([found, "-IS", "-c", probe], capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        raise ValueError(f"--python {found}: cannot run it: {e}") from None
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise ValueError(f"--python {found} cannot import pycni from {', '.join(paths)}: {why}")
+    return found
+
+
 class ForeignExecutable(Exception):
     """install() would replace executables that ``pycni install-plugins`` did not write."""
 
@@ -83,7 +112,7 @@ class ForeignExecutable(Exception):
 
 def install(target_dir: str, names: list[str] | None = None, python: str | None = None,
             daemon: bool = False, socket: str | None = None, force: bool = False,
-            forwarder: bool = True) -> list[str]:
+            forwarder: bool = True, check_python: bool = True) -> list[str]:
     """Write one executable per plugin type into ``target_dir`` (format: :mod:`pycni.shim`); return their paths.
 
     Executables answer VERSION in sh and otherwise run ``python -IS`` with an explicit
@@ -93,7 +122,9 @@ def install(target_dir: str, names: list[str] | None = None, python: str | None 
     With ``daemon`` and ``forwarder`` the native forwarder is built there too when a C compiler
     is at hand (:mod:`pycni.forwarder`): a call the daemon serves then starts no Python at all.
     Unknown names raise KeyError. A file in the way that is not one of ours (say a Go plugin)
-    raises ForeignExecutable before anything is written, unless ``force``.
+    raises ForeignExecutable before anything is written, unless ``force``. An interpreter given
+    as ``python`` must run this pycni (:func:`checked_interpreter`; ``check_python=False`` skips
+    that, for tests that bake in a stand-in).
     """
     from pycni import statefile
     from pycni.shim import executable_text, shim_type
@@ -113,6 +144,8 @@ def install(target_dir: str, names: list[str] | None = None, python: str | None 
         if foreign:
             raise ForeignExecutable(foreign)
     paths = import_paths()
+    if python is not None and check_python:
+        python = checked_interpreter(python, paths)
     os.makedirs(target_dir, exist_ok=True)
     fwd = None
     if daemon and forwarder:

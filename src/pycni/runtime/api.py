@@ -135,6 +135,11 @@ def _wrap(plugin: NetworkConfig, op: str, e: CNIError) -> CNIError:
     return CNIError(e.code, f"plugin {plugin.describe()} failed ({op}): {e.msg}", e.details, e.cni_version)
 
 
+def _reason(e: CNIError) -> tuple[int, str, str]:
+    """What went wrong, without the plugin and operation :func:`_wrap` put in front."""
+    return e.code, e.msg.partition(" failed (")[2].partition("): ")[2] or e.msg, e.details
+
+
 class CNI:
     """A CNI runtime: where configurations, plugins and the result cache live.
 
@@ -233,6 +238,10 @@ class CNI:
             self._cache(chain, rt, partial)  # so that DEL or GC can finish the clean-up later
         except CNIError:
             pass  # reported below; the cache is what failed in the first place
+        # A DEL refused for the ADD's own reason (the same bad config, say) adds nothing to it.
+        failures = [e for e in failures if _reason(e) != _reason(error)]
+        if not failures:
+            return error
         return CNIError(error.code, error.msg, "; ".join(
             [error.details] * bool(error.details)
             + [f"cleaning up after the failed ADD also failed: {e.msg}" for e in failures]), error.cni_version)

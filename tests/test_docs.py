@@ -1,0 +1,217 @@
+"""The README and docs/ say what the code does: their commands parse, and the runnable ones run.
+
+Every ``pycni ...`` line of every sh block in README.md and docs/*.md is parsed by pycni's own
+argument parser (an option that is renamed or dropped fails here); the README's namespace-safe
+example runs as written on this machine and must leave nothing behind; the plugin-install and
+CLI blocks run as written in a throwaway host (private mounts, its own network namespace).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import hostguard
+import pytest
+from netns_util import have_root
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+def sh_blocks(path: Path) -> list[str]:
+    """The sh blocks, and plain blocks that are a pycni synopsis (docs/api.md's)."""
+    text = path.read_text()
+    return re.findall(r"```sh\n(.*?)```", text, re.S) + re.findall(r"```\n(pycni .*?)```", text, re.S)
+
+
+def block(path: Path, marker: str) -> str:
+    (found,) = [b for b in sh_blocks(path) if marker in b]
+    return found
+
+
+def pycni_commands(script: str) -> list[list[str]]:
+    """The argv (after ``pycni``) of each pycni command in ``script``: joined continuation lines,
+    split at ; && || |, with `ip netns exec NS`, `env K=V` and paths in front of pycni dropped."""
+    found = []
+    text = script.replace("\\\n", " ")
+    for line in text.splitlines():
+        if line.lstrip().startswith(("{", '"')):  # a heredoc's JSON
+            continue
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        cmd: list[str] = []
+        redirect = False
+        for w in [*words, ";"]:
+            if redirect or re.fullmatch(r"\d?>>?&?\d?|<", w):  # a redirection and its target
+                redirect = w in (">", ">>", "<", "2>", "1>") and not redirect
+                continue
+            if w in (";", "&&", "||", "|", "&") or w.endswith(";"):
+                if w.endswith(";") and w != ";":
+                    cmd.append(w[:-1])
+                while cmd:
+                    if cmd[:3] == ["ip", "netns", "exec"]:
+                        cmd = cmd[4:]
+                    elif cmd[0] == "env" or ("=" in cmd[0] and not cmd[0].startswith("-")):
+                        cmd = cmd[1:]
+                    else:
+                        break
+                if cmd and os.path.basename(cmd[0]) == "pycni":
+                    found.append(_synopsis_example(cmd[1:]))
+                cmd = []
+            else:
+                cmd.append(w)
+    return found
+
+
+def _synopsis_example(argv: list[str]) -> list[str]:
+    """A usage line made an example: optional ``[...]`` parts dropped, ``a|b`` taken as ``a``."""
+    out, depth, alternative = [], 0, 0  # alternative: 1 in a (a | b) group's first branch, 2 after it
+    for w in argv:
+        if not w.startswith("[") and not depth:
+            w = re.sub(r"\[.*\]$", "", w)  # URL[,URL...]
+        depth += w.count("[") - w.count("]") if w.startswith("[") or depth else 0
+        if depth or w.startswith("[") or w.endswith("]") or w == "...":
+            continue
+        if w.startswith("("):
+            alternative, w = 1, w[1:]
+        if alternative:
+            closes = w.endswith(")")
+            keep = alternative == 1 and w not in ("|", ")")
+            if w == "|":
+                alternative = 2
+            if closes:
+                alternative = 0
+            if not keep:
+                continue
+            w = w.rstrip(")")
+        out.append(w.split("|")[0] if "|" in w and not w.startswith("-") else w)
+    return out
+
+
+def test_every_pycni_command_in_the_docs_parses() -> None:
+    from pycni import demo
+    from pycni.cli import _parser
+
+    parser = _parser()
+    seen = 0
+    for doc in DOCS:
+        for script in sh_blocks(doc):
+            for argv in pycni_commands(script):
+                seen += 1
+                try:
+                    if argv[:1] == ["demo"]:
+                        demo_argv = argv[1:][1:] if argv[1:2] == ["--"] else argv[1:]
+                        demo.main_parser().parse_args(demo_argv)
+                    else:
+                        parser.parse_args(argv)
+                except SystemExit as e:
+                    pytest.fail(f"{doc.name}: `pycni {shlex.join(argv)}` is refused by pycni's parser ({e})")
+    assert seen > 20, seen
+
+
+def test_docs_use_no_sudo_and_name_scripts_that_exist() -> None:
+    """Debian has no sudo by default (everything here runs as root), and every script named exists."""
+    for doc in DOCS:
+        for script in sh_blocks(doc):
+            assert not re.search(r"(^|[;&|]\s*)sudo ", script, re.M), (doc.name, script)
+        for name in re.findall(r"(?:bash )?scripts/([\w.-]+)", doc.read_text()):
+            assert (REPO / "scripts" / name).exists(), (doc.name, name)
+
+
+@pytest.mark.skipif(not have_root(), reason="the example creates network namespaces: needs root")
+def test_namespace_safe_example_runs_as_written_and_leaves_nothing() -> None:
+    script = block(REPO / "README.md", "mktemp")
+    tag = f"pycni-t-doc{uuid.uuid4().hex[:6]}"  # not try-host/try-ctr: other runs may use them meanwhile
+    script = script.replace("try-host", f"{tag}-h").replace("try-ctr", f"{tag}-c")
+    links = {"links", "addresses", "routes", "ip rules"}
+    before = {k: v for k, v in hostguard.snapshot().items() if k.startswith("files") or k in links}
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}, cwd=REPO)
+    after = {k: v for k, v in hostguard.snapshot().items() if k.startswith("files") or k in links}
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 received" in proc.stdout, proc.stdout
+    assert hostguard.describe(before, after) == [], "the namespace-safe example changed the machine"
+    assert tag not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.skipif(not have_root(), reason="a throwaway host needs root")
+def test_install_and_cli_blocks_run_in_a_throwaway_host(tmp_path: Path) -> None:
+    """README's "As plugins for any runtime" then "The CLI" blocks, as written, from the clone, on
+    a host whose /opt/cni, /var/lib/cni and /run are scratch (they write there)."""
+    from runtime_host import RuntimeHost
+
+    readme = REPO / "README.md"
+    script = "\n".join([f"cd {shlex.quote(str(REPO))}", block(readme, "# every plugin"),
+                        block(readme, "pycni list")])
+    # .venv/bin/pycni in the blocks is the clone's venv: this test's interpreter may live elsewhere
+    script = script.replace(".venv/bin/pycni", f"{VENV_BIN}/pycni")
+    host = RuntimeHost(tmp_path)
+    try:
+        proc = host.run(["bash", "-euo", "pipefail", "-c", script], check=False, timeout=300,
+                        env={"PATH": f"{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"})
+    finally:
+        host.close()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert '"cniVersion": "1.0.0"' in proc.stdout and "pycni-demo  cniVersion=1.0.0" in proc.stdout, proc.stdout
+    assert "is valid" in proc.stdout, proc.stdout
+
+
+def test_readme_names_every_package_setup_installs() -> None:
+    setup = (REPO / "scripts" / "setup").read_text()
+    packages = " ".join(re.findall(r"^\s*APT_PACKAGES\+?=\(([^)]*)\)", setup, re.M)).split()
+    assert "podman" in packages and "iproute2" in packages, packages
+    readme = (REPO / "README.md").read_text()
+    assert [p for p in packages if p not in readme] == []
+
+
+def test_cluster_demo_help_offers_only_what_it_takes() -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "cluster_demo.py"), "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and "--keep" not in proc.stdout and "--mode" in proc.stdout, proc
+
+
+@pytest.mark.skipif(not have_root(), reason="a throwaway host needs root")
+def test_daemon_block_runs_in_a_throwaway_host(tmp_path: Path) -> None:
+    """docs/daemon.md's first two lines as written: shims into /opt/cni/bin, then `pycni daemon` in
+    the foreground on its default socket, which the shims then use; SIGTERM stops it cleanly.
+    (The third line writes /var/log, which a throwaway host does not make private: parsed only.)"""
+    import json
+    import signal
+    import time
+
+    from runtime_host import RuntimeHost
+
+    install, daemon = [line.split("#")[0].strip() for line in block(REPO / "docs" / "daemon.md",
+                                                                     "pycni daemon").splitlines()[:2]]
+    assert install.startswith("pycni install-plugins") and daemon == "pycni daemon"
+    env = {"PATH": f"{VENV_BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    host = RuntimeHost(tmp_path)
+    try:
+        host.run(["sh", "-c", install], env=env)
+        served = host.popen(["sh", "-c", f"echo $$ > /run/doc-daemon.pid; exec {daemon}"], tmp_path / "daemon.log",
+                            env=env)
+        deadline = time.monotonic() + 120
+        while host.run(["test", "-S", "/run/pycni/pycni.sock"], check=False).returncode != 0:
+            assert served.poll() is None and time.monotonic() < deadline, (tmp_path / "daemon.log").read_text()
+            time.sleep(0.1)
+        conf = json.dumps({"cniVersion": "1.0.0", "name": "docnet", "ipam": {
+            "type": "host-local", "subnet": "10.66.0.0/24", "dataDir": "/run/doc-ipam"}})
+        call = dict(env, CNI_COMMAND="ADD", CNI_CONTAINERID="doc1", CNI_NETNS="/nonexistent", CNI_IFNAME="eth0",
+                    CNI_PATH="/opt/cni/bin")
+        added = host.run(["/opt/cni/bin/host-local"], input=conf, env=call)
+        assert json.loads(added.stdout)["ips"][0]["address"] == "10.66.0.2/24"
+        host.run(["/opt/cni/bin/host-local"], input=conf, env=dict(call, CNI_COMMAND="DEL"))
+        # the daemon itself (nsenter, the Popen, waits for it and exits with its status)
+        host.run(["sh", "-c", f"kill -{signal.SIGTERM.name[3:]} $(cat /run/doc-daemon.pid)"])
+        assert served.wait(timeout=60) == 0, (tmp_path / "daemon.log").read_text()
+    finally:
+        host.close()
