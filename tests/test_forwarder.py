@@ -81,7 +81,8 @@ def test_served_call_starts_no_python(tmp_path: Path, netns_factory: Callable[[]
     fake = tmp_path / "fake-python"
     fake.write_text(f"#!/bin/sh\necho \"$@\" >> {marker}\nexit 3\n")
     fake.chmod(0o755)
-    (exe,) = install(str(tmp_path / "bin"), ["host-local"], python=str(fake), daemon=True)
+    (exe,) = install(str(tmp_path / "bin"), ["host-local"], python=str(fake), daemon=True,
+                     check_python=False)  # a stand-in that proves no Python starts
     host, sock = netns_factory(), str(tmp_path / "d.sock")
     with daemon_in_thread(sock):
         code, out, _ = _run(host, exe, _conf(tmp_path), _env(str(tmp_path / "bin"), sock))
