@@ -24,7 +24,7 @@ from pycni import netconf
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
-from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError, invalid_config
+from pycni.spec.errors import INVALID_CONFIG, PLUGIN_SPECIFIC, CNIError
 from pycni.spec.types import IPAddress, IPConfig, Result
 from pycni.spec.validate import IFNAMSIZ
 
@@ -77,6 +77,8 @@ def parse_conf(args: CmdArgs) -> SbrConf:
         raise CNIError(INVALID_CONFIG, f"invalid vrfname {vrf!r}", "vrfname must be a valid interface name")
     conf.vrfname = vrf
     if args.command == "ADD" and conf.prev is None:
+        from pycni.spec.errors import invalid_config
+
         raise invalid_config("This plugin must be called as chained plugin",  # the reference's words
                              "sbr needs the result of the plugins before it (prevResult): list it after "
                              "the interface plugin in a conflist")
