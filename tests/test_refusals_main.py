@@ -28,9 +28,7 @@ def snapshot(ns: Namespace) -> dict[str, Any]:
         "links": sorted((x["ifname"], "UP" in x.get("flags", []), x.get("ifalias", ""),
                          tuple(sorted(f"{a['local']}/{a['prefixlen']}" for a in x.get("addr_info", []))))
                         for x in links),
-        # without "linkdown": a port joining and leaving settles a bridge's carrier, which a new
-        # bridge with no port may still have on (the kernel's state, not a change the plugin made)
-        "routes": ns.run(["ip", "route", "show", "table", "all"]).stdout.replace(" linkdown", ""),
+        "routes": ns.run(["ip", "route", "show", "table", "all"]).stdout,
         "forward": ns.run(["sysctl", "-n", "net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"]).stdout,
         "nft": ns.run(["nft", "list", "ruleset"], check=False).stdout,
     }
