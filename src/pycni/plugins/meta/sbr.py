@@ -78,8 +78,6 @@ def parse_conf(args: CmdArgs) -> SbrConf:
         raise invalid_config(f"invalid vrfname {vrf!r}", "vrfname must be a valid interface name")
     conf.vrfname = vrf
     if args.command == "ADD" and conf.prev is None:
-        from pycni.spec.errors import invalid_config
-
         raise invalid_config("This plugin must be called as chained plugin",  # the reference's words
                              "sbr needs the result of the plugins before it (prevResult): list it after "
                              "the interface plugin in a conflist")
