@@ -48,9 +48,11 @@ def locked() -> Iterator[None]:
     leaves no file on the machine (a lock file under /run/pycni was written by every masquerade
     ADD, even one in a throwaway namespace).
     """
-    from pycni.net import netns
+    from pycni.lockfile import flocked
 
-    with netns.locked():
+    # netns.locked()'s lock, taken without importing the namespace module: a DEL that finds
+    # nothing to remove (containerd's RemovePodSandbox, no netns) loads no namespace code
+    with flocked("/proc/thread-self/ns/net"):
         yield
 
 
