@@ -129,3 +129,32 @@ def test_a_daemon_that_fails_mid_request_is_error_11(bins: dict[str, str], tmp_p
         err = json.loads(out)
         assert code == 1 and err["code"] == 11 and err["msg"] == "pycni daemon failed while serving the request"
         assert "PYCNI_SOCKET=off" in err["details"]
+
+
+def test_daemon_gone_mid_request_is_error_json(bins: dict[str, str], tmp_path: Path) -> None:
+    """A daemon that accepts and closes before reading a large request (killed mid-call): the
+    forwarder answers the spec's error JSON, code 11, as the Python shim does — it is not killed
+    by SIGPIPE with nothing printed."""
+    path = str(tmp_path / "gone.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(8)
+
+    def close_at_once() -> None:
+        for _ in range(2):
+            conn, _ = srv.accept()
+            conn.close()
+
+    t = threading.Thread(target=close_at_once)
+    t.start()
+    try:
+        big = json.dumps({"cniVersion": "1.0.0", "name": "gone", "pad": "x" * (4 << 20)}).encode()
+        answers = {kind: subprocess.run([exe], input=big, env=_env(os.path.dirname(exe), path),
+                                        capture_output=True, timeout=60) for kind, exe in bins.items()}
+    finally:
+        t.join(30)
+        srv.close()
+    for kind, proc in answers.items():
+        assert proc.returncode == 1, (kind, proc.returncode, proc.stderr)
+        doc = json.loads(proc.stdout)
+        assert doc["code"] == 11 and doc["msg"] == "pycni daemon failed while serving the request", (kind, doc)

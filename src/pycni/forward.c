@@ -77,9 +77,11 @@ static void put_field(struct buf *b, const void *data, size_t n) {
     put(b, data, n);
 }
 
-static int write_all(int fd, const char *p, size_t n) {
+/* To the daemon with MSG_NOSIGNAL: a daemon that died mid-request must give the error JSON
+ * (code 11, as the Python shim answers), not kill this process with SIGPIPE and print nothing. */
+static int write_all(int fd, const char *p, size_t n, int sock) {
     while (n) {
-        ssize_t w = write(fd, p, n);
+        ssize_t w = sock ? send(fd, p, n, MSG_NOSIGNAL) : write(fd, p, n);
         if (w < 0) {
             if (errno == EINTR) continue;
             return -1;
@@ -146,7 +148,7 @@ int main(int argc, char **argv) {
     uint32_t len = (uint32_t)(body.n - 4);
     unsigned char *hdr = (unsigned char *)body.p;
     hdr[0] = len >> 24, hdr[1] = len >> 16, hdr[2] = len >> 8, hdr[3] = len;
-    if (write_all(s, body.p, body.n) < 0) fail("OSError: sending the request", errno);
+    if (write_all(s, body.p, body.n, 1) < 0) fail("OSError: sending the request", errno);
 
     unsigned char h[4];
     if (read_exact(s, (char *)h, 4) < 0) fail("ConnectionError: reading the reply", errno);
@@ -175,7 +177,7 @@ int main(int argc, char **argv) {
     char *end;
     long status = strtol(code, &end, 10);
     if (*end) fail("ValueError: malformed exit code", 0);
-    if (fl[1]) write_all(1, (const char *)f[1], fl[1]);
-    if (fl[2]) write_all(2, (const char *)f[2], fl[2]);
+    if (fl[1]) write_all(1, (const char *)f[1], fl[1], 0);
+    if (fl[2]) write_all(2, (const char *)f[2], fl[2], 0);
     return (int)(status & 0xff);
 }
