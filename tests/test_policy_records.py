@@ -209,3 +209,57 @@ def test_member_sets_reused_when_only_policies_change() -> None:
         got = compile_node("n1", eps, pols, namespaces, memo, members_from=have)
         assert got == compile_node("n1", eps, pols, namespaces), step
         have = got
+
+
+def test_policy_patch_equals_full_compile() -> None:
+    """patch_policies (the agent's path for policy changes) gives exactly what a compile from
+    nothing gives, over a random walk of policies created, replaced and deleted — one or several
+    at a time, interleaved with pods appearing (patch_node) as the agent interleaves them, each
+    step starting from the previous step's patched result and memo."""
+    import ipaddress
+    import random
+
+    from policy_cases import CASES, policies_text
+
+    from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_node, patch_policies
+    from pycni.cluster.policy.evaluate import Workload
+    from pycni.cluster.policy.model import NetworkPolicy, parse_policies
+
+    rnd = random.Random(25)
+    addrs = {f"{n}/{p}": f"10.90.{i}.{j}" for i, n in enumerate("xyz") for j, p in enumerate("abc")}
+    pool: list[NetworkPolicy] = [p for c in CASES for p in parse_policies(policies_text(c, addrs))]
+    namespaces = {ns: {"ns": ns} for ns in "xyz"}
+
+    def make(i: int) -> Endpoint:
+        labels = {"pod": rnd.choice("abcq")} | ({"other": "1"} if rnd.random() < 0.2 else {})
+        ips = (ipaddress.ip_address("10.90.0.1") + i, ipaddress.ip_address("fd90::1") + i)
+        ports = {(f"serve-{p}-{pr.lower()}", pr): p for p in (80, 81) for pr in ("TCP", "UDP") if rnd.random() < 0.7}
+        w = Workload(rnd.choice("xyz"), f"p{i}", labels, ips, ports, node=rnd.choice(["n1", "n2"]))
+        return Endpoint(w, f"rtd{i:012x}", "net", rnd.random() < 0.1)
+
+    eps = [make(i) for i in range(40)]
+    policies: dict[str, NetworkPolicy] = {}
+    memo = Memo()
+    have = compile_node("n1", eps, [], namespaces, memo)
+    patched = 0
+    for step in range(300):
+        if rnd.random() < 0.1:  # a pod appears, as the agent's endpoint fast path adds it
+            new = make(100 + step)
+            got = patch_node("n1", have, [(None, new)], policies.values(), namespaces)
+            eps.append(new)
+            have = got if got is not None else compile_node("n1", eps, policies.values(), namespaces, memo)
+            continue
+        spaces = set()
+        for _ in range(rnd.choice((1, 1, 1, 2, 5))):
+            p = rnd.choice(pool)
+            if p.key in policies and rnd.random() < 0.4:
+                del policies[p.key]
+            else:
+                policies[p.key] = p
+            spaces.add(p.namespace)
+        got = patch_policies("n1", have, spaces, eps, policies.values(), namespaces, memo)
+        assert got == compile_node("n1", eps, policies.values(), namespaces), f"step {step}: {sorted(spaces)}"
+        assert set(got.sets) == set(compile_node("n1", eps, policies.values(), namespaces).sets)
+        patched += 1
+        have = got
+    assert patched > 200 and len(have.chains) > 10, (patched, len(have.chains))

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pycni.cluster.model import Keys, NodeInfo, PodMeta, WorkloadEndpoint
-from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_node
+from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_node, patch_policies
 from pycni.cluster.policy.evaluate import Cluster, Workload
 from pycni.cluster.policy.model import NetworkPolicy, PolicyError, parse_policy
 from pycni.cluster.policy.nftsync import Programmer
@@ -133,6 +133,10 @@ class PolicyView:
         self._compiled = fresh
         return out
 
+    def current_endpoints(self) -> list[Endpoint]:
+        """The endpoints as last compiled (:meth:`compiled_endpoints`), when no record changed since."""
+        return [hit[2] for hit in self._compiled.values()]
+
     def namespace_labels(self) -> dict[str, dict[str, str]]:
         names = {ep.namespace for ep in self.endpoints.values()} | set(self.namespaces)
         return {ns: dict(self.namespaces[ns].labels) if ns in self.namespaces else {} for ns in names}
@@ -171,6 +175,7 @@ class PolicyEnforcer:
         self.dirty = True
         self.only_endpoints = False  # every change since the last apply was an endpoint's or a pod's
         self.members_changed = True  # an endpoint, pod or namespace changed since the last apply
+        self.policy_spaces: set[str] | None = set()  # namespaces of the policies changed since, when only those
         self.patched = self.compiled = 0  # how updates were computed (incrementally / in full)
 
     def load(self, kv: Any) -> None:
@@ -182,6 +187,7 @@ class PolicyEnforcer:
         self.dirty = True
         self.only_endpoints = False
         self.members_changed = True
+        self.policy_spaces = None
 
     def event(self, kind: str, key: str, value: str) -> bool:
         touched = self.view.delete(key) if kind == "DELETE" else self.view.put(key, value)
@@ -193,6 +199,10 @@ class PolicyEnforcer:
             if kind_of == "node":
                 return False  # (nodes matter to `policy why`, not to the dataplane)
             self.only_endpoints = (self.only_endpoints or not self.dirty) and kind_of in ("endpoint", "pod")
+            if kind_of == "policy" and parsed is not None and (self.policy_spaces is not None or not self.dirty):
+                self.policy_spaces = {*(self.policy_spaces or ()), parsed.namespace}
+            else:
+                self.policy_spaces = None
             self.members_changed |= kind_of != "policy"
             self.dirty = True
         return touched
@@ -204,11 +214,18 @@ class PolicyEnforcer:
 
         if not self.dirty:
             return True
-        before = self.view._compiled
-        eps = self.view.compiled_endpoints()
         want = None
         have = self.programmer.applied
-        if self.only_endpoints and have is not None:
+        if self.policy_spaces is not None and have is not None:
+            try:  # policies alone changed: judge again only the local pods of their namespaces
+                want = patch_policies(self.me, have, self.policy_spaces, self.view.current_endpoints(),
+                                      self.view.policies.values(), self.view.namespace_labels(), self.memo)
+            except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
+                self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
+                want = None
+        before = self.view._compiled
+        eps = self.view.compiled_endpoints() if want is None else []
+        if self.only_endpoints and have is not None and want is None:
             after = self.view._compiled
             changes = [(before[k][2] if k in before else None, after[k][2] if k in after else None)
                        for k in set(before) | set(after)
@@ -231,6 +248,7 @@ class PolicyEnforcer:
             self.log(f"FAILED policy update: {e.msg}: {e.details}")
             return False
         self.dirty = self.only_endpoints = self.members_changed = False
+        self.policy_spaces = set()
         if script:
             n = script.count("\n")
             self.log(f"policy: {'table rebuilt' if rebuilding else 'updated'} ({n} commands; "
