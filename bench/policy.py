@@ -55,6 +55,16 @@ def log(msg: str) -> None:
     sys.stderr.write(f"[policy bench {time.strftime('%H:%M:%S')}] {msg}\n")
 
 
+def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
+    """User + system CPU the agents have used so far (``ip netns exec`` execs the agent: same pid)."""
+    total = 0
+    for p in procs:
+        with open(f"/proc/{p.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
@@ -129,6 +139,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--iperf", type=int, default=100)
     opts = ap.parse_args()
+    log(f"load average at the start: {os.getloadavg()[0]:.2f}")
     tmp = tempfile.mkdtemp(prefix="po-bench-")
     from pycni.plugins.registry import install
 
@@ -199,6 +210,7 @@ def main() -> int:
 
             # (A) enforcement latency
             lat = []
+            cpu0 = cpu_seconds(agents)
             for t in range(opts.trials):
                 p = policy(f"trial{t}", "bench", {"bench": "all"}, {"role": f"nobody{t}"})
                 chain = policy_chain(parse_policy(p), "Ingress")
@@ -208,7 +220,9 @@ def main() -> int:
                 etcd.put(KEYS.policy("bench", f"trial{t}"), json.dumps(p))
                 lat.append(max(m.wait_for(f"add chain inet pycni_policy {chain}") for m in monitors) - start)
             rows += [("(A) enforcement, all 3 nodes, p50", statistics.median(lat), "s"),
-                     ("(A) enforcement, all 3 nodes, p99", pct(lat, 0.99), "s")]
+                     ("(A) enforcement, all 3 nodes, p99", pct(lat, 0.99), "s"),
+                     ("(A) agent CPU per policy change, 3 agents together", (cpu_seconds(agents) - cpu0) / opts.trials,
+                      "s")]
             etcd.delete_prefix(KEYS.policy("bench", "trial"))
             settle(monitors)
 
@@ -216,6 +230,7 @@ def main() -> int:
             new = []
             puts = []
             node = cluster.nodes[0]
+            cpu0 = cpu_seconds(agents[:1])
             for t in range(opts.trials):
                 iface = f"rtdn{t:011x}"
                 ep = WorkloadEndpoint(node=node.name, network="podnet", namespace=f"ns{t % 20}", pod=f"new{t}",
@@ -228,7 +243,8 @@ def main() -> int:
                 new.append(monitors[0].wait_for(f'covered {{ "{iface}" }}') - start)
             rows += [("(B) new pod's rules, p50", statistics.median(new), "s"),
                      ("(B) new pod's rules, p99", pct(new, 0.99), "s"),
-                     ("(B) of which the etcd write itself, p50", statistics.median(puts), "s")]
+                     ("(B) of which the etcd write itself, p50", statistics.median(puts), "s"),
+                     ("(B) node1's agent CPU per new pod", (cpu_seconds(agents[:1]) - cpu0) / opts.trials, "s")]
 
             # (C) throughput
             if shutil.which("iperf3"):
@@ -269,8 +285,10 @@ def main() -> int:
                 a.wait()
             for ns in namespaces:
                 ns.delete()
+    rows.append(("load average (1 min) at the end", os.getloadavg()[0], "load"))
     for name, value, unit in rows:
-        shown = f"{value * 1000:.1f} ms" if unit == "s" else f"{value:.2f} {unit}" if unit != "%" else f"{value:.1f} %"
+        shown = (f"{value * 1000:.1f} ms" if unit == "s" else f"{value:.1f} %" if unit == "%"
+                 else f"{value:.2f}" if unit == "load" else f"{value:.2f} {unit}")
         print(f"{name:60s} {shown}")
     return 0
 

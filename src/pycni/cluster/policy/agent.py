@@ -1,9 +1,11 @@
 """The node agent's policy half: a view of endpoints, pod and namespace metadata and policies
 kept from etcd, and the nftables it programs from them (``pycni node --policy``).
 
-The agent (:mod:`pycni.cluster.node`) hands every watch event here; an event that changes
-what this node enforces recomputes the desired objects (:func:`compile.compile_node`) and sends
-the difference as one transaction (:class:`nftsync.Programmer`). A full read (a broken watch,
+The agent (:mod:`pycni.cluster.node`) hands every watch event here; a batch of events that
+changes what this node enforces gives the desired objects — patched into the last state when the
+batch is endpoints and pod records only (:func:`compile.patch_node`) or policies only
+(:func:`compile.patch_policies`), compiled otherwise (:func:`compile.compile_node`) — and the
+difference goes out as one transaction (:class:`nftsync.Programmer`). A full read (a broken watch,
 the periodic resync) is diffed the same way; only the agent's start (and a transaction the
 kernel refused) rebuilds the table, atomically: the old rules hold until the new ones replace
 them, so a restarted agent never opens a window, and one that is down leaves its rules — and
