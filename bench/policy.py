@@ -274,6 +274,8 @@ def main() -> int:
                     settle(monitors)
                     (with_pol if with_policies else base).append(iperf())
                 b, w = statistics.median(base), statistics.median(with_pol)
+                log("(C) runs, Gbit/s: no policy " + " ".join(f"{x / 1e9:.2f}" for x in base)
+                    + f"; with {opts.iperf} policies " + " ".join(f"{x / 1e9:.2f}" for x in with_pol))
                 rows += [("(C) iperf3 no policy", b / 1e9, "Gbit/s"),
                          (f"(C) iperf3 with {opts.iperf} policies on the destination", w / 1e9, "Gbit/s"),
                          ("(C) ratio", 100 * w / b, "%")]

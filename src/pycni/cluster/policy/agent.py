@@ -39,6 +39,11 @@ class PolicyView:
         self.errors: dict[str, str] = {}  # key -> why its value was ignored
         # endpoint key -> (record, pod record, compiled) while neither record object is replaced
         self._compiled: dict[str, tuple[WorkloadEndpoint, PodMeta | None, Endpoint]] = {}
+        # what to look at again in refresh(): endpoint keys whose record or pod record changed
+        # (None: all of them, after a full read); and each pod's endpoint keys, to find them
+        self._dirty: set[str] | None = None
+        self._by_pod: dict[tuple[str, str], set[str]] = {}
+        self._ns_labels: dict[str, dict[str, str]] | None = None  # namespace_labels(), until it changes
 
     @property
     def prefixes(self) -> tuple[str, ...]:
@@ -51,11 +56,23 @@ class PolicyView:
 
         res = kv.txn([], [op_get(p, prefix=True) for p in self.prefixes])
         self.endpoints, self.pods, self.namespaces, self.policies, self.nodes = {}, {}, {}, {}, {}
-        self.errors = {}
+        self.errors, self._by_pod = {}, {}
         for kvs in res.responses:
             for item in kvs:
                 self.put(item.key, item.value)
+        self._dirty = self._ns_labels = None
         return int(res.revision)
+
+    def _endpoint_gone(self, key: str) -> None:
+        old = self.endpoints.pop(key, None)
+        if old is not None:
+            self._by_pod.get((old.namespace, old.pod), set()).discard(key)
+            self._ns_labels = None
+        self._touch([key])
+
+    def _touch(self, keys: Any) -> None:
+        if self._dirty is not None:
+            self._dirty.update(keys)
 
     def put(self, key: str, value: str) -> bool:
         """Apply a key's new value; True when it is one policy reads."""
@@ -65,15 +82,20 @@ class PolicyView:
         self.errors.pop(key, None)
         if parsed.kind == "endpoint":
             ep = WorkloadEndpoint.from_json(value)
+            self._endpoint_gone(key)
             if ep is None:
                 self.errors[key] = "not a workload endpoint"
-                self.endpoints.pop(key, None)
             else:
                 self.endpoints[key] = ep
+                self._by_pod.setdefault((ep.namespace, ep.pod), set()).add(key)
+                if self._ns_labels is not None and ep.namespace not in self._ns_labels:
+                    self._ns_labels = None
         elif parsed.kind == "pod":
             self.pods[(parsed.namespace, parsed.name)] = PodMeta.from_json(value)
+            self._touch(self._by_pod.get((parsed.namespace, parsed.name), ()))
         elif parsed.kind == "namespace":
             self.namespaces[parsed.namespace] = PodMeta.from_json(value)
+            self._ns_labels = None
         elif parsed.kind == "policy":
             try:
                 pol = parse_policy(json.loads(value))
@@ -97,11 +119,13 @@ class PolicyView:
             return False
         self.errors.pop(key, None)
         if parsed.kind == "endpoint":
-            self.endpoints.pop(key, None)
+            self._endpoint_gone(key)
         elif parsed.kind == "pod":
             self.pods.pop((parsed.namespace, parsed.name), None)
+            self._touch(self._by_pod.get((parsed.namespace, parsed.name), ()))
         elif parsed.kind == "namespace":
             self.namespaces.pop(parsed.namespace, None)
+            self._ns_labels = None
         elif parsed.kind == "policy":
             self.policies.pop((parsed.namespace, parsed.name), None)
         elif parsed.kind == "node":
@@ -120,28 +144,40 @@ class PolicyView:
         ips = tuple(ipaddress.ip_interface(n).ip for n in ep.ip_networks)
         return Workload(ep.namespace, ep.pod, labels, ips, ports, node=ep.node)
 
+    def refresh(self) -> list[tuple[Endpoint | None, Endpoint | None]]:
+        """Bring the compiled endpoints up to date with the records; the (old, new) pairs that
+        changed. Only the endpoints whose record or pod record changed are looked at (all of
+        them after a full read), so a new pod costs the same among ten or ten thousand."""
+        keys = self.endpoints.keys() | self._compiled.keys() if self._dirty is None else self._dirty
+        changes: list[tuple[Endpoint | None, Endpoint | None]] = []
+        for key in keys:
+            hit = self._compiled.get(key)
+            ep = self.endpoints.get(key)
+            if ep is None:
+                if hit is not None:
+                    del self._compiled[key]
+                    changes.append((hit[2], None))
+                continue
+            meta = self.pods.get((ep.namespace, ep.pod))
+            if hit is None or hit[0] is not ep or hit[1] is not meta:
+                new = (ep, meta, Endpoint(self.workload(ep), ep.interface_name, ep.network,
+                                          ep.default_policy == "deny"))
+                self._compiled[key] = new
+                changes.append((hit[2] if hit is not None else None, new[2]))
+        self._dirty = set()
+        return changes
+
     def compiled_endpoints(self) -> list[Endpoint]:
         """Every endpoint as the compiler takes it (rebuilt only for records that changed)."""
-        out = []
-        fresh: dict[str, tuple[WorkloadEndpoint, PodMeta | None, Endpoint]] = {}
-        for key, ep in self.endpoints.items():
-            meta = self.pods.get((ep.namespace, ep.pod))
-            hit = self._compiled.get(key)
-            if hit is None or hit[0] is not ep or hit[1] is not meta:
-                hit = (ep, meta, Endpoint(self.workload(ep), ep.interface_name, ep.network,
-                                          ep.default_policy == "deny"))
-            fresh[key] = hit
-            out.append(hit[2])
-        self._compiled = fresh
-        return out
-
-    def current_endpoints(self) -> list[Endpoint]:
-        """The endpoints as last compiled (:meth:`compiled_endpoints`), when no record changed since."""
+        self.refresh()
         return [hit[2] for hit in self._compiled.values()]
 
     def namespace_labels(self) -> dict[str, dict[str, str]]:
-        names = {ep.namespace for ep in self.endpoints.values()} | set(self.namespaces)
-        return {ns: dict(self.namespaces[ns].labels) if ns in self.namespaces else {} for ns in names}
+        if self._ns_labels is None:
+            names = {ep.namespace for ep in self.endpoints.values()} | set(self.namespaces)
+            self._ns_labels = {ns: dict(self.namespaces[ns].labels) if ns in self.namespaces else {}
+                               for ns in names}
+        return self._ns_labels
 
     def cluster(self) -> tuple[Cluster, dict[str, Workload]]:
         """The evaluator's input, and each workload by NS/POD (one per pod: its first attachment)."""
@@ -218,27 +254,23 @@ class PolicyEnforcer:
             return True
         want = None
         have = self.programmer.applied
+        changes = self.view.refresh()
         if self.policy_spaces is not None and have is not None:
             try:  # policies alone changed: judge again only the local pods of their namespaces
-                want = patch_policies(self.me, have, self.policy_spaces, self.view.current_endpoints(),
+                want = patch_policies(self.me, have, self.policy_spaces, self.view.compiled_endpoints(),
                                       self.view.policies.values(), self.view.namespace_labels(), self.memo)
             except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
                 self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
                 want = None
-        before = self.view._compiled
-        eps = self.view.compiled_endpoints() if want is None else []
         if self.only_endpoints and have is not None and want is None:
-            after = self.view._compiled
-            changes = [(before[k][2] if k in before else None, after[k][2] if k in after else None)
-                       for k in set(before) | set(after)
-                       if k not in before or k not in after or before[k][2] is not after[k][2]]
             try:
                 want = patch_node(self.me, have, changes, self.view.policies.values(), self.view.namespace_labels())
             except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
                 self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
                 want = None
         if want is None:
-            want = compile_node(self.me, eps, self.view.policies.values(), self.view.namespace_labels(), self.memo,
+            want = compile_node(self.me, self.view.compiled_endpoints(), self.view.policies.values(),
+                                self.view.namespace_labels(), self.memo,
                                 members_from=None if self.members_changed else have)
             self.compiled += 1
         else:
