@@ -14,6 +14,10 @@ kernel side is observed with ``nft monitor`` in each node (lines timestamped as 
 (B) New pod rules: an endpoint record for a pod of node1 is written; the time until node1's
     agent has added its interface to the ``covered`` set (its rules in the same transaction).
     p50/p99 over ``--trials``. Target: < 20 ms.
+(D) Where the time goes, in this process (no etcd, no other agents): one agent's view of the
+    same records (node1's share), fed the same kinds of change; the agent's computation per policy
+    change and per new pod (the patch paths), and the nftables transaction that follows, applied
+    in a throwaway namespace holding the whole table.
 (C) Throughput: iperf3 TCP from the pod on node2 to the pod on node1 (2 s), with no policy
     and with ``--iperf`` policies selecting the destination (one of which admits the source).
     Target: >= 95 % of the no-policy rate.
@@ -132,13 +136,96 @@ def policy(name: str, namespace: str, selector: dict[str, str], from_labels: dic
                                   "ports": [{"port": 5201}, {"port": "http"}]}]}}
 
 
+def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
+    """(D): the agent's compute and the nftables transaction, each timed alone."""
+    from pycni.cluster.policy.agent import PolicyEnforcer
+    from pycni.cluster.policy.nftsync import Programmer
+    from pycni.net import nft
+
+    scripts: list[str] = []
+
+    class Recorder(Programmer):
+        def apply(self, want: Any) -> str:  # the script only: it is timed in the kernel below
+            from pycni.cluster.policy.nftsync import diff_script, full_script
+
+            script = full_script(want) if self.applied is None else diff_script(self.applied, want)
+            self.applied = want
+            scripts.append(script)
+            return script
+
+    enf = PolicyEnforcer(KEYS, "node1", lambda m: None)
+    enf.programmer = Recorder()
+    for k in range(opts.endpoints):
+        node, ns = f"node{k % 3 + 1}", f"ns{k % 20}"
+        ep = WorkloadEndpoint(node=node, network="podnet", namespace=ns, pod=f"p{k}", container_id=f"fake{k}",
+                              ifname="eth0", interface_name=f"rtdf{k:011x}",
+                              ip_networks=[f"{ipaddress.ip_address('10.95.0.0') + k}/32"])
+        enf.event("PUT", KEYS.endpoint(node, "podnet", f"fake{k}", "eth0"), ep.to_json())
+        enf.event("PUT", KEYS.pod(ns, f"p{k}"), PodMeta(labels={"app": f"app{k % 50}", "tier": ["web", "db"][k % 2]},
+                                                       ports=[("http", 8080, "TCP")]).to_json())
+    for i in range(3):
+        enf.event("PUT", KEYS.pod("bench", f"real{i}"),
+                  PodMeta(labels={"bench": "all", "role": f"real{i}"}, ports=[("http", 80, "TCP")]).to_json())
+        ep = WorkloadEndpoint(node=f"node{i + 1}", network="podnet", namespace="bench", pod=f"real{i}",
+                              container_id=f"real{i}", ifname="eth0", interface_name=f"rtdr{i:011x}",
+                              ip_networks=[f"10.94.0.{i + 1}/32"])
+        enf.event("PUT", KEYS.endpoint(f"node{i + 1}", "podnet", f"real{i}", "eth0"), ep.to_json())
+    for j in range(opts.policies):
+        p = policy(f"pol{j}", f"ns{j % 20}", {"app": f"app{j % 50}"}, {"tier": "web"})
+        enf.event("PUT", KEYS.policy(p["metadata"]["namespace"], p["metadata"]["name"]), json.dumps(p))
+    t0 = time.perf_counter()
+    enf.apply()
+    initial = time.perf_counter() - t0
+    pol_cpu: list[float] = []
+    for t in range(opts.trials):
+        p = policy(f"trial{t}", "bench", {"bench": "all"}, {"role": f"nobody{t}"})
+        t0 = time.perf_counter()
+        enf.event("PUT", KEYS.policy("bench", f"trial{t}"), json.dumps(p))
+        enf.apply()
+        pol_cpu.append(time.perf_counter() - t0)
+    pod_cpu: list[float] = []
+    for t in range(opts.trials):
+        ep = WorkloadEndpoint(node="node1", network="podnet", namespace=f"ns{t % 20}", pod=f"new{t}",
+                              container_id=f"new{t}", ifname="eth0", interface_name=f"rtdn{t:011x}",
+                              ip_networks=[f"{ipaddress.ip_address('10.96.0.0') + t}/32"])
+        t0 = time.perf_counter()
+        enf.event("PUT", KEYS.endpoint("node1", "podnet", f"new{t}", "eth0"), ep.to_json())
+        enf.apply()
+        pod_cpu.append(time.perf_counter() - t0)
+    full = enf.compiled - 1  # (every change after the first should take a patch path)
+    ns = new_namespace("po-bench-nft")
+    times: list[float] = []
+    try:
+        with ns.enter():
+            nft.use_library()  # as the agent runs it
+            nft.run(scripts[0])
+            for script in scripts[1:]:
+                t0 = time.perf_counter()
+                nft.run(script)
+                times.append(time.perf_counter() - t0)
+    finally:
+        ns.delete()
+    n = opts.trials
+    return [("(D) agent compute, initial full compile (node1)", initial, "s"),
+            ("(D) agent compute per policy change, p50", statistics.median(pol_cpu), "s"),
+            ("(D) agent compute per new pod, p50", statistics.median(pod_cpu), "s"),
+            ("(D) nft transaction per policy change, p50", statistics.median(times[:n]), "s"),
+            ("(D) nft transaction per new pod, p50", statistics.median(times[n:]), "s"),
+            ("(D) changes that compiled the node in full (of 2 x trials)", full, "n")]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policies", type=int, default=1000)
     ap.add_argument("--endpoints", type=int, default=1000)
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--iperf", type=int, default=100)
+    ap.add_argument("--in-process-only", action="store_true", help="(D) only")
     opts = ap.parse_args()
+    if opts.in_process_only:
+        for name, value, unit in in_process(opts):
+            print(f"{name:60s} {value:.0f}" if unit == "n" else f"{name:60s} {value * 1000:.2f} ms")
+        return 0
     log(f"load average at the start: {os.getloadavg()[0]:.2f}")
     tmp = tempfile.mkdtemp(prefix="po-bench-")
     from pycni.plugins.registry import install
@@ -287,10 +374,11 @@ def main() -> int:
                 a.wait()
             for ns in namespaces:
                 ns.delete()
+    rows += in_process(opts)
     rows.append(("load average (1 min) at the end", os.getloadavg()[0], "load"))
     for name, value, unit in rows:
         shown = (f"{value * 1000:.1f} ms" if unit == "s" else f"{value:.1f} %" if unit == "%"
-                 else f"{value:.2f}" if unit == "load" else f"{value:.2f} {unit}")
+                 else f"{value:.2f}" if unit == "load" else f"{value:.0f}" if unit == "n" else f"{value:.2f} {unit}")
         print(f"{name:60s} {shown}")
     return 0
 
