@@ -266,8 +266,8 @@ def test_policy_patch_equals_full_compile() -> None:
 
 
 def test_agent_updates_equal_a_fresh_compile() -> None:
-    """The agent as it runs: random batches of watch events (endpoints, pod records, namespace
-    labels, policies; each batch of one kind or mixed) through PolicyEnforcer, whose fast paths
+    """The agent as it runs: random batches of watch events (endpoints and pod records, namespace
+    labels, policies; each batch of one kind — a patch path — or mixed) through PolicyEnforcer, whose fast paths
     look only at what the events touched; after every batch what it would program equals a
     compile of a fresh read of the same records."""
     import random
@@ -319,10 +319,11 @@ def test_agent_updates_equal_a_fresh_compile() -> None:
     enf.apply()
     LOG: list[object] = []  # the last batches, for the failure message
     for step in range(300):
-        kinds = rnd.choice(["policy", "endpoint", "any"])
+        kinds = rnd.choice(["policies", "endpoints", "namespaces", "any"])
         for _ in range(rnd.choice((1, 1, 2, 4))):
             kind, key, value = event()
-            while kinds != "any" and ("/policies/" in key) != (kinds == "policy"):
+            while kinds != "any" and (kinds == "endpoints") != ("/endpoints/" in key or "/pods/" in key) or \
+                    kinds in ("policies", "namespaces") and f"/{kinds}/" not in key:
                 kind, key, value = event()
             if kind == "DELETE":
                 kv.delete(key)

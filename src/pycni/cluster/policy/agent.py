@@ -3,8 +3,9 @@ kept from etcd, and the nftables it programs from them (``pycni node --policy``)
 
 The agent (:mod:`pycni.cluster.node`) hands every watch event here; a batch of events that
 changes what this node enforces gives the desired objects — patched into the last state when the
-batch is endpoints and pod records only (:func:`compile.patch_node`) or policies only
-(:func:`compile.patch_policies`), compiled otherwise (:func:`compile.compile_node`) — and the
+batch is endpoints and pod records only (:func:`compile.patch_node`), policies only
+(:func:`compile.patch_policies`) or namespace labels only (:func:`compile.patch_namespaces`),
+compiled otherwise (:func:`compile.compile_node`) — and the
 difference goes out as one transaction (:class:`nftsync.Programmer`). A full read (a broken watch,
 the periodic resync) is diffed the same way; only the agent's start (and a transaction the
 kernel refused) rebuilds the table, atomically: the old rules hold until the new ones replace
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pycni.cluster.model import Keys, NodeInfo, PodMeta, WorkloadEndpoint
-from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_node, patch_policies
+from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_namespaces, patch_node, patch_policies
 from pycni.cluster.policy.evaluate import Cluster, Workload
 from pycni.cluster.policy.model import NetworkPolicy, PolicyError, parse_policy
 from pycni.cluster.policy.nftsync import Programmer
@@ -214,6 +215,7 @@ class PolicyEnforcer:
         self.only_endpoints = False  # every change since the last apply was an endpoint's or a pod's
         self.members_changed = True  # an endpoint, pod or namespace changed since the last apply
         self.policy_spaces: set[str] | None = set()  # namespaces of the policies changed since, when only those
+        self.label_spaces: set[str] | None = set()  # namespaces whose labels changed since, when only those
         self.patched = self.compiled = 0  # how updates were computed (incrementally / in full)
 
     def load(self, kv: Any) -> None:
@@ -225,7 +227,7 @@ class PolicyEnforcer:
         self.dirty = True
         self.only_endpoints = False
         self.members_changed = True
-        self.policy_spaces = None
+        self.policy_spaces = self.label_spaces = None
 
     def event(self, kind: str, key: str, value: str) -> bool:
         touched = self.view.delete(key) if kind == "DELETE" else self.view.put(key, value)
@@ -237,10 +239,11 @@ class PolicyEnforcer:
             if kind_of == "node":
                 return False  # (nodes matter to `policy why`, not to the dataplane)
             self.only_endpoints = (self.only_endpoints or not self.dirty) and kind_of in ("endpoint", "pod")
-            if kind_of == "policy" and parsed is not None and (self.policy_spaces is not None or not self.dirty):
-                self.policy_spaces = {*(self.policy_spaces or ()), parsed.namespace}
-            else:
-                self.policy_spaces = None
+            for kind_, spaces in (("policy", "policy_spaces"), ("namespace", "label_spaces")):
+                if kind_of == kind_ and parsed is not None and (getattr(self, spaces) is not None or not self.dirty):
+                    setattr(self, spaces, {*(getattr(self, spaces) or ()), parsed.namespace})
+                else:
+                    setattr(self, spaces, None)
             self.members_changed |= kind_of != "policy"
             self.dirty = True
         return touched
@@ -259,6 +262,13 @@ class PolicyEnforcer:
             try:  # policies alone changed: judge again only the local pods of their namespaces
                 want = patch_policies(self.me, have, self.policy_spaces, self.view.compiled_endpoints(),
                                       self.view.policies.values(), self.view.namespace_labels(), self.memo)
+            except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
+                self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
+                want = None
+        if self.label_spaces is not None and have is not None and want is None:
+            try:  # namespace labels alone changed: only namespaceSelector member sets move
+                want = patch_namespaces(have, self.label_spaces, self.view.compiled_endpoints(),
+                                        self.view.namespace_labels())
             except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
                 self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
                 want = None
@@ -282,7 +292,7 @@ class PolicyEnforcer:
             self.log(f"FAILED policy update: {e.msg}: {e.details}")
             return False
         self.dirty = self.only_endpoints = self.members_changed = False
-        self.policy_spaces = set()
+        self.policy_spaces, self.label_spaces = set(), set()
         if script:
             n = script.count("\n")
             self.log(f"policy: {'table rebuilt' if rebuilding else 'updated'} ({n} commands; "
