@@ -14,6 +14,10 @@ kernel side is observed with ``nft monitor`` in each node (lines timestamped as 
 (B) New pod rules: an endpoint record for a pod of node1 is written; the time until node1's
     agent has added its interface to the ``covered`` set (its rules in the same transaction).
     p50/p99 over ``--trials``. Target: < 20 ms.
+(D) Where the time goes, in this process (no etcd, no other agents): one agent's view of the
+    same records (node1's share), fed the same kinds of change; the agent's computation per policy
+    change and per new pod (the patch paths), and the nftables transaction that follows, applied
+    in a throwaway namespace holding the whole table.
 (C) Throughput: iperf3 TCP from the pod on node2 to the pod on node1 (2 s), with no policy
     and with ``--iperf`` policies selecting the destination (one of which admits the source).
     Target: >= 95 % of the no-policy rate.
@@ -53,6 +57,16 @@ KEYS = Keys(PREFIX)
 
 def log(msg: str) -> None:
     sys.stderr.write(f"[policy bench {time.strftime('%H:%M:%S')}] {msg}\n")
+
+
+def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
+    """User + system CPU the agents have used so far (``ip netns exec`` execs the agent: same pid)."""
+    total = 0
+    for p in procs:
+        with open(f"/proc/{p.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -122,13 +136,97 @@ def policy(name: str, namespace: str, selector: dict[str, str], from_labels: dic
                                   "ports": [{"port": 5201}, {"port": "http"}]}]}}
 
 
+def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
+    """(D): the agent's compute and the nftables transaction, each timed alone."""
+    from pycni.cluster.policy.agent import PolicyEnforcer
+    from pycni.cluster.policy.nftsync import Programmer
+    from pycni.net import nft
+
+    scripts: list[str] = []
+
+    class Recorder(Programmer):
+        def apply(self, want: Any) -> str:  # the script only: it is timed in the kernel below
+            from pycni.cluster.policy.nftsync import diff_script, full_script
+
+            script = full_script(want) if self.applied is None else diff_script(self.applied, want)
+            self.applied = want
+            scripts.append(script)
+            return script
+
+    enf = PolicyEnforcer(KEYS, "node1", lambda m: None)
+    enf.programmer = Recorder()
+    for k in range(opts.endpoints):
+        node, ns = f"node{k % 3 + 1}", f"ns{k % 20}"
+        ep = WorkloadEndpoint(node=node, network="podnet", namespace=ns, pod=f"p{k}", container_id=f"fake{k}",
+                              ifname="eth0", interface_name=f"rtdf{k:011x}",
+                              ip_networks=[f"{ipaddress.ip_address('10.95.0.0') + k}/32"])
+        enf.event("PUT", KEYS.endpoint(node, "podnet", f"fake{k}", "eth0"), ep.to_json())
+        enf.event("PUT", KEYS.pod(ns, f"p{k}"), PodMeta(labels={"app": f"app{k % 50}", "tier": ["web", "db"][k % 2]},
+                                                       ports=[("http", 8080, "TCP")]).to_json())
+    for i in range(3):
+        enf.event("PUT", KEYS.pod("bench", f"real{i}"),
+                  PodMeta(labels={"bench": "all", "role": f"real{i}"}, ports=[("http", 80, "TCP")]).to_json())
+        ep = WorkloadEndpoint(node=f"node{i + 1}", network="podnet", namespace="bench", pod=f"real{i}",
+                              container_id=f"real{i}", ifname="eth0", interface_name=f"rtdr{i:011x}",
+                              ip_networks=[f"10.94.0.{i + 1}/32"])
+        enf.event("PUT", KEYS.endpoint(f"node{i + 1}", "podnet", f"real{i}", "eth0"), ep.to_json())
+    for j in range(opts.policies):
+        p = policy(f"pol{j}", f"ns{j % 20}", {"app": f"app{j % 50}"}, {"tier": "web"})
+        enf.event("PUT", KEYS.policy(p["metadata"]["namespace"], p["metadata"]["name"]), json.dumps(p))
+    t0 = time.perf_counter()
+    enf.apply()
+    initial = time.perf_counter() - t0
+    pol_cpu: list[float] = []
+    for t in range(opts.trials):
+        p = policy(f"trial{t}", "bench", {"bench": "all"}, {"role": f"nobody{t}"})
+        t0 = time.perf_counter()
+        enf.event("PUT", KEYS.policy("bench", f"trial{t}"), json.dumps(p))
+        enf.apply()
+        pol_cpu.append(time.perf_counter() - t0)
+    pod_cpu: list[float] = []
+    for t in range(opts.trials):
+        ep = WorkloadEndpoint(node="node1", network="podnet", namespace=f"ns{t % 20}", pod=f"new{t}",
+                              container_id=f"new{t}", ifname="eth0", interface_name=f"rtdn{t:011x}",
+                              ip_networks=[f"{ipaddress.ip_address('10.96.0.0') + t}/32"])
+        t0 = time.perf_counter()
+        enf.event("PUT", KEYS.endpoint("node1", "podnet", f"new{t}", "eth0"), ep.to_json())
+        enf.apply()
+        pod_cpu.append(time.perf_counter() - t0)
+    full = enf.compiled - 1  # (every change after the first should take a patch path)
+    ns = new_namespace("po-bench-nft")
+    times: list[float] = []
+    try:
+        with ns.enter():
+            nft.use_library()  # as the agent runs it
+            nft.run(scripts[0])
+            for script in scripts[1:]:
+                t0 = time.perf_counter()
+                nft.run(script)
+                times.append(time.perf_counter() - t0)
+    finally:
+        ns.delete()
+    n = opts.trials
+    return [("(D) agent compute, initial full compile (node1)", initial, "s"),
+            ("(D) agent compute per policy change, p50", statistics.median(pol_cpu), "s"),
+            ("(D) agent compute per new pod, p50", statistics.median(pod_cpu), "s"),
+            ("(D) nft transaction per policy change, p50", statistics.median(times[:n]), "s"),
+            ("(D) nft transaction per new pod, p50", statistics.median(times[n:]), "s"),
+            ("(D) changes that compiled the node in full (of 2 x trials)", full, "n")]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policies", type=int, default=1000)
     ap.add_argument("--endpoints", type=int, default=1000)
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--iperf", type=int, default=100)
+    ap.add_argument("--in-process-only", action="store_true", help="(D) only")
     opts = ap.parse_args()
+    if opts.in_process_only:
+        for name, value, unit in in_process(opts):
+            print(f"{name:60s} {value:.0f}" if unit == "n" else f"{name:60s} {value * 1000:.2f} ms")
+        return 0
+    log(f"load average at the start: {os.getloadavg()[0]:.2f}")
     tmp = tempfile.mkdtemp(prefix="po-bench-")
     from pycni.plugins.registry import install
 
@@ -199,6 +297,7 @@ def main() -> int:
 
             # (A) enforcement latency
             lat = []
+            cpu0 = cpu_seconds(agents)
             for t in range(opts.trials):
                 p = policy(f"trial{t}", "bench", {"bench": "all"}, {"role": f"nobody{t}"})
                 chain = policy_chain(parse_policy(p), "Ingress")
@@ -208,7 +307,9 @@ def main() -> int:
                 etcd.put(KEYS.policy("bench", f"trial{t}"), json.dumps(p))
                 lat.append(max(m.wait_for(f"add chain inet pycni_policy {chain}") for m in monitors) - start)
             rows += [("(A) enforcement, all 3 nodes, p50", statistics.median(lat), "s"),
-                     ("(A) enforcement, all 3 nodes, p99", pct(lat, 0.99), "s")]
+                     ("(A) enforcement, all 3 nodes, p99", pct(lat, 0.99), "s"),
+                     ("(A) agent CPU per policy change, 3 agents together", (cpu_seconds(agents) - cpu0) / opts.trials,
+                      "s")]
             etcd.delete_prefix(KEYS.policy("bench", "trial"))
             settle(monitors)
 
@@ -216,6 +317,7 @@ def main() -> int:
             new = []
             puts = []
             node = cluster.nodes[0]
+            cpu0 = cpu_seconds(agents[:1])
             for t in range(opts.trials):
                 iface = f"rtdn{t:011x}"
                 ep = WorkloadEndpoint(node=node.name, network="podnet", namespace=f"ns{t % 20}", pod=f"new{t}",
@@ -228,7 +330,8 @@ def main() -> int:
                 new.append(monitors[0].wait_for(f'covered {{ "{iface}" }}') - start)
             rows += [("(B) new pod's rules, p50", statistics.median(new), "s"),
                      ("(B) new pod's rules, p99", pct(new, 0.99), "s"),
-                     ("(B) of which the etcd write itself, p50", statistics.median(puts), "s")]
+                     ("(B) of which the etcd write itself, p50", statistics.median(puts), "s"),
+                     ("(B) node1's agent CPU per new pod", (cpu_seconds(agents[:1]) - cpu0) / opts.trials, "s")]
 
             # (C) throughput
             if shutil.which("iperf3"):
@@ -258,6 +361,8 @@ def main() -> int:
                     settle(monitors)
                     (with_pol if with_policies else base).append(iperf())
                 b, w = statistics.median(base), statistics.median(with_pol)
+                log("(C) runs, Gbit/s: no policy " + " ".join(f"{x / 1e9:.2f}" for x in base)
+                    + f"; with {opts.iperf} policies " + " ".join(f"{x / 1e9:.2f}" for x in with_pol))
                 rows += [("(C) iperf3 no policy", b / 1e9, "Gbit/s"),
                          (f"(C) iperf3 with {opts.iperf} policies on the destination", w / 1e9, "Gbit/s"),
                          ("(C) ratio", 100 * w / b, "%")]
@@ -269,8 +374,11 @@ def main() -> int:
                 a.wait()
             for ns in namespaces:
                 ns.delete()
+    rows += in_process(opts)
+    rows.append(("load average (1 min) at the end", os.getloadavg()[0], "load"))
     for name, value, unit in rows:
-        shown = f"{value * 1000:.1f} ms" if unit == "s" else f"{value:.2f} {unit}" if unit != "%" else f"{value:.1f} %"
+        shown = (f"{value * 1000:.1f} ms" if unit == "s" else f"{value:.1f} %" if unit == "%"
+                 else f"{value:.2f}" if unit == "load" else f"{value:.0f}" if unit == "n" else f"{value:.2f} {unit}")
         print(f"{name:60s} {shown}")
     return 0
 

@@ -31,12 +31,13 @@ from policy_cases import CASES, DENY_INGRESS_X, KEYS, NAMED_PORTS, PORTS, expect
 from policy_probe import EchoServers, probe
 
 from pycni.cluster.model import Keys, PodMeta
-from pycni.cluster.node import RTPROT_PYCNI
+from pycni.cluster.node import DEFAULT_VXLAN_DEVICE, RTPROT_PYCNI
 from pycni.plugins.main import routed
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs root and etcd (Debian's etcd-server)")
 
 SUBNET = "10.92.0.0/16"
+SUBNET6 = "fd92::/64"  # pods are dual-stack; IPv6 crosses nodes in vxlan mode (no IPv6 underlay here)
 CONVERGE = 30.0  # seconds an agent may take to follow a change on a loaded machine
 
 
@@ -55,11 +56,11 @@ class Env:
     def log(self, i: int) -> Path:
         return self.tmp / f"agent-{self.nodes[i].name}.log"
 
-    def start_agent(self, i: int) -> None:
+    def start_agent(self, i: int, mode: str = "host-gw") -> None:
         node = self.nodes[i]
         cmd = ["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node", "--policy",
                "--etcd-endpoints", ",".join(self.cluster.endpoints), "--etcd-prefix", self.prefix,
-               "--node-name", node.name, "--underlay-ip", node.ip, "--ttl", "30"]
+               "--node-name", node.name, "--underlay-ip", node.ip, "--ttl", "30", "--mode", mode]
         before = self.log(i).read_text().count("policy: table rebuilt") if self.log(i).exists() else 0
         with open(self.log(i), "ab") as log:
             self.agents[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -83,7 +84,8 @@ class Env:
     def conf(self, i: int, **extra: Any) -> dict[str, Any]:
         c = {"cniVersion": "1.1.0", "name": "podnet", "type": "routed", "policySetupTimeout": 20,
              "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.cluster.endpoints, "etcdPrefix": self.prefix,
-                      "nodeName": self.nodes[i].name, "ranges": [[{"subnet": SUBNET}]], "blockSize": 26,
+                      "nodeName": self.nodes[i].name, "ranges": [[{"subnet": SUBNET}], [{"subnet": SUBNET6}]],
+                      "blockSize": 26,
                       "etcdTimeout": 10, "lockDir": str(self.tmp / "locks")}}
         c.update(extra)
         return c
@@ -131,8 +133,9 @@ class Env:
             self.cli("policy", "apply", "-f", "-", stdin=text)
 
     def matrix(self, case: dict[str, object] | None = None, want: dict[tuple[str, str], bool] | None = None,
-               timeout: float = CONVERGE) -> None:
-        """Probe the nine pods' matrix on every port until it is the case's (or ``want``) everywhere."""
+               timeout: float = CONVERGE, version: int = 4) -> None:
+        """Probe the nine pods' matrix on every port (over IPv``version``) until it is the case's (or
+        ``want``) everywhere."""
         flows = [(s, d, port, proto) for s in KEYS for d in KEYS for port, proto in PORTS]
 
         def exp(port: int, proto: str) -> dict[tuple[str, str], bool]:
@@ -140,12 +143,12 @@ class Env:
 
         deadline = time.monotonic() + timeout
         while True:
-            got = probe(self.pods, flows, expect=lambda f: exp(f[2], f[3])[(f[0], f[1])])
+            got = probe(self.pods, flows, version=version, expect=lambda f: exp(f[2], f[3])[(f[0], f[1])])
             bad = []
             for port, proto in PORTS:
                 m = {(s, d): got[(s, d, port, proto)] for s in KEYS for d in KEYS}
                 if m != exp(port, proto):
-                    bad.append(f"{port}/{proto}:\n{render(m, exp(port, proto))}")
+                    bad.append(f"{port}/{proto} IPv{version}:\n{render(m, exp(port, proto))}")
             if not bad:
                 return
             if time.monotonic() > deadline:
@@ -434,9 +437,10 @@ spec:
     assert out[0].split()[:2] == ["GROUPING", "CIDR"]
     pool = out[1].split()
     assert pool[:4] == ["IP", "Pool", SUBNET, "65536"], out
-    blocks = [ln.split() for ln in out[2:]]
+    assert any(ln.split()[:3] == ["IP", "Pool", SUBNET6] for ln in out[2:]), out  # (the pods are dual-stack)
+    blocks = [ln.split() for ln in out[2:] if not ln.startswith("IP Pool")]
     assert blocks and all(b[0] == "Block" and b[-1].startswith("node") for b in blocks), out
-    assert sum(int(b[3]) for b in blocks) == int(pool[4]) == len(env.pods)
+    assert sum(int(b[3]) for b in blocks if ":" not in b[1]) == int(pool[4]) == len(env.pods)
 
 
 def test_default_policy_deny(env: Env) -> None:
@@ -542,3 +546,36 @@ spec: {podSelector: {}, policyTypes: [Ingress, Egress]}
     dlog.setLevel(level)
     env.clear_policies()
     assert any(m.startswith("routed ADD") for m in served) and any(m.startswith("routed DEL") for m in served), served
+
+
+# (cases without ipBlock: their address templates are IPv4)
+VXLAN_CASES = ["deny-all ingress in x", "two peers are an OR (namespace y, or pod=b of x)",
+               "a named port (serve-81-tcp) opens 81/TCP only", "egress from x/a to y/b only"]
+
+
+def test_vxlan_mode_dual_stack(env: Env) -> None:
+    """The agents in vxlan mode (pods' traffic between nodes encapsulated; the policy hook is the
+    same forward path on the host interface): truth tables across the three nodes over IPv4 and
+    over IPv6, which reaches other nodes only through the vxlan device here. Last in the module:
+    it leaves the agents in host-gw mode again."""
+    try:
+        for i in range(3):
+            env.stop_agent(i)
+            env.start_agent(i, "vxlan")
+        env.clear_policies()
+        for version in (4, 6):
+            env.matrix(CASES[0], version=version)  # routes over vxlan in place, every pod reaches every pod
+        for name in VXLAN_CASES:
+            case = _case(name)
+            env.apply(case)
+            for version in (4, 6):
+                env.matrix(case, version=version)
+        # the other nodes' blocks really are routed through the vxlan device, both families
+        for family in ("-4", "-6"):
+            routes = env.nodes[0].ns.run(["ip", family, "route", "show", "proto", str(RTPROT_PYCNI)]).stdout
+            assert f"dev {DEFAULT_VXLAN_DEVICE}" in routes, routes
+    finally:
+        env.clear_policies()
+        for i in range(3):
+            env.stop_agent(i)
+            env.start_agent(i)

@@ -1,9 +1,12 @@
 """The node agent's policy half: a view of endpoints, pod and namespace metadata and policies
 kept from etcd, and the nftables it programs from them (``pycni node --policy``).
 
-The agent (:mod:`pycni.cluster.node`) hands every watch event here; an event that changes
-what this node enforces recomputes the desired objects (:func:`compile.compile_node`) and sends
-the difference as one transaction (:class:`nftsync.Programmer`). A full read (a broken watch,
+The agent (:mod:`pycni.cluster.node`) hands every watch event here; a batch of events that
+changes what this node enforces gives the desired objects — patched into the last state when the
+batch is endpoints and pod records only (:func:`compile.patch_node`), policies only
+(:func:`compile.patch_policies`) or namespace labels only (:func:`compile.patch_namespaces`),
+compiled otherwise (:func:`compile.compile_node`) — and the
+difference goes out as one transaction (:class:`nftsync.Programmer`). A full read (a broken watch,
 the periodic resync) is diffed the same way; only the agent's start (and a transaction the
 kernel refused) rebuilds the table, atomically: the old rules hold until the new ones replace
 them, so a restarted agent never opens a window, and one that is down leaves its rules — and
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pycni.cluster.model import Keys, NodeInfo, PodMeta, WorkloadEndpoint
-from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_node
+from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_namespaces, patch_node, patch_policies
 from pycni.cluster.policy.evaluate import Cluster, Workload
 from pycni.cluster.policy.model import NetworkPolicy, PolicyError, parse_policy
 from pycni.cluster.policy.nftsync import Programmer
@@ -37,6 +40,11 @@ class PolicyView:
         self.errors: dict[str, str] = {}  # key -> why its value was ignored
         # endpoint key -> (record, pod record, compiled) while neither record object is replaced
         self._compiled: dict[str, tuple[WorkloadEndpoint, PodMeta | None, Endpoint]] = {}
+        # what to look at again in refresh(): endpoint keys whose record or pod record changed
+        # (None: all of them, after a full read); and each pod's endpoint keys, to find them
+        self._dirty: set[str] | None = None
+        self._by_pod: dict[tuple[str, str], set[str]] = {}
+        self._ns_labels: dict[str, dict[str, str]] | None = None  # namespace_labels(), until it changes
 
     @property
     def prefixes(self) -> tuple[str, ...]:
@@ -49,11 +57,23 @@ class PolicyView:
 
         res = kv.txn([], [op_get(p, prefix=True) for p in self.prefixes])
         self.endpoints, self.pods, self.namespaces, self.policies, self.nodes = {}, {}, {}, {}, {}
-        self.errors = {}
+        self.errors, self._by_pod = {}, {}
         for kvs in res.responses:
             for item in kvs:
                 self.put(item.key, item.value)
+        self._dirty = self._ns_labels = None
         return int(res.revision)
+
+    def _endpoint_gone(self, key: str) -> None:
+        old = self.endpoints.pop(key, None)
+        if old is not None:
+            self._by_pod.get((old.namespace, old.pod), set()).discard(key)
+            self._ns_labels = None
+        self._touch([key])
+
+    def _touch(self, keys: Any) -> None:
+        if self._dirty is not None:
+            self._dirty.update(keys)
 
     def put(self, key: str, value: str) -> bool:
         """Apply a key's new value; True when it is one policy reads."""
@@ -63,15 +83,20 @@ class PolicyView:
         self.errors.pop(key, None)
         if parsed.kind == "endpoint":
             ep = WorkloadEndpoint.from_json(value)
+            self._endpoint_gone(key)
             if ep is None:
                 self.errors[key] = "not a workload endpoint"
-                self.endpoints.pop(key, None)
             else:
                 self.endpoints[key] = ep
+                self._by_pod.setdefault((ep.namespace, ep.pod), set()).add(key)
+                if self._ns_labels is not None and ep.namespace not in self._ns_labels:
+                    self._ns_labels = None
         elif parsed.kind == "pod":
             self.pods[(parsed.namespace, parsed.name)] = PodMeta.from_json(value)
+            self._touch(self._by_pod.get((parsed.namespace, parsed.name), ()))
         elif parsed.kind == "namespace":
             self.namespaces[parsed.namespace] = PodMeta.from_json(value)
+            self._ns_labels = None
         elif parsed.kind == "policy":
             try:
                 pol = parse_policy(json.loads(value))
@@ -95,11 +120,13 @@ class PolicyView:
             return False
         self.errors.pop(key, None)
         if parsed.kind == "endpoint":
-            self.endpoints.pop(key, None)
+            self._endpoint_gone(key)
         elif parsed.kind == "pod":
             self.pods.pop((parsed.namespace, parsed.name), None)
+            self._touch(self._by_pod.get((parsed.namespace, parsed.name), ()))
         elif parsed.kind == "namespace":
             self.namespaces.pop(parsed.namespace, None)
+            self._ns_labels = None
         elif parsed.kind == "policy":
             self.policies.pop((parsed.namespace, parsed.name), None)
         elif parsed.kind == "node":
@@ -118,24 +145,40 @@ class PolicyView:
         ips = tuple(ipaddress.ip_interface(n).ip for n in ep.ip_networks)
         return Workload(ep.namespace, ep.pod, labels, ips, ports, node=ep.node)
 
+    def refresh(self) -> list[tuple[Endpoint | None, Endpoint | None]]:
+        """Bring the compiled endpoints up to date with the records; the (old, new) pairs that
+        changed. Only the endpoints whose record or pod record changed are looked at (all of
+        them after a full read), so a new pod costs the same among ten or ten thousand."""
+        keys = self.endpoints.keys() | self._compiled.keys() if self._dirty is None else self._dirty
+        changes: list[tuple[Endpoint | None, Endpoint | None]] = []
+        for key in keys:
+            hit = self._compiled.get(key)
+            ep = self.endpoints.get(key)
+            if ep is None:
+                if hit is not None:
+                    del self._compiled[key]
+                    changes.append((hit[2], None))
+                continue
+            meta = self.pods.get((ep.namespace, ep.pod))
+            if hit is None or hit[0] is not ep or hit[1] is not meta:
+                new = (ep, meta, Endpoint(self.workload(ep), ep.interface_name, ep.network,
+                                          ep.default_policy == "deny"))
+                self._compiled[key] = new
+                changes.append((hit[2] if hit is not None else None, new[2]))
+        self._dirty = set()
+        return changes
+
     def compiled_endpoints(self) -> list[Endpoint]:
         """Every endpoint as the compiler takes it (rebuilt only for records that changed)."""
-        out = []
-        fresh: dict[str, tuple[WorkloadEndpoint, PodMeta | None, Endpoint]] = {}
-        for key, ep in self.endpoints.items():
-            meta = self.pods.get((ep.namespace, ep.pod))
-            hit = self._compiled.get(key)
-            if hit is None or hit[0] is not ep or hit[1] is not meta:
-                hit = (ep, meta, Endpoint(self.workload(ep), ep.interface_name, ep.network,
-                                          ep.default_policy == "deny"))
-            fresh[key] = hit
-            out.append(hit[2])
-        self._compiled = fresh
-        return out
+        self.refresh()
+        return [hit[2] for hit in self._compiled.values()]
 
     def namespace_labels(self) -> dict[str, dict[str, str]]:
-        names = {ep.namespace for ep in self.endpoints.values()} | set(self.namespaces)
-        return {ns: dict(self.namespaces[ns].labels) if ns in self.namespaces else {} for ns in names}
+        if self._ns_labels is None:
+            names = {ep.namespace for ep in self.endpoints.values()} | set(self.namespaces)
+            self._ns_labels = {ns: dict(self.namespaces[ns].labels) if ns in self.namespaces else {}
+                               for ns in names}
+        return self._ns_labels
 
     def cluster(self) -> tuple[Cluster, dict[str, Workload]]:
         """The evaluator's input, and each workload by NS/POD (one per pod: its first attachment)."""
@@ -171,6 +214,8 @@ class PolicyEnforcer:
         self.dirty = True
         self.only_endpoints = False  # every change since the last apply was an endpoint's or a pod's
         self.members_changed = True  # an endpoint, pod or namespace changed since the last apply
+        self.policy_spaces: set[str] | None = set()  # namespaces of the policies changed since, when only those
+        self.label_spaces: set[str] | None = set()  # namespaces whose labels changed since, when only those
         self.patched = self.compiled = 0  # how updates were computed (incrementally / in full)
 
     def load(self, kv: Any) -> None:
@@ -182,6 +227,7 @@ class PolicyEnforcer:
         self.dirty = True
         self.only_endpoints = False
         self.members_changed = True
+        self.policy_spaces = self.label_spaces = None
 
     def event(self, kind: str, key: str, value: str) -> bool:
         touched = self.view.delete(key) if kind == "DELETE" else self.view.put(key, value)
@@ -193,6 +239,11 @@ class PolicyEnforcer:
             if kind_of == "node":
                 return False  # (nodes matter to `policy why`, not to the dataplane)
             self.only_endpoints = (self.only_endpoints or not self.dirty) and kind_of in ("endpoint", "pod")
+            for kind_, spaces in (("policy", "policy_spaces"), ("namespace", "label_spaces")):
+                if kind_of == kind_ and parsed is not None and (getattr(self, spaces) is not None or not self.dirty):
+                    setattr(self, spaces, {*(getattr(self, spaces) or ()), parsed.namespace})
+                else:
+                    setattr(self, spaces, None)
             self.members_changed |= kind_of != "policy"
             self.dirty = True
         return touched
@@ -204,22 +255,32 @@ class PolicyEnforcer:
 
         if not self.dirty:
             return True
-        before = self.view._compiled
-        eps = self.view.compiled_endpoints()
         want = None
         have = self.programmer.applied
-        if self.only_endpoints and have is not None:
-            after = self.view._compiled
-            changes = [(before[k][2] if k in before else None, after[k][2] if k in after else None)
-                       for k in set(before) | set(after)
-                       if k not in before or k not in after or before[k][2] is not after[k][2]]
+        changes = self.view.refresh()
+        if self.policy_spaces is not None and have is not None:
+            try:  # policies alone changed: judge again only the local pods of their namespaces
+                want = patch_policies(self.me, have, self.policy_spaces, self.view.compiled_endpoints(),
+                                      self.view.policies.values(), self.view.namespace_labels(), self.memo)
+            except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
+                self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
+                want = None
+        if self.label_spaces is not None and have is not None and want is None:
+            try:  # namespace labels alone changed: only namespaceSelector member sets move
+                want = patch_namespaces(have, self.label_spaces, self.view.compiled_endpoints(),
+                                        self.view.namespace_labels())
+            except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
+                self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
+                want = None
+        if self.only_endpoints and have is not None and want is None:
             try:
                 want = patch_node(self.me, have, changes, self.view.policies.values(), self.view.namespace_labels())
             except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
                 self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
                 want = None
         if want is None:
-            want = compile_node(self.me, eps, self.view.policies.values(), self.view.namespace_labels(), self.memo,
+            want = compile_node(self.me, self.view.compiled_endpoints(), self.view.policies.values(),
+                                self.view.namespace_labels(), self.memo,
                                 members_from=None if self.members_changed else have)
             self.compiled += 1
         else:
@@ -231,6 +292,7 @@ class PolicyEnforcer:
             self.log(f"FAILED policy update: {e.msg}: {e.details}")
             return False
         self.dirty = self.only_endpoints = self.members_changed = False
+        self.policy_spaces, self.label_spaces = set(), set()
         if script:
             n = script.count("\n")
             self.log(f"policy: {'table rebuilt' if rebuilding else 'updated'} ({n} commands; "

@@ -244,13 +244,8 @@ def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[Netw
     out.covered = frozenset(ep.iface for ep in local)
     selections: dict[tuple[object, ...], Selection] = out.selections
     names: set[str] = set()
-    for (pkey, direction), p in used_policies.items():
-        cached = memo.rules.get((pkey, direction)) if memo is not None else None
-        if cached is None or cached[0] is not p:
-            cached = (p, policy_rules(p, direction), dict(selectors_of(p, direction)),
-                      set(port_names_of(p, direction)))
-            if memo is not None:
-                memo.rules[(pkey, direction)] = cached
+    for (_, direction), p in used_policies.items():
+        cached = _rules_of(p, direction, memo)
         out.chains[policy_chain(p, direction)] = cached[1]
         if cached[2]:
             selections.update(cached[2])
@@ -288,6 +283,159 @@ def compile_node(me: str, endpoints: Iterable[Endpoint], policies: Iterable[Netw
         for v in (4, 6):
             out.sets[port_set(name, v)] = (PORT_SET_TYPES[v], frozenset(elems[v]))
     out.names = frozenset(names)
+    return out
+
+
+def _rules_of(p: NetworkPolicy, direction: str, memo: Memo | None) -> tuple[NetworkPolicy, tuple[str, ...],
+                                                                         dict[tuple[object, ...], Selection],
+                                                                         set[str]]:
+    """A policy's chain rules, selectors and port names for ``direction`` (kept in ``memo``
+    until the policy object is replaced)."""
+    cached = memo.rules.get((p.key, direction)) if memo is not None else None
+    if cached is None or cached[0] is not p:
+        cached = (p, policy_rules(p, direction), dict(selectors_of(p, direction)), set(port_names_of(p, direction)))
+        if memo is not None:
+            memo.rules[(p.key, direction)] = cached
+    return cached
+
+
+def _group_namespace(gkey: object) -> object:
+    """The namespace of an :attr:`Endpoint.group` key."""
+    return gkey[0] if isinstance(gkey, tuple) else None
+
+
+def _members(sel: Selection, endpoints: Iterable[Endpoint], ns_labels: Mapping[str, Mapping[str, str]]
+             ) -> dict[int, frozenset[str]]:
+    """The addresses (by IP version) of the pods ``sel`` picks among ``endpoints``."""
+    found: dict[int, set[str]] = {4: set(), 6: set()}
+    for ep in endpoints:
+        w = ep.workload
+        if sel.matches(w, ns_labels.get(w.namespace) or {NS_NAME_LABEL: w.namespace}):
+            for v, text in ep.addresses:
+                found[v].add(text)
+    return {v: frozenset(found[v]) for v in (4, 6)}
+
+
+def _port_members(name: str, endpoints: Iterable[Endpoint]) -> dict[int, frozenset[str]]:
+    """address . protocol . port (by IP version) of every pod naming a port ``name``."""
+    elems: dict[int, set[str]] = {4: set(), 6: set()}
+    for ep in endpoints:
+        for (pname, proto), port in ep.workload.named_ports.items():
+            if pname == name:
+                for v, text in ep.addresses:
+                    elems[v].add(f"{text} . {proto.lower()} . {port}")
+    return {v: frozenset(elems[v]) for v in (4, 6)}
+
+
+def patch_policies(me: str, have: Desired, changed: Iterable[str],
+                   endpoints: Iterable[Endpoint], policies: Iterable[NetworkPolicy],
+                   namespaces: Mapping[str, Mapping[str, str]], memo: Memo) -> Desired:
+    """``have`` after policies alone changed, touching only what they reach.
+
+    ``changed`` names the namespaces whose policies were created, replaced or deleted (a
+    policy selects pods of its own namespace only, so nothing else can be judged anew); endpoints
+    and namespace labels are those ``have`` (and ``memo``, kept by the compile or patch that
+    made ``have``) were made from. Only the local pods of those namespaces are judged again;
+    their verdict chains, the chains of policies that start or stop being used, and the member
+    sets of selectors and port names that appear or go are what changes — an unchanged
+    member set is kept as it is. The result equals what :func:`compile_node` would give."""
+    spaces = set(changed)
+    eps = endpoints if isinstance(endpoints, list) else list(endpoints)
+    by_namespace: dict[str, list[NetworkPolicy]] = {ns: [] for ns in spaces}
+    for p in sorted((p for p in policies if p.namespace in spaces), key=lambda p: p.key):
+        by_namespace[p.namespace].append(p)
+    out = Desired(sets=dict(have.sets), chains=dict(have.chains), ingress=dict(have.ingress),
+                  egress=dict(have.egress), covered=have.covered)
+    # the local pods of those namespaces, judged again (once per group of replicas)
+    used: dict[tuple[str, str], NetworkPolicy] = {}
+    judged: dict[tuple[object, ...], dict[str, list[NetworkPolicy]]] = {}
+    for ep in eps:
+        w = ep.workload
+        if w.node != me or w.namespace not in spaces:
+            continue
+        sel = judged.get(ep.group)
+        if sel is None:
+            cands = by_namespace[w.namespace]
+            sel = judged[ep.group] = {d: [p for p in cands if p.applies_to(w.namespace, w.labels, d)]
+                                      for d in (INGRESS, EGRESS)}
+        for direction, table in ((INGRESS, out.ingress), (EGRESS, out.egress)):
+            selecting = sel[direction]
+            chain = endpoint_chain(ep.iface, direction)
+            if selecting:
+                for p in selecting:
+                    used[(p.key, direction)] = p
+                out.chains[chain] = (*(f"jump {policy_chain(p, direction)}" for p in selecting), "drop")
+                table[ep.iface] = f"jump {chain}"
+            else:
+                out.chains.pop(chain, None)
+                if ep.default_deny:
+                    table[ep.iface] = "drop"
+                else:
+                    table.pop(ep.iface, None)
+    # the policies of those namespaces whose chains are used, and no others of theirs
+    for rkey in [k for k, c in memo.rules.items() if c[0].namespace in spaces and k not in used]:
+        out.chains.pop(policy_chain(memo.rules[rkey][0], rkey[1]), None)
+        del memo.rules[rkey]
+    for (_, direction), p in used.items():
+        out.chains[policy_chain(p, direction)] = _rules_of(p, direction, memo)[1]
+    # (a cached selection of a group of those namespaces may now be wrong: forget it)
+    memo.selected = {k: v for k, v in memo.selected.items() if _group_namespace(k[0]) not in spaces}
+    # the selectors and port names every used policy serves; their sets, new ones filled
+    selections: dict[tuple[object, ...], Selection] = {}
+    names: set[str] = set()
+    for cached in memo.rules.values():
+        if cached[2]:
+            selections.update(cached[2])
+        if cached[3]:
+            names.update(cached[3])
+    ns_labels = {ns: {**labels, NS_NAME_LABEL: ns} for ns, labels in namespaces.items()}
+    wanted: set[str] = set()
+    for key, sel_ in selections.items():
+        wanted.update(selector_set(key, v) for v in (4, 6))
+        if selector_set(key, 4) not in out.sets:
+            found = _members(sel_, eps, ns_labels)
+            for v in (4, 6):
+                out.sets[selector_set(key, v)] = (SET_TYPES[v], found[v])
+    for name in names:
+        wanted.update(port_set(name, v) for v in (4, 6))
+        if port_set(name, 4) not in out.sets:
+            found = _port_members(name, eps)
+            for v in (4, 6):
+                out.sets[port_set(name, v)] = (PORT_SET_TYPES[v], found[v])
+    for gone in [s for s in out.sets if s not in wanted]:
+        del out.sets[gone]
+    out.selections = selections
+    out.names = frozenset(names)
+    return out
+
+
+def patch_namespaces(have: Desired, changed: Iterable[str], endpoints: Iterable[Endpoint],
+                     namespaces: Mapping[str, Mapping[str, str]]) -> Desired:
+    """``have`` after the labels of namespaces ``changed`` (and nothing else) changed: which pods
+    a policy selects does not depend on them (a policy selects pods of its own namespace by
+    their labels), so only the member sets of namespaceSelector peers move, and only by those
+    namespaces' pods. The result equals what :func:`compile_node` would give."""
+    spaces = set(changed)
+    ns_labels = {ns: {**labels, NS_NAME_LABEL: ns} for ns, labels in namespaces.items()}
+    moved = [ep for ep in endpoints if ep.workload.namespace in spaces]
+    out = Desired(sets=dict(have.sets), chains=have.chains, ingress=have.ingress, egress=have.egress,
+                  covered=have.covered, selections=have.selections, names=have.names)
+    for key, sel in have.selections.items():
+        if sel.ns_selector is None:
+            continue  # (the policy's own namespace, by name: no label moves it)
+        drop: dict[int, set[str]] = {4: set(), 6: set()}
+        take: dict[int, set[str]] = {4: set(), 6: set()}
+        for ep in moved:
+            w = ep.workload
+            hit = sel.matches(w, ns_labels.get(w.namespace) or {NS_NAME_LABEL: w.namespace})
+            for v, text in ep.addresses:
+                (take if hit else drop)[v].add(text)
+        for v in (4, 6):
+            name = selector_set(key, v)
+            typ, elems = have.sets[name]
+            new = (elems - drop[v]) | take[v]
+            if new != elems:
+                out.sets[name] = (typ, frozenset(new))
     return out
 
 

@@ -35,8 +35,10 @@ def diff_script(have: Desired, want: Desired, table: str = TABLE) -> str:
     """The commands that turn ``have`` into ``want`` ('' when they are the same)."""
     t = f"inet {table}"
     lines: list[str] = []
-    for name, (typ, elems) in sorted(want.sets.items()):
-        old = have.sets.get(name)
+    hs, hc = have.sets, have.chains
+    # (a set or chain kept as it was is the same object: the common case, cheap to pass over)
+    for name, (typ, elems) in sorted(kv for kv in want.sets.items() if hs.get(kv[0]) is not kv[1]):
+        old = hs.get(name)
         if old is None:
             lines.append(f"add set {t} {name} {{ type {typ}; }}")
             added, removed = sorted(elems), []
@@ -48,8 +50,8 @@ def diff_script(have: Desired, want: Desired, table: str = TABLE) -> str:
             lines.append(f"add element {t} {name} {_elements(added)}")
     new_chains = sorted(set(want.chains) - set(have.chains))
     lines += [f"add chain {t} {c}" for c in new_chains]
-    for name, rules in sorted(want.chains.items()):
-        if have.chains.get(name) == rules:
+    for name, rules in sorted(kv for kv in want.chains.items() if hc.get(kv[0]) is not kv[1]):
+        if hc.get(name) == rules:
             continue
         if name in have.chains:
             lines.append(f"flush chain {t} {name}")
