@@ -51,6 +51,7 @@ class Session:
         self.kv: KVStore | None = None
         self.store: Any = None
         self._hint_before: list[Any] = []
+        self._floor_before = 0
 
     def _take_lock(self) -> None:
         from pycni.lockfile import flocked
@@ -74,25 +75,29 @@ class Session:
             raise
         self.store = ClusterStore(self.kv, self.cfg.network, self.cfg.node, self.cfg.etcd.prefix)
         if self.lock:
-            self.store.hint = self._read_hint()
+            self.store.hint, self.store.floor = self._read_hint()
         self._hint_before = list(self.store.hint)
+        self._floor_before = self.store.floor
         return self.store
 
-    # The hint (ClusterStore.hint) lives beside the lock: node-local, a cache, never trusted.
+    # The hint (ClusterStore.hint) lives beside the lock: node-local, a cache, never trusted. The
+    # same file keeps the node's tombstone floor (ClusterStore.floor), a line "rev=N".
     def _hint_path(self) -> str:
         return os.path.join(self.cfg.lock_dir, f"{self.cfg.network}.{self.cfg.node}.blocks")
 
-    def _read_hint(self) -> list[Any]:
+    def _read_hint(self) -> tuple[list[Any], int]:
         try:
             with open(self._hint_path(), encoding="ascii") as f:
-                return [ipaddress.ip_network(line) for line in f.read().split()]
+                words = f.read().split()
+            floor = max([int(w[4:]) for w in words if w.startswith("rev=")], default=0)
+            return [ipaddress.ip_network(w) for w in words if not w.startswith("rev=")], floor
         except (OSError, ValueError):
-            return []
+            return [], 0
 
-    def _write_hint(self, hint: list[Any]) -> None:
-        try:  # not durable: a lost or stale hint costs a round trip, nothing else
-            statefile.write_bytes(self._hint_path(), "".join(f"{c}\n" for c in hint).encode(),
-                                  durable=False)
+    def _write_hint(self, hint: list[Any], floor: int) -> None:
+        text = "".join(f"{c}\n" for c in hint) + (f"rev={floor}\n" if floor else "")
+        try:  # not durable: a lost or stale hint costs a round trip, a lost floor at worst one code 11
+            statefile.write_bytes(self._hint_path(), text.encode(), durable=False)
         except CNIError:
             pass
 
@@ -102,8 +107,10 @@ class Session:
             self._lock_held = None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is None and self.lock and self._lock_held is not None and self.store.hint != self._hint_before:
-            self._write_hint(self.store.hint)  # under the lock: writers take turns
+        if self.lock and self._lock_held is not None and self.store is not None and (
+                self.store.floor > self._floor_before or (exc is None and self.store.hint != self._hint_before)):
+            # under the lock: writers take turns, and the floor only grows
+            self._write_hint(self.store.hint if exc is None else self._hint_before, self.store.floor)
         self._release()
         if self.kv is not None and self._given is None:
             self.kv.close()
