@@ -379,3 +379,61 @@ def test_failed_add_whose_write_went_out_says_so(cluster: EtcdCluster, tmp_path:
         s = ClusterStore(etcd, "budget", node.name, "/sf-budget")
         assert _leftovers(s) == ([], [])
         etcd.delete_prefix("/sf-budget/")
+
+
+def _unreachable_conf(lock_dir: Path) -> dict[str, Any]:
+    return {"cniVersion": "1.1.0", "name": "gone", "type": "routed", "ipam": {
+        "type": "cluster-ipam", "etcdEndpoints": ["http://127.0.0.1:1"], "nodeName": "n1", "etcdTimeout": 1,
+        "lockDir": str(lock_dir), "ranges": [[{"subnet": "10.88.0.0/24"}]]}}
+
+
+def test_rollback_del_does_not_skip_an_earlier_add_cut_off_mid_flight(tmp_path: Path) -> None:
+    """An ADD killed with its transaction on the wire writes nothing afterwards; it marks "pending"
+    just before its first write goes out. A later ADD of the same attachment that fails without
+    sending (etcd unreachable) keeps that mark instead of claiming "unsent", and the rollback DEL
+    then does a full DEL (its tombstone stops the late commit) instead of skipping etcd."""
+    from plugin_util import err, run
+
+    from pycni.cluster.session import failed_add, note_add
+
+    conf = _unreachable_conf(tmp_path)
+    cfg = ClusterSettings(network="gone", etcd=EtcdSettings(endpoints=["http://127.0.0.1:1"]), node="n1",
+                          lock_dir=str(tmp_path))
+    # Alone, an ADD that sent nothing lets the rollback DEL skip etcd.
+    e = err(run("cluster-ipam", "ADD", conf, container_id="c0", netns="/var/run/netns/none"))
+    assert e["code"] == 11 and "nothing is left for the runtime's DEL" in e["details"], e
+    assert failed_add(cfg, "c0", "eth0") == "unsent"
+    assert run("cluster-ipam", "DEL", conf, container_id="c0").exit_code == 0
+    assert failed_add(cfg, "c0", "eth0") == ""
+    # An earlier ADD of c1 was killed after its before-write mark.
+    note_add(cfg, "c1", "eth0", "pending")
+    e = err(run("cluster-ipam", "ADD", conf, container_id="c1", netns="/var/run/netns/none"))
+    assert e["code"] == 11 and "an earlier ADD of it was cut off" in e["details"], e
+    assert failed_add(cfg, "c1", "eth0") == "pending"
+    out = run("cluster-ipam", "DEL", conf, container_id="c1")
+    assert out.exit_code != 0 and json.loads(out.stdout)["code"] == 11  # it went to etcd, and said so
+    assert failed_add(cfg, "c1", "eth0") == "pending"  # still there for the runtime's next DEL
+
+
+def test_add_marks_pending_before_its_write_and_clears_on_success(tmp_path: Path) -> None:
+    """The mark is written once, just before the first transaction goes out, and a successful ADD
+    (whose handle a DEL releases in full) leaves no note."""
+    from pycni.cluster.session import clear_failed_add, failed_add, note_add
+
+    kv = MemKV()
+    cfg = ClusterSettings(network="net", etcd=EtcdSettings(endpoints=["http://mem"]), node="n1",
+                          lock_dir=str(tmp_path))
+    seen: list[str] = []
+
+    def hook(p: Pending) -> TxnResult:
+        if p.writes:
+            seen.append(failed_add(cfg, "c1", "eth0"))
+        return p.apply()
+
+    kv.interceptor = hook
+    with session(cfg, lock=True, kv=kv) as s:
+        s.before_write = lambda: note_add(cfg, "c1", "eth0", "pending")
+        s.assign("c1", "eth0", RS, [], SIZES)
+    assert seen == ["pending"]
+    clear_failed_add(cfg, "c1", "eth0")
+    assert failed_add(cfg, "c1", "eth0") == ""

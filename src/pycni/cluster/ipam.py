@@ -153,6 +153,9 @@ class ClusterStore:
         # write compares revisions.
         self.hint: list[IPNetwork] = []
         self.sent_write = False  # an ADD's transaction went out (it may be applied even if no answer came)
+        # Called once, just before an ADD's first transaction goes out (the plugin notes it beside the
+        # lock, so a rollback DEL knows an ADD killed mid-flight may still commit).
+        self.before_write: Any = None
         self._tomb_lease = 0  # one lease for every tombstone this store writes (GC releases many)
         # The node's floor (see the module docstring): read from beside the lock before the command
         # (0: none), raised to the revision of every tombstone this store writes, and kept for the
@@ -259,6 +262,8 @@ class ClusterStore:
                     success.append(op_put(self.affinity_key(cidr),
                                           Affinity(cidr=cidr, node=self.node, network=self.network).to_json()))
                 success.append(op_put(key, b.to_json()))
+            if not self.sent_write and self.before_write is not None:
+                self.before_write()
             self.sent_write = True
             done = self.kv.txn(compare, success, failure)
             if done.succeeded:

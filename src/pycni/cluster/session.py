@@ -140,6 +140,12 @@ def raise_mapped(exc: BaseException | None, unavailable_code: int = TRY_AGAIN, w
 # beside the lock: whether its transaction went out. If it did not, nothing of that ADD can be in
 # etcd and the DEL has nothing to do; if it did (the answer was lost: it may have been applied),
 # the DEL tries once, briefly, and otherwise fails saying what is left.
+#
+# "Nothing of that ADD" must also cover an earlier ADD of the same attachment that was killed with
+# its transaction on the wire (a killed process writes no note afterwards): so an ADD writes
+# "pending" just before its first transaction goes out and clears the note when it succeeds. A
+# later ADD that fails without sending keeps an earlier "pending" or "sent" rather than claim
+# "unsent", and a DEL that finds "pending" does a full DEL (its tombstone stops the late commit).
 
 QUICK_DEL = 1.0  # seconds: the rollback DEL's budget after an ADD whose transaction went out
 NOTE_FRESH = 30.0  # seconds: a note older than this is from another episode and is ignored
@@ -149,19 +155,26 @@ def _note_path(cfg: ClusterSettings, cid: str, ifname: str) -> str:
     return os.path.join(cfg.lock_dir, f"{cfg.network}.{cfg.node}.failed-add.{cid}.{ifname}")
 
 
-def note_failed_add(cfg: ClusterSettings, cid: str, ifname: str, sent: bool) -> None:
-    """Record (best effort) that this ADD failed with etcd unavailable, and whether it sent its write."""
+def note_add(cfg: ClusterSettings, cid: str, ifname: str, state: str) -> None:
+    """Record (best effort) what an ADD of this attachment left: "pending" (its transaction is
+    going out now), "sent" (it failed with etcd unavailable after sending), "unsent"."""
     if not cfg.lock_dir:
         return
     try:
         with open(_note_path(cfg, cid, ifname), "w", encoding="ascii") as f:
-            f.write("sent\n" if sent else "unsent\n")
+            f.write(state + "\n")
     except OSError:
         pass
 
 
+def note_failed_add(cfg: ClusterSettings, cid: str, ifname: str, sent: bool, prior: str = "") -> None:
+    """Record that this ADD failed with etcd unavailable, and whether a write may be in etcd:
+    this ADD's (``sent``) or an earlier ADD's (``prior``, the note found when this ADD began)."""
+    note_add(cfg, cid, ifname, "sent" if sent else prior if prior in ("pending", "sent") else "unsent")
+
+
 def failed_add(cfg: ClusterSettings, cid: str, ifname: str) -> str:
-    """"sent" or "unsent" when a fresh note of a failed ADD of this attachment exists, else ''."""
+    """"pending", "sent" or "unsent" when a fresh note of an ADD of this attachment exists, else ''."""
     if not cfg.lock_dir:
         return ""
     path = _note_path(cfg, cid, ifname)
@@ -174,7 +187,7 @@ def failed_add(cfg: ClusterSettings, cid: str, ifname: str) -> str:
             text = f.read().strip()
     except (OSError, ValueError):
         return ""
-    return text if text in ("sent", "unsent") else ""
+    return text if text in ("pending", "sent", "unsent") else ""
 
 
 def clear_failed_add(cfg: ClusterSettings, cid: str, ifname: str) -> None:
