@@ -347,6 +347,8 @@ def _agent_times(path: Any) -> list[float]:
     for ln in path.read_text().splitlines():
         if ": applied rev " in ln and " ms after they arrived" in ln:
             out.append(float(ln.split(" events, ")[1].split(" ms")[0]) / 1000)
+            if out[-1] > 0.025:
+                log(f"(E) a slow batch: {ln}")
     return out
 
 
