@@ -632,13 +632,16 @@ class Agent:
                                  f"{', '.join(self.view.nodes[self.opts.name].underlay_ips)}, not this node's; "
                                  "the other nodes route our blocks there")
                     drained = time.monotonic()
+                    cpu = time.process_time()
                     if self.apply():
                         # the agent's own share of a convergence (its wall time from the watch's
-                        # answer to the last change), apart from delivery and the host's load
+                        # answer to the last change, and the CPU time it used converging), apart
+                        # from delivery and the host's load
                         end = time.monotonic()
                         self.log(f"applied rev {last_rev}: {events} events, {(end - arrived) * 1000:.1f} ms "
                                  f"after they arrived (drain {(drained - arrived) * 1000:.1f} ms, "
-                                 f"converge {(end - drained) * 1000:.1f} ms)")
+                                 f"converge {(end - drained) * 1000:.1f} ms, "
+                                 f"cpu {(time.process_time() - cpu) * 1000:.1f} ms)")
 
 
 # ---- operator commands --------------------------------------------------------------------------
