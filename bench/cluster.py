@@ -340,16 +340,18 @@ def _quantile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def _agent_times(path: Any) -> list[tuple[float, float]]:
+def _agent_times(path: Any) -> list[tuple[float, float, float, float]]:
     """The agent's own seconds per applied batch (its "applied rev" lines: wall time from the
-    watch's answer to the last change, and the CPU time converging), apart from watch delivery."""
+    watch's answer to the last change; of the convergence, CPU time, time waiting for a CPU and
+    time blocked in the kernel), apart from watch delivery."""
+    def ms(ln: str, label: str) -> float:
+        return float(ln.split(label)[1].split(" ms")[0]) / 1000 if label in ln else 0.0
+
     out = []
     for ln in path.read_text().splitlines():
         if ": applied rev " in ln and " ms after they arrived" in ln:
-            wall = float(ln.split(" events, ")[1].split(" ms")[0]) / 1000
-            cpu = float(ln.split(", cpu ")[1].split(" ms")[0]) / 1000 if ", cpu " in ln else 0.0
-            out.append((wall, cpu))
-            if wall > 0.025:
+            out.append((ms(ln, " events, "), ms(ln, ", cpu "), ms(ln, "waiting for a cpu "), ms(ln, ", blocked ")))
+            if out[-1][0] > 0.025:
                 log(f"(E) a slow batch: {ln}")
     return out
 
@@ -415,8 +417,10 @@ def case_convergence(b: Bench, samples: int, modes: list[str]) -> list[Row]:
                 if kind == "reused address":
                     c.delete(i, f"m{r}", conf, pod)
             times = [t for a in range(3) for t in _agent_times(work / f"agent-node{a + 1}.log")]
-            agent = sorted(w for w, _ in times)
-            cpu = sorted(c for _, c in times)
+            agent = sorted(t[0] for t in times)
+            cpu = sorted(t[1] for t in times)
+            queued = sorted(t[2] for t in times)
+            blocked = sorted(t[3] for t in times)
         finally:
             c.close()
         load = max(load, os.getloadavg()[0])
@@ -429,7 +433,9 @@ def case_convergence(b: Bench, samples: int, modes: list[str]) -> list[Row]:
                      (f"(E) {mode}: agent's own time per applied batch p99", _quantile(agent, 0.99), "s"),
                      (f"(E) {mode}: agent's own time per applied batch max", agent[-1], "s"),
                      (f"(E) {mode}: agent's CPU time converging a batch p50", _quantile(cpu, 0.5), "s"),
-                     (f"(E) {mode}: agent's CPU time converging a batch max", cpu[-1], "s")]
+                     (f"(E) {mode}: agent's CPU time converging a batch max", cpu[-1], "s"),
+                     (f"(E) {mode}: ... waiting for a CPU (the load) max", queued[-1], "s"),
+                     (f"(E) {mode}: ... blocked in the kernel max", blocked[-1], "s")]
         rows += [(f"(E) {mode}: load average during the case", load, "n")]
         rows += [(f"(E) {mode}: convergence p50 (n={len(every)})", _quantile(every, 0.5), "s"),
                  (f"(E) {mode}: convergence p99 (target <= 25 ms)", _quantile(every, 0.99), "s"),

@@ -632,16 +632,30 @@ class Agent:
                                  f"{', '.join(self.view.nodes[self.opts.name].underlay_ips)}, not this node's; "
                                  "the other nodes route our blocks there")
                     drained = time.monotonic()
-                    cpu = time.process_time()
+                    cpu, queued = _sched()
                     if self.apply():
                         # the agent's own share of a convergence (its wall time from the watch's
-                        # answer to the last change, and the CPU time it used converging), apart
-                        # from delivery and the host's load
+                        # answer to the last change), split: CPU time it used converging, time it
+                        # waited for a CPU (the host's load), and the rest, blocked in the kernel
                         end = time.monotonic()
+                        cpu2, queued2 = _sched()
+                        conv = end - drained
                         self.log(f"applied rev {last_rev}: {events} events, {(end - arrived) * 1000:.1f} ms "
                                  f"after they arrived (drain {(drained - arrived) * 1000:.1f} ms, "
-                                 f"converge {(end - drained) * 1000:.1f} ms, "
-                                 f"cpu {(time.process_time() - cpu) * 1000:.1f} ms)")
+                                 f"converge {conv * 1000:.1f} ms, cpu {(cpu2 - cpu) * 1000:.1f} ms, "
+                                 f"waiting for a cpu {(queued2 - queued) * 1000:.1f} ms, blocked "
+                                 f"{max(0.0, conv - (cpu2 - cpu) - (queued2 - queued)) * 1000:.1f} ms)")
+
+
+def _sched() -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of this thread, from the
+    scheduler's own accounting (/proc/thread-self/schedstat); CPU time alone when it is absent."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as f:
+            run, wait, _ = f.read().split()
+        return int(run) / 1e9, int(wait) / 1e9
+    except (OSError, ValueError):
+        return time.thread_time(), 0.0
 
 
 # ---- operator commands --------------------------------------------------------------------------
