@@ -214,7 +214,8 @@ class Programmed:
     local: set[str] = field(default_factory=set)              # host routes not ours: this node's pods
 
 
-def read_kernel(device: str) -> Programmed:
+def read_kernel(device: str, peers: bool = True) -> Programmed:
+    """What the kernel holds of ours; the vxlan peers (neighbour and FDB dumps) only with ``peers``."""
     from pycni.net import link, neigh, route
     from pycni.net.nl import NUD_PERMANENT
 
@@ -237,7 +238,7 @@ def read_kernel(device: str) -> Programmed:
                                          blackhole=r.type == route.RTN_BLACKHOLE)
         elif r.dst.prefixlen == r.dst.max_prefixlen and r.type == route.RTN_UNICAST and r.oif:
             out.local.add(str(r.dst))
-    if device and link.get_link(device) is not None:
+    if peers and device and link.get_link(device) is not None:
         for n in neigh.list_neighbours(device):
             if n.state & NUD_PERMANENT and n.dst:
                 out.neighbours[n.dst] = n.lladdr
@@ -258,13 +259,18 @@ def describe(cidr: str, hop: Hop) -> str:
     return f"{cidr} via {hop.gw}" + (f" dev {hop.dev} onlink" if hop.dev else "")
 
 
-def converge(want: Plan, device: str, log: Any) -> tuple[int, int]:
+def converge(want: Plan, device: str, log: Any, peers: bool = True) -> tuple[int, int]:
     """Make the kernel hold exactly ``want`` of what is ours; one log line per change. Returns
-    (changes made, changes the kernel refused): a refusal is logged and retried at the next pass."""
+    (changes made, changes the kernel refused): a refusal is logged and retried at the next pass.
+
+    Without ``peers`` the vxlan peers (FDB and neighbour entries) are neither read nor changed:
+    the caller knows they are as last applied. The FDB dump takes the kernel's rtnl lock, shared
+    by every namespace of the machine, so it waited behind whatever else held it (tens of ms on a
+    busy host) on every event; most events (a block claimed, an address borrowed) move no peer."""
     from pycni.net import neigh, route
     from pycni.spec.errors import CNIError
 
-    have = read_kernel(device)
+    have = read_kernel(device, peers)
     changes = failed = 0
     want_neigh = {ip: mac for info in want.peers.values() for ip, mac in info.vtep_neighbours().items()}
     want_fdb = {info.vtep_mac: info.underlay(4) for info in want.peers.values()}
@@ -281,6 +287,8 @@ def converge(want: Plan, device: str, log: Any) -> tuple[int, int]:
         log(what)
 
     # Peers first (a route over the device needs its neighbour), routes, then stale peers.
+    if not peers:
+        want_fdb, want_neigh = dict(have.fdb), dict(have.neighbours)  # (both empty: nothing to do)
     for mac, remote in sorted(want_fdb.items()):
         if have.fdb.get(mac) != remote:
             attempt(f"fdb {mac} dst {remote} dev {device}", neigh.set_fdb, device, mac, remote)
@@ -523,7 +531,9 @@ class Agent:
         want = plan(self.view, self.opts.name, self.opts.mode, self.device)
         if not force and want == self.applied:
             return 0
-        changes, failed = converge(want, self.device, self.log)
+        # the peers as last applied (a full sync reads and repairs them, every resync period)
+        same_peers = not force and self.applied is not None and want.peers == self.applied.peers
+        changes, failed = converge(want, self.device, self.log, peers=not same_peers)
         self.applied = None if failed else want  # a refusal is tried again at the next event
         return changes
 
