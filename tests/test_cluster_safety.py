@@ -194,6 +194,30 @@ def test_re_add_read_from_a_lagging_member_is_not_refused_with_the_floor() -> No
     assert again.inconsistencies() == []
 
 
+def test_a_floor_from_another_etcd_is_forgotten() -> None:
+    """A floor above the store's revision (etcd rebuilt, revisions started again) would make every
+    tombstone look old; a linearizable read shows it for what it is, and a DEL during the ADD is
+    still refused."""
+    kv = MemKV()
+    s = ClusterStore(kv, "net", "n1")
+    done: list[int] = []
+
+    def hook(p: Pending) -> TxnResult:
+        if _is_add_commit(p, "c1") and not done:
+            done.append(1)
+            s.release("c1", "eth0")
+        return p.apply()
+
+    kv.interceptor = hook
+    add = ClusterStore(kv, "net", "n1")
+    add.floor = 10**9
+    with pytest.raises(IpamError) as e:
+        add.assign("c1", "eth0", RS, [], SIZES)
+    assert e.value.kind == "deleted" and add.floor == 0
+    assert s.floor == kv.revision  # a DEL's floor is its own write's revision
+    assert _leftovers(s) == ([], [])
+
+
 def test_session_keeps_the_floor_beside_the_lock(tmp_path: Path) -> None:
     """A DEL's tombstone revision is kept in the node's hint file; the next command reads it."""
     kv = MemKV()

@@ -223,7 +223,7 @@ class ClusterStore:
         """
         hkey = self.handle_key(cid, ifname)
         tkey = self.tombstone_key(cid, ifname)
-        ref = 0  # a tombstone above this revision is a DEL of this very ADD (set by the first read)
+        ref = first = 0  # a tombstone above revision ref is a DEL of this very ADD (set by the first read)
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
                 _pause(attempt)  # spread racing writers
@@ -236,7 +236,12 @@ class ClusterStore:
                                      *(op_get(self.block_key(c), serializable=fast) for c in hinted)])
             existing, tomb, affs, *got = res.responses
             if not attempt:  # the first read: everything up to its revision was there before this ADD looked
-                ref = max(self.floor, res.revision)
+                first = res.revision
+                ref = max(self.floor, first)
+            elif self.floor > res.revision:
+                # A floor above what a linearizable read shows is from another etcd (the cluster was
+                # rebuilt, revisions started again): it proves nothing here; forget it.
+                ref, self.floor = first, 0
             if existing:
                 kv = existing[0] if not fast else self.kv.get(hkey)  # a handle seen stale may be gone
                 if kv is not None:
@@ -323,7 +328,7 @@ class ClusterStore:
                 value, lease = self._tombstone()
                 done = self.kv.txn([if_absent(hkey)], [op_put(tkey, value, lease=lease)], [op_get(hkey)])
                 if done.succeeded:
-                    self.floor = max(self.floor, done.revision)
+                    self.floor = done.revision  # a write's revision: at least any true floor
                     return []
                 self.lost_races += 1  # the handle appeared (that ADD just committed): release it
                 continue
@@ -349,7 +354,7 @@ class ClusterStore:
                 success.append(op_put(self.block_key(cidr), b.to_json()))
             done = self.kv.txn(compare, success)
             if done.succeeded:
-                self.floor = max(self.floor, done.revision)
+                self.floor = done.revision
                 return list(handle.get("ips", ()))
             self.lost_races += 1
         raise IpamError("contention", f"gave up releasing {hid} after {MAX_ATTEMPTS} conflicting attempts",

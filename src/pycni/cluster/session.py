@@ -108,8 +108,8 @@ class Session:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if self.lock and self._lock_held is not None and self.store is not None and (
-                self.store.floor > self._floor_before or (exc is None and self.store.hint != self._hint_before)):
-            # under the lock: writers take turns, and the floor only grows
+                self.store.floor != self._floor_before or (exc is None and self.store.hint != self._hint_before)):
+            # under the lock: writers take turns (the floor grows, or is forgotten when it proved bogus)
             self._write_hint(self.store.hint if exc is None else self._hint_before, self.store.floor)
         self._release()
         if self.kv is not None and self._given is None:
