@@ -59,6 +59,7 @@ from pycni.plugins.registry import install  # noqa: E402
 GO = "/usr/lib/cni"
 Row = tuple[str, float, str]  # case, value, unit: "s" seconds, "x" ratio, "n" a count or rate
 PATH_ENV = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+NS_PREFIX = "pycni-bc"  # of every namespace the bench makes (--ns-prefix: two benches side by side)
 
 
 def log(msg: str) -> None:
@@ -72,7 +73,7 @@ class Bench:
         self.shims = os.path.join(tmp, "bin")
         install(self.shims, daemon=True)
         self.socket = os.path.join(tmp, "pycni.sock")
-        self.daemon_ns = new_namespace("pycni-bc")
+        self.daemon_ns = new_namespace(NS_PREFIX)
         self.daemon = subprocess.Popen(["ip", "netns", "exec", self.daemon_ns.name, sys.executable, "-m",
                                         "pycni.daemon", "--socket", self.socket, "--log-file",
                                         os.path.join(tmp, "daemon.log")],
@@ -143,7 +144,7 @@ def case_cycle(b: Bench, rounds: int) -> list[Row]:
     for r in range(rounds + 1):
         order = variants[r % len(variants):] + variants[:r % len(variants)]
         for v in order:
-            pod = new_namespace("pycni-bc")
+            pod = new_namespace(NS_PREFIX)
             try:
                 t_add, _ = b.call(v[0], node, "ADD", confs[v], f"cyc{r}", pod)
                 t_del, _ = b.call(v[0], node, "DEL", confs[v], f"cyc{r}", pod)
@@ -168,7 +169,7 @@ def case_parallel(b: Bench, per_node: int, variant: str) -> list[Row]:
     network = f"par{variant}"
     subnet = "10.110.0.0/16" if variant == "oneshot" else "10.111.0.0/16"
     jobs = [(n, i) for n in range(3) for i in range(per_node)]
-    pods = {j: new_namespace("pycni-bc") for j in jobs}
+    pods = {j: new_namespace(NS_PREFIX) for j in jobs}
     try:
         def add(j: tuple[int, int]) -> tuple[float, str]:
             node = b.cluster.nodes[j[0]]
@@ -232,7 +233,7 @@ def case_many(b: Bench, total: int) -> list[Row]:
     conf = b.conf(network, node, "cluster-ipam", subnet)
     samples = []
     for r in range(5):
-        pod = new_namespace("pycni-bc")
+        pod = new_namespace(NS_PREFIX)
         try:
             samples.append(b.call("oneshot", node, "ADD", conf, f"late{r}", pod)[0])
             b.call("oneshot", node, "DEL", conf, f"late{r}", pod)
@@ -277,7 +278,7 @@ def case_growth(b: Bench, total: int, nodes: int = 50) -> list[Row]:
     rs = [parse_range_set([{"subnet": subnet}])]
     node = b.cluster.nodes[1]
     conf = b.conf(network, node, "cluster-ipam", subnet)
-    pod = new_namespace("pycni-bc")
+    pod = new_namespace(NS_PREFIX)
     rows: list[Row] = []
     try:
         b.call("ipam", node, "ADD", conf, "warm", pod)  # node2 claims its block: not what is measured
@@ -339,15 +340,34 @@ def _quantile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def _agent_times(path: Any) -> list[tuple[float, float, float, float]]:
+    """The agent's own seconds per applied batch (its "applied rev" lines: wall time from the
+    watch's answer to the last change; of the convergence, CPU time, time waiting for a CPU and
+    time blocked in the kernel), apart from watch delivery."""
+    def ms(ln: str, label: str) -> float:
+        return float(ln.split(label)[1].split(" ms")[0]) / 1000 if label in ln else 0.0
+
+    out = []
+    for ln in path.read_text().splitlines():
+        if ": applied rev " in ln and " ms after they arrived" in ln:
+            out.append((ms(ln, " events, "), ms(ln, ", cpu "), ms(ln, "waiting for a cpu "), ms(ln, ", blocked ")))
+            if out[-1][0] > 0.025:
+                log(f"(E) a slow batch: {ln}")
+    return out
+
+
 def case_convergence(b: Bench, samples: int, modes: list[str]) -> list[Row]:
     from pathlib import Path
 
+    import test_cluster_reuse
     from test_cluster_reuse import Cluster
 
     from pycni.plugins.main import routed  # noqa: F401 - the plugin the pods use (through Cluster.add)
 
+    test_cluster_reuse.PREFIX = NS_PREFIX  # the pods' namespaces
     rows: list[Row] = []
     for mode in modes:
+        load = os.getloadavg()[0]
         work = Path(tempfile.mkdtemp(prefix="pycni-bench-conv-", dir=b.tmp))
         c = Cluster(b.cluster, work, b.shims, mode=mode)
         lat: dict[str, list[float]] = {"new block": [], "block with room": [], "reused address": []}
@@ -377,6 +397,7 @@ def case_convergence(b: Bench, samples: int, modes: list[str]) -> list[Row]:
                 time.sleep(0.2)
                 pod, _ = c.add(i, f"m{r}", dict(conf, args={"cni": {"ips": [ip]}}))
                 done = time.time()
+                load = max(load, os.getloadavg()[0])
                 time.sleep(WINDOW)
                 for pg in pingers:
                     pg.send_signal(2)
@@ -395,9 +416,27 @@ def case_convergence(b: Bench, samples: int, modes: list[str]) -> list[Row]:
                                 log(f"    {ln}")
                 if kind == "reused address":
                     c.delete(i, f"m{r}", conf, pod)
+            times = [t for a in range(3) for t in _agent_times(work / f"agent-node{a + 1}.log")]
+            agent = sorted(t[0] for t in times)
+            cpu = sorted(t[1] for t in times)
+            queued = sorted(t[2] for t in times)
+            blocked = sorted(t[3] for t in times)
         finally:
             c.close()
+        load = max(load, os.getloadavg()[0])
         every = sorted(x for xs in lat.values() for x in xs)
+        log(f"(E) {mode}: load average (1 min) up to {load:.1f} on {os.cpu_count()} CPUs; agents applied "
+            f"{len(agent)} batches")
+        if agent:
+            rows += [(f"(E) {mode}: agent's own time per applied batch p50 (n={len(agent)})", _quantile(agent, 0.5),
+                      "s"),
+                     (f"(E) {mode}: agent's own time per applied batch p99", _quantile(agent, 0.99), "s"),
+                     (f"(E) {mode}: agent's own time per applied batch max", agent[-1], "s"),
+                     (f"(E) {mode}: agent's CPU time converging a batch p50", _quantile(cpu, 0.5), "s"),
+                     (f"(E) {mode}: agent's CPU time converging a batch max", cpu[-1], "s"),
+                     (f"(E) {mode}: ... waiting for a CPU (the load) max", queued[-1], "s"),
+                     (f"(E) {mode}: ... blocked in the kernel max", blocked[-1], "s")]
+        rows += [(f"(E) {mode}: load average during the case", load, "n")]
         rows += [(f"(E) {mode}: convergence p50 (n={len(every)})", _quantile(every, 0.5), "s"),
                  (f"(E) {mode}: convergence p99 (target <= 25 ms)", _quantile(every, 0.99), "s"),
                  (f"(E) {mode}: convergence max (target <= 100 ms)", every[-1], "s")]
@@ -406,6 +445,7 @@ def case_convergence(b: Bench, samples: int, modes: list[str]) -> list[Row]:
 
 
 def main() -> int:
+    global NS_PREFIX
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--parallel", type=int, default=64, help="ADDs per node in (B)")
@@ -413,14 +453,16 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=30, help="new pods per mode in (E)")
     p.add_argument("--modes", default="host-gw,vxlan", help="agent modes in (E)")
     p.add_argument("--only", default="A,B,C,D,E")
+    p.add_argument("--ns-prefix", default=NS_PREFIX, help="prefix of the namespaces the bench makes")
     opts = p.parse_args()
+    NS_PREFIX = opts.ns_prefix
     if os.geteuid() != 0:
         sys.exit("bench: needs root (it creates network namespaces)")
     tmp = tempfile.mkdtemp(prefix="pycni-bench-cluster-")
     rows: list[Row] = []
     started = time.perf_counter()
     try:
-        with EtcdCluster(subnet="10.232.0.0/24", prefix="pycni-bc") as cluster:
+        with EtcdCluster(subnet="10.232.0.0/24", prefix=NS_PREFIX) as cluster:
             b = Bench(cluster, tmp)
             try:
                 cases: list[tuple[str, Callable[[], list[Row]]]] = [

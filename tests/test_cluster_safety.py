@@ -29,6 +29,9 @@ from netns_util import new_namespace
 from pycni.cluster.etcd import TxnResult
 from pycni.cluster.ipam import TOMBSTONE_TTL, ClusterStore, IpamError
 from pycni.cluster.memkv import MemKV, Pending
+from pycni.cluster.model import Tombstone
+from pycni.cluster.session import session
+from pycni.cluster.settings import ClusterSettings, EtcdSettings
 from pycni.ipranges import parse_range_set
 
 RS = [parse_range_set([{"subnet": "10.90.0.0/24"}])]
@@ -131,6 +134,106 @@ def test_add_after_del_is_a_new_attachment() -> None:
     again = kv.get(s.tombstone_key("c1", "eth0"))
     assert again is not None and again.mod_revision > first.mod_revision
     assert _leftovers(s) == ([], [])
+
+
+def test_tombstone_decision_uses_revisions_not_clocks() -> None:
+    """Whether a tombstone is this ADD's own DEL is decided by etcd revisions: a tombstone whose
+    wall-clock stamp lies in the future (a clock stepped back since) does not refuse a re-ADD, and
+    one stamped long ago (a clock stepped forward, or another node's) landing during an ADD does."""
+    kv = MemKV()
+    s = ClusterStore(kv, "net", "n1")
+    tkey = s.tombstone_key("c1", "eth0")
+    kv.put(tkey, Tombstone(node="n1", deleted=time.time() + 3600).to_json())  # a DEL, "an hour from now"
+    got = ClusterStore(kv, "net", "n1").assign("c1", "eth0", RS, [], SIZES)
+    assert str(got[0].ip) == "10.90.0.2" and kv.get(tkey) is None
+    assert s.release("c1", "eth0") == ["10.90.0.2/24"]
+    done: list[int] = []
+
+    def hook(p: Pending) -> TxnResult:
+        if _is_add_commit(p, "c2") and not done:
+            done.append(1)  # a DEL stamped with a clock far behind lands between the read and the commit
+            kv.put(s.tombstone_key("c2", "eth0"), Tombstone(node="n1", deleted=0.0).to_json())
+        return p.apply()
+
+    kv.interceptor = hook
+    with pytest.raises(IpamError) as e:
+        ClusterStore(kv, "net", "n1").assign("c2", "eth0", RS, [], SIZES)
+    assert e.value.kind == "deleted"
+    assert _leftovers(s) == ([], [])
+
+
+def _lagging_first_read(kv: MemKV, lag: MemKV) -> Any:
+    """An interceptor that serves serializable reads from ``lag`` (a member that has not applied
+    the latest writes) and everything else from ``kv`` (the leader)."""
+    def hook(p: Pending) -> TxnResult:
+        if not p.writes and any(op.get("request_range", {}).get("serializable") for op in p.success):
+            return lag.txn(p.compare, p.success, p.failure)
+        return p.apply()
+    return hook
+
+
+def test_re_add_read_from_a_lagging_member_is_not_refused_with_the_floor() -> None:
+    """The runtime's DEL returned; the re-ADD's first (serializable) read comes from a member that
+    has not applied the DEL's tombstone yet, so its commit fails on a tombstone newer than its read.
+    Without more, that looks like a DEL during the ADD (refused, code 11, once); the node's floor
+    (the DEL's revision, kept beside the lock) tells it is the DEL this re-ADD follows."""
+    kv, lag = MemKV(), MemKV()
+    for store in (ClusterStore(kv, "net", "n1"), ClusterStore(lag, "net", "n1")):
+        store.assign("other", "eth0", RS, [], SIZES)  # both members hold the same state
+    dele = ClusterStore(kv, "net", "n1")
+    assert dele.release("c1", "eth0") == [] and dele.floor == kv.revision  # applied on the leader only
+    kv.interceptor = _lagging_first_read(kv, lag)
+    with pytest.raises(IpamError) as e:  # no floor (lockDir off): indistinguishable, refused
+        ClusterStore(kv, "net", "n1").assign("c1", "eth0", RS, [], SIZES)
+    assert e.value.kind == "deleted"
+    again = ClusterStore(kv, "net", "n1")
+    again.floor = dele.floor  # what the session reads from beside the lock
+    got = again.assign("c1", "eth0", RS, [], SIZES)
+    assert str(got[0].ip) == "10.90.0.3" and kv.get(dele.tombstone_key("c1", "eth0")) is None
+    kv.interceptor = None
+    assert again.inconsistencies() == []
+
+
+def test_a_floor_from_another_etcd_is_forgotten() -> None:
+    """A floor above the store's revision (etcd rebuilt, revisions started again) would make every
+    tombstone look old; a linearizable read shows it for what it is, and a DEL during the ADD is
+    still refused."""
+    kv = MemKV()
+    s = ClusterStore(kv, "net", "n1")
+    done: list[int] = []
+
+    def hook(p: Pending) -> TxnResult:
+        if _is_add_commit(p, "c1") and not done:
+            done.append(1)
+            s.release("c1", "eth0")
+        return p.apply()
+
+    kv.interceptor = hook
+    add = ClusterStore(kv, "net", "n1")
+    add.floor = 10**9
+    with pytest.raises(IpamError) as e:
+        add.assign("c1", "eth0", RS, [], SIZES)
+    assert e.value.kind == "deleted" and add.floor == 0
+    assert s.floor == kv.revision  # a DEL's floor is its own write's revision
+    assert _leftovers(s) == ([], [])
+
+
+def test_session_keeps_the_floor_beside_the_lock(tmp_path: Path) -> None:
+    """A DEL's tombstone revision is kept in the node's hint file; the next command reads it."""
+    kv = MemKV()
+    cfg = ClusterSettings(network="net", etcd=EtcdSettings(endpoints=["http://mem"]), node="n1",
+                          lock_dir=str(tmp_path))
+    with session(cfg, lock=True, kv=kv) as s:
+        s.assign("c1", "eth0", RS, [], SIZES)
+    with session(cfg, lock=True, kv=kv) as s:
+        assert s.floor == 0
+        s.release("c1", "eth0")
+    floor = kv.revision
+    with session(cfg, lock=True, kv=kv) as s:
+        assert s.floor == floor and [str(c) for c in s.hint] == ["10.90.0.0/26"]
+        s.assign("c2", "eth0", RS, [], SIZES)
+    with session(cfg, lock=True, kv=kv) as s:
+        assert s.floor == floor  # an ADD leaves it as it was
 
 
 def test_tombstone_expires_with_its_lease() -> None:
@@ -300,3 +403,61 @@ def test_failed_add_whose_write_went_out_says_so(cluster: EtcdCluster, tmp_path:
         s = ClusterStore(etcd, "budget", node.name, "/sf-budget")
         assert _leftovers(s) == ([], [])
         etcd.delete_prefix("/sf-budget/")
+
+
+def _unreachable_conf(lock_dir: Path) -> dict[str, Any]:
+    return {"cniVersion": "1.1.0", "name": "gone", "type": "routed", "ipam": {
+        "type": "cluster-ipam", "etcdEndpoints": ["http://127.0.0.1:1"], "nodeName": "n1", "etcdTimeout": 1,
+        "lockDir": str(lock_dir), "ranges": [[{"subnet": "10.88.0.0/24"}]]}}
+
+
+def test_rollback_del_does_not_skip_an_earlier_add_cut_off_mid_flight(tmp_path: Path) -> None:
+    """An ADD killed with its transaction on the wire writes nothing afterwards; it marks "pending"
+    just before its first write goes out. A later ADD of the same attachment that fails without
+    sending (etcd unreachable) keeps that mark instead of claiming "unsent", and the rollback DEL
+    then does a full DEL (its tombstone stops the late commit) instead of skipping etcd."""
+    from plugin_util import err, run
+
+    from pycni.cluster.session import failed_add, note_add
+
+    conf = _unreachable_conf(tmp_path)
+    cfg = ClusterSettings(network="gone", etcd=EtcdSettings(endpoints=["http://127.0.0.1:1"]), node="n1",
+                          lock_dir=str(tmp_path))
+    # Alone, an ADD that sent nothing lets the rollback DEL skip etcd.
+    e = err(run("cluster-ipam", "ADD", conf, container_id="c0", netns="/var/run/netns/none"))
+    assert e["code"] == 11 and "nothing is left for the runtime's DEL" in e["details"], e
+    assert failed_add(cfg, "c0", "eth0") == "unsent"
+    assert run("cluster-ipam", "DEL", conf, container_id="c0").exit_code == 0
+    assert failed_add(cfg, "c0", "eth0") == ""
+    # An earlier ADD of c1 was killed after its before-write mark.
+    note_add(cfg, "c1", "eth0", "pending")
+    e = err(run("cluster-ipam", "ADD", conf, container_id="c1", netns="/var/run/netns/none"))
+    assert e["code"] == 11 and "an earlier ADD of it was cut off" in e["details"], e
+    assert failed_add(cfg, "c1", "eth0") == "pending"
+    out = run("cluster-ipam", "DEL", conf, container_id="c1")
+    assert out.exit_code != 0 and json.loads(out.stdout)["code"] == 11  # it went to etcd, and said so
+    assert failed_add(cfg, "c1", "eth0") == "pending"  # still there for the runtime's next DEL
+
+
+def test_add_marks_pending_before_its_write_and_clears_on_success(tmp_path: Path) -> None:
+    """The mark is written once, just before the first transaction goes out, and a successful ADD
+    (whose handle a DEL releases in full) leaves no note."""
+    from pycni.cluster.session import clear_failed_add, failed_add, note_add
+
+    kv = MemKV()
+    cfg = ClusterSettings(network="net", etcd=EtcdSettings(endpoints=["http://mem"]), node="n1",
+                          lock_dir=str(tmp_path))
+    seen: list[str] = []
+
+    def hook(p: Pending) -> TxnResult:
+        if p.writes:
+            seen.append(failed_add(cfg, "c1", "eth0"))
+        return p.apply()
+
+    kv.interceptor = hook
+    with session(cfg, lock=True, kv=kv) as s:
+        s.before_write = lambda: note_add(cfg, "c1", "eth0", "pending")
+        s.assign("c1", "eth0", RS, [], SIZES)
+    assert seen == ["pending"]
+    clear_failed_add(cfg, "c1", "eth0")
+    assert failed_add(cfg, "c1", "eth0") == ""

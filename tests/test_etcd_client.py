@@ -116,6 +116,25 @@ def test_watch_events_and_idle(etcd: Etcd) -> None:
         assert seen == [("PUT", "/t/w/a", None), ("DELETE", "/t/w/a", "1")]
 
 
+def test_watch_ready_says_whether_more_has_arrived(etcd: Etcd) -> None:
+    """``ready()`` is how the node agent drains a burst without sleeping on an idle stream."""
+    rev = etcd.put("/t/r/seed", "0")
+    with etcd.watch("/t/r/", prefix=True, start_revision=rev + 1) as w:
+        assert not w.ready()  # nothing sent yet
+        etcd.put("/t/r/a", "1")
+        etcd.put("/t/r/b", "2")
+        deadline = time.monotonic() + 10
+        while not w.ready():  # the events are on their way
+            assert time.monotonic() < deadline, "no event arrived"
+            time.sleep(0.01)
+        keys = []
+        while len(keys) < 2:
+            batch = w.next(timeout=5)
+            assert batch is not None
+            keys += [e.kv.key for e in batch.events]
+        assert keys == ["/t/r/a", "/t/r/b"] and not w.ready()
+
+
 def test_watch_compacted(etcd: Etcd) -> None:
     old = etcd.put("/t/c", "1")
     now = etcd.put("/t/c", "2")

@@ -707,6 +707,20 @@ class Watch:
                                 prev=_kv(prev) if prev else None))
         return WatchBatch(revision=_revision(msg), events=events)
 
+    def ready(self) -> bool:
+        """Whether more of the stream has arrived already (buffered, or readable now): the agent
+        drains a burst without sleeping on an idle stream after every batch."""
+        if self._pending.strip() or self._conn._buf:
+            return True
+        sock = self._conn.sock
+        if sock is None:
+            return True  # next() reports the broken stream
+        if getattr(sock, "pending", lambda: 0)():  # TLS: decrypted bytes the socket itself no longer shows
+            return True
+        import select
+
+        return bool(select.select([sock], [], [], 0)[0])
+
     def __iter__(self) -> Iterator[WatchBatch]:
         while True:
             batch = self.next(None)

@@ -19,12 +19,17 @@ committed after the DEL read "no handle" — linearizability allows that order. 
 writes a *tombstone* for the attachment (``P/ipam/deleted/...``, in its release transaction, or
 alone — conditional on the handle's absence — when there was nothing to release), and every ADD
 transaction compares the tombstone's mod revision with the one it read: a DEL that lands
-between an ADD's read and its commit makes that commit fail. An ADD that finds a tombstone
-written after it started (this host's clock: an attachment's ADD and DEL run on one node) gives
-up ("deleted"): its attachment is gone, retrying would resurrect it. An ADD that commits deletes
-the tombstone (the handle now stands in its place; a later DEL writes a new one, at a new
-revision). Tombstones are bound to a lease of :data:`TOMBSTONE_TTL` seconds, far longer than any
-request stays in flight, so they do not pile up.
+between an ADD's read and its commit makes that commit fail. Whether a tombstone is this ADD's
+own DEL is decided by etcd revisions, not by a clock: the ADD's *reference* is the header
+revision of its first read, raised to the node's *floor* (the newest tombstone revision a DEL of
+this node recorded beside the lock before this command began). A tombstone at or below the
+reference was written before the ADD looked — an earlier DEL, and this ADD is a re-ADD: it
+compares on it and deletes it with the handle's creation. A tombstone above it was written after
+the ADD's first read: its DEL ran while the ADD was in progress, and the ADD gives up
+("deleted") rather than resurrect the attachment. The floor is what keeps a re-ADD whose first
+(serializable) read came from a member that had not yet applied the DEL from being refused.
+Tombstones are bound to a lease of :data:`TOMBSTONE_TTL` seconds, far longer than any request
+stays in flight, so they do not pile up.
 """
 
 from __future__ import annotations
@@ -148,7 +153,14 @@ class ClusterStore:
         # write compares revisions.
         self.hint: list[IPNetwork] = []
         self.sent_write = False  # an ADD's transaction went out (it may be applied even if no answer came)
+        # Called once, just before an ADD's first transaction goes out (the plugin notes it beside the
+        # lock, so a rollback DEL knows an ADD killed mid-flight may still commit).
+        self.before_write: Any = None
         self._tomb_lease = 0  # one lease for every tombstone this store writes (GC releases many)
+        # The node's floor (see the module docstring): read from beside the lock before the command
+        # (0: none), raised to the revision of every tombstone this store writes, and kept for the
+        # node's next commands.
+        self.floor = 0
 
     # -- keys --
 
@@ -211,7 +223,7 @@ class ClusterStore:
         """
         hkey = self.handle_key(cid, ifname)
         tkey = self.tombstone_key(cid, ifname)
-        started = time.time()  # a tombstone written after this moment is a DEL of this very ADD
+        ref = first = 0  # a tombstone above revision ref is a DEL of this very ADD (set by the first read)
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
                 _pause(attempt)  # spread racing writers
@@ -223,11 +235,18 @@ class ClusterStore:
                                      op_get(self.affinity_prefix, prefix=True, serializable=fast, keys_only=True),
                                      *(op_get(self.block_key(c), serializable=fast) for c in hinted)])
             existing, tomb, affs, *got = res.responses
+            if not attempt:  # the first read: everything up to its revision was there before this ADD looked
+                first = res.revision
+                ref = max(self.floor, first)
+            elif self.floor > res.revision:
+                # A floor above what a linearizable read shows is from another etcd (the cluster was
+                # rebuilt, revisions started again): it proves nothing here; forget it.
+                ref, self.floor = first, 0
             if existing:
                 kv = existing[0] if not fast else self.kv.get(hkey)  # a handle seen stale may be gone
                 if kv is not None:
                     return self._assigned_from(handle_from_json(kv.value), range_sets)
-            tomb_rev = self._check_tombstone(tomb, started, cid, ifname)
+            tomb_rev = self._check_tombstone(tomb, ref, cid, ifname)
             mine = [key_cidr(kv.key.rpartition("/")[2]) for kv in affs]
             plan = _Plan(self, f"{cid}/{ifname}", mine, block_sizes, strict_affinity, fast)
             plan.prefetched([Block.from_json(kv.value, kv.mod_revision) for kvs in got for kv in kvs])
@@ -248,6 +267,8 @@ class ClusterStore:
                     success.append(op_put(self.affinity_key(cidr),
                                           Affinity(cidr=cidr, node=self.node, network=self.network).to_json()))
                 success.append(op_put(key, b.to_json()))
+            if not self.sent_write and self.before_write is not None:
+                self.before_write()
             self.sent_write = True
             done = self.kv.txn(compare, success, failure)
             if done.succeeded:
@@ -256,22 +277,23 @@ class ClusterStore:
             if done.responses and done.responses[0]:  # the handle appeared meanwhile (our own earlier try)
                 return self._assigned_from(handle_from_json(done.responses[0][0].value), range_sets)
             if len(done.responses) > 1:
-                self._check_tombstone(done.responses[1], started, cid, ifname)  # a DEL landed meanwhile?
+                self._check_tombstone(done.responses[1], ref, cid, ifname)  # a DEL landed meanwhile?
             self.lost_races += 1
         raise IpamError("contention", f"gave up after {MAX_ATTEMPTS} conflicting attempts",
                         "other writers changed the same blocks each time; try again")
 
-    def _check_tombstone(self, found: list[Any], started: float, cid: str, ifname: str) -> int:
+    def _check_tombstone(self, found: list[Any], ref: int, cid: str, ifname: str) -> int:
         """The mod revision of the attachment's tombstone (0: none) for an ADD's compare; an
-        IpamError "deleted" when it was written after the ADD began (its DEL already ran)."""
+        IpamError "deleted" when it was written after revision ``ref`` (the ADD's first read: its
+        DEL ran while the ADD was in progress)."""
         if not found:
             return 0
-        kv = found[0]
-        if Tombstone.from_json(kv.value).deleted >= started:
+        rev = int(found[0].mod_revision)
+        if rev > ref:
             raise IpamError("deleted", f"{cid}/{ifname} was deleted while this ADD was in progress: nothing "
                             "allocated", "a DEL of this attachment ran after the ADD began (the runtime gave up "
                             "on it); ADD it again if it is still wanted")
-        return int(kv.mod_revision)
+        return rev
 
     def _assigned_from(self, handle: dict[str, Any], range_sets: Sequence[RangeSet]) -> list[Assigned]:
         out = []
@@ -306,6 +328,7 @@ class ClusterStore:
                 value, lease = self._tombstone()
                 done = self.kv.txn([if_absent(hkey)], [op_put(tkey, value, lease=lease)], [op_get(hkey)])
                 if done.succeeded:
+                    self.floor = done.revision  # a write's revision: at least any true floor
                     return []
                 self.lost_races += 1  # the handle appeared (that ADD just committed): release it
                 continue
@@ -329,7 +352,9 @@ class ClusterStore:
                     del b.allocations[o]
                 compare.append(if_mod(self.block_key(cidr), b.mod_revision))
                 success.append(op_put(self.block_key(cidr), b.to_json()))
-            if self.kv.txn(compare, success).succeeded:
+            done = self.kv.txn(compare, success)
+            if done.succeeded:
+                self.floor = done.revision
                 return list(handle.get("ips", ()))
             self.lost_races += 1
         raise IpamError("contention", f"gave up releasing {hid} after {MAX_ATTEMPTS} conflicting attempts",

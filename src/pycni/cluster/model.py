@@ -249,8 +249,9 @@ def handle_from_json(text: str) -> dict[str, Any]:
 
 @record
 class Tombstone:
-    """What a DEL leaves for the attachment: when (this host's wall clock: the DEL and the ADDs it
-    guards against run on the same node) and where. See :mod:`pycni.cluster.ipam`."""
+    """What a DEL leaves for the attachment: where and when (the node's wall clock, for an operator
+    reading etcd; no decision uses it — the ADD compares the tombstone's mod revision). See
+    :mod:`pycni.cluster.ipam`."""
 
     node: str
     deleted: float

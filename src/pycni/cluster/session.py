@@ -51,6 +51,7 @@ class Session:
         self.kv: KVStore | None = None
         self.store: Any = None
         self._hint_before: list[Any] = []
+        self._floor_before = 0
 
     def _take_lock(self) -> None:
         from pycni.lockfile import flocked
@@ -74,25 +75,29 @@ class Session:
             raise
         self.store = ClusterStore(self.kv, self.cfg.network, self.cfg.node, self.cfg.etcd.prefix)
         if self.lock:
-            self.store.hint = self._read_hint()
+            self.store.hint, self.store.floor = self._read_hint()
         self._hint_before = list(self.store.hint)
+        self._floor_before = self.store.floor
         return self.store
 
-    # The hint (ClusterStore.hint) lives beside the lock: node-local, a cache, never trusted.
+    # The hint (ClusterStore.hint) lives beside the lock: node-local, a cache, never trusted. The
+    # same file keeps the node's tombstone floor (ClusterStore.floor), a line "rev=N".
     def _hint_path(self) -> str:
         return os.path.join(self.cfg.lock_dir, f"{self.cfg.network}.{self.cfg.node}.blocks")
 
-    def _read_hint(self) -> list[Any]:
+    def _read_hint(self) -> tuple[list[Any], int]:
         try:
             with open(self._hint_path(), encoding="ascii") as f:
-                return [ipaddress.ip_network(line) for line in f.read().split()]
+                words = f.read().split()
+            floor = max([int(w[4:]) for w in words if w.startswith("rev=")], default=0)
+            return [ipaddress.ip_network(w) for w in words if not w.startswith("rev=")], floor
         except (OSError, ValueError):
-            return []
+            return [], 0
 
-    def _write_hint(self, hint: list[Any]) -> None:
-        try:  # not durable: a lost or stale hint costs a round trip, nothing else
-            statefile.write_bytes(self._hint_path(), "".join(f"{c}\n" for c in hint).encode(),
-                                  durable=False)
+    def _write_hint(self, hint: list[Any], floor: int) -> None:
+        text = "".join(f"{c}\n" for c in hint) + (f"rev={floor}\n" if floor else "")
+        try:  # not durable: a lost or stale hint costs a round trip, a lost floor at worst one code 11
+            statefile.write_bytes(self._hint_path(), text.encode(), durable=False)
         except CNIError:
             pass
 
@@ -102,8 +107,10 @@ class Session:
             self._lock_held = None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is None and self.lock and self._lock_held is not None and self.store.hint != self._hint_before:
-            self._write_hint(self.store.hint)  # under the lock: writers take turns
+        if self.lock and self._lock_held is not None and self.store is not None and (
+                self.store.floor != self._floor_before or (exc is None and self.store.hint != self._hint_before)):
+            # under the lock: writers take turns (the floor grows, or is forgotten when it proved bogus)
+            self._write_hint(self.store.hint if exc is None else self._hint_before, self.store.floor)
         self._release()
         if self.kv is not None and self._given is None:
             self.kv.close()
@@ -133,6 +140,12 @@ def raise_mapped(exc: BaseException | None, unavailable_code: int = TRY_AGAIN, w
 # beside the lock: whether its transaction went out. If it did not, nothing of that ADD can be in
 # etcd and the DEL has nothing to do; if it did (the answer was lost: it may have been applied),
 # the DEL tries once, briefly, and otherwise fails saying what is left.
+#
+# "Nothing of that ADD" must also cover an earlier ADD of the same attachment that was killed with
+# its transaction on the wire (a killed process writes no note afterwards): so an ADD writes
+# "pending" just before its first transaction goes out and clears the note when it succeeds. A
+# later ADD that fails without sending keeps an earlier "pending" or "sent" rather than claim
+# "unsent", and a DEL that finds "pending" does a full DEL (its tombstone stops the late commit).
 
 QUICK_DEL = 1.0  # seconds: the rollback DEL's budget after an ADD whose transaction went out
 NOTE_FRESH = 30.0  # seconds: a note older than this is from another episode and is ignored
@@ -142,19 +155,26 @@ def _note_path(cfg: ClusterSettings, cid: str, ifname: str) -> str:
     return os.path.join(cfg.lock_dir, f"{cfg.network}.{cfg.node}.failed-add.{cid}.{ifname}")
 
 
-def note_failed_add(cfg: ClusterSettings, cid: str, ifname: str, sent: bool) -> None:
-    """Record (best effort) that this ADD failed with etcd unavailable, and whether it sent its write."""
+def note_add(cfg: ClusterSettings, cid: str, ifname: str, state: str) -> None:
+    """Record (best effort) what an ADD of this attachment left: "pending" (its transaction is
+    going out now), "sent" (it failed with etcd unavailable after sending), "unsent"."""
     if not cfg.lock_dir:
         return
     try:
         with open(_note_path(cfg, cid, ifname), "w", encoding="ascii") as f:
-            f.write("sent\n" if sent else "unsent\n")
+            f.write(state + "\n")
     except OSError:
         pass
 
 
+def note_failed_add(cfg: ClusterSettings, cid: str, ifname: str, sent: bool, prior: str = "") -> None:
+    """Record that this ADD failed with etcd unavailable, and whether a write may be in etcd:
+    this ADD's (``sent``) or an earlier ADD's (``prior``, the note found when this ADD began)."""
+    note_add(cfg, cid, ifname, "sent" if sent else prior if prior in ("pending", "sent") else "unsent")
+
+
 def failed_add(cfg: ClusterSettings, cid: str, ifname: str) -> str:
-    """"sent" or "unsent" when a fresh note of a failed ADD of this attachment exists, else ''."""
+    """"pending", "sent" or "unsent" when a fresh note of an ADD of this attachment exists, else ''."""
     if not cfg.lock_dir:
         return ""
     path = _note_path(cfg, cid, ifname)
@@ -167,7 +187,7 @@ def failed_add(cfg: ClusterSettings, cid: str, ifname: str) -> str:
             text = f.read().strip()
     except (OSError, ValueError):
         return ""
-    return text if text in ("sent", "unsent") else ""
+    return text if text in ("pending", "sent", "unsent") else ""
 
 
 def clear_failed_add(cfg: ClusterSettings, cid: str, ifname: str) -> None:

@@ -24,7 +24,7 @@ import ipaddress
 from collections.abc import Mapping
 
 from pycni import netconf
-from pycni.cluster.session import QUICK_DEL, clear_failed_add, failed_add, note_failed_add, session
+from pycni.cluster.session import QUICK_DEL, clear_failed_add, failed_add, note_add, note_failed_add, session
 from pycni.cluster.settings import ClusterSettings, parse_cluster_settings
 from pycni.cniargs import load_cni_args
 from pycni.ipranges import (
@@ -106,20 +106,30 @@ def parse_conf(args: CmdArgs) -> ClusterIpamConf:
 def cmd_add(args: CmdArgs) -> Result:
     """One address per range set in one etcd transaction with the handle; the same again on a repeat."""
     cfg = parse_conf(args)
-    clear_failed_add(cfg.cluster, args.container_id, args.ifname)  # a note speaks of the latest ADD only
+    cid, ifname = args.container_id, args.ifname
+    prior = failed_add(cfg.cluster, cid, ifname)  # an earlier ADD's write may still be on its way
     sess = session(cfg.cluster, lock=True)
     try:
         with sess as store:
-            got = store.assign(args.container_id, args.ifname, cfg.range_sets, cfg.requested,
+            if cfg.cluster.lock_dir:
+                store.before_write = lambda: note_add(cfg.cluster, cid, ifname, "pending")
+            got = store.assign(cid, ifname, cfg.range_sets, cfg.requested,
                                cfg.cluster.block_sizes, cfg.cluster.strict_affinity)
     except CNIError as e:
-        if not sess.unavailable:
+        if not sess.unavailable:  # answered: nothing of this ADD is in flight; an earlier one's may be
+            if prior in ("pending", "sent"):
+                note_add(cfg.cluster, cid, ifname, prior)
+            else:
+                clear_failed_add(cfg.cluster, cid, ifname)
             raise
         sent = bool(sess.store is not None and sess.store.sent_write)
-        note_failed_add(cfg.cluster, args.container_id, args.ifname, sent)
+        note_failed_add(cfg.cluster, cid, ifname, sent, prior)
         left = ("its transaction went out and may have been applied: the runtime's DEL releases it (or GC does)"
-                if sent else "nothing was allocated: nothing is left for the runtime's DEL")
+                if sent else "an earlier ADD of it was cut off with its transaction on the way: the runtime's DEL "
+                "releases what it may have taken" if prior in ("pending", "sent") else
+                "nothing was allocated: nothing is left for the runtime's DEL")
         raise CNIError(e.code, e.msg, f"{e.details}; {left}") from None
+    clear_failed_add(cfg.cluster, cid, ifname)  # the handle stands: a DEL releases it in full
     if len(got) != len(cfg.range_sets):
         raise CNIError(INTERNAL, "cluster-ipam: the handle holds addresses outside the configured ranges",
                        f"{args.container_id}/{args.ifname} exists with other addresses; DEL it first")
@@ -137,6 +147,9 @@ def cmd_del(args: CmdArgs) -> None:
         # (its rollback) need not wait a second budget for an etcd that did not answer.
         clear_failed_add(cfg.cluster, args.container_id, args.ifname)
         return
+    # "sent": the ADD just before failed with its write unanswered, against an etcd that did not
+    # answer: one short try. "pending" (an ADD cut off mid-flight) or none: a DEL with the full budget.
+    note = note if note == "sent" else ""
     sess = session(cfg.cluster, lock=True, timeout=min(QUICK_DEL, cfg.cluster.etcd.timeout) if note else None)
     try:
         with sess as store:
