@@ -117,6 +117,12 @@ def ok(outcome: Outcome) -> dict[str, Any]:
     return json.loads(outcome.stdout) if outcome.stdout else {}
 
 
+def answer(outcome: Outcome) -> tuple[int, Any]:
+    """The exit code and the decoded JSON the plugin wrote (None when it wrote nothing), for tests that
+    compare both — ours with the Go reference's, or a refusal's code."""
+    return outcome.exit_code, json.loads(outcome.stdout) if outcome.stdout.strip() else None
+
+
 def err(outcome: Outcome) -> dict[str, Any]:
     assert outcome.exit_code != 0, f"expected failure, got {outcome.stdout.decode()}"
     return json.loads(outcome.stdout)
