@@ -118,9 +118,9 @@ def ok(outcome: Outcome) -> dict[str, Any]:
 
 
 def answer(outcome: Outcome) -> tuple[int, Any]:
-    """The exit code and the decoded JSON the plugin wrote (None when it wrote nothing), for tests that
+    """The exit code and the decoded JSON the plugin wrote ({} when it wrote nothing), for tests that
     compare both — ours with the Go reference's, or a refusal's code."""
-    return outcome.exit_code, json.loads(outcome.stdout) if outcome.stdout.strip() else None
+    return outcome.exit_code, json.loads(outcome.stdout) if outcome.stdout.strip() else {}
 
 
 def err(outcome: Outcome) -> dict[str, Any]:
