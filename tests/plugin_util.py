@@ -49,21 +49,26 @@ def env(command: str, container_id: str = "ctr", netns: Namespace | str | None =
     return e
 
 
-def run(plugin_type: str, command: str, conf: dict[str, Any] | bytes, *, via: str = "dispatch",
+def run(plugin_type: str | Plugin, command: str, conf: dict[str, Any] | bytes, *, via: str = "dispatch",
         host: Namespace | None = None, cni_path: str = "/usr/lib/cni", environ: dict[str, str] | None = None,
         cache_dir: str = "", **env_kw: Any) -> Outcome:
     """Run ``plugin_type`` once ``via`` "dispatch", "exec" (the executable in the first CNI_PATH entry)
     or "runtime" (ADD, CHECK or DEL only; ``cache_dir`` required: the runtime's result cache).
 
     ``environ`` replaces the environment :func:`env` would build from ``command`` and ``env_kw``.
+    A :class:`Plugin` object instead of a type (a test's own plugin, not in the registry) runs
+    by dispatch only.
     """
     stdin = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
     e = environ if environ is not None else env(command, cni_path=cni_path, **env_kw)
+    if isinstance(plugin_type, Plugin):
+        assert via == "dispatch", "a Plugin object runs by dispatch only"
     if via == "dispatch":
         from pycni.plugins.registry import load
 
+        plugin = plugin_type if isinstance(plugin_type, Plugin) else load(plugin_type)
         with host.enter() if host is not None else nullcontext():
-            return dispatch(load(plugin_type), e, stdin)
+            return dispatch(plugin, e, stdin)
     if via == "exec":
         exe = os.path.join(e["CNI_PATH"].split(":")[0], plugin_type)
         cmd = ["ip", "netns", "exec", host.name, exe] if host is not None else [exe]
