@@ -32,15 +32,21 @@ each_plugin_way = pytest.mark.parametrize("via", VIAS[:2])
 _PATH = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
 
 
-def env(command: str, container_id: str = "ctr", netns: Namespace | str | None = None, ifname: str = "eth0",
-        cni_path: str = "/usr/lib/cni", args: str = "", **extra: str) -> dict[str, str]:
+def env(command: str, container_id: str | None = None, netns: Namespace | str | None = None,
+        ifname: str | None = None, cni_path: str = "/usr/lib/cni", args: str = "", **extra: str) -> dict[str, str]:
     """The environment a runtime gives a plugin (``netns`` a Namespace or a path; none for GC/STATUS).
 
+    ``container_id`` and ``ifname`` default to "ctr" and "eth0" for a per-container command and
+    are left out of GC, STATUS and VERSION (which concern no container) unless given.
     ``PYCNI_SOCKET=off``: an executable of ours runs the plugin itself, never a daemon the
     machine may be running.
     """
-    e = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_IFNAME": ifname, "CNI_PATH": cni_path,
-         "PATH": _PATH, "PYCNI_SOCKET": "off"}
+    e = {"CNI_COMMAND": command, "CNI_PATH": cni_path, "PATH": _PATH, "PYCNI_SOCKET": "off"}
+    per_container = command not in ("GC", "STATUS", "VERSION")
+    if container_id is not None or per_container:
+        e["CNI_CONTAINERID"] = "ctr" if container_id is None else container_id
+    if ifname is not None or per_container:
+        e["CNI_IFNAME"] = "eth0" if ifname is None else ifname
     if netns:
         e["CNI_NETNS"] = netns.path if isinstance(netns, Namespace) else netns
     if args:

@@ -120,7 +120,7 @@ def del_chain(host: Namespace, ctr: Namespace | None, plugin_dir: str, confs: li
 def gc_chain(host: Namespace, plugin_dir: str, confs: list[dict[str, Any]], keep: list[str]) -> None:
     for conf in confs:
         c = dict(conf, **{"cni.dev/valid-attachments": [{"containerID": k, "ifname": "eth0"} for k in keep]})
-        rc, out, err = finish(start(host, plugin_dir, c, env("GC", "", ifname="", cni_path=plugin_dir)))
+        rc, out, err = finish(start(host, plugin_dir, c, env("GC", cni_path=plugin_dir)))
         assert rc == 0, f"GC {conf['type']}: {(out + err).decode()}"
 
 

@@ -46,8 +46,7 @@ def fake_ipam(tmp_path: Path) -> Path:
 
 
 def _run(plugin: Plugin, command: str, conf: dict[str, Any], cni_path: Path) -> tuple[int, dict[str, Any]]:
-    """GC or STATUS as libcni sends them: no container, no interface (empty)."""
-    return answer(run(plugin, command, conf, cni_path=str(cni_path), container_id="", ifname=""))
+    return answer(run(plugin, command, conf, cni_path=str(cni_path)))
 
 
 @pytest.mark.parametrize("name", sorted(PLUGINS))
