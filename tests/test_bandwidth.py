@@ -374,12 +374,11 @@ def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: in
                             "ingressBurst": 800}
     if attachments != "absent":
         conf["cni.dev/valid-attachments"] = attachments
-    gc = {"CNI_COMMAND": "GC", "CNI_PATH": plugin_dir, "PYCNI_SOCKET": "off"}
-    out = plugin_util.run("bandwidth", "GC", conf, via=via, environ=gc)
+    out = plugin_util.run("bandwidth", "GC", conf, via=via, cni_path=plugin_dir)
     assert out.exit_code == (1 if code else 0), out.stdout
     if code:
         assert json.loads(out.stdout)["code"] == code
-    out = plugin_util.run("bandwidth", "STATUS", conf, via=via, environ={**gc, "CNI_COMMAND": "STATUS"})
+    out = plugin_util.run("bandwidth", "STATUS", conf, via=via, cni_path=plugin_dir)
     assert out.exit_code == 0, out.stdout
 
 
