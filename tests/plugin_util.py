@@ -109,17 +109,10 @@ def cni_env(command: str, container: Namespace | None, cni_path: str, ifname: st
     return env(command, container_id, container, ifname, cni_path, args)
 
 
-def runtime_env(command: str, container_id: str, netns: str = "", ifname: str = "eth0",
-                path: str = "/usr/lib/cni") -> dict[str, str]:
-    """:func:`env` in the argument order older tests use (CNI_PATH: the Go plugins by default)."""
-    return env(command, container_id, netns, ifname, path)
-
-
 def call(plugin: Plugin, host: Namespace, command: str, conf: dict[str, Any], container: Namespace | None,
          cni_path: str, **kw: Any) -> Outcome:
-    """Dispatch ``plugin`` in-process with the calling thread inside ``host``."""
-    with host.enter():
-        return dispatch(plugin, cni_env(command, container, cni_path, **kw), json.dumps(conf).encode())
+    """:func:`run` by dispatch in the argument order older tests use (``kw``: those of :func:`cni_env`)."""
+    return run(plugin, command, conf, host=host, environ=cni_env(command, container, cni_path, **kw))
 
 
 def ok(outcome: Outcome) -> dict[str, Any]:
