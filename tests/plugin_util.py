@@ -32,15 +32,21 @@ each_plugin_way = pytest.mark.parametrize("via", VIAS[:2])
 _PATH = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
 
 
-def env(command: str, container_id: str = "ctr", netns: Namespace | str | None = None, ifname: str = "eth0",
-        cni_path: str = "/usr/lib/cni", args: str = "", **extra: str) -> dict[str, str]:
+def env(command: str, container_id: str | None = None, netns: Namespace | str | None = None,
+        ifname: str | None = None, cni_path: str = "/usr/lib/cni", args: str = "", **extra: str) -> dict[str, str]:
     """The environment a runtime gives a plugin (``netns`` a Namespace or a path; none for GC/STATUS).
 
+    ``container_id`` and ``ifname`` default to "ctr" and "eth0" for a per-container command and
+    are left out of GC, STATUS and VERSION (which concern no container) unless given.
     ``PYCNI_SOCKET=off``: an executable of ours runs the plugin itself, never a daemon the
     machine may be running.
     """
-    e = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_IFNAME": ifname, "CNI_PATH": cni_path,
-         "PATH": _PATH, "PYCNI_SOCKET": "off"}
+    e = {"CNI_COMMAND": command, "CNI_PATH": cni_path, "PATH": _PATH, "PYCNI_SOCKET": "off"}
+    per_container = command not in ("GC", "STATUS", "VERSION")
+    if container_id is not None or per_container:
+        e["CNI_CONTAINERID"] = "ctr" if container_id is None else container_id
+    if ifname is not None or per_container:
+        e["CNI_IFNAME"] = "eth0" if ifname is None else ifname
     if netns:
         e["CNI_NETNS"] = netns.path if isinstance(netns, Namespace) else netns
     if args:
@@ -49,21 +55,26 @@ def env(command: str, container_id: str = "ctr", netns: Namespace | str | None =
     return e
 
 
-def run(plugin_type: str, command: str, conf: dict[str, Any] | bytes, *, via: str = "dispatch",
+def run(plugin_type: str | Plugin, command: str, conf: dict[str, Any] | bytes, *, via: str = "dispatch",
         host: Namespace | None = None, cni_path: str = "/usr/lib/cni", environ: dict[str, str] | None = None,
         cache_dir: str = "", **env_kw: Any) -> Outcome:
     """Run ``plugin_type`` once ``via`` "dispatch", "exec" (the executable in the first CNI_PATH entry)
     or "runtime" (ADD, CHECK or DEL only; ``cache_dir`` required: the runtime's result cache).
 
     ``environ`` replaces the environment :func:`env` would build from ``command`` and ``env_kw``.
+    A :class:`Plugin` object instead of a type (a test's own plugin, not in the registry) runs
+    by dispatch only.
     """
     stdin = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
     e = environ if environ is not None else env(command, cni_path=cni_path, **env_kw)
+    if isinstance(plugin_type, Plugin):
+        assert via == "dispatch", "a Plugin object runs by dispatch only"
     if via == "dispatch":
         from pycni.plugins.registry import load
 
+        plugin = plugin_type if isinstance(plugin_type, Plugin) else load(plugin_type)
         with host.enter() if host is not None else nullcontext():
-            return dispatch(load(plugin_type), e, stdin)
+            return dispatch(plugin, e, stdin)
     if via == "exec":
         exe = os.path.join(e["CNI_PATH"].split(":")[0], plugin_type)
         cmd = ["ip", "netns", "exec", host.name, exe] if host is not None else [exe]
@@ -98,23 +109,22 @@ def cni_env(command: str, container: Namespace | None, cni_path: str, ifname: st
     return env(command, container_id, container, ifname, cni_path, args)
 
 
-def runtime_env(command: str, container_id: str, netns: str = "", ifname: str = "eth0",
-                path: str = "/usr/lib/cni") -> dict[str, str]:
-    """:func:`env` in the argument order older tests use (CNI_PATH: the Go plugins by default)."""
-    return env(command, container_id, netns, ifname, path)
-
-
 def call(plugin: Plugin, host: Namespace, command: str, conf: dict[str, Any], container: Namespace | None,
          cni_path: str, **kw: Any) -> Outcome:
-    """Dispatch ``plugin`` in-process with the calling thread inside ``host``."""
-    with host.enter():
-        return dispatch(plugin, cni_env(command, container, cni_path, **kw), json.dumps(conf).encode())
+    """:func:`run` by dispatch in the argument order older tests use (``kw``: those of :func:`cni_env`)."""
+    return run(plugin, command, conf, host=host, environ=cni_env(command, container, cni_path, **kw))
 
 
 def ok(outcome: Outcome) -> dict[str, Any]:
     """The JSON result of a successful invocation (an AssertionError with the error otherwise)."""
     assert outcome.exit_code == 0, outcome.stdout.decode() + outcome.stderr.decode()
     return json.loads(outcome.stdout) if outcome.stdout else {}
+
+
+def answer(outcome: Outcome) -> tuple[int, Any]:
+    """The exit code and the decoded JSON the plugin wrote ({} when it wrote nothing), for tests that
+    compare both — ours with the Go reference's, or a refusal's code."""
+    return outcome.exit_code, json.loads(outcome.stdout) if outcome.stdout.strip() else {}
 
 
 def err(outcome: Outcome) -> dict[str, Any]:

@@ -11,35 +11,29 @@ from typing import Any
 
 import plugin_util
 import pytest
-from plugin_util import each_plugin_way, runtime_env
+from plugin_util import each_plugin_way, ok, run
 
 from pycni.plugins.meta import bandwidth as bw
-from pycni.skel import dispatch
+from pycni.skel import Outcome
 
 # For tests that stop at the config: a CNI_NETNS that is not the test's own namespace (skel
 # refuses that before any config check) and that no plugin could act in by mistake.
 NO_NETNS = "/var/run/netns/pycni-test-no-such-netns"
-GO_BRIDGE = "/usr/lib/cni/bridge"
-GO_BANDWIDTH = "/usr/lib/cni/bandwidth"
 NET = "bwnet"
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-env = runtime_env
-
-
 def bridge_conf(tmp: Any, subnet: str = "10.77.0.0/24") -> dict[str, Any]:
     return {"cniVersion": "1.0.0", "name": NET, "type": "bridge", "bridge": "cni-bw0", "isGateway": True,
             "ipam": {"type": "host-local", "subnet": subnet, "dataDir": str(tmp / "ipam")}}
 
 
 def bridge_add(host: Any, tmp: Any, cont: Any, cid: str) -> dict[str, Any]:
-    p = host.run([GO_BRIDGE], input=json.dumps(bridge_conf(tmp)), env=env("ADD", cid, cont.path))
-    return json.loads(p.stdout)
+    return ok(run("bridge", "ADD", bridge_conf(tmp), via="exec", host=host, container_id=cid, netns=cont))
 
 
 def bridge_del(host: Any, tmp: Any, cont: Any, cid: str) -> None:
-    host.run([GO_BRIDGE], input=json.dumps(bridge_conf(tmp)), env=env("DEL", cid, cont.path))
+    ok(run("bridge", "DEL", bridge_conf(tmp), via="exec", host=host, container_id=cid, netns=cont))
 
 
 def bw_conf(prev: dict[str, Any] | None, **limits: Any) -> dict[str, Any]:
@@ -50,8 +44,7 @@ def bw_conf(prev: dict[str, Any] | None, **limits: Any) -> dict[str, Any]:
 
 
 def run_bw(host: Any, cmd: str, conf: dict[str, Any], cid: str, cont: Any) -> tuple[int, dict[str, Any]]:
-    with host.enter():
-        out = dispatch(bw.PLUGIN, env(cmd, cid, cont.path), json.dumps(conf).encode())
+    out = run("bandwidth", cmd, conf, host=host, container_id=cid, netns=cont)
     assert not out.stderr, out.stderr
     return out.exit_code, (json.loads(out.stdout) if out.stdout.strip() else {})
 
@@ -119,7 +112,7 @@ def throughput(sender_ns: Any, receiver_ns: Any, dst_ip: str, seconds: float = 2
 
 # ---- configuration (no namespaces needed) ----------------------------------------------------
 def _err(conf: dict[str, Any], cmd: str = "ADD") -> dict[str, Any]:
-    out = dispatch(bw.PLUGIN, env(cmd, "c1", NO_NETNS), json.dumps(conf).encode())
+    out = run("bandwidth", cmd, conf, container_id="c1", netns=NO_NETNS)
     assert out.exit_code == 1 and not out.stderr
     return json.loads(out.stdout)
 
@@ -160,7 +153,7 @@ def test_runtime_config_and_precedence() -> None:
 
 def test_zero_limits_pass_prev_result_through(container_ns: Any) -> None:
     prev = {"cniVersion": "1.0.0", "ips": [{"address": "10.1.2.3/24"}], "dns": {}}
-    out = dispatch(bw.PLUGIN, env("ADD", "c1", container_ns.path), json.dumps(bw_conf(prev)).encode())
+    out = run("bandwidth", "ADD", bw_conf(prev), container_id="c1", netns=container_ns)
     assert out.exit_code == 0
     assert json.loads(out.stdout)["ips"] == [{"address": "10.1.2.3/24"}]
 
@@ -292,8 +285,8 @@ def test_same_qdiscs_as_go_reference(host_ns: Any, netns_factory: Any, tmp_path:
     limits = {"ingressRate": 3_000_000, "ingressBurst": 200_000, "egressRate": 5_000_000, "egressBurst": 300_000}
     prev1 = bridge_add(host_ns, tmp_path, c1, "c1")
     prev2 = bridge_add(host_ns, tmp_path, c2, "c2")
-    go = host_ns.run([GO_BANDWIDTH], input=json.dumps(bw_conf(prev1, **limits)), env=env("ADD", "c1", c1.path))
-    go_res = json.loads(go.stdout)
+    go_res = ok(run("bandwidth", "ADD", bw_conf(prev1, **limits), via="exec", host=host_ns, container_id="c1",
+                    netns=c1))
     rc, ours = run_bw(host_ns, "ADD", bw_conf(prev2, **limits), "c2", c2)
     assert rc == 0
     assert go_res["interfaces"][-1]["name"] == bw.ifb_name(NET, "c1")
@@ -305,10 +298,10 @@ def test_same_qdiscs_as_go_reference(host_ns: Any, netns_factory: Any, tmp_path:
     assert in_ns(host_ns, lambda: state(prev1, "c1")) == in_ns(host_ns, lambda: state(prev2, "c2"))
     # Each CHECKs the other's work.
     assert run_bw(host_ns, "CHECK", bw_conf(go_res, **limits), "c1", c1)[0] == 0
-    host_ns.run([GO_BANDWIDTH], input=json.dumps(bw_conf(ours, **limits)), env=env("CHECK", "c2", c2.path))
+    ok(run("bandwidth", "CHECK", bw_conf(ours, **limits), via="exec", host=host_ns, container_id="c2", netns=c2))
     assert run_bw(host_ns, "DEL", bw_conf(go_res, **limits), "c1", c1)[0] == 0
     assert in_ns(host_ns, lambda: tc.qdiscs(bw.ifb_name(NET, "c1"))) is None
-    host_ns.run([GO_BANDWIDTH], input=json.dumps(bw_conf(ours, **limits)), env=env("DEL", "c2", c2.path))
+    ok(run("bandwidth", "DEL", bw_conf(ours, **limits), via="exec", host=host_ns, container_id="c2", netns=c2))
     assert in_ns(host_ns, lambda: tc.qdiscs(bw.ifb_name(NET, "c2"))) is None
 
 
@@ -316,36 +309,35 @@ def test_chain_of_our_plugins_via_shims(host_ns: Any, container_ns: Any, tmp_pat
     """bridge (ours, if written) -> bandwidth -> firewall as executables; CHECK the chain; DEL in reverse."""
     from pycni.net import tc
 
-    bridge = os.path.join(plugin_dir, "bridge")
-    if not os.path.exists(bridge):
-        bridge = GO_BRIDGE
+    ours = f"{plugin_dir}:/usr/lib/cni"
+    # the executable run is the first on its CNI_PATH: Go's bridge until ours is written
+    bridge_path = ours if os.path.exists(os.path.join(plugin_dir, "bridge")) else f"/usr/lib/cni:{plugin_dir}"
     bconf = bridge_conf(tmp_path)
     limits = {"ingressRate": RATE, "ingressBurst": BURST, "egressRate": RATE, "egressBurst": BURST}
-    confs = [(bridge, bconf),
-             (os.path.join(plugin_dir, "bandwidth"), {**bw_conf(None), "runtimeConfig": {"bandwidth": limits}}),
-             (os.path.join(plugin_dir, "firewall"), {"cniVersion": "1.0.0", "name": NET, "type": "firewall"})]
+    confs = [(("bridge", bridge_path), bconf),
+             (("bandwidth", ours), {**bw_conf(None), "runtimeConfig": {"bandwidth": limits}}),
+             (("firewall", ours), {"cniVersion": "1.0.0", "name": NET, "type": "firewall"})]
 
-    def call(cmd: str, path: str, conf: dict[str, Any], prev: dict[str, Any] | None) -> Any:
+    def call(cmd: str, path: tuple[str, str], conf: dict[str, Any], prev: dict[str, Any] | None) -> Outcome:
         c = dict(conf, prevResult=prev) if prev is not None else conf
-        e = env(cmd, "c1", container_ns.path)
-        e["CNI_PATH"] = f"{plugin_dir}:/usr/lib/cni"
-        return host_ns.run([path], input=json.dumps(c), env=e, check=False)
+        return run(path[0], cmd, c, via="exec", host=host_ns, cni_path=path[1], container_id="c1",
+                   netns=container_ns)
 
     prev: dict[str, Any] | None = None
     for path, conf in confs:
         p = call("ADD", path, conf, prev)
-        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.exit_code == 0, p.stdout + p.stderr
         prev = json.loads(p.stdout)
     assert prev is not None and prev["interfaces"][-1]["name"] == bw.ifb_name(NET, "c1")
     for path, conf in confs:
         p = call("CHECK", path, conf, prev)
-        assert p.returncode == 0, f"{path} CHECK: {p.stdout}{p.stderr}"
+        assert p.exit_code == 0, f"{path} CHECK: {p.stdout!r}{p.stderr!r}"
     rules = host_ns.run(["iptables", "-S", "CNI-FORWARD"]).stdout
     assert f"-s {container_ip(prev)}/32 -j ACCEPT" in rules
     for path, conf in reversed(confs):
         for _ in range(2):  # DEL twice: idempotent
             p = call("DEL", path, conf, prev)
-            assert p.returncode == 0, f"{path} DEL: {p.stdout}{p.stderr}"
+            assert p.exit_code == 0, f"{path} DEL: {p.stdout!r}{p.stderr!r}"
     assert in_ns(host_ns, lambda: tc.qdiscs(bw.ifb_name(NET, "c1"))) is None
     assert f"-s {container_ip(prev)}/32" not in host_ns.run(["iptables", "-S", "CNI-FORWARD"]).stdout
 
@@ -374,12 +366,11 @@ def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: in
                             "ingressBurst": 800}
     if attachments != "absent":
         conf["cni.dev/valid-attachments"] = attachments
-    gc = {"CNI_COMMAND": "GC", "CNI_PATH": plugin_dir, "PYCNI_SOCKET": "off"}
-    out = plugin_util.run("bandwidth", "GC", conf, via=via, environ=gc)
+    out = plugin_util.run("bandwidth", "GC", conf, via=via, cni_path=plugin_dir)
     assert out.exit_code == (1 if code else 0), out.stdout
     if code:
         assert json.loads(out.stdout)["code"] == code
-    out = plugin_util.run("bandwidth", "STATUS", conf, via=via, environ={**gc, "CNI_COMMAND": "STATUS"})
+    out = plugin_util.run("bandwidth", "STATUS", conf, via=via, cni_path=plugin_dir)
     assert out.exit_code == 0, out.stdout
 
 
@@ -445,8 +436,8 @@ def test_smallest_rates_as_go_reference(host_ns: Any, netns_factory: Any, tmp_pa
     limits = {"ingressRate": 8, "ingressBurst": 8, "egressRate": 16, "egressBurst": 8}
     prev1 = bridge_add(host_ns, tmp_path, c1, "c1")
     prev2 = bridge_add(host_ns, tmp_path, c2, "c2")
-    go = host_ns.run([GO_BANDWIDTH], input=json.dumps(bw_conf(prev1, **limits)), env=env("ADD", "c1", c1.path))
-    go_res = json.loads(go.stdout)
+    go_res = ok(run("bandwidth", "ADD", bw_conf(prev1, **limits), via="exec", host=host_ns, container_id="c1",
+                    netns=c1))
     code, ours = run_bw(host_ns, "ADD", bw_conf(prev2, **limits), "c2", c2)
     assert code == 0, ours
 
@@ -459,7 +450,7 @@ def test_smallest_rates_as_go_reference(host_ns: Any, netns_factory: Any, tmp_pa
     assert our_state[0][0] == ("tbf", {"rate": 1, "limit": 1, "buffer": tc.xmittime(1, 1)})
     assert our_state[1][0] == ("tbf", {"rate": 2, "limit": 1, "buffer": tc.xmittime(2, 1)})
     assert run_bw(host_ns, "CHECK", bw_conf(go_res, **limits), "c1", c1)[0] == 0
-    host_ns.run([GO_BANDWIDTH], input=json.dumps(bw_conf(ours, **limits)), env=env("CHECK", "c2", c2.path))
+    ok(run("bandwidth", "CHECK", bw_conf(ours, **limits), via="exec", host=host_ns, container_id="c2", netns=c2))
     assert run_bw(host_ns, "DEL", bw_conf(go_res, **limits), "c1", c1)[0] == 0
     assert run_bw(host_ns, "DEL", bw_conf(ours, **limits), "c2", c2)[0] == 0
     ifbs = in_ns(host_ns, lambda: (tc.qdiscs(bw.ifb_name(NET, "c1")), tc.qdiscs(bw.ifb_name(NET, "c2"))))

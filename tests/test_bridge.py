@@ -12,11 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import plugin_util
 import pytest
 from netns_util import Namespace
+from plugin_util import ok
 
-from pycni.plugins.main.bridge import PLUGIN
-from pycni.skel import Outcome, dispatch
+from pycni.skel import Outcome
 
 GO_DIR = "/usr/lib/cni"
 GO_BRIDGE = f"{GO_DIR}/bridge"
@@ -35,24 +36,20 @@ def make_conf(data_dir: Path, *, v6: bool = False, v4: bool = True, ipam: bool =
 
 
 class Bridge:
-    """Runs our bridge plugin (in-process, inside the host namespace) for a test."""
+    """Runs a bridge plugin inside the host namespace for a test: ours in-process by default,
+    ``via="exec"`` the executable first on ``cni_path``; :meth:`go` the Go reference's."""
 
     def __init__(self, host: Namespace, cni_path: str) -> None:
         self.host = host
         self.cni_path = cni_path
 
-    def env(self, cmd: str, ctr: Namespace | str | None, cid: str = "ctr1", ifname: str = "eth0",
-            args: str = "") -> dict[str, str]:
-        env = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": cid, "CNI_IFNAME": ifname, "CNI_PATH": self.cni_path}
-        if ctr is not None:
-            env["CNI_NETNS"] = ctr.path if isinstance(ctr, Namespace) else ctr
-        if args:
-            env["CNI_ARGS"] = args
-        return env
+    def call(self, cmd: str, conf: dict[str, Any] | bytes, ctr: Namespace | str | None, *, via: str = "dispatch",
+             cni_path: str = "", cid: str = "ctr1", ifname: str = "eth0", args: str = "", **extra: str) -> Outcome:
+        return plugin_util.run("bridge", cmd, conf, via=via, host=self.host, cni_path=cni_path or self.cni_path,
+                               container_id=cid, netns=ctr, ifname=ifname, args=args, **extra)
 
-    def call(self, cmd: str, conf: dict[str, Any], ctr: Namespace | str | None, **kw: Any) -> Outcome:
-        with self.host.enter():
-            return dispatch(PLUGIN, self.env(cmd, ctr, **kw), json.dumps(conf).encode())
+    def go(self, cmd: str, conf: dict[str, Any], ctr: Namespace | str | None, **kw: Any) -> Outcome:
+        return self.call(cmd, conf, ctr, via="exec", cni_path=GO_DIR, **kw)
 
     def add(self, conf: dict[str, Any], ctr: Namespace, **kw: Any) -> dict[str, Any]:
         out = self.call("ADD", conf, ctr, **kw)
@@ -447,9 +444,8 @@ def test_check_passes_after_routes_move_to_another_table(br: Bridge, host_ns: Na
     br.ok("CHECK", dict(conf, prevResult=r), container_ns)
     container_ns.run(["ping", "-c1", "-W2", "-I", "10.10.0.2", "10.10.0.1"])  # still routed, via table 100
     if os.access(GO_BRIDGE, os.X_OK):
-        go = br.host.run([GO_BRIDGE], input=json.dumps(dict(conf, prevResult=r)), check=False,
-                         env=br.env("CHECK", container_ns))
-        assert go.returncode != 0  # the reference's weakness this test guards against
+        go = br.go("CHECK", dict(conf, prevResult=r), container_ns)
+        assert go.exit_code != 0  # the reference's weakness this test guards against
 
 
 # ---- bad input ---------------------------------------------------------------------------------
@@ -468,8 +464,7 @@ def test_bad_input_is_a_clean_error(br: Bridge, host_ns: Namespace, container_ns
         assert err["code"] == code and text in err["msg"] + err.get("details", ""), err
     # a config only ADD refuses still DELs cleanly (runtimes DEL after a failed ADD)
     br.ok("DEL", cases[0][0], container_ns)
-    with host_ns.enter():
-        bad = dispatch(PLUGIN, br.env("ADD", container_ns), b"{nope")
+    bad = br.call("ADD", b"{nope", container_ns)
     assert json.loads(bad.stdout)["code"] == 6
     err = br.fail("ADD", make_conf(tmp_path), "/var/run/netns/pycni-t-no-such-ns")
     assert err["code"] == 4
@@ -511,25 +506,17 @@ def test_concurrent_adds_in_threads(br: Bridge, host_ns: Namespace, netns_factor
 
 def test_installed_shim(host_ns: Namespace, container_ns: Namespace, plugin_dir: str, cni_path: str,
                         tmp_path: Path) -> None:
-    exe = os.path.join(plugin_dir, "bridge")
-    conf = json.dumps(make_conf(tmp_path, isGateway=True))
-    env = dict(Bridge(host_ns, cni_path).env("ADD", container_ns), PYCNI_SOCKET="off")
-    out = host_ns.run([exe], input=conf, env=env)
-    assert json.loads(out.stdout)["ips"][0]["address"] == "10.10.0.2/24"
+    assert cni_path.split(":")[0] == plugin_dir  # so via="exec" runs our executable
+    shim = Bridge(host_ns, cni_path)
+    conf = make_conf(tmp_path, isGateway=True)
+    out = ok(shim.call("ADD", conf, container_ns, via="exec"))
+    assert out["ips"][0]["address"] == "10.10.0.2/24"
     assert ping(container_ns, "10.10.0.1")
-    host_ns.run([exe], input=conf, env=dict(env, CNI_COMMAND="DEL"))
+    ok(shim.call("DEL", conf, container_ns, via="exec"))
     assert "eth0" not in links(container_ns)
 
 
 # ---- the bridge's own MAC (issue 26, group 1) ---------------------------------------------------
-def _run_go(host: Namespace, cmd: str, conf: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """The Go reference bridge on the same input; its JSON result (None for DEL)."""
-    proc = host.run([GO_BRIDGE], input=json.dumps(conf), env=dict(env, CNI_COMMAND=cmd, CNI_PATH=GO_DIR),
-                    check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(proc.stdout) if proc.stdout.strip() else {}
-
-
 def _bridge_mac_alone(host: Namespace) -> str:
     """The bridge's MAC, after checking that no port (no other link of the host) shares it."""
     hl = links(host)
@@ -557,7 +544,7 @@ def test_bridge_keeps_its_own_mac(who: str, case: str, br: Bridge, host_ns: Name
 
     def run(cmd: str, ctr: Namespace, cid: str) -> dict[str, Any]:
         if who == "go":
-            return _run_go(host_ns, cmd, conf, br.env(cmd, ctr, cid=cid))
+            return ok(br.go(cmd, conf, ctr, cid=cid))
         if cmd == "ADD":
             return br.add(conf, ctr, cid=cid)
         br.ok(cmd, conf, ctr, cid=cid)
@@ -591,10 +578,9 @@ def test_emptied_bridge_gets_a_mac_of_its_own(br: Bridge, host_ns: Namespace, co
     assert links(host_ns)["cni0"]["address"] == "00:00:00:00:00:00"
     conf = make_conf(tmp_path, isGateway=True)
     if os.access(GO_BRIDGE, os.X_OK):
-        env = dict(br.env("ADD", container_ns), CNI_PATH=GO_DIR)
-        proc = host_ns.run([GO_BRIDGE], input=json.dumps(conf), env=env, check=False)
-        assert proc.returncode == 1 and "could not set bridge's mac" in json.loads(proc.stdout)["msg"]
-        host_ns.run([GO_BRIDGE], input=json.dumps(conf), env=dict(env, CNI_COMMAND="DEL"))
+        proc = br.go("ADD", conf, container_ns)
+        assert proc.exit_code == 1 and "could not set bridge's mac" in json.loads(proc.stdout)["msg"]
+        ok(br.go("DEL", conf, container_ns))
         assert links(host_ns)["cni0"]["address"] == "00:00:00:00:00:00"
     r = br.add(conf, container_ns)
     mac = _bridge_mac_alone(host_ns)
@@ -658,15 +644,13 @@ def test_matches_go_reference(case: str, netns_factory: Callable[[], Namespace],
         conf = make_conf(tmp_path / who, **kw, **opts)
         b = Bridge(host, f"{GO_DIR}" if who == "go" else cni_path)
         if who == "go":
-            proc = host.run([GO_BRIDGE], input=json.dumps(conf), env=b.env("ADD", ctr), check=False)
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            result = json.loads(proc.stdout)
+            result = ok(b.go("ADD", conf, ctr))
         else:
             result = b.add(conf, ctr)
         outcomes[who] = (_normalise(result), _state(host, ctr))
         # and DEL cleans up the same way
         if who == "go":
-            host.run([GO_BRIDGE], input=json.dumps(conf), env=b.env("DEL", ctr))
+            ok(b.go("DEL", conf, ctr))
         else:
             b.ok("DEL", conf, ctr)
         outcomes[who + "-del"] = (host_veths(host), sorted(links(ctr)), reserved(tmp_path / who))
@@ -681,12 +665,11 @@ def test_interoperates_with_go_on_the_same_host(first: str, br: Bridge, host_ns:
                                                 container_ns: Namespace, tmp_path: Path) -> None:
     """ADD by one implementation, CHECK and DEL by the other: same on-host layout, nothing left."""
     conf = make_conf(tmp_path, isGateway=True, ipMasq=True, ipMasqBackend="iptables", macspoofchk=True)
-    env = dict(br.env("ADD", container_ns), PATH=os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"))
 
-    def go(cmd: str, c: dict[str, Any]) -> str:
-        return host_ns.run([GO_BRIDGE], input=json.dumps(c), env=dict(env, CNI_COMMAND=cmd, CNI_PATH=GO_DIR)).stdout
+    def go(cmd: str, c: dict[str, Any]) -> dict[str, Any]:
+        return ok(br.go(cmd, c, container_ns))
 
-    result = json.loads(go("ADD", conf)) if first == "go" else br.add(conf, container_ns)
+    result = go("ADD", conf) if first == "go" else br.add(conf, container_ns)
     assert ping(container_ns, "10.10.0.1")
     checked = dict(conf, prevResult=result)
     if first == "go":
@@ -714,21 +697,20 @@ def test_through_the_daemon(host_ns: Namespace, netns_factory: Callable[[], Name
     server = threading.Thread(target=daemon.serve_forever, daemon=True)
     server.start()
     try:
-        exe = os.path.join(plugin_dir, "bridge")
-        conf = json.dumps(make_conf(tmp_path / "ipam", isGateway=True, macspoofchk=True))
+        # the forwarding shim first on CNI_PATH, then the session's plugins (host-local)
+        shims = Bridge(host_ns, f"{plugin_dir}:{cni_path}")
+        sock = str(tmp_path / "d.sock")
+        conf = make_conf(tmp_path / "ipam", isGateway=True, macspoofchk=True)
         results = []
         ctrs = [netns_factory(), netns_factory()]
         for i, ctr in enumerate(ctrs):
-            env = dict(Bridge(host_ns, cni_path).env("ADD", ctr, cid=f"d{i}"), PYCNI_SOCKET=str(tmp_path / "d.sock"))
-            out = host_ns.run([exe], input=conf, env=env)
-            results.append(json.loads(out.stdout))
+            results.append(ok(shims.call("ADD", conf, ctr, via="exec", cid=f"d{i}", PYCNI_SOCKET=sock)))
         assert "bridge" in daemon.plugins          # it really was served by the daemon
         assert [r["ips"][0]["address"] for r in results] == ["10.10.0.2/24", "10.10.0.3/24"]
         assert ping(ctrs[0], "10.10.0.3") and ping(ctrs[1], "10.10.0.1")
         assert "cni-br-iface-d0-eth0" in host_ns.run(["nft", "list", "ruleset"]).stdout
         for i, ctr in enumerate(ctrs):
-            env = dict(Bridge(host_ns, cni_path).env("DEL", ctr, cid=f"d{i}"), PYCNI_SOCKET=str(tmp_path / "d.sock"))
-            host_ns.run([exe], input=conf, env=env)
+            ok(shims.call("DEL", conf, ctr, via="exec", cid=f"d{i}", PYCNI_SOCKET=sock))
             assert "eth0" not in links(ctr)
         assert host_veths(host_ns) == [] and "macspoofchk" not in host_ns.run(["nft", "list", "ruleset"]).stdout
     finally:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import plugin_util
 import pytest
 from daemon_proc import needs_privileges
 from netns_util import Namespace
@@ -56,8 +57,8 @@ def ctr(netns_factory: Callable[[], Namespace]) -> Namespace:
 
 
 def env_for(ctr: Namespace, cid: str, command: str = "ADD") -> dict[str, str]:
-    return {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
-            "CNI_PATH": "/nonexistent"}
+    """The environment a shim forwards in its request (the subprocess test below imports it)."""
+    return plugin_util.env(command, cid, ctr, cni_path="/nonexistent")
 
 
 CONF = json.dumps({"cniVersion": "1.0.0", "name": "dtest", "type": "host-local"}).encode()
@@ -363,11 +364,9 @@ def test_shim_runs_in_process_without_a_daemon(state: str, tmp_path: Path,
         s.bind(str(sock))
         s.close()
     host, ctr = netns_factory(), netns_factory()
-    conf = json.dumps({"cniVersion": "1.0.0", "name": "nodaemon", "type": "bridge",
-                       "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.79.0.0/24"}]],
-                                "dataDir": str(tmp_path / "ipam")}})
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "nd1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
-           "CNI_PATH": str(tmp_path / "bin"), "PYCNI_SOCKET": str(sock)}
-    out = host.run([exe], input=conf, env=env)
-    assert json.loads(out.stdout)["ips"][0]["address"] == "10.79.0.2/24"
-    host.run([exe], input=conf, env=dict(env, CNI_COMMAND="DEL"))
+    conf = {"cniVersion": "1.0.0", "name": "nodaemon", "type": "bridge",
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.79.0.0/24"}]], "dataDir": str(tmp_path / "ipam")}}
+    shim: dict[str, Any] = {"via": "exec", "host": host, "cni_path": os.path.dirname(exe), "container_id": "nd1",
+                            "netns": ctr, "PYCNI_SOCKET": str(sock)}
+    assert plugin_util.ok(plugin_util.run("host-local", "ADD", conf, **shim))["ips"][0]["address"] == "10.79.0.2/24"
+    plugin_util.ok(plugin_util.run("host-local", "DEL", conf, **shim))

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 from daemon_proc import WAIT, DaemonProc, alive, children_of, needs_privileges, request, running_with, wait_until
 from netns_util import Namespace
+from plugin_util import run
 
 from pycni.daemon import protocol
 from pycni.plugins.registry import install
@@ -80,20 +81,19 @@ class Setup:
     def call(self, plugin: str, command: str, conf: dict[str, Any], cid: str, ctr: Namespace,
              sock: str) -> tuple[int, dict[str, Any]]:
         """One plugin executable run as a runtime runs it; (exit code, parsed stdout)."""
-        env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
-               "CNI_PATH": str(self.bindir), "PYCNI_SOCKET": sock, "PATH": os.environ["PATH"]}
-        proc = self.host.run([str(self.bindir / plugin)], check=False, input=json.dumps(conf), env=env,
-                             timeout=WAIT * 2)
-        assert "Traceback" not in proc.stderr, proc.stderr
+        proc = run(plugin, command, conf, via="exec", host=self.host, cni_path=str(self.bindir), container_id=cid,
+                   netns=ctr, PYCNI_SOCKET=sock)
+        stdout, stderr = proc.stdout.decode(), proc.stderr.decode()
+        assert "Traceback" not in stderr, stderr
         try:
-            out = json.loads(proc.stdout) if proc.stdout.strip() else {}
+            out = json.loads(stdout) if stdout.strip() else {}
         except ValueError:
-            raise AssertionError(f"{plugin} {command}: not JSON: {proc.stdout!r} {proc.stderr!r}") from None
-        if proc.returncode == 0:
+            raise AssertionError(f"{plugin} {command}: not JSON: {stdout!r} {stderr!r}") from None
+        if proc.exit_code == 0:
             assert command != "ADD" or out.get("cniVersion") == "1.0.0", out
         else:  # the spec's error shape, with a code
-            assert isinstance(out.get("code"), int) and out.get("msg"), (plugin, command, out, proc.stderr)
-        return proc.returncode, out
+            assert isinstance(out.get("code"), int) and out.get("msg"), (plugin, command, out, stderr, proc.exit_code)
+        return proc.exit_code, out
 
     def add_chain(self, cid: str, ctr: Namespace, port: int, sock: str) -> list[tuple[str, int, dict[str, Any]]]:
         """The main plugin then portmap, stopping at the first error, as a runtime does."""

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import plugin_util
 import pytest
 from daemon_proc import WAIT, DaemonProc, alive, answers, needs_privileges, request, wait_until
 from netns_util import Namespace
@@ -206,8 +207,7 @@ def test_request_in_flight_finishes_after_sigterm(workers: int, tmp_path: Path, 
     d.ready(workers=workers if workers > 1 else 0)
     conf = json.dumps({"cniVersion": "1.0.0", "name": "inflight", "type": "bridge", "bridge": "br-if",
                        "ipam": {"type": "slowipam"}})
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "if1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
-           "CNI_PATH": str(bindir), "PYCNI_SOCKET": sock, "PATH": os.environ["PATH"]}
+    env = plugin_util.env("ADD", "if1", ctr, cni_path=str(bindir), PYCNI_SOCKET=sock)
     (tmp_path / "conf.json").write_text(conf)
     with open(tmp_path / "conf.json", "rb") as stdin:
         add = subprocess.Popen(["ip", "netns", "exec", host.name, str(bindir / "bridge")], stdin=stdin,

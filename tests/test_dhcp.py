@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
+from plugin_util import run
 
 from pycni.plugins.ipam.dhcp import message as M
 from pycni.plugins.ipam.dhcp.daemon import client_options, parse_duration
@@ -192,15 +193,12 @@ def _conf(socket: str, version: str = "1.0.0", name: str = "dhcpnet", **ipam: An
 
 
 def _invoke(host: Namespace, bin_dir: str, plugin: str, command: str, conf: dict[str, Any], container_id: str,
-            netns: str, ifname: str = "eth0", cni_args: str = "", timeout: float = 60) -> tuple[int, Any, str]:
-    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container_id, "CNI_NETNS": netns, "CNI_IFNAME": ifname,
-           "CNI_PATH": bin_dir, "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-    if cni_args:
-        env["CNI_ARGS"] = cni_args
-    proc = host.run([os.path.join(bin_dir, plugin)], check=False, input=json.dumps(conf), env=env,
-                    timeout=timeout)
-    out = json.loads(proc.stdout) if proc.stdout.strip() else None
-    return proc.returncode, out, proc.stderr
+            netns: str, ifname: str = "eth0", cni_args: str = "") -> tuple[int, Any, str]:
+    """``plugin``'s executable in ``bin_dir`` (also CNI_PATH), run in ``host``: the exit code, its JSON (None
+    when it printed nothing) and stderr."""
+    out = run(plugin, command, conf, via="exec", host=host, cni_path=bin_dir, container_id=container_id, netns=netns,
+              ifname=ifname, args=cni_args)
+    return out.exit_code, json.loads(out.stdout) if out.stdout.strip() else None, out.stderr.decode()
 
 
 def _attach(net: DHCPNet, container: Namespace, port: str) -> str:

@@ -28,11 +28,11 @@ from typing import Any
 import badinput
 import pytest
 from netns_util import Namespace
+from plugin_util import env
 
 SEED = int(os.environ.get(badinput.SEED_ENV, badinput.DEFAULT_SEED))
 KILLS = int(os.environ.get("PYCNI_FAULT_KILLS", "12"))  # kill -9 trials per chain
 SUBNET = "10.66.0.0/24"
-PATH_ENV = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def chain(kind: str, data: Path) -> list[dict[str, Any]]:
@@ -44,15 +44,6 @@ def chain(kind: str, data: Path) -> list[dict[str, Any]]:
     return [{**net, "type": "bridge", "bridge": "fltbr0", "isGateway": True, "ipMasq": True, "ipam": ipam},
             {**net, "type": "portmap", "capabilities": {"portMappings": True},
              "runtimeConfig": {"portMappings": [{"hostPort": 18081, "containerPort": 80, "protocol": "tcp"}]}}]
-
-
-def env(command: str, cid: str, ctr: Namespace | None, plugin_dir: str) -> dict[str, str]:
-    e = {"CNI_COMMAND": command, "CNI_PATH": plugin_dir, "PATH": PATH_ENV, "PYCNI_SOCKET": "off"}
-    if command != "GC":
-        e.update(CNI_CONTAINERID=cid, CNI_IFNAME="eth0")
-    if ctr is not None and command != "GC":
-        e["CNI_NETNS"] = ctr.path
-    return e
 
 
 def group_gone(pgid: int) -> bool:
@@ -111,7 +102,7 @@ def add_chain(host: Namespace, ctr: Namespace, plugin_dir: str, confs: list[dict
     prev: dict[str, Any] | None = None
     for conf in confs:
         c = dict(conf, prevResult=prev) if prev is not None else conf
-        rc, out, err = finish(start(host, plugin_dir, c, env("ADD", cid, ctr, plugin_dir)), deadline)
+        rc, out, err = finish(start(host, plugin_dir, c, env("ADD", cid, ctr, cni_path=plugin_dir)), deadline)
         if rc is None:
             return None
         assert rc == 0, (out + err).decode()
@@ -122,14 +113,14 @@ def add_chain(host: Namespace, ctr: Namespace, plugin_dir: str, confs: list[dict
 def del_chain(host: Namespace, ctr: Namespace | None, plugin_dir: str, confs: list[dict[str, Any]],
               cid: str) -> None:
     for conf in reversed(confs):
-        rc, out, err = finish(start(host, plugin_dir, conf, env("DEL", cid, ctr, plugin_dir)))
+        rc, out, err = finish(start(host, plugin_dir, conf, env("DEL", cid, ctr, cni_path=plugin_dir)))
         assert rc == 0, f"DEL {conf['type']}: {(out + err).decode()}"
 
 
 def gc_chain(host: Namespace, plugin_dir: str, confs: list[dict[str, Any]], keep: list[str]) -> None:
     for conf in confs:
         c = dict(conf, **{"cni.dev/valid-attachments": [{"containerID": k, "ifname": "eth0"} for k in keep]})
-        rc, out, err = finish(start(host, plugin_dir, c, env("GC", "", None, plugin_dir)))
+        rc, out, err = finish(start(host, plugin_dir, c, env("GC", cni_path=plugin_dir)))
         assert rc == 0, f"GC {conf['type']}: {(out + err).decode()}"
 
 
@@ -204,13 +195,15 @@ def test_parallel_add_then_del(host_ns: Namespace, netns_factory: Callable[[], N
     del_chain(host_ns, warm, plugin_dir, confs, "warm")
     baseline = state(host_ns, tmp_path)
     ctrs = [netns_factory() for _ in range(64)]
-    procs = [start(host_ns, plugin_dir, confs[0], env("ADD", f"par{i}", c, plugin_dir)) for i, c in enumerate(ctrs)]
+    procs = [start(host_ns, plugin_dir, confs[0], env("ADD", f"par{i}", c, cni_path=plugin_dir))
+             for i, c in enumerate(ctrs)]
     outs = [finish(p) for p in procs]
     bad = [(i, (o + e).decode()[:300]) for i, (rc, o, e) in enumerate(outs) if rc != 0]
     assert not bad, bad
     addrs = [json.loads(o)["ips"][0]["address"] for _, o, _ in outs]
     assert len(set(addrs)) == 64, sorted(addrs)
-    procs = [start(host_ns, plugin_dir, confs[0], env("DEL", f"par{i}", c, plugin_dir)) for i, c in enumerate(ctrs)]
+    procs = [start(host_ns, plugin_dir, confs[0], env("DEL", f"par{i}", c, cni_path=plugin_dir))
+             for i, c in enumerate(ctrs)]
     outs = [finish(p) for p in procs]
     bad = [(i, (o + e).decode()[:300]) for i, (rc, o, e) in enumerate(outs) if rc != 0]
     assert not bad, bad
@@ -249,7 +242,7 @@ def test_broken_datadir_fails_cleanly(host_ns: Namespace, container_ns: Namespac
     data = tmp_path / "ipam"
     data.mkdir()
     before = state(host_ns, tmp_path)
-    e = env("ADD", "broken", container_ns, plugin_dir)
+    e = env("ADD", "broken", container_ns, cni_path=plugin_dir)
     cmd = ["ip", "netns", "exec", host_ns.name, "unshare", "--mount", sys.executable, "-c", _UNDER_BROKEN_DATADIR,
            how, str(data), os.path.join(plugin_dir, kind), json.dumps(conf)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=120)

@@ -8,21 +8,15 @@ from typing import Any
 
 import plugin_util
 import pytest
-from plugin_util import each_plugin_way
+from plugin_util import each_plugin_way, ok
 
 from pycni.plugins.meta import firewall as fw
 
-GO_BRIDGE = "/usr/lib/cni/bridge"
-GO_FIREWALL = "/usr/lib/cni/firewall"
 NET = "fwnet"
 OUTSIDE_IP = "10.99.0.2"
 # For tests that stop at the config: a CNI_NETNS that is not the test's own namespace (skel
 # refuses that before any config check) and that no plugin could act in by mistake.
 NO_NETNS = "/var/run/netns/pycni-test-no-such-netns"
-
-
-def env(cmd: str, cid: str, netns: str = NO_NETNS, ifname: str = "eth0") -> dict[str, str]:
-    return plugin_util.env(cmd, cid, netns, ifname)
 
 
 def fw_conf(prev: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
@@ -32,9 +26,8 @@ def fw_conf(prev: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
     return c
 
 
-def run_fw(host: Any, cmd: str, conf: dict[str, Any], cid: str, netns: str, via: str = "dispatch") -> tuple[
-        int, dict[str, Any]]:
-    out = plugin_util.run("firewall", cmd, conf, via=via, host=host, environ=env(cmd, cid, netns))
+def run_fw(host: Any, cmd: str, conf: dict[str, Any], cid: str, netns: str) -> tuple[int, dict[str, Any]]:
+    out = plugin_util.run("firewall", cmd, conf, host=host, container_id=cid, netns=netns)
     assert not out.stderr, out.stderr
     return out.exit_code, (json.loads(out.stdout) if out.stdout.strip() else {})
 
@@ -59,15 +52,16 @@ def ipt_state(ns: Any, v6: bool = False) -> str:
     ({"firewalldZone": []}, 7, "'firewalldZone' must be a string"),
 ])
 def test_bad_config_refused(extra: dict[str, Any], code: int, text: str) -> None:
-    out = plugin_util.run("firewall", "ADD", fw_conf(synthetic_prev("10.1.0.2/24"), **extra), environ=env("ADD", "c1"))
+    out = plugin_util.run("firewall", "ADD", fw_conf(synthetic_prev("10.1.0.2/24"), **extra), container_id="c1",
+                          netns=NO_NETNS)
     e = json.loads(out.stdout)
     assert out.exit_code == 1 and e["code"] == code and text in e["msg"] + e.get("details", "")
 
 
 def test_missing_prev_result() -> None:
-    out = plugin_util.run("firewall", "ADD", fw_conf(None), environ=env("ADD", "c1"))
+    out = plugin_util.run("firewall", "ADD", fw_conf(None), container_id="c1", netns=NO_NETNS)
     assert json.loads(out.stdout)["code"] == 7
-    assert plugin_util.run("firewall", "DEL", fw_conf(None), environ=env("DEL", "c1", netns="")).exit_code == 0
+    assert plugin_util.run("firewall", "DEL", fw_conf(None), container_id="c1").exit_code == 0
 
 
 def nft_state(ns: Any) -> str:
@@ -140,8 +134,8 @@ def lab(host_ns: Any, netns_factory: Any, tmp_path: Any) -> dict[str, Any]:
     conts: dict[str, Any] = {}
     for cid in ("c1", "c2"):
         ns = netns_factory()
-        p = host_ns.run([GO_BRIDGE], input=json.dumps(bconf), env=env("ADD", cid, ns.path))
-        conts[cid] = (ns, json.loads(p.stdout))
+        conts[cid] = (ns, ok(plugin_util.run("bridge", "ADD", bconf, via="exec", host=host_ns, container_id=cid,
+                                             netns=ns)))
     return {"host": host_ns, "outside": outside, "conts": conts}
 
 
@@ -240,14 +234,14 @@ def test_same_rules_as_go_reference(netns_factory: Any, extra: dict[str, Any]) -
     prev = synthetic_prev("10.1.0.2/24", "fd00:1::2/64")
     conf = fw_conf(prev, backend="iptables", **extra)
     assert run_fw(ours_ns, "ADD", conf, "c1", cont.path)[0] == 0
-    go_ns.run([GO_FIREWALL], input=json.dumps(conf), env=env("ADD", "c1", cont.path))
+    ok(plugin_util.run("firewall", "ADD", conf, via="exec", host=go_ns, container_id="c1", netns=cont))
     for v6 in (False, True):
         assert go_comparable(ipt_state(ours_ns, v6)) == ipt_state(go_ns, v6)
     # Each side CHECKs and DELs the other's rules identically.
     assert run_fw(go_ns, "CHECK", conf, "c1", cont.path)[0] == 0
-    ours_ns.run([GO_FIREWALL], input=json.dumps(conf), env=env("CHECK", "c1", cont.path))
+    ok(plugin_util.run("firewall", "CHECK", conf, via="exec", host=ours_ns, container_id="c1", netns=cont))
     assert run_fw(go_ns, "DEL", conf, "c1", cont.path)[0] == 0
-    ours_ns.run([GO_FIREWALL], input=json.dumps(conf), env=env("DEL", "c1", cont.path))
+    ok(plugin_util.run("firewall", "DEL", conf, via="exec", host=ours_ns, container_id="c1", netns=cont))
     for v6 in (False, True):
         assert go_comparable(ipt_state(ours_ns, v6)) == ipt_state(go_ns, v6)
         assert "-s 10.1.0.2" not in ipt_state(ours_ns, v6) and "fd00:1::2" not in ipt_state(ours_ns, v6)
@@ -281,12 +275,11 @@ def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: in
     conf: dict[str, Any] = {"cniVersion": "1.1.0", "name": "gcnet", "type": "firewall"}
     if attachments != "absent":
         conf["cni.dev/valid-attachments"] = attachments
-    gc = {"CNI_COMMAND": "GC", "CNI_PATH": plugin_dir, "PYCNI_SOCKET": "off"}
-    out = plugin_util.run("firewall", "GC", conf, via=via, environ=gc)
+    out = plugin_util.run("firewall", "GC", conf, via=via, cni_path=plugin_dir)
     assert out.exit_code == (1 if code else 0), out.stdout
     if code:
         assert json.loads(out.stdout)["code"] == code
-    out = plugin_util.run("firewall", "STATUS", conf, via=via, environ={**gc, "CNI_COMMAND": "STATUS"})
+    out = plugin_util.run("firewall", "STATUS", conf, via=via, cni_path=plugin_dir)
     assert out.exit_code == 0, out.stdout
 
 

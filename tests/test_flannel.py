@@ -120,7 +120,7 @@ def test_del_without_saved_config_succeeds(tmp_path: Path) -> None:
 def test_status_reports_missing_subnet_file(tmp_path: Path) -> None:
     data = json.loads(conf_bytes(tmp_path, str(tmp_path / "gone.env")))
     data["cniVersion"] = "1.1.0"
-    out = plugin_util.run("flannel", "STATUS", data, environ={"CNI_COMMAND": "STATUS", "CNI_PATH": "/nonexistent"})
+    out = plugin_util.run("flannel", "STATUS", data, cni_path="/nonexistent")
     assert out.exit_code == 1 and json.loads(out.stdout)["code"] == 50
 
 
@@ -290,16 +290,15 @@ def test_gc_without_a_valid_list_removes_nothing(tmp_path: Path, attachments: ob
     conf["cniVersion"] = "1.1.0"
     if attachments != "absent":
         conf["cni.dev/valid-attachments"] = attachments
-    gc = {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}
-    out = plugin_util.run("flannel", "GC", conf, environ=gc)
+    out = plugin_util.run("flannel", "GC", conf, cni_path="/nonexistent")
     err = json.loads(out.stdout)
     assert out.exit_code == 1 and err["code"] == 7 and "valid-attachments" in err["msg"], err
     assert os.listdir(data) == ["ctr-1"]
     conf["cni.dev/valid-attachments"] = [{"containerID": "ctr-1", "ifname": "eth0"}]
-    assert plugin_util.run("flannel", "GC", conf, environ=gc).exit_code == 0
+    assert plugin_util.run("flannel", "GC", conf, cni_path="/nonexistent").exit_code == 0
     assert os.listdir(data) == ["ctr-1"]
     conf["cni.dev/valid-attachments"] = []
-    assert plugin_util.run("flannel", "GC", conf, environ=gc).exit_code == 0
+    assert plugin_util.run("flannel", "GC", conf, cni_path="/nonexistent").exit_code == 0
     assert os.listdir(data) == []
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import daemon_in_thread
+from plugin_util import daemon_in_thread, run
 
 from pycni import forwarder
 from pycni.plugins.registry import install
@@ -32,9 +31,13 @@ def _conf(tmp_path: Path, name: str = "fwd") -> bytes:
         "type": "host-local", "subnet": "10.68.0.0/24", "dataDir": str(tmp_path / "ipam")}}).encode()
 
 
-def _env(bindir: str, sock: str, command: str = "ADD", cid: str = "f1") -> dict[str, str]:
-    return {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/nonexistent", "CNI_IFNAME": "eth0",
-            "CNI_PATH": bindir, "PYCNI_SOCKET": sock, "PATH": os.environ.get("PATH", "")}
+def _run(ns: Namespace, exe: str, stdin: bytes, sock: str, **extra: str) -> tuple[int, bytes, bytes]:
+    """An ADD by ``exe`` (host-local, its directory CNI_PATH) in ``ns`` with PYCNI_SOCKET ``sock``;
+    ``extra`` overrides variables (CNI_COMMAND too)."""
+    assert os.path.basename(exe) == "host-local"
+    out = run("host-local", "ADD", stdin, via="exec", host=ns, cni_path=os.path.dirname(exe), container_id="f1",
+              netns="/nonexistent", PYCNI_SOCKET=sock, **extra)
+    return out.exit_code, out.stdout, out.stderr
 
 
 @pytest.fixture
@@ -47,12 +50,6 @@ def bins(tmp_path: Path) -> dict[str, str]:
     assert forwarder.NAME in Path(native, "host-local").read_text()
     assert not os.path.exists(os.path.join(python, forwarder.NAME))
     return {"native": os.path.join(native, "host-local"), "python": os.path.join(python, "host-local")}
-
-
-def _run(ns: Namespace, exe: str, stdin: bytes, env: dict[str, str]) -> tuple[int, bytes, bytes]:
-    proc = subprocess.run(["ip", "netns", "exec", ns.name, exe], input=stdin, env=env, capture_output=True,
-                          timeout=60)
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def test_served_calls_answer_as_the_python_shim(bins: dict[str, str], tmp_path: Path,
@@ -68,7 +65,7 @@ def test_served_calls_answer_as_the_python_shim(bins: dict[str, str], tmp_path: 
             answers = {}
             for kind, exe in bins.items():
                 data = stdin.replace(conf, _conf(tmp_path / kind))
-                answers[kind] = _run(host, exe, data, {**_env(os.path.dirname(exe), sock), **extra})
+                answers[kind] = _run(host, exe, data, sock, **extra)
             assert answers["native"] == answers["python"], (stdin, extra)
             if stdin == conf and extra.get("CNI_COMMAND", "ADD") in ("ADD", "DEL") and "CNI_IFNAME" not in extra:
                 assert answers["native"][0] == 0, answers["native"]
@@ -85,12 +82,12 @@ def test_served_call_starts_no_python(tmp_path: Path, netns_factory: Callable[[]
                      check_python=False)  # a stand-in that proves no Python starts
     host, sock = netns_factory(), str(tmp_path / "d.sock")
     with daemon_in_thread(sock):
-        code, out, _ = _run(host, exe, _conf(tmp_path), _env(str(tmp_path / "bin"), sock))
+        code, out, _ = _run(host, exe, _conf(tmp_path), sock)
         assert code == 0 and json.loads(out)["ips"][0]["address"] == "10.68.0.2/24"
         assert not marker.exists()
     # No daemon, PYCNI_SOCKET=off, arguments: the Python command line runs, as the shim would.
-    for env in (_env(str(tmp_path / "bin"), sock), _env(str(tmp_path / "bin"), "off")):
-        assert _run(host, exe, _conf(tmp_path), env)[0] == 3
+    for socket_setting in (sock, "off"):
+        assert _run(host, exe, _conf(tmp_path), socket_setting)[0] == 3
     lines = marker.read_text().splitlines()
     assert len(lines) == 2 and all(line == f"-IS {exe}" for line in lines)
 
@@ -99,7 +96,7 @@ def test_without_a_daemon_the_plugin_runs_in_python(bins: dict[str, str], tmp_pa
                                                     netns_factory: Callable[[], Namespace]) -> None:
     host = netns_factory()
     missing = str(tmp_path / "nobody.sock")
-    code, out, err = _run(host, bins["native"], _conf(tmp_path), _env(os.path.dirname(bins["native"]), missing))
+    code, out, err = _run(host, bins["native"], _conf(tmp_path), missing)
     assert code == 0, err
     assert json.loads(out)["ips"][0]["address"] == "10.68.0.2/24"
 
@@ -121,7 +118,7 @@ def test_a_daemon_that_fails_mid_request_is_error_11(bins: dict[str, str], tmp_p
     t = threading.Thread(target=rude, daemon=True)
     t.start()
     host = netns_factory()
-    answers = [_run(host, bins[k], _conf(tmp_path), _env(os.path.dirname(bins[k]), sock_path))
+    answers = [_run(host, bins[k], _conf(tmp_path), sock_path)
                for k in ("native", "python")]
     t.join(10)
     srv.close()

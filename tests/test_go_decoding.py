@@ -24,12 +24,13 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import runtime_env
+from plugin_util import run
 
-from pycni.skel import CmdArgs, dispatch
+from pycni.skel import CmdArgs
 from pycni.spec.gokeys import fold, has, lookup
 
 GO = "/usr/lib/cni"
+NO_NETNS = "/var/run/netns/none"  # IPAM and config-only calls enter no namespace
 KELVIN, LONG_S = "\u212a", "\u017f"
 
 
@@ -247,7 +248,6 @@ def test_device_id_capability() -> None:
 
 def test_top_level_keys_in_go_spelling() -> None:
     """cniVersion, name, prevResult (and what is inside it) as skel and the readers see them."""
-    from pycni.plugins.meta import bandwidth as bw
     from pycni.skel import config_version, prev_result
 
     conf = {"CNIVersion": "0.4.0", "NAME": "n", "Type": "bandwidth",
@@ -255,7 +255,7 @@ def test_top_level_keys_in_go_spelling() -> None:
     assert config_version(conf) == "0.4.0"
     prev = prev_result(conf)
     assert prev is not None and prev.cni_version == "0.4.0" and str(prev.ips[0].address) == "10.1.0.5/24"
-    out = dispatch(bw.PLUGIN, runtime_env("ADD", "c1", "/var/run/netns/none"), json.dumps(conf).encode())
+    out = run("bandwidth", "ADD", conf, container_id="c1", netns=NO_NETNS)
     assert out.exit_code == 0, out.stdout
     assert json.loads(out.stdout)["cniVersion"] == "0.4.0" and "ips" in json.loads(out.stdout)
 
@@ -285,26 +285,22 @@ def test_maps_keep_exact_keys() -> None:
 
 # ---- the same inputs through the Go plugins and ours, in namespaces ------------------------------
 def _go(host: Namespace, plugin: str, command: str, conf: dict[str, Any], cid: str, netns: str) -> tuple[int, Any]:
-    p = host.run([os.path.join(GO, plugin)], input=json.dumps(conf), env=runtime_env(command, cid, netns), check=False)
-    return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else None)
-
-
-def _ours(host: Namespace, module: Any, command: str, conf: dict[str, Any], cid: str, netns: str) -> tuple[int, Any]:
-    with host.enter():
-        out = dispatch(module.PLUGIN, runtime_env(command, cid, netns), json.dumps(conf).encode())
+    out = run(plugin, command, conf, via="exec", host=host, cni_path=GO, container_id=cid, netns=netns)
     return out.exit_code, (json.loads(out.stdout) if out.stdout.strip() else None)
 
 
-def _go_ipam(plugin: str, conf: dict[str, Any], env: dict[str, str]) -> tuple[int, Any]:
-    """An IPAM plugin touches no namespace: run the Go one directly."""
-    import subprocess
+def _ours(host: Namespace, module: Any, command: str, conf: dict[str, Any], cid: str, netns: str) -> tuple[int, Any]:
+    out = run(module.PLUGIN, command, conf, host=host, container_id=cid, netns=netns)
+    return out.exit_code, (json.loads(out.stdout) if out.stdout.strip() else None)
 
-    p = subprocess.run([os.path.join(GO, plugin)], input=json.dumps(conf), env=env, capture_output=True, text=True,
-                       timeout=30)
+
+def _go_ipam(plugin: str, conf: dict[str, Any]) -> tuple[int, Any]:
+    """An ADD by the Go IPAM plugin, which touches no namespace (run directly)."""
+    p = run(plugin, "ADD", conf, via="exec", cni_path=GO, container_id="c1", netns=NO_NETNS)
     out = json.loads(p.stdout) if p.stdout.strip() else None
     if isinstance(out, dict) and out.get("dns") == {} and str(out.get("cniVersion")).startswith("1."):
         out.pop("dns")  # Go 1.1.1 prints an empty "dns" at 1.x; the current reference and ours omit it
-    return p.returncode, out
+    return p.exit_code, out
 
 
 def _mac(ns: Namespace, dev: str = "eth0") -> str:
@@ -324,9 +320,8 @@ def test_static_same_result_as_go(version: str, spelling: str) -> None:
         {"runtimeConfig": {"IPs": ips}} if spelling == "IPs" else {"Args": {"cni": {"IPs": ips}}}
     conf = {"cniVersion": version, "name": "mynet", "type": "ipvlan", "master": "foo0",
             "capabilities": {"ips": True}, "ipam": {"type": "static", "routes": [{"dst": "0.0.0.0/0"}]}, **extra}
-    env = runtime_env("ADD", "c1", "/var/run/netns/none")
-    go_rc, go_out = _go_ipam("static", conf, env)
-    out = dispatch(static.PLUGIN, env, json.dumps(conf).encode())
+    go_rc, go_out = _go_ipam("static", conf)
+    out = run(static.PLUGIN, "ADD", conf, container_id="c1", netns=NO_NETNS)
     assert (out.exit_code, json.loads(out.stdout)) == (go_rc, go_out)
     assert go_rc == 0 and ("ips" in go_out or "ip4" in go_out)
 
@@ -342,10 +337,9 @@ def test_host_local_same_address_as_go(tmp_path: Path) -> None:
                                                [{"Subnet": "fd05::/64"}]],
                                   "IPs": ["10.5.0.20"]}}
 
-    env = runtime_env("ADD", "c1", "/var/run/netns/none")
-    go_rc, go_out = _go_ipam("host-local", conf("go"), env)
+    go_rc, go_out = _go_ipam("host-local", conf("go"))
     assert go_rc == 0, go_out
-    ours = dispatch(host_local.PLUGIN, env, json.dumps(conf("ours")).encode())
+    ours = run(host_local.PLUGIN, "ADD", conf("ours"), container_id="c1", netns=NO_NETNS)
     assert ours.exit_code == 0, ours.stdout
     assert json.loads(ours.stdout) == go_out
     assert [ip["address"] for ip in go_out["ips"]] == ["10.5.0.20/24", "fd05::2/64"]
@@ -549,9 +543,8 @@ def test_static_invalid_cidr_from_ips_has_go_message(where: str) -> None:
         {"args": {"cni": {"ips": ["10.10.0.1"]}}}
     conf = {"cniVersion": "1.0.0", "name": "mynet", "type": "bridge",
             "ipam": {"type": "static", "routes": [{"dst": "0.0.0.0/0"}]}, **extra}
-    env = runtime_env("ADD", "c1", "/var/run/netns/none")
-    go_rc, go_out = _go_ipam("static", conf, env)
-    out = dispatch(static.PLUGIN, env, json.dumps(conf).encode())
+    go_rc, go_out = _go_ipam("static", conf)
+    out = run(static.PLUGIN, "ADD", conf, container_id="c1", netns=NO_NETNS)
     ours = json.loads(out.stdout)
     assert go_rc == out.exit_code == 1
     assert ours["msg"] == go_out["msg"] == "an entry in the 'ips' field is NOT in CIDR notation, got: '10.10.0.1'"

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import plugin_util
 import pytest
 from netns_util import Namespace
-from plugin_util import call, err, ok
+from plugin_util import answer, call, err, ok
 
 from pycni.plugins.main import host_device
 
@@ -108,10 +109,8 @@ def test_go_reference_deletes_what_we_added(wired: tuple[Namespace, Namespace], 
     cfg = conf(tmp_path)
     del cfg["ipam"]
     ok(call(host_device.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
-    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "ctr", "CNI_NETNS": container_ns.path, "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/usr/lib/cni"}
-    proc = host.run(["/usr/lib/cni/host-device"], input=json.dumps(cfg), env=env, check=False)
-    assert proc.returncode == 0, proc.stdout
+    out = plugin_util.run("host-device", "DEL", cfg, via="exec", host=host, netns=container_ns, cni_path=GO_DIR)
+    assert out.exit_code == 0, out.stdout
     assert link(host, "dev0") is not None and link(container_ns, "eth0") is None
 
 
@@ -126,7 +125,8 @@ def test_del_without_netns_still_releases_ipam(wired: tuple[Namespace, Namespace
     ok(call(host_device.PLUGIN, host, "DEL", cfg, container_ns, plugin_dir))
 
 
-GO_HOST_DEVICE = "/usr/lib/cni/host-device"
+GO_DIR = "/usr/lib/cni"
+GO_HOST_DEVICE = GO_DIR + "/host-device"
 
 
 @pytest.mark.parametrize("who", ["py", "go"])
@@ -141,15 +141,10 @@ def test_failed_del_leaves_the_container_interface_up(who: str, wired: tuple[Nam
     host, _ = wired
     cfg = conf(tmp_path)
     del cfg["ipam"]
-    env = {"CNI_CONTAINERID": "ctr", "CNI_NETNS": container_ns.path, "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/usr/lib/cni", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+    way = {"via": "dispatch", "cni_path": plugin_dir} if who == "py" else {"via": "exec", "cni_path": GO_DIR}
 
     def run(cmd: str) -> tuple[int, dict[str, Any]]:
-        if who == "py":
-            out = call(host_device.PLUGIN, host, cmd, cfg, container_ns, plugin_dir)
-            return out.exit_code, json.loads(out.stdout) if out.stdout else {}
-        proc = host.run([GO_HOST_DEVICE], input=json.dumps(cfg), env=dict(env, CNI_COMMAND=cmd), check=False)
-        return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}
+        return answer(plugin_util.run("host-device", cmd, cfg, host=host, netns=container_ns, **way))
 
     rc, out = run("ADD")
     assert rc == 0, out

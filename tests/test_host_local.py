@@ -16,49 +16,38 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import plugin_util
 import pytest
+from plugin_util import answer, ok
 
 from pycni.plugins.ipam import host_local
-from pycni.skel import dispatch
 from pycni.spec.version import ALL_VERSIONS
 
-GO_HOST_LOCAL = "/usr/lib/cni/host-local"
+GO_DIR = "/usr/lib/cni"
+GO_HOST_LOCAL = GO_DIR + "/host-local"
 have_go = pytest.mark.skipif(not os.access(GO_HOST_LOCAL, os.X_OK), reason="Go host-local not installed")
 GO_VERSIONS = [v for v in ALL_VERSIONS if v != "1.1.0"]  # the Debian build speaks up to 1.0.0
 
 Reply = tuple[int, dict[str, Any]]
 
 
-def make_env(command: str, cid: str = "ctr1", ifname: str = "eth0", cni_args: str = "") -> dict[str, str]:
-    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/var/run/netns/unused",
-           "CNI_IFNAME": ifname, "CNI_PATH": "/usr/lib/cni", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    if cni_args:
-        env["CNI_ARGS"] = cni_args
-    return env
+NO_NETNS = "/var/run/netns/unused"  # host-local never enters it
 
 
-def _reply(code: int, out: bytes) -> Reply:
-    return code, (json.loads(out) if out.strip() else {})
+def run_via(conf: dict[str, Any] | bytes, command: str = "ADD", cid: str = "ctr1", ifname: str = "eth0",
+            cni_args: str = "", *, via: str = "dispatch", cni_path: str = GO_DIR) -> Reply:
+    return answer(plugin_util.run("host-local", command, conf, via=via, cni_path=cni_path, container_id=cid,
+                                  netns=NO_NETNS, ifname=ifname, args=cni_args))
 
 
 def run_py(conf: dict[str, Any] | bytes, command: str = "ADD", cid: str = "ctr1", ifname: str = "eth0",
            cni_args: str = "") -> Reply:
-    stdin = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
-    outcome = dispatch(host_local.PLUGIN, make_env(command, cid, ifname, cni_args), stdin)
-    return _reply(outcome.exit_code, outcome.stdout)
-
-
-def run_exe(exe: str, conf: dict[str, Any] | bytes, command: str = "ADD", cid: str = "ctr1",
-            ifname: str = "eth0", cni_args: str = "") -> Reply:
-    stdin = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
-    proc = subprocess.run([exe], input=stdin, env=make_env(command, cid, ifname, cni_args),
-                          capture_output=True, timeout=60)
-    return _reply(proc.returncode, proc.stdout)
+    return run_via(conf, command, cid, ifname, cni_args)
 
 
 def run_go(conf: dict[str, Any] | bytes, command: str = "ADD", cid: str = "ctr1", ifname: str = "eth0",
            cni_args: str = "") -> Reply:
-    return run_exe(GO_HOST_LOCAL, conf, command, cid, ifname, cni_args)
+    return run_via(conf, command, cid, ifname, cni_args, via="exec")
 
 
 def net_conf(data_dir: Path, ipam: dict[str, Any] | None = None, version: str = "1.0.0",
@@ -601,24 +590,23 @@ def test_imports_stdlib_only(tmp_path: Path) -> None:
 
 
 def test_shim_process(tmp_path: Path, plugin_dir: str) -> None:
-    exe = os.path.join(plugin_dir, "host-local")
     conf = net_conf(tmp_path)
-    code, res = run_exe(exe, conf)
+    code, res = run_via(conf, via="exec", cni_path=plugin_dir)
     assert code == 0, res
     assert addresses((code, res)) == ["10.1.2.2/24"]
-    assert run_exe(exe, conf, "CHECK") == (0, {})
-    assert run_exe(exe, conf, "DEL") == (0, {})
-    code, err = run_exe(exe, {**conf, "ipam": {"type": "host-local"}})
+    assert run_via(conf, "CHECK", via="exec", cni_path=plugin_dir) == (0, {})
+    assert run_via(conf, "DEL", via="exec", cni_path=plugin_dir) == (0, {})
+    code, err = run_via({**conf, "ipam": {"type": "host-local"}}, via="exec", cni_path=plugin_dir)
     assert code == 1 and err["code"] == 7
-    proc = subprocess.run([exe], input=b"", env={**make_env("VERSION")}, capture_output=True, check=True)
-    assert "1.1.0" in json.loads(proc.stdout)["supportedVersions"]
+    version = ok(plugin_util.run("host-local", "VERSION", b"", via="exec", cni_path=plugin_dir))
+    assert "1.1.0" in version["supportedVersions"]
 
 
 def test_parallel_processes_get_distinct_addresses(tmp_path: Path, plugin_dir: str) -> None:
     exe = os.path.join(plugin_dir, "host-local")
     conf = json.dumps(net_conf(tmp_path)).encode()
     procs = [subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env=make_env("ADD", cid=f"ctr{i}")) for i in range(32)]
+                              env=plugin_util.env("ADD", f"ctr{i}", NO_NETNS)) for i in range(32)]
     outs = [p.communicate(conf, timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[0] for o in outs]
     got = [json.loads(o[0])["ips"][0]["address"] for o in outs]
@@ -794,7 +782,8 @@ def test_parallel_go_and_python_share_the_lock(tmp_path: Path, plugin_dir: str) 
     ours = os.path.join(plugin_dir, "host-local")
     conf = json.dumps(net_conf(tmp_path, {"rangeStart": "10.1.2.100", "rangeEnd": "10.1.2.131"})).encode()
     procs = [subprocess.Popen([GO_HOST_LOCAL if i % 2 else ours], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, env=make_env("ADD", cid=f"ctr{i}")) for i in range(32)]
+                              stderr=subprocess.PIPE, env=plugin_util.env("ADD", f"ctr{i}", NO_NETNS))
+             for i in range(32)]
     outs = [p.communicate(conf, timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[0] for o in outs]
     got = {json.loads(o[0])["ips"][0]["address"] for o in outs}
@@ -837,7 +826,7 @@ def test_daemon_mode_gives_the_same_answers(tmp_path: Path, host_ns: Any) -> Non
         conf = json.dumps(net_conf(tmp_path / "data")).encode()
         procs = []
         for i in range(16):
-            env = {**make_env("ADD", cid=f"d{i}"), "PYCNI_SOCKET": sock}
+            env = plugin_util.env("ADD", f"d{i}", NO_NETNS, PYCNI_SOCKET=sock)
             procs.append(subprocess.Popen(["ip", "netns", "exec", host_ns.name, exe], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env))
         outs = [p.communicate(conf, timeout=120) for p in procs]
@@ -846,14 +835,14 @@ def test_daemon_mode_gives_the_same_answers(tmp_path: Path, host_ns: Any) -> Non
         assert len(set(got)) == 16
         assert "host-local" in daemon.plugins  # served by the daemon, not in the shim process
         # The reply and the store are what the in-process plugin would have produced.
-        env = {**make_env("ADD", cid="x"), "PYCNI_SOCKET": sock}
+        env = plugin_util.env("ADD", "x", NO_NETNS, PYCNI_SOCKET=sock)
         via_daemon = subprocess.run(["ip", "netns", "exec", host_ns.name, exe], input=conf, env=env,
                                     capture_output=True, timeout=60)
         assert via_daemon.returncode == 0
         assert without_empty_dns(json.loads(via_daemon.stdout)) == {
             "cniVersion": "1.0.0", "ips": [{"address": "10.1.2.18/24", "gateway": "10.1.2.1"}]}
         assert ip_files(tmp_path / "data")["10.1.2.18"] == b"x\r\neth0"
-        env = {**make_env("DEL", cid="x"), "PYCNI_SOCKET": sock}
+        env = plugin_util.env("DEL", "x", NO_NETNS, PYCNI_SOCKET=sock)
         subprocess.run(["ip", "netns", "exec", host_ns.name, exe], input=conf, env=env, check=True, timeout=60)
         assert "10.1.2.18" not in ip_files(tmp_path / "data")
     finally:

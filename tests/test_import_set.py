@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import plugin_util
 import pytest
 from netns_util import Namespace
 from plugin_util import daemon_in_thread
@@ -107,10 +108,9 @@ def test_ipam_add_del_is_stdlib_only(plugin: str, shims: str, baseline: set[str]
                            "dataDir": str(tmp_path / "ipam")},
             "static": {"type": "static", "addresses": [{"address": "10.77.1.2/24", "gateway": "10.77.1.1"}]}}[plugin]
     conf = json.dumps({"cniVersion": "1.0.0", "name": "imp", "type": "bridge", "ipam": ipam}).encode()
-    env = {"CNI_CONTAINERID": "imp1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0", "CNI_PATH": shims,
-           "PYCNI_SOCKET": "off"}
     for command in ("ADD", "DEL"):
-        mods = _modules(os.path.join(shims, plugin), dict(env, CNI_COMMAND=command), conf, tmp_path, host)
+        env = plugin_util.env(command, "imp1", ctr, cni_path=shims)
+        mods = _modules(os.path.join(shims, plugin), env, conf, tmp_path, host)
         assert f"pycni.plugins.ipam.{plugin.replace('-', '_')}" in mods
         assert _heavy(mods - baseline, (*HEAVY, *NO_JSON_NO_RE)) == [], command
     if plugin == "host-local":
@@ -131,10 +131,9 @@ def test_forwarding_path_imports_almost_nothing(shims: str, baseline: set[str], 
     conf = json.dumps({"cniVersion": "1.0.0", "name": "imp", "type": "bridge",
                        "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.78.0.0/24"}]],
                                 "dataDir": str(tmp_path / "ipam")}}).encode()
-    env = {"CNI_CONTAINERID": "fwd1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0", "CNI_PATH": shims,
-           "PYCNI_SOCKET": daemon_socket}
     for command in ("ADD", "DEL"):
-        mods = _modules(os.path.join(shims, "host-local"), dict(env, CNI_COMMAND=command), conf, tmp_path, host)
+        env = plugin_util.env(command, "fwd1", ctr, cni_path=shims, PYCNI_SOCKET=daemon_socket)
+        mods = _modules(os.path.join(shims, "host-local"), env, conf, tmp_path, host)
         ours = {"pycni", "pycni.shim", "pycni.daemon", "pycni.daemon.protocol"}
         assert mods - baseline - FORWARDING_STDLIB <= ours, sorted(mods - baseline)
 
@@ -167,10 +166,9 @@ def test_bridge_one_shot_needs_no_pyroute2(shims: str, tmp_path: Path,
                        "ipMasq": True,
                        "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.76.0.0/24"}]],
                                 "dataDir": str(tmp_path / "ipam")}}).encode()
-    env = {"CNI_CONTAINERID": "lean1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0", "CNI_PATH": shims,
-           "PYCNI_SOCKET": "off", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin")}
     for command in ("ADD", "DEL"):
-        mods = _modules(os.path.join(shims, "bridge"), dict(env, CNI_COMMAND=command), conf, tmp_path, host)
+        env = plugin_util.env(command, "lean1", ctr, cni_path=shims)
+        mods = _modules(os.path.join(shims, "bridge"), env, conf, tmp_path, host)
         assert {"pycni.net.nl", "pycni.plugins.ipam.host_local"} <= mods, command
         heavy = sorted(m for m in mods if m.split(".")[0] in ("pyroute2", "asyncio", "multiprocessing",
                                                               "dataclasses", "inspect"))
@@ -195,8 +193,6 @@ def test_podman_chain_one_shot_imports_no_subprocess_json_or_re(shims: str, tmp_
          "runtimeConfig": {"portMappings": [{"hostPort": 8081, "containerPort": 80, "protocol": "tcp"}]}},
         {"type": "firewall", "backend": ""},
         {"type": "tuning"}]
-    env = {"CNI_CONTAINERID": "podm1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0", "CNI_PATH": shims,
-           "PYCNI_SOCKET": "off", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin")}
     never = ("subprocess", "shutil", "typing", "hashlib", "pyroute2", "asyncio", "multiprocessing", "dataclasses",
              "inspect", *NO_JSON_NO_RE)
     prev: object = None
@@ -209,8 +205,8 @@ def test_podman_chain_one_shot_imports_no_subprocess_json_or_re(shims: str, tmp_
             wrapper = _WRAPPER.replace("sys.argv = [_path]", "sys.argv = [_path]\nsys.stdout = open(_res, 'w')")
             cmd = ["ip", "netns", "exec", host.name, sys.executable, "-IS", "-c", "_res = " + repr(str(out)) + "\n"
                    + wrapper, str(tmp_path / "mods.txt"), os.path.join(shims, str(plugin["type"]))]
-            proc = subprocess.run(cmd, input=json.dumps(conf).encode(), env=dict(env, CNI_COMMAND=command),
-                                  capture_output=True, timeout=60)
+            proc = subprocess.run(cmd, input=json.dumps(conf).encode(), capture_output=True, timeout=60,
+                                  env=plugin_util.env(command, "podm1", ctr, cni_path=shims))
             assert proc.returncode == 0, (plugin["type"], command, proc.stderr.decode(), out.read_text())
             mods = set((tmp_path / "mods.txt").read_text().split())
             assert f"pycni.plugins.{'main' if plugin['type'] == 'bridge' else 'meta'}.{plugin['type']}" in mods

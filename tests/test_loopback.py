@@ -7,16 +7,20 @@ import os
 
 import pytest
 from netns_util import Namespace
+from plugin_util import run
 
-from pycni.plugins.main.loopback import PLUGIN
-from pycni.skel import dispatch
+from pycni.skel import Outcome
 
-GO_LOOPBACK = "/usr/lib/cni/loopback"
+GO_DIR = "/usr/lib/cni"
+GO_LOOPBACK = GO_DIR + "/loopback"
 
 
-def env_for(cmd: str, netns: str, ifname: str = "lo") -> dict[str, str]:
-    return {"CNI_COMMAND": cmd, "CNI_CONTAINERID": "ctr-lo", "CNI_NETNS": netns, "CNI_IFNAME": ifname,
-            "CNI_PATH": "/nonexistent"}
+def lo(command: str, netns: Namespace | str, stdin: bytes, *, via: str = "dispatch", cni_path: str = "/nonexistent",
+       host: Namespace | None = None, ifname: str = "lo") -> Outcome:
+    """The loopback plugin ``via`` dispatch (in the calling thread's namespace unless ``host``) or an
+    executable in ``cni_path``; netns "" leaves CNI_NETNS out."""
+    return run("loopback", command, stdin, via=via, host=host, cni_path=cni_path, container_id="ctr-lo",
+               netns=netns, ifname=ifname)
 
 
 def conf(version: str = "1.0.0", **extra: object) -> bytes:
@@ -39,7 +43,7 @@ def lo_down(ns: Namespace) -> None:
 def test_add_brings_lo_up_and_reports_like_go(host_ns: Namespace, container_ns: Namespace) -> None:
     lo_down(container_ns)
     with host_ns.enter():
-        out = dispatch(PLUGIN, env_for("ADD", container_ns.path, "eth0"), conf())
+        out = lo("ADD", container_ns.path, conf(), ifname="eth0")
     assert out.exit_code == 0, out.stdout
     assert "UP" in lo_state(container_ns).split(">")[0]
     ours = norm(json.loads(out.stdout))
@@ -50,14 +54,14 @@ def test_add_brings_lo_up_and_reports_like_go(host_ns: Namespace, container_ns: 
     container_ns.run(["ping", "-c1", "-W2", "127.0.0.1"])
     if os.access(GO_LOOPBACK, os.X_OK):
         lo_down(container_ns)
-        go = host_ns.run([GO_LOOPBACK], input=conf(), env=env_for("ADD", container_ns.path, "eth0"))
+        go = lo("ADD", container_ns, conf(), via="exec", cni_path=GO_DIR, host=host_ns, ifname="eth0")
         assert norm(json.loads(go.stdout)) == ours
 
 
 def test_add_old_versions_convert(host_ns: Namespace, container_ns: Namespace) -> None:
     with host_ns.enter():
-        out = dispatch(PLUGIN, env_for("ADD", container_ns.path), conf("0.3.1"))
-        old = dispatch(PLUGIN, env_for("ADD", container_ns.path), conf("0.2.0"))
+        out = lo("ADD", container_ns.path, conf("0.3.1"))
+        old = lo("ADD", container_ns.path, conf("0.2.0"))
     r = json.loads(out.stdout)
     assert r["cniVersion"] == "0.3.1" and r["ips"][0] == {"version": "4", "interface": 0, "address": "127.0.0.1/8"}
     # 0.2.0 has no interfaces: the Go reference prints a 1.0-shaped body here, we print a valid 0.2.0 one.
@@ -68,7 +72,7 @@ def test_add_passes_prev_result_through(host_ns: Namespace, container_ns: Namesp
     prev = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": container_ns.path}],
             "ips": [{"interface": 0, "address": "10.1.0.5/24"}], "dns": {}}
     with host_ns.enter():
-        out = dispatch(PLUGIN, env_for("ADD", container_ns.path), conf(prevResult=prev))
+        out = lo("ADD", container_ns.path, conf(prevResult=prev))
     assert out.exit_code == 0, out.stdout
     assert norm(json.loads(out.stdout)) == norm(prev)
 
@@ -76,26 +80,24 @@ def test_add_passes_prev_result_through(host_ns: Namespace, container_ns: Namesp
 def test_del_takes_lo_down_and_is_idempotent(host_ns: Namespace, container_ns: Namespace,
                                              netns_factory) -> None:  # type: ignore[no-untyped-def]
     with host_ns.enter():
-        assert dispatch(PLUGIN, env_for("ADD", container_ns.path), conf()).exit_code == 0
+        assert lo("ADD", container_ns.path, conf()).exit_code == 0
         for _ in range(2):
-            out = dispatch(PLUGIN, env_for("DEL", container_ns.path), conf())
+            out = lo("DEL", container_ns.path, conf())
             assert out.exit_code == 0, out.stdout
             assert "UP" not in lo_state(container_ns).split(">")[0]
         gone = netns_factory()
         path = gone.path
         gone.delete()
-        assert dispatch(PLUGIN, env_for("DEL", path), conf()).exit_code == 0
-        env = env_for("DEL", "")
-        del env["CNI_NETNS"]
-        assert dispatch(PLUGIN, env, conf()).exit_code == 0
+        assert lo("DEL", path, conf()).exit_code == 0
+        assert lo("DEL", "", conf()).exit_code == 0  # no CNI_NETNS at all
 
 
 def test_check(host_ns: Namespace, container_ns: Namespace) -> None:
     with host_ns.enter():
-        assert dispatch(PLUGIN, env_for("ADD", container_ns.path), conf()).exit_code == 0
-        assert dispatch(PLUGIN, env_for("CHECK", container_ns.path), conf()).exit_code == 0
+        assert lo("ADD", container_ns.path, conf()).exit_code == 0
+        assert lo("CHECK", container_ns.path, conf()).exit_code == 0
         lo_down(container_ns)
-        out = dispatch(PLUGIN, env_for("CHECK", container_ns.path), conf())
+        out = lo("CHECK", container_ns.path, conf())
     assert out.exit_code == 1
     err = json.loads(out.stdout)
     assert err["code"] == 999 and err["msg"] == "loopback interface is down"
@@ -103,9 +105,9 @@ def test_check(host_ns: Namespace, container_ns: Namespace) -> None:
 
 def test_bad_input_is_a_clean_error(host_ns: Namespace, container_ns: Namespace) -> None:
     with host_ns.enter():
-        bad_json = dispatch(PLUGIN, env_for("ADD", container_ns.path), b"{not json")
-        no_ns = dispatch(PLUGIN, env_for("ADD", "/var/run/netns/pycni-t-definitely-missing"), conf())
-        bad_prev = dispatch(PLUGIN, env_for("ADD", container_ns.path), conf(prevResult={"ips": "nope"}))
+        bad_json = lo("ADD", container_ns.path, b"{not json")
+        no_ns = lo("ADD", "/var/run/netns/pycni-t-definitely-missing", conf())
+        bad_prev = lo("ADD", container_ns.path, conf(prevResult={"ips": "nope"}))
     assert json.loads(bad_json.stdout)["code"] == 6
     assert json.loads(no_ns.stdout)["code"] == 4
     assert json.loads(bad_prev.stdout)["code"] == 6
@@ -116,7 +118,7 @@ def test_bad_input_is_a_clean_error(host_ns: Namespace, container_ns: Namespace)
 def test_non_loopback_address_is_refused(host_ns: Namespace, container_ns: Namespace) -> None:
     container_ns.run(["ip", "addr", "add", "10.9.9.9/32", "dev", "lo"])
     with host_ns.enter():
-        out = dispatch(PLUGIN, env_for("ADD", container_ns.path), conf())
+        out = lo("ADD", container_ns.path, conf())
     assert out.exit_code == 1 and "non-loopback address" in json.loads(out.stdout)["msg"]
 
 
@@ -124,8 +126,7 @@ def test_installed_shim(host_ns: Namespace, container_ns: Namespace, plugin_dir:
     if not os.path.exists(os.path.join(plugin_dir, "loopback")):
         pytest.skip("loopback shim not installed")
     lo_down(container_ns)
-    proc = host_ns.run([os.path.join(plugin_dir, "loopback")], input=conf(),
-                       env=env_for("ADD", container_ns.path))
+    proc = lo("ADD", container_ns, conf(), via="exec", cni_path=plugin_dir, host=host_ns)
     assert json.loads(proc.stdout)["interfaces"][0]["name"] == "lo"
     assert "UP" in lo_state(container_ns).split(">")[0]
 
@@ -138,9 +139,7 @@ def test_output_has_a_line_with_both_braces(version: str, host_ns: Namespace, co
     prints it too (and at 1.1.0, which Go 1.1.1 does not speak, leaves it out as libcni 1.2 does)."""
     import re
 
-    exe = os.path.join(plugin_dir, "loopback")
-    env = dict(env_for("ADD", container_ns.path), PYCNI_SOCKET="off")
-    ours = host_ns.run([exe], input=conf(version), env=env).stdout
+    ours = lo("ADD", container_ns, conf(version), via="exec", cni_path=plugin_dir, host=host_ns).stdout.decode()
     parsed = json.loads(ours)
     if version == "1.1.0":  # the reference's current test matches `(?s){.*}` for this reason
         assert "dns" not in parsed
@@ -149,7 +148,7 @@ def test_output_has_a_line_with_both_braces(version: str, host_ns: Namespace, co
     if version == "1.0.0":
         assert parsed["dns"] == {}
     if os.access(GO_LOOPBACK, os.X_OK) and version == "1.0.0":
-        go = host_ns.run([GO_LOOPBACK], input=conf(version), env=env).stdout
+        go = lo("ADD", container_ns, conf(version), via="exec", cni_path=GO_DIR, host=host_ns).stdout
         assert json.loads(go) == parsed
 
 
@@ -157,8 +156,8 @@ def test_chained_output_at_100_keeps_gos_empty_dns(host_ns: Namespace, container
     prev = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": container_ns.path}],
             "ips": [{"interface": 0, "address": "10.1.0.5/24"}]}
     with host_ns.enter():
-        out = dispatch(PLUGIN, env_for("ADD", container_ns.path), conf(prevResult=prev))
+        out = lo("ADD", container_ns.path, conf(prevResult=prev))
     assert json.loads(out.stdout) == {**prev, "dns": {}}
     if os.access(GO_LOOPBACK, os.X_OK):
-        go = host_ns.run([GO_LOOPBACK], input=conf(prevResult=prev), env=env_for("ADD", container_ns.path))
+        go = lo("ADD", container_ns, conf(prevResult=prev), via="exec", cni_path=GO_DIR, host=host_ns)
         assert json.loads(go.stdout) == {**prev, "dns": {}}

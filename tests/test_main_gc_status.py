@@ -5,16 +5,16 @@ IPAM with the valid-attachments list. A stand-in IPAM plugin on CNI_PATH records
 from __future__ import annotations
 
 import json
-import os
 import stat
 from pathlib import Path
 from typing import Any
 
 import pytest
+from plugin_util import answer, run
 
 from pycni.plugins.main import bridge, dummy, host_device, ipvlan, loopback, macvlan, ptp, routed, tap, vlan
 from pycni.plugins.meta import vrf
-from pycni.skel import Plugin, dispatch
+from pycni.skel import Plugin
 
 IPAM = """#!/bin/sh
 cat > "{log}.$CNI_COMMAND"
@@ -46,9 +46,7 @@ def fake_ipam(tmp_path: Path) -> Path:
 
 
 def _run(plugin: Plugin, command: str, conf: dict[str, Any], cni_path: Path) -> tuple[int, dict[str, Any]]:
-    env = {"CNI_COMMAND": command, "CNI_PATH": str(cni_path), "PATH": os.environ.get("PATH", "")}
-    out = dispatch(plugin, env, json.dumps(conf).encode())
-    return out.exit_code, json.loads(out.stdout) if out.stdout else {}
+    return answer(run(plugin, command, conf, cni_path=str(cni_path)))
 
 
 @pytest.mark.parametrize("name", sorted(PLUGINS))

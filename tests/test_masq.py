@@ -7,13 +7,13 @@ on the far side (here it runs the server and reports the source address it sees)
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from netns_util import Namespace
+from plugin_util import ok, run
 from test_portmap import HOST_IP, HOST_IP6, Topo, connect, topo_factory  # noqa: F401
 
 from pycni.net import masq
@@ -135,10 +135,8 @@ def test_interop_with_go_bridge_ipmasq(netns_factory: Callable[[], Namespace], t
     netconf = {"cniVersion": "0.4.0", "name": "gonet", "type": "bridge", "bridge": "cni0", "isGateway": True,
                "ipMasq": True, "ipam": {"type": "host-local", "subnet": "10.22.0.0/24",
                                          "dataDir": str(tmp_path / "ipam")}}
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "go-ctr", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/usr/lib/cni", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    out = host.run([GO_BRIDGE], input=json.dumps(netconf), env=env)
-    ip = ipaddress.ip_interface(json.loads(out.stdout)["ips"][0]["address"])
+    out = ok(run("bridge", "ADD", netconf, via="exec", host=host, container_id="go-ctr", netns=ctr))
+    ip = ipaddress.ip_interface(out["ips"][0]["address"])
     with host.enter():
         masq.check_ip_masq("iptables", "gonet", "go-ctr", "eth0", [ip])
         masq.teardown_ip_masq("iptables", "gonet", "go-ctr", "eth0", None)

@@ -28,7 +28,7 @@ from plugin_util import ok
 from pycni.plugins.meta import portmap
 from pycni.plugins.meta.portmap import iptables as pm_ipt
 from pycni.plugins.meta.portmap import nftables as pm_nft
-from pycni.skel import Outcome, dispatch
+from pycni.skel import Outcome
 
 HOST_IP = "192.168.77.1"
 HOST_IP2 = "192.168.77.10"
@@ -453,7 +453,8 @@ def test_installed_executable(topo_factory: Callable[[int], Topo], plugin_dir: s
     assert our_nft_objects(t) == ""
 
 
-GO_PORTMAP = "/usr/lib/cni/portmap"
+GO_DIR = "/usr/lib/cni"
+GO_PORTMAP = GO_DIR + "/portmap"
 
 
 def _normalize(save: str) -> list[str]:
@@ -470,10 +471,8 @@ def test_iptables_layout_matches_go_reference(topo_factory: Callable[[int], Topo
     ok(call(ours, "ADD", 0, nc))
     go_conf = conf(theirs, 0, maps)
     go_conf.pop("backend")
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "ctr-0", "CNI_NETNS": theirs.containers[0].path,
-           "CNI_IFNAME": "eth0", "CNI_PATH": "/usr/lib/cni", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    out = theirs.host.run([GO_PORTMAP], input=json.dumps(go_conf), env=env)
-    assert json.loads(out.stdout)["ips"] == json.loads(json.dumps(ours.prev_result(0)["ips"]))
+    out = ok(call(theirs, "ADD", 0, go_conf, via="exec", cni_path=GO_DIR))
+    assert out["ips"] == json.loads(json.dumps(ours.prev_result(0)["ips"]))
     # Our prevResult names a different netns path; the rules do not depend on it.
     assert _normalize(ipt_nat(ours)) == _normalize(ipt_nat(theirs))
     # Our DEL removes what the Go plugin made, even without the capability args.
@@ -537,22 +536,21 @@ def test_end_to_end_bridge_host_local_portmap(netns_factory: Callable[[], Namesp
                   "ipMasq": True, "ipMasqBackend": "nftables", "hairpinMode": True,
                   "ipam": {"type": "host-local", "subnet": "10.99.0.0/24", "routes": [{"dst": "0.0.0.0/0"}],
                            "dataDir": str(tmp_path / "ipam")}}
-        env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "e2e-1", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
-               "CNI_PATH": plugin_dir, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-        result = json.loads(host.run([f"{plugin_dir}/bridge"], input=json.dumps(bridge), env=env).stdout)
+        ours = {"via": "exec", "host": host, "cni_path": plugin_dir, "container_id": "e2e-1", "netns": ctr}
+        result = ok(plugin_util.run("bridge", "ADD", bridge, **ours))
         cip = result["ips"][0]["address"].split("/")[0]
         pm = {"cniVersion": "1.0.0", "name": "e2enet", "type": "portmap", "prevResult": result,
               "runtimeConfig": {"portMappings": WEB}}
-        out = json.loads(host.run([f"{plugin_dir}/portmap"], input=json.dumps(pm), env=env).stdout)
+        out = ok(plugin_util.run("portmap", "ADD", pm, **ours))
         assert out["ips"] == result["ips"]
         t.serve(0, 80, "c0")
         assert connect(client, HOST_IP, 8080) == "c0 192.168.77.2"       # port mapping
         assert connect(ctr, HOST_IP, 8080) == "c0 10.99.0.1"             # hairpin
         assert connect(host, "127.0.0.1", 8080) == "c0 10.99.0.1"        # localhost
         assert connect(ctr, "192.168.77.2", 7000) == f"far {HOST_IP}"    # ipMasq
-        host.run([f"{plugin_dir}/portmap"], input=json.dumps(pm), env={**env, "CNI_COMMAND": "CHECK"})
+        ok(plugin_util.run("portmap", "CHECK", pm, **ours))
         for plugin, conf_ in (("portmap", pm), ("bridge", bridge)):
-            host.run([f"{plugin_dir}/{plugin}"], input=json.dumps(conf_), env={**env, "CNI_COMMAND": "DEL"})
+            ok(plugin_util.run(plugin, "DEL", conf_, **ours))
         assert connect(client, HOST_IP, 8080).startswith("ERR")
         text = host.run(["nft", "list", "ruleset"]).stdout
         assert cip not in text and "e2e-1" not in text
@@ -571,16 +569,13 @@ def test_gc_removes_only_stale_containers(topo_factory: Callable[[int], Topo]) -
         ok(call(t, "ADD", i, conf(t, i, [{"hostPort": ports[i], "containerPort": 80, "protocol": "tcp"}])))
     gc = {"cniVersion": "1.1.0", "name": "testnet", "type": "portmap",
           "cni.dev/valid-attachments": [{"containerID": "ctr-1", "ifname": "eth0"}]}
-    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/x"}
-    with t.host.enter():
-        ok(dispatch(portmap.PLUGIN, env, json.dumps(gc).encode()))
+    ok(plugin_util.run("portmap", "GC", gc, host=t.host, cni_path="/x"))
     assert connect(t.client, HOST_IP, 8080).startswith("ERR")
     assert connect(t.client, HOST_IP, 9090) == "c1 192.168.77.2"
     assert "ctr-0" not in ruleset(t) and "ctr-1" in ruleset(t)
     # Another network's GC leaves this network's mappings alone.
-    with t.host.enter():
-        ok(dispatch(portmap.PLUGIN, env, json.dumps({**gc, "name": "othernet",
-                                                      "cni.dev/valid-attachments": []}).encode()))
+    ok(plugin_util.run("portmap", "GC", {**gc, "name": "othernet", "cni.dev/valid-attachments": []}, host=t.host,
+                       cni_path="/x"))
     assert connect(t.client, HOST_IP, 9090) == "c1 192.168.77.2"
     ok(call(t, "DEL", 1, conf(t, 1, None)))
 
@@ -724,8 +719,7 @@ def test_gc_cleans_every_layout(topo_factory: Callable[[int], Topo]) -> None:
     t.serve(2, 80, "c2")
     gc = {"cniVersion": "1.1.0", "name": "testnet", "type": "portmap",
           "cni.dev/valid-attachments": [{"containerID": "ctr-2", "ifname": "eth0"}]}
-    with t.host.enter():
-        ok(dispatch(portmap.PLUGIN, {"CNI_COMMAND": "GC", "CNI_PATH": "/x"}, json.dumps(gc).encode()))
+    ok(plugin_util.run("portmap", "GC", gc, host=t.host, cni_path="/x"))
     assert our_nft_objects(t) == ""
     nat = ipt_nat(t)
     assert "ctr-0" not in nat and "ctr-1" not in nat and pm_ipt.dnat_chain_name("testnet", "ctr-1") not in nat
@@ -744,8 +738,7 @@ def test_gc_refuses_a_missing_or_malformed_list(topo_factory: Callable[[int], To
     gc: dict[str, Any] = {"cniVersion": "1.1.0", "name": "testnet", "type": "portmap"}
     if attachments is not None:
         gc["cni.dev/valid-attachments"] = attachments
-    with t.host.enter():
-        e = err(dispatch(portmap.PLUGIN, {"CNI_COMMAND": "GC", "CNI_PATH": "/x"}, json.dumps(gc).encode()))
+    e = err(plugin_util.run("portmap", "GC", gc, host=t.host, cni_path="/x"))
     assert e["code"] == 7 and "valid-attachments" in e["msg"], e
     assert connect(t.client, HOST_IP, 8080) == "c0 192.168.77.2"
     ok(call(t, "DEL", 0, conf(t, 0, None, "iptables")))
@@ -808,8 +801,7 @@ def test_default_backend_falls_back_to_nftables_where_iptables_is_unusable(
     t.serve(0, 80, "c0")
     nc = conf(t, 0, WEB)
     nc.pop("backend")
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "ctr-0", "CNI_NETNS": t.containers[0].path,
-           "CNI_IFNAME": "eth0", "CNI_PATH": plugin_dir, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    env = plugin_util.env("ADD", "ctr-0", t.containers[0], cni_path=plugin_dir)
     legacy = "/usr/sbin/xtables-legacy-multi"
     broken = ("mount --bind /bin/false /usr/sbin/xtables-nft-multi && "
               f"{{ [ ! -e {legacy} ] || mount --bind /bin/false {legacy}; }} && "

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import call, err, ok
+from plugin_util import call, err, ok, run
 
 from pycni.plugins.main import ptp
 
@@ -181,10 +181,7 @@ def test_dns_override_as_go(dns: dict[str, Any] | None, want: dict[str, Any],
         if who == "py":
             results[who] = ok(call(ptp.PLUGIN, host, "ADD", cfg, ctr, plugin_dir)).get("dns", {})
             continue
-        env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "ctr", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
-               "CNI_PATH": "/usr/lib/cni", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-        proc = host.run([GO_PTP], input=json.dumps(cfg), env=env)
-        results[who] = json.loads(proc.stdout).get("dns", {})
+        results[who] = ok(run("ptp", "ADD", cfg, via="exec", host=host, netns=ctr)).get("dns", {})
     assert results["py"] == want
     if "go" in results:
         assert results["go"] == want

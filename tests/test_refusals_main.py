@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import call, err, ok, runtime_env
+from plugin_util import call, err, ok, run
 
 from pycni.plugins.main import bridge, host_device, ptp, tap
-from pycni.skel import Plugin, dispatch
+from pycni.skel import Plugin
 
 SUBNET = "10.77.0.0/24"
 
@@ -108,8 +108,6 @@ def test_bridge_gateway_outside_the_subnet_is_accepted_as_the_reference_does(
     """Not a refusal: Go's bridge takes a host-local gateway outside the subnet too (the bridge gets
     it with the subnet's mask). Run with its dataDir in ``tmp_path``: without one this case once
     wrote the machine's /var/lib/cni and its outcome depended on what an earlier run left there."""
-    import subprocess
-
     results = {}
     for who in ("go", "ours"):
         host, ctr = netns_factory(), netns_factory()
@@ -117,10 +115,7 @@ def test_bridge_gateway_outside_the_subnet_is_accepted_as_the_reference_does(
         if who == "ours":
             got = ok(call(bridge.PLUGIN, host, "ADD", conf, ctr, plugin_dir))
         else:
-            proc = subprocess.run(["ip", "netns", "exec", host.name, "/usr/lib/cni/bridge"], input=json.dumps(conf),
-                                  env=runtime_env("ADD", "ctr", ctr.path), capture_output=True, text=True)
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            got = json.loads(proc.stdout)
+            got = ok(run("bridge", "ADD", conf, via="exec", host=host, netns=ctr))
         bridge_addrs = host.run(["ip", "-br", "-4", "addr", "show", "refbr0"]).stdout.split()[2:]
         results[who] = ([(x["address"], x.get("gateway")) for x in got["ips"]], bridge_addrs)
     assert results["ours"] == results["go"] == ([("10.77.0.1/24", "10.99.0.1")], ["10.99.0.1/24"]), results
@@ -247,43 +242,36 @@ def test_l2_at_010_is_refused_before_anything(host_ns: Namespace, netns_factory:
     if plugin == "host-device" or not os.access(go, os.X_OK):
         return  # Go's host-device moves the device in, then fails: no need to show it twice
     ctr = netns_factory()
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "ctr", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/usr/lib/cni", "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
-    proc = host_ns.run([go], input=json.dumps(conf), env=env, check=False)
-    assert proc.returncode == 1 and json.loads(proc.stdout)["msg"] == e["msg"]
+    out = run(plugin, "ADD", conf, via="exec", host=host_ns, netns=ctr)
+    assert out.exit_code == 1 and json.loads(out.stdout)["msg"] == e["msg"]
     assert "eth0" in ctr.run(["ip", "-br", "link"]).stdout  # what Go leaves behind
 
 
 # ---- skel ----------------------------------------------------------------------------------------
-def _run(env: dict[str, str], stdin: bytes) -> dict[str, Any]:
-    out = dispatch(bridge.PLUGIN, env, stdin)
+def _refusal(stdin: bytes, container_id: str = "c1", ifname: str = "eth0") -> dict[str, Any]:
+    """bridge's ADD refused before it touches anything (no namespace needed)."""
+    out = run("bridge", "ADD", stdin, cni_path="/nonexistent", container_id=container_id,
+              netns="/var/run/netns/none", ifname=ifname)
     assert out.exit_code == 1
     return json.loads(out.stdout)
 
 
-def _env(**kw: str) -> dict[str, str]:
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/var/run/netns/none", "CNI_IFNAME": "eth0",
-           "CNI_PATH": "/nonexistent"}
-    env.update(kw)
-    return env
-
-
 def test_deeply_nested_json_is_a_decode_error() -> None:
-    assert _run(_env(), b"[" * 100_000 + b"]" * 100_000)["code"] == 6
-    assert _run(_env(), b'{"a":' * 100_000 + b"1" + b"}" * 100_000)["code"] == 6
+    assert _refusal(b"[" * 100_000 + b"]" * 100_000)["code"] == 6
+    assert _refusal(b'{"a":' * 100_000 + b"1" + b"}" * 100_000)["code"] == 6
 
 
 def test_non_utf8_ifname_is_an_env_error() -> None:
     ifname = b"eth\xff".decode("utf-8", "surrogateescape")  # what os.environ holds for that byte
-    e = _run(_env(CNI_IFNAME=ifname), b'{"cniVersion":"1.0.0","name":"n","type":"bridge"}')
+    e = _refusal(ifname=ifname, stdin=b'{"cniVersion":"1.0.0","name":"n","type":"bridge"}')
     assert e["code"] == 4 and "UTF-8" in e["msg"], e
 
 
 def test_overlong_container_id_is_an_env_error() -> None:
-    e = _run(_env(CNI_CONTAINERID="c" * 256), b'{"cniVersion":"1.0.0","name":"n","type":"bridge"}')
+    e = _refusal(container_id="c" * 256, stdin=b'{"cniVersion":"1.0.0","name":"n","type":"bridge"}')
     assert e["code"] == 4 and "too long" in e["msg"], e
     # 255 bytes (the longest a file name can be, which several plugins and the cache name after it) passes on
-    e = _run(_env(CNI_CONTAINERID="c" * 255), b'{"cniVersion":"1.0.0","name":"n","type":"bridge"}')
+    e = _refusal(container_id="c" * 255, stdin=b'{"cniVersion":"1.0.0","name":"n","type":"bridge"}')
     assert "too long" not in e["msg"], e
 
 
@@ -361,8 +349,6 @@ def test_bridge_two_ranges_of_a_family_below_030(host_ns: Namespace, netns_facto
     if not os.access(go, os.X_OK):
         return
     go_conf = dict(conf, ipam=dict(conf["ipam"], dataDir=str(tmp_path / "go-ipam")))
-    env = {"CNI_CONTAINERID": "ctr", "CNI_NETNS": ctr.path, "CNI_IFNAME": "eth0", "CNI_PATH": "/usr/lib/cni",
-           "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
     for cmd in ("ADD", "DEL"):
-        proc = host_ns.run([go], input=json.dumps(go_conf), env=dict(env, CNI_COMMAND=cmd), check=False)
-        assert proc.returncode == 1 and json.loads(proc.stdout)["msg"] == msg, (cmd, proc.stdout)
+        out = run("bridge", cmd, go_conf, via="exec", host=host_ns, netns=ctr)
+        assert out.exit_code == 1 and json.loads(out.stdout)["msg"] == msg, (cmd, out.stdout)

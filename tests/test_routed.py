@@ -166,7 +166,8 @@ def test_gc_and_status_reach_ipam(netns_factory: Callable[[], Namespace], plugin
 def test_through_the_daemon(netns_factory: Callable[[], Namespace], tmp_path: Path) -> None:
     """The executable forwarding to a pycni daemon: the handler runs in-process in the caller's
     namespace, with the same outcome (re-entrant: no module state, nothing read from os.environ)."""
-    from plugin_util import cni_env, daemon_in_thread
+    import plugin_util
+    from plugin_util import daemon_in_thread
 
     from pycni.plugins.registry import install
 
@@ -177,10 +178,8 @@ def test_through_the_daemon(netns_factory: Callable[[], Namespace], tmp_path: Pa
     cfg = conf(tmp_path, v6=True)
     with daemon_in_thread(sock):
         def run(command: str, pod: Namespace, cid: str) -> dict[str, Any]:
-            env = dict(cni_env(command, pod, str(shims), container_id=cid), PYCNI_SOCKET=sock)
-            proc = host.run([str(shims / "routed")], check=False, input=json.dumps(cfg), env=env)
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            return json.loads(proc.stdout) if proc.stdout.strip() else {}
+            return plugin_util.ok(plugin_util.run("routed", command, cfg, via="exec", host=host, cni_path=str(shims),
+                                                  container_id=cid, netns=pod, PYCNI_SOCKET=sock))
 
         r1, r2 = run("ADD", p1, "dm1"), run("ADD", p2, "dm2")
         p1.run(["ping", "-c", "1", "-W", "2", addr_of(r2, 4)])

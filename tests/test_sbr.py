@@ -8,19 +8,14 @@ import re
 from typing import Any
 
 import pytest
-from plugin_util import runtime_env
+from plugin_util import ok, run
 
 from pycni.plugins.meta import sbr
-from pycni.skel import dispatch
 
-GO_BRIDGE = "/usr/lib/cni/bridge"
 GO_SBR = "/usr/lib/cni/sbr"
 NET = "sbrnet"
 SUBNET = "10.79.0.0/24"
 GW = "10.79.0.1"
-
-
-env = runtime_env
 
 
 def bridge_conf(tmp: Any) -> dict[str, Any]:
@@ -30,8 +25,7 @@ def bridge_conf(tmp: Any) -> dict[str, Any]:
 
 
 def bridge_add(host: Any, tmp: Any, cont: Any, cid: str) -> dict[str, Any]:
-    p = host.run([GO_BRIDGE], input=json.dumps(bridge_conf(tmp)), env=env("ADD", cid, cont.path))
-    return json.loads(p.stdout)
+    return ok(run("bridge", "ADD", bridge_conf(tmp), via="exec", host=host, container_id=cid, netns=cont))
 
 
 def sbr_conf(prev: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
@@ -42,7 +36,7 @@ def sbr_conf(prev: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
 
 
 def run_sbr(cmd: str, conf: dict[str, Any], cont: Any, cid: str = "c1") -> tuple[int, dict[str, Any]]:
-    out = dispatch(sbr.PLUGIN, env(cmd, cid, cont.path if cont else ""), json.dumps(conf).encode())
+    out = run("sbr", cmd, conf, container_id=cid, netns=cont)
     assert not out.stderr, out.stderr
     return out.exit_code, (json.loads(out.stdout) if out.stdout.strip() else {})
 
@@ -96,9 +90,8 @@ def test_needs_prev_result_and_addresses(container_ns: Any, host_ns: Any) -> Non
     e = run_sbr("ADD", sbr_conf(None), container_ns)[1]
     assert e["code"] == 7 and e["msg"] == "This plugin must be called as chained plugin" and "conflist" in e["details"]
     if os.access(GO_SBR, os.X_OK):
-        p = host_ns.run([GO_SBR], input=json.dumps(sbr_conf(None)), env=env("ADD", "c1", container_ns.path),
-                        check=False)
-        assert p.returncode == 1 and json.loads(p.stdout)["msg"] == e["msg"]
+        p = run("sbr", "ADD", sbr_conf(None), via="exec", host=host_ns, container_id="c1", netns=container_ns)
+        assert p.exit_code == 1 and json.loads(p.stdout)["msg"] == e["msg"]
     rc, e = run_sbr("ADD", sbr_conf({**PREV, "ips": []}), container_ns)
     assert rc == 1 and e["code"] == 7 and "No IP addresses" in e["msg"]
 
@@ -205,11 +198,11 @@ def test_same_state_as_go_reference(host_ns: Any, netns_factory: Any, tmp_path: 
     p1 = bridge_add(host_ns, tmp_path, ours, "c1")
     p2 = bridge_add(host_ns, tmp_path, go, "c2")
     assert run_sbr("ADD", sbr_conf(p1), ours)[0] == 0
-    host_ns.run([GO_SBR], input=json.dumps(sbr_conf(p2)), env=env("ADD", "c2", go.path))
+    ok(run("sbr", "ADD", sbr_conf(p2), via="exec", host=host_ns, container_id="c2", netns=go))
     assert _normalized(ours, ip_of(p1)) == _normalized(go, ip_of(p2))
     # Our DEL undoes the Go plugin's work and vice versa (rules at least; Go leaves routes).
     assert run_sbr("DEL", sbr_conf(p2), go, "c2")[0] == 0
-    host_ns.run([GO_SBR], input=json.dumps(sbr_conf(p1)), env=env("DEL", "c1", ours.path))
+    ok(run("sbr", "DEL", sbr_conf(p1), via="exec", host=host_ns, container_id="c1", netns=ours))
     assert not [r for r in rules(ours) if ip_of(p1) in r] and not [r for r in rules(go) if ip_of(p2) in r]
 
 
@@ -235,19 +228,16 @@ def test_chain_with_our_bridge_then_check(host_ns: Any, container_ns: Any, tmp_p
     if not os.path.exists(os.path.join(plugin_dir, "bridge")):
         pytest.skip("pycni bridge plugin not available yet")
     bconf = bridge_conf(tmp_path)
-    e = env("ADD", "c1", container_ns.path, path=plugin_dir)
-    prev = json.loads(host_ns.run([os.path.join(plugin_dir, "bridge")], input=json.dumps(bconf), env=e).stdout)
-    res = json.loads(host_ns.run([os.path.join(plugin_dir, "sbr")], input=json.dumps(sbr_conf(prev)), env=e).stdout)
+    ours = {"via": "exec", "host": host_ns, "cni_path": plugin_dir, "container_id": "c1", "netns": container_ns}
+    prev = ok(run("bridge", "ADD", bconf, **ours))
+    res = ok(run("sbr", "ADD", sbr_conf(prev), **ours))
     assert any(f"from {ip_of(prev)} lookup 100" in r for r in rules(container_ns))
     assert pings(container_ns, GW, src=ip_of(prev))
-    ce = env("CHECK", "c1", container_ns.path, path=plugin_dir)
-    bcheck = host_ns.run([os.path.join(plugin_dir, "bridge")], input=json.dumps({**bconf, "prevResult": res}),
-                         env=ce, check=False)
-    host_ns.run([os.path.join(plugin_dir, "sbr")], input=json.dumps(sbr_conf(res)), env=ce)
-    de = env("DEL", "c1", container_ns.path, path=plugin_dir)
-    host_ns.run([os.path.join(plugin_dir, "sbr")], input=json.dumps(sbr_conf(res)), env=de)
-    host_ns.run([os.path.join(plugin_dir, "bridge")], input=json.dumps({**bconf, "prevResult": res}), env=de)
-    assert bcheck.returncode == 0, f"bridge CHECK after sbr failed: {bcheck.stdout}"
+    bcheck = run("bridge", "CHECK", {**bconf, "prevResult": res}, **ours)
+    ok(run("sbr", "CHECK", sbr_conf(res), **ours))
+    ok(run("sbr", "DEL", sbr_conf(res), **ours))
+    ok(run("bridge", "DEL", {**bconf, "prevResult": res}, **ours))
+    assert bcheck.exit_code == 0, f"bridge CHECK after sbr failed: {bcheck.stdout.decode()}"
 
 
 def test_dual_stack_same_as_go_reference(host_ns: Any, netns_factory: Any, tmp_path: Any) -> None:
@@ -260,10 +250,9 @@ def test_dual_stack_same_as_go_reference(host_ns: Any, netns_factory: Any, tmp_p
     prevs = []
     for cid, ns in (("c1", ours), ("c2", go)):
         ns.run(["sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"])
-        p = host_ns.run([GO_BRIDGE], input=json.dumps(bconf), env=env("ADD", cid, ns.path))
-        prevs.append(json.loads(p.stdout))
+        prevs.append(ok(run("bridge", "ADD", bconf, via="exec", host=host_ns, container_id=cid, netns=ns)))
     assert run_sbr("ADD", sbr_conf(prevs[0]), ours)[0] == 0
-    host_ns.run([GO_SBR], input=json.dumps(sbr_conf(prevs[1])), env=env("ADD", "c2", go.path))
+    ok(run("sbr", "ADD", sbr_conf(prevs[1]), via="exec", host=host_ns, container_id="c2", netns=go))
 
     def state(ns: Any, prev: dict[str, Any]) -> list[list[str]]:
         subs = [(a["address"].split("/")[0], "IP") for a in prev["ips"]]
@@ -296,13 +285,12 @@ def test_concurrent_adds_pick_distinct_tables(host_ns: Any, container_ns: Any, t
         bconf = {"cniVersion": "1.0.0", "name": f"n{i}", "type": "bridge", "bridge": f"cni-sbr{i}",
                  "isGateway": True, "ipam": {"type": "host-local", "subnet": f"10.8{i}.0.0/24",
                                              "dataDir": str(tmp_path / f"ipam{i}"), "routes": [{"dst": "0.0.0.0/0"}]}}
-        p = host_ns.run([GO_BRIDGE], input=json.dumps(bconf), env=env("ADD", "c1", container_ns.path, ifname))
-        prevs[ifname] = json.loads(p.stdout)
+        prevs[ifname] = ok(run("bridge", "ADD", bconf, via="exec", host=host_ns, container_id="c1",
+                               netns=container_ns, ifname=ifname))
     codes: list[int] = []
 
     def one(ifname: str) -> None:
-        out = dispatch(sbr.PLUGIN, env("ADD", "c1", container_ns.path, ifname),
-                       json.dumps(sbr_conf(prevs[ifname])).encode())
+        out = run("sbr", "ADD", sbr_conf(prevs[ifname]), container_id="c1", netns=container_ns, ifname=ifname)
         codes.append(out.exit_code)
 
     threads = [threading.Thread(target=one, args=(n,)) for n in prevs]
@@ -314,8 +302,7 @@ def test_concurrent_adds_pick_distinct_tables(host_ns: Any, container_ns: Any, t
     lookups = sorted(r.split("lookup ")[1] for r in rules(container_ns) if "from 10.8" in r)
     assert lookups == ["100", "101"]
     for ifname in prevs:
-        out = dispatch(sbr.PLUGIN, env("CHECK", "c1", container_ns.path, ifname),
-                       json.dumps(sbr_conf(prevs[ifname])).encode())
+        out = run("sbr", "CHECK", sbr_conf(prevs[ifname]), container_id="c1", netns=container_ns, ifname=ifname)
         assert out.exit_code == 0, out.stdout
 
 
@@ -326,10 +313,9 @@ def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: in
     conf: dict[str, Any] = {"cniVersion": "1.1.0", "name": "gcnet", "type": "sbr"}
     if attachments != "absent":
         conf["cni.dev/valid-attachments"] = attachments
-    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}
-    out = dispatch(sbr.PLUGIN, env, json.dumps(conf).encode())
+    out = run("sbr", "GC", conf, cni_path="/nonexistent")
     assert out.exit_code == (1 if code else 0), out.stdout
     if code:
         assert json.loads(out.stdout)["code"] == code
-    out = dispatch(sbr.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
+    out = run("sbr", "STATUS", conf, cni_path="/nonexistent")
     assert out.exit_code == 0, out.stdout

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import types
 from pathlib import Path
 from typing import Any
 
-from pycni.skel import dispatch
+from plugin_util import answer, run
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "sdk.md"
 
@@ -24,10 +23,8 @@ def _sample() -> Any:
 
 
 def _run(plugin: Any, command: str, conf: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent",
-           "CNI_NETNS": "/proc/1/ns/net", "CNI_NETNS_OVERRIDE": "1"}
-    out = dispatch(plugin, env, json.dumps(conf).encode())
-    return out.exit_code, json.loads(out.stdout) if out.stdout else {}
+    return answer(run(plugin, command, conf, cni_path="/nonexistent", container_id="c1", netns="/proc/1/ns/net",
+                      CNI_NETNS_OVERRIDE="1"))
 
 
 def test_sample_plugin_add_check_del_gc_status() -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from pycni.skel import CmdArgs, Plugin, dispatch
+from plugin_util import run
+
+from pycni.skel import CmdArgs, Plugin
 from pycni.spec.types import Result
 
 
@@ -15,11 +17,10 @@ def test_own_netns_refused_before_handler_runs() -> None:
         called.append(args.netns)
         return Result()
 
-    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c", "CNI_NETNS": "/proc/thread-self/ns/net",
-           "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent"}
-    conf = json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "t"}).encode()
-    out = dispatch(Plugin(add=add), env, conf)
+    own = {"container_id": "c", "netns": "/proc/thread-self/ns/net", "cni_path": "/nonexistent"}
+    conf = {"cniVersion": "1.0.0", "name": "n", "type": "t"}
+    out = run(Plugin(add=add), "ADD", conf, **own)
     assert out.exit_code == 1 and json.loads(out.stdout)["code"] == 8
     assert called == []
-    out = dispatch(Plugin(add=add), dict(env, CNI_NETNS_OVERRIDE="1"), conf)
+    out = run(Plugin(add=add), "ADD", conf, **own, CNI_NETNS_OVERRIDE="1")
     assert out.exit_code == 0 and called == ["/proc/thread-self/ns/net"]

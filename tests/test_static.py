@@ -9,34 +9,25 @@ import sys
 from typing import Any
 
 import pytest
+from plugin_util import answer, run
 
-from pycni.plugins.ipam import static
-from pycni.skel import dispatch
+from pycni.skel import Outcome
 
-GO_STATIC = "/usr/lib/cni/static"
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from pycni.plugins.registry import install
-
-    d = tmp_path_factory.mktemp("static-bin")
-    return install(str(d), ["static"])[0]
+GO_DIR = "/usr/lib/cni"
+GO_STATIC = GO_DIR + "/static"
 
 
-def _env(command: str = "ADD", cni_args: str = "") -> dict[str, str]:
-    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "ctr1", "CNI_NETNS": "/var/run/netns/none",
-           "CNI_IFNAME": "eth0", "CNI_PATH": "/usr/lib/cni", "PATH": os.environ.get("PATH", "/usr/bin")}
-    if cni_args:
-        env["CNI_ARGS"] = cni_args
-    return env
+NO_NETNS = "/var/run/netns/none"  # an IPAM plugin never enters it
 
 
-def _run(binary: str, conf: dict[str, Any], command: str = "ADD", cni_args: str = "") -> tuple[int, Any]:
-    proc = subprocess.run([binary], input=json.dumps(conf).encode(), env=_env(command, cni_args),
-                          capture_output=True, timeout=30)
-    out = json.loads(proc.stdout) if proc.stdout.strip() else None
-    return proc.returncode, out
+def _exec(cni_path: str, conf: dict[str, Any], cni_args: str = "") -> tuple[int, Any]:
+    """ADD by the static executable in ``cni_path`` (the Go reference's dir or our plugin_dir)."""
+    return answer(run("static", "ADD", conf, via="exec", cni_path=cni_path, container_id="ctr1", netns=NO_NETNS,
+                      args=cni_args))
+
+
+def _dispatch(command: str, conf: dict[str, Any] | bytes, cni_args: str = "") -> Outcome:
+    return run("static", command, conf, container_id="ctr1", netns=NO_NETNS, args=cni_args)
 
 
 def _conf(version: str = "1.0.0", **ipam: Any) -> dict[str, Any]:
@@ -74,9 +65,9 @@ DIFF_CASES: list[tuple[str, dict[str, Any], str]] = [
 
 @pytest.mark.skipif(not os.access(GO_STATIC, os.X_OK), reason="Go reference static plugin not installed")
 @pytest.mark.parametrize(("name", "conf", "cni_args"), DIFF_CASES, ids=[c[0] for c in DIFF_CASES])
-def test_same_result_as_go_reference(shim: str, name: str, conf: dict[str, Any], cni_args: str) -> None:
-    go_rc, go_out = _run(GO_STATIC, conf, cni_args=cni_args)
-    py_rc, py_out = _run(shim, conf, cni_args=cni_args)
+def test_same_result_as_go_reference(plugin_dir: str, name: str, conf: dict[str, Any], cni_args: str) -> None:
+    go_rc, go_out = _exec(GO_DIR, conf, cni_args=cni_args)
+    py_rc, py_out = _exec(plugin_dir, conf, cni_args=cni_args)
     assert go_rc == 0, go_out
     assert py_rc == 0, py_out
     # Go 1.1.1's libcni prints an empty "dns": {} in 1.x results; current libcni (and our spec layer) omit it.
@@ -111,12 +102,12 @@ UPSTREAM_TOP: dict[str, dict[str, Any]] = {
 @pytest.mark.skipif(not os.access(GO_STATIC, os.X_OK), reason="Go reference static plugin not installed")
 @pytest.mark.parametrize("version", GO_VERSIONS)
 @pytest.mark.parametrize("case", sorted(UPSTREAM_CASES))
-def test_upstream_specs_same_as_go(shim: str, case: str, version: str) -> None:
+def test_upstream_specs_same_as_go(plugin_dir: str, case: str, version: str) -> None:
     """The reference's static_test.go inputs: the same result, or the same refusal (msg), as Go."""
     ipam, cni_args = UPSTREAM_CASES[case]
     conf = {**_conf(version, **ipam), "type": "ipvlan", "master": "foo0", **UPSTREAM_TOP.get(case, {})}
-    go_rc, go_out = _run(GO_STATIC, conf, cni_args=cni_args)
-    py_rc, py_out = _run(shim, conf, cni_args=cni_args)
+    go_rc, go_out = _exec(GO_DIR, conf, cni_args=cni_args)
+    py_rc, py_out = _exec(plugin_dir, conf, cni_args=cni_args)
     if go_rc:
         assert py_rc == 1 and py_out["msg"] == go_out["msg"], (go_out, py_out)
         return
@@ -136,7 +127,7 @@ def test_upstream_specs_same_as_go(shim: str, case: str, version: str) -> None:
     ("args", "an entry in the 'ips' field is NOT in CIDR notation, got: '10.10.0.1'"),
     ("runtimeConfig", "an entry in the 'ips' field is NOT in CIDR notation, got: '10.10.0.1'"),
 ])
-def test_invalid_cidr_has_gos_message(shim: str, where: str, msg: str) -> None:
+def test_invalid_cidr_has_gos_message(plugin_dir: str, where: str, msg: str) -> None:
     """An address without a prefix: Go's msg (upstream's MatchError), ours code 7 with a hint in details."""
     conf: dict[str, Any] = _conf("1.0.0", routes=[{"dst": "0.0.0.0/0"}])
     cni_args = ""
@@ -148,8 +139,8 @@ def test_invalid_cidr_has_gos_message(shim: str, where: str, msg: str) -> None:
         conf["args"] = {"cni": {"ips": ["10.10.0.1"]}}
     else:
         conf["runtimeConfig"] = {"ips": ["10.10.0.1"]}
-    go_rc, go_out = _run(GO_STATIC, conf, cni_args=cni_args)
-    py_rc, py_out = _run(shim, conf, cni_args=cni_args)
+    go_rc, go_out = _exec(GO_DIR, conf, cni_args=cni_args)
+    py_rc, py_out = _exec(plugin_dir, conf, cni_args=cni_args)
     assert go_rc == 1 and go_out["msg"] == msg
     assert py_rc == 1 and py_out["code"] == 7 and py_out["msg"] == msg and "ADDRESS/PREFIX" in py_out["details"]
 
@@ -162,9 +153,9 @@ def test_invalid_cidr_has_gos_message(shim: str, where: str, msg: str) -> None:
     _conf("0.2.0", addresses=[{"address": "10.0.0.1/24"}, {"address": "10.0.1.1/24"}]),  # 2 per family
     {"cniVersion": "1.0.0", "name": "n", "type": "static"},                    # no ipam
 ])
-def test_both_refuse_bad_config(shim: str, conf: dict[str, Any]) -> None:
-    go_rc, _ = _run(GO_STATIC, conf)
-    py_rc, py_out = _run(shim, conf)
+def test_both_refuse_bad_config(plugin_dir: str, conf: dict[str, Any]) -> None:
+    go_rc, _ = _exec(GO_DIR, conf)
+    py_rc, py_out = _exec(plugin_dir, conf)
     assert go_rc != 0
     assert py_rc == 1
     assert py_out["code"] == 7, py_out
@@ -172,8 +163,7 @@ def test_both_refuse_bad_config(shim: str, conf: dict[str, Any]) -> None:
 
 
 def _add(conf: dict[str, Any], cni_args: str = "") -> tuple[int, dict[str, Any]]:
-    out = dispatch(static.PLUGIN, _env("ADD", cni_args), json.dumps(conf).encode())
-    return out.exit_code, json.loads(out.stdout)
+    return answer(_dispatch("ADD", conf, cni_args))
 
 
 @pytest.mark.parametrize(("conf", "cni_args", "code", "fragment"), [
@@ -198,32 +188,32 @@ def test_errors_are_clear_cni_errors(conf: dict[str, Any], cni_args: str, code: 
 
 
 def test_undecodable_stdin_is_code_6() -> None:
-    out = dispatch(static.PLUGIN, _env("ADD"), b"{not json")
+    out = _dispatch("ADD", b"{not json")
     assert out.exit_code == 1 and json.loads(out.stdout)["code"] == 6
 
 
 def test_del_and_gc_always_succeed() -> None:
     no_ipam = {"cniVersion": "1.1.0", "name": "n", "type": "static"}
     for conf in (_conf(addresses=[{"address": "10.0.0.5/24"}]), no_ipam):
-        assert dispatch(static.PLUGIN, _env("DEL"), json.dumps(conf).encode()).exit_code == 0
+        assert _dispatch("DEL", conf).exit_code == 0
     gc_conf = {**_conf("1.1.0"), "cni.dev/valid-attachments": []}
-    assert dispatch(static.PLUGIN, _env("GC"), json.dumps(gc_conf).encode()).exit_code == 0
+    assert _dispatch("GC", gc_conf).exit_code == 0
 
 
 def test_check_against_prev_result() -> None:
     conf = _conf("1.0.0", addresses=[{"address": "10.0.0.5/24", "gateway": "10.0.0.1"}])
     rc, result = _add(conf)
     assert rc == 0
-    ok = dispatch(static.PLUGIN, _env("CHECK"), json.dumps({**conf, "prevResult": result}).encode())
+    ok = _dispatch("CHECK", {**conf, "prevResult": result})
     assert ok.exit_code == 0, ok.stdout
     wrong_gw = json.loads(json.dumps(result))
     wrong_gw["ips"][0]["gateway"] = "10.0.0.254"
-    bad = dispatch(static.PLUGIN, _env("CHECK"), json.dumps({**conf, "prevResult": wrong_gw}).encode())
+    bad = _dispatch("CHECK", {**conf, "prevResult": wrong_gw})
     assert bad.exit_code == 1 and "Failed to match addr" in json.loads(bad.stdout)["msg"]
-    missing = dispatch(static.PLUGIN, _env("CHECK"), json.dumps({**conf, "prevResult": {
-        "cniVersion": "1.0.0", "ips": [{"address": "10.0.0.6/24"}]}}).encode())
+    missing = _dispatch("CHECK", {**conf, "prevResult": {
+        "cniVersion": "1.0.0", "ips": [{"address": "10.0.0.6/24"}]}})
     assert missing.exit_code == 1 and "missing" in json.loads(missing.stdout)["msg"]
-    no_prev = dispatch(static.PLUGIN, _env("CHECK"), json.dumps(conf).encode())
+    no_prev = _dispatch("CHECK", conf)
     assert no_prev.exit_code == 1 and "prevResult" in json.loads(no_prev.stdout)["msg"]
 
 
@@ -241,12 +231,11 @@ def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: in
     conf: dict[str, Any] = {"cniVersion": "1.1.0", "name": "gcnet", "type": "static", "ipam": {"type": "static"}}
     if attachments != "absent":
         conf["cni.dev/valid-attachments"] = attachments
-    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}
-    out = dispatch(static.PLUGIN, env, json.dumps(conf).encode())
+    out = run("static", "GC", conf, cni_path="/nonexistent")
     assert out.exit_code == (1 if code else 0), out.stdout
     if code:
         assert json.loads(out.stdout)["code"] == code
-    out = dispatch(static.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
+    out = run("static", "STATUS", conf, cni_path="/nonexistent")
     assert out.exit_code == 0, out.stdout
 
 

@@ -14,12 +14,12 @@ import ipaddress
 import itertools
 import json
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from plugin_util import run
 
 from pycni.plugins.ipam import store as store_mod
 from pycni.plugins.ipam.store import Store
@@ -210,10 +210,8 @@ def test_go_host_local_sharing_the_directory(tmp_path: Path) -> None:
                        "ipam": {"type": "host-local", "subnet": "10.3.0.0/24", "dataDir": str(tmp_path)}}).encode()
 
     def go(command: str, cid: str) -> None:
-        env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": "/var/run/netns/unused",
-               "CNI_IFNAME": "eth0", "CNI_PATH": "/usr/lib/cni", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-        proc = subprocess.run([GO_HOST_LOCAL], input=conf, env=env, capture_output=True, timeout=60)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out = run("host-local", command, conf, via="exec", container_id=cid, netns="/var/run/netns/unused")
+        assert out.exit_code == 0, out.stdout + out.stderr
 
     with Store("net", str(tmp_path)) as s:
         for _ in range(3):

@@ -20,7 +20,6 @@ import pytest
 from netns_util import Namespace
 
 from pycni.plugins.meta import tuning
-from pycni.skel import dispatch
 from pycni.spec.errors import DECODE_FAILURE, INVALID_CONFIG, IO_FAILURE, CNIError
 
 GO_TUNING = "/usr/lib/cni/tuning"
@@ -70,8 +69,10 @@ def run_inproc(host: Namespace, env: dict[str, str], conf: dict[str, Any] | byte
 
 
 def run_exec(host: Namespace, binary: str, env: dict[str, str], conf: dict[str, Any]) -> tuple[int, Any]:
-    proc = host.run([binary], input=json.dumps(conf), env=env, check=False)
-    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None
+    """``binary`` (ours or Go's) run in the host namespace; CNI_PATH its directory (tuning delegates nothing)."""
+    environ = {**env, "CNI_PATH": os.path.dirname(binary)}
+    out = plugin_util.run("tuning", env["CNI_COMMAND"], conf, via="exec", host=host, environ=environ)
+    return out.exit_code, json.loads(out.stdout) if out.stdout.strip() else None
 
 
 @pytest.fixture
@@ -490,7 +491,7 @@ def test_version_and_startup_imports() -> None:
             "print(any(m.startswith('pyroute2') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    res = dispatch(tuning.PLUGIN, {"CNI_COMMAND": "VERSION"}, b'{"cniVersion": "1.0.0"}')
+    res = plugin_util.run("tuning", "VERSION", b'{"cniVersion": "1.0.0"}')
     assert res.exit_code == 0 and "1.1.0" in json.loads(res.stdout)["supportedVersions"]
 
 
@@ -501,10 +502,9 @@ def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: in
     conf: dict[str, Any] = {"cniVersion": "1.1.0", "name": "gcnet", "type": "tuning", "mtu": 1400}
     if attachments != "absent":
         conf["cni.dev/valid-attachments"] = attachments
-    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/nonexistent"}
-    out = dispatch(tuning.PLUGIN, env, json.dumps(conf).encode())
+    out = plugin_util.run("tuning", "GC", conf, cni_path="/nonexistent")
     assert out.exit_code == (1 if code else 0), out.stdout
     if code:
         assert json.loads(out.stdout)["code"] == code
-    out = dispatch(tuning.PLUGIN, {**env, "CNI_COMMAND": "STATUS"}, json.dumps(conf).encode())
+    out = plugin_util.run("tuning", "STATUS", conf, cni_path="/nonexistent")
     assert out.exit_code == 0, out.stdout
