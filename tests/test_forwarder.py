@@ -146,12 +146,12 @@ def test_daemon_gone_mid_request_is_error_json(bins: dict[str, str], tmp_path: P
     t.start()
     try:
         big = json.dumps({"cniVersion": "1.0.0", "name": "gone", "pad": "x" * (4 << 20)}).encode()
-        answers = {kind: subprocess.run([exe], input=big, env=_env(os.path.dirname(exe), path),
-                                        capture_output=True, timeout=60) for kind, exe in bins.items()}
+        answers = {kind: run("host-local", "ADD", big, via="exec", cni_path=os.path.dirname(exe), container_id="f1",
+                             netns="/nonexistent", PYCNI_SOCKET=path) for kind, exe in bins.items()}
     finally:
         t.join(30)
         srv.close()
     for kind, proc in answers.items():
-        assert proc.returncode == 1, (kind, proc.returncode, proc.stderr)
+        assert proc.exit_code == 1, (kind, proc.exit_code, proc.stderr)
         doc = json.loads(proc.stdout)
         assert doc["code"] == 11 and doc["msg"] == "pycni daemon failed while serving the request", (kind, doc)
