@@ -23,12 +23,13 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from netns_util import Namespace, new_namespace
+from netns_util import Namespace, have_root, new_namespace
 
 IMAGE = "localhost/pycni-busybox:test"
 PATH_ENV = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -151,6 +152,19 @@ def fs_type(path: Path) -> str:
 
 def missing(*binaries: str) -> list[str]:
     return [b for b in binaries if shutil.which(b, path=PATH_ENV) is None]
+
+
+def need(*binaries: str) -> None:
+    """Skip the test, saying why, unless it runs as root and every runtime binary is installed."""
+    import pytest
+
+    if not have_root():
+        pytest.skip("real runtimes need root")
+    absent = missing(*binaries)
+    if absent:
+        reason = f"runtime binaries not installed: {', '.join(absent)} (bash scripts/setup --test installs them)"
+        print(f"SKIP: {reason}", file=sys.stderr)
+        pytest.skip(reason)
 
 
 def busybox_rootfs(dest: Path) -> Path:

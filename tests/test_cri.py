@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import runtime_host
 from cri import kubeadm
 from cri.kubeadm import BRIDGE, CONFLIST, SANDBOX_CMD, SANDBOX_IMAGE, SUBNET4, SUBNET6
-from netns_util import Namespace, have_root, new_namespace
+from netns_util import Namespace, new_namespace
 from runtime_host import RuntimeHost, busybox_rootfs, connect_outside, missing
 
 PYCNI = str(Path(sys.executable).with_name("pycni"))
@@ -74,13 +75,8 @@ def kubeadm_conflist(subnet4: str = SUBNET4, subnet6: str = SUBNET6, bridge: str
 
 
 def need(*binaries: str) -> None:
-    if not have_root():
-        pytest.skip("real runtimes need root")
-    absent = missing(*binaries)
-    if absent:
-        reason = f"runtime binaries not installed: {', '.join(absent)} (bash scripts/setup installs them)"
-        print(f"SKIP: {reason}", file=sys.stderr)
-        pytest.skip(reason)
+    """runtime_host.need, and the CRI client's grpc packages."""
+    runtime_host.need(*binaries)
     try:
         import grpc  # noqa: F401
         import grpc_tools  # noqa: F401

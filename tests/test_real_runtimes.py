@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from netns_util import Namespace, have_root, new_namespace
-from runtime_host import IMAGE, RuntimeHost, busybox_rootfs, connect_outside, missing
+from runtime_host import IMAGE, RuntimeHost, busybox_rootfs, connect_outside, missing, need
 
 PYCNI = str(Path(sys.executable).with_name("pycni"))
 HOST_IP = "192.0.2.1"
@@ -35,16 +35,6 @@ OUTSIDE_IP = "192.0.2.2"
 RUN_OPTS = ("--cap-add", "NET_RAW")
 # chain names the reference derives per container (CNI-<hash>, CNI-DN-<hash>, ...)
 PER_CONTAINER_CHAIN = re.compile(r"CNI-(?:[A-Z]{2}-)?[0-9a-f]{24}")
-
-
-def need(*binaries: str) -> None:
-    if not have_root():
-        pytest.skip("real runtimes need root")
-    absent = missing(*binaries)
-    if absent:
-        reason = f"runtime binaries not installed: {', '.join(absent)} (bash scripts/setup --test installs them)"
-        print(f"SKIP: {reason}", file=sys.stderr)
-        pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
