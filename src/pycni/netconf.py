@@ -120,6 +120,16 @@ def network_name(conf: Mapping[str, Any]) -> str:
     return name if isinstance(name, str) else ""
 
 
+def ipam_section(conf: Mapping[str, Any], why: str = "the network configuration needs an \"ipam\" object"
+                 ) -> dict[str, Any]:
+    """An IPAM plugin's own section, ``ipam``; code 7 (the reference's words, ``why`` as details)
+    when it is missing or not an object."""
+    ipam = lookup(conf, "ipam")
+    if not isinstance(ipam, dict):
+        raise invalid_config("IPAM config missing 'ipam' key", why)
+    return ipam
+
+
 def ipam_type(conf: Mapping[str, Any]) -> str:
     """The IPAM plugin type named by the config, '' when there is no IPAM section."""
     return get_str(get_dict(conf, "ipam"), "type", label="ipam.type")
@@ -221,7 +231,7 @@ def valid_attachments(conf: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-__all__ = ["lookup", "has", "network_name", "get_int",
+__all__ = ["lookup", "has", "network_name", "ipam_section", "get_int",
  "get_bool", "get_str", "get_list", "get_dict", "ipam_type", "runtime_config", "args_cni",
            "check_mac", "container_mac", "prev_result", "require_prev_result", "require_ip_result",
            "valid_attachments", "invalid", "VALID_ATTACHMENTS"]

@@ -358,7 +358,6 @@ def vtep_mac(name: str) -> str:
 def _underlay_link(ip: str) -> tuple[int, int]:
     """(index, MTU) of the link holding the underlay address ``ip``."""
     from pycni.net import addr, link
-    from pycni.spec.errors import invalid_config
 
     want = ipaddress.ip_address(ip)
     for a in addr.list_addrs():
@@ -452,8 +451,6 @@ class Agent:
 
         local = next((ip for ip in self.opts.underlay_ips if ipaddress.ip_address(ip).version == 4), "")
         if not local:
-            from pycni.spec.errors import invalid_config
-
             raise invalid_config("vxlan mode needs an IPv4 --underlay-ip",
                                  f"got {', '.join(self.opts.underlay_ips)}")
         index, mtu = _underlay_link(local)
@@ -483,8 +480,6 @@ class Agent:
                  + (" (took over this node's earlier registration)" if took_over else ""))
 
     def _refusal(self, e: NameTaken) -> Exception:
-        from pycni.spec.errors import invalid_config
-
         where = ", ".join(e.other.underlay_ips) if e.other else "?"
         return invalid_config(f"refusing to start: {e}",
                               f"another agent registered {self.node_key()} from {where} and keeps it alive; this "

@@ -117,10 +117,7 @@ def parse_cluster_settings(conf: Mapping[str, Any]) -> ClusterSettings:
     """Everything of a cluster-ipam network config but its ranges (what the CLI needs too)."""
     from pycni.spec.validate import validate_network_name
 
-    ipam = netconf.lookup(conf, "ipam")
-    if not isinstance(ipam, Mapping):
-        raise invalid_config("IPAM config missing 'ipam' key", "cluster-ipam reads its settings from the \"ipam\" "
-                             "object")
+    ipam = netconf.ipam_section(conf, "cluster-ipam reads its settings from the \"ipam\" object")
     name = netconf.lookup(conf, "name")
     if not isinstance(name, str):
         raise invalid_config("missing network name", "the network config needs a \"name\": its blocks and "

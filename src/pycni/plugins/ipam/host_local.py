@@ -84,10 +84,7 @@ class HostLocalConf:
 def parse_conf(args: CmdArgs) -> HostLocalConf:
     """The config as the reference's LoadIPAMConfig reads it, checked whole before any change."""
     conf = args.conf()
-    ipam = netconf.lookup(conf, "ipam")
-    if not isinstance(ipam, Mapping):
-        raise invalid_config("IPAM config missing 'ipam' key",
-                             "host-local reads its settings from the \"ipam\" object of the network config")
+    ipam = netconf.ipam_section(conf, "host-local reads its settings from the \"ipam\" object of the network config")
     name = netconf.lookup(conf, "name")
     if not isinstance(name, str):
         raise invalid_config("missing network name", "the network config needs a \"name\": "

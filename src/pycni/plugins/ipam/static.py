@@ -111,10 +111,7 @@ def parse_conf(args: CmdArgs) -> StaticConf:
     cfg = StaticConf(cni_version=config_version(conf))
     if args.command not in ("ADD", "CHECK"):
         return cfg
-    ipam = netconf.lookup(conf, "ipam")
-    if not isinstance(ipam, dict):
-        raise invalid_config("IPAM config missing 'ipam' key",
-                             "the network configuration needs an \"ipam\" object")
+    ipam = netconf.ipam_section(conf)
     cfg.addresses = _config_addresses(ipam)
     if args.args:
         _apply_env_args(cfg.addresses, args.args)

@@ -22,7 +22,7 @@ from pycni.cniargs import parse_cni_args
 from pycni.plugins.ipam.dhcp import options, protocol
 from pycni.record import record
 from pycni.skel import CmdArgs, Plugin, run_plugin
-from pycni.spec.errors import PLUGIN_NOT_AVAILABLE, CNIError, invalid_config
+from pycni.spec.errors import PLUGIN_NOT_AVAILABLE, CNIError
 from pycni.spec.types import Result
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
@@ -41,11 +41,7 @@ class DhcpConf:
 
 def parse_conf(args: CmdArgs) -> DhcpConf:
     conf = args.conf()
-    ipam = netconf.lookup(conf, "ipam")
-
-    if not isinstance(ipam, dict):
-        raise invalid_config("IPAM config missing 'ipam' key",
-                             "the network configuration needs an \"ipam\" object")
+    ipam = netconf.ipam_section(conf)
     if args.command == "GC":
         netconf.valid_attachments(conf)
     # What can be checked without the daemon is checked here, so a malformed config is code 7

@@ -146,10 +146,7 @@ class DHCPService:
         if not isinstance(raw, dict):
             raise CNIError(DECODE_FAILURE, "malformed request to the DHCP daemon", repr(raw)[:200])
         conf = load_conf(str(raw.get("stdin", "")).encode())
-        ipam = netconf.lookup(conf, "ipam")
-        if not isinstance(ipam, dict):
-            raise invalid_config("IPAM config missing 'ipam' key",
-                                 "the network configuration needs an \"ipam\" object")
+        ipam = netconf.ipam_section(conf)
         fields = {k: raw.get(k, "") for k in ("method", "containerID", "netns", "ifname", "args")}
         if not all(isinstance(v, str) for v in fields.values()):
             raise CNIError(DECODE_FAILURE, "malformed request to the DHCP daemon", "fields must be strings")
