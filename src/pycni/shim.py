@@ -174,10 +174,9 @@ def executable_text(name: str, module: str, versions: "Sequence[str]", *, python
     else:
         note, body = "", _DIRECT_BODY.format(module=module, broken_body=broken_body)
     forward = ""
-    if daemon and forwarder:
-        _sh_word(forwarder)
-        forward = (f"[ -x {_sh_word(forwarder)} ] && exec "
-                   + " ".join(_sh_word(w) for w in (forwarder, name, socket or "")) + ' "$py" -IS "$0" "$@"\n')
+    if daemon and forwarder:  # while the forwarder is there, it serves the call (or runs this same line)
+        fwd = _sh_word(forwarder)
+        forward = f'[ -x {fwd} ] && exec {fwd} {_sh_word(name)} {_sh_word(socket or "")} "$py" -IS "$0" "$@"\n'
     return _FRONT.format(name=name, note=note, python=_sh_word(python), paths=paths, newest=newest, forward=forward,
                          probe=_sh_word(os.path.join(paths[0], "pycni", "shim.py")),
                          no_python=f"'{json.dumps(no_python, ensure_ascii=False)}'",  # paths checked above
