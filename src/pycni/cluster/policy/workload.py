@@ -113,7 +113,14 @@ def _covered(iface: str) -> bool:
 
 
 def _enforcing() -> bool:
-    """Whether this node has our policy table (``list tables``: names only, however big the table)."""
+    """Whether this node has our policy table: asked of the kernel (one netlink request, no ``nft``
+    process: every routed ADD asks, on nodes without an agent too); ``nft list tables`` only where
+    the kernel cannot be asked that way."""
+    from pycni.net import probe
+
+    present = probe.nft_object_exists("inet", TABLE)
+    if present is not None:
+        return present
     from pycni.net import nft
 
     return any(t.get("family") == "inet" and t.get("name") == TABLE
