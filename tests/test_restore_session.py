@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from netns_util import Namespace
 
-from pycni.net import iptables, restore_session
+from pycni.net import iptables, restore_session, tools
 
 
 @pytest.fixture
@@ -24,6 +24,8 @@ def sessions() -> Iterator[None]:
 
 
 def _restore_pids() -> set[int]:
+    """This process's iptables-restore children, less the one-shot ones left to end alone."""
+    tools.reap_children()
     out = set()
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -34,7 +36,7 @@ def _restore_pids() -> set[int]:
                 continue
             if "(iptables-restor)" in stat and int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
                 out.add(int(pid))
-    return out
+    return out - set(tools._unwaited)
 
 
 def test_one_process_serves_many_commits(host_ns: Namespace, sessions: None) -> None:
@@ -119,3 +121,59 @@ def test_where_a_session_cannot_be_read_each_restore_is_a_process(host_ns: Names
         assert restore_session._off_reason and _restore_pids() == set()
         iptables.restore("*nat\n-A PFS-F -j RETURN\nCOMMIT\n")
         assert len(iptables.list_rules("nat", "PFS-F")) == 1
+
+
+def _wait_gone(pids: set[int]) -> set[int]:
+    """The pids among ``pids`` still alive (not reaped yet counts as alive) after up to 30 s."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while pids and time.monotonic() < deadline:
+        tools.reap_children()
+        pids = {p for p in pids if os.path.exists(f"/proc/{p}")}
+        time.sleep(0.05)
+    return pids
+
+
+def test_one_shot_restore_is_committed_when_it_returns_and_its_process_ends_alone(host_ns: Namespace) -> None:
+    """A one-shot call (no sessions) returns once the commit is read as done; the process it
+    started is not waited for, ends by itself, and the next call reaps it."""
+    if not restore_session._is_nft(restore_session.find_tool("iptables-restore")):
+        pytest.skip("iptables-restore is not iptables-nft here: one-shot restores wait for the process")
+    with host_ns.enter():
+        iptables.restore("*nat\n:PFS-G - [0:0]\n-A PFS-G -p tcp --dport 7 -j RETURN\nCOMMIT\n")
+        assert len(iptables.list_rules("nat", "PFS-G")) == 1  # committed before restore() returned
+        first = set(tools._unwaited)
+        iptables.restore("*nat\n-A PFS-G -p udp --dport 7 -j RETURN\nCOMMIT\n")
+        assert len(iptables.list_rules("nat", "PFS-G")) == 2
+        with pytest.raises(iptables.IptablesError) as e:  # refused: the process's own message and status
+            iptables.restore("*nat\n-A PFS-G -j NOSUCHTARGET\nCOMMIT\n")
+        assert "line" in e.value.details and e.value.exit_status != 0
+        assert len(iptables.list_rules("nat", "PFS-G")) == 2
+        with pytest.raises(iptables.IptablesError) as gone:
+            iptables.restore("*nat\n-D PFS-G -j RETURN\nCOMMIT\n")
+        assert gone.value.not_found
+    assert restore_session.count() == 0  # nothing kept
+    assert _wait_gone(first | set(tools._unwaited)) == set()
+
+
+def test_one_shot_restore_where_sleep_cannot_be_read_waits_for_the_exit(host_ns: Namespace,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A /proc that does not say where a process sleeps: the answer is the process's exit, as before."""
+    if not restore_session._is_nft(restore_session.find_tool("iptables-restore")):
+        pytest.skip("iptables-restore is not iptables-nft here: one-shot restores wait for the process")
+
+    def blind(self: restore_session.Session) -> bool:
+        raise restore_session.Blind("test: no wchan")
+
+    monkeypatch.setattr(restore_session.Session, "_waiting_for_input", blind)
+    with host_ns.enter():
+        iptables.restore("*nat\n:PFS-H - [0:0]\n-A PFS-H -j RETURN\nCOMMIT\n")
+        assert len(iptables.list_rules("nat", "PFS-H")) == 1
+        bad = "*nat\n-A PFS-H -j NOSUCHTARGET\nCOMMIT\n"
+        with pytest.raises(iptables.IptablesError) as e:
+            iptables.restore(bad)
+        with pytest.raises(iptables.IptablesError) as plain:  # a process run and waited for
+            iptables._exec(["iptables-restore", "-w", "30", "--noflush"], bad, 5)
+        assert (e.value.details, e.value.exit_status) == (plain.value.details, plain.value.exit_status)
+    assert _restore_pids() == set()  # each one exited and was reaped

@@ -115,17 +115,16 @@ def restore(text: str, ipv6: bool = False, *, noflush: bool = True, code: int = 
     cmd = [_binary(ipv6, restore=True), "-w", LOCK_WAIT_SECONDS]
     if noflush:
         cmd.append("--noflush")
-        if _sessions:
-            from pycni.net import restore_session
+        from pycni.net import restore_session
 
-            try:
-                if restore_session.apply(cmd[0], text):
-                    return
-            except restore_session.Failed as e:
-                raise _failure(cmd, e.status, e.stderr, code) from None
-            except TimeoutError:
-                raise IptablesError(TRY_AGAIN, f"{cmd[0]} timed out", "the restore did not finish in time",
-                                    -1) from None
+        try:
+            if (restore_session.apply if _sessions else restore_session.apply_once)(cmd[0], text):
+                return
+        except restore_session.Failed as e:
+            raise _failure(cmd, e.status, e.stderr, code) from None
+        except TimeoutError:
+            raise IptablesError(TRY_AGAIN, f"{cmd[0]} timed out", "the restore did not finish in time",
+                                -1) from None
     _exec(cmd, text, code)
 
 

@@ -13,6 +13,7 @@ per operation group and close it before leaving. Helpers that take a ``sock``
 from __future__ import annotations
 
 import errno
+import os
 
 from pycni.net import netns
 from pycni.net.errors import is_netlink_error, kernel_errors
@@ -248,14 +249,97 @@ def try_set_ipv4_devconf(index: int, values: dict[int, int]) -> bool:
 
 
 def delete_link(name: str | int) -> bool:
-    """Delete a link; True when it existed. Idempotent (a missing link is success)."""
+    """Delete a link; True when it existed. Idempotent (a missing link is success).
+
+    Returns once the link has left its namespace (see :func:`_delete_until_unlisted`)."""
     with rtnl() as sock:
         msg = lookup_msg(sock, name)
-        if msg is None:
-            return False
-        with kernel_errors(f"failed to delete link {name!r}", ignore=(errno.ENODEV, errno.ENOENT)) as refused:
-            sock.link("del", index=int(msg["index"]))
-        return refused.ignored is None
+    if msg is None:
+        return False
+    with kernel_errors(f"failed to delete link {name!r}", ignore=(errno.ENODEV, errno.ENOENT)) as refused:
+        _delete_until_unlisted(int(msg["index"]))
+    return refused.ignored is None
+
+
+def _index_listed(index: int) -> bool:
+    import _socket
+
+    try:
+        _socket.if_indextoname(index)
+    except OSError:
+        return False
+    return True
+
+
+def _delete_until_unlisted(index: int) -> None:
+    """RTM_DELLINK for ``index``, returning when the link has left the calling thread's namespace
+    rather than when the request does.
+
+    Why: the kernel unlists a deleted link — its name free, its index unknown, its addresses,
+    routes and neighbours gone, a veth's peer with it — within a millisecond, and then holds the
+    deleting request for its own teardown (an RCU barrier: 15-40 ms here, most of a bridge, ptp
+    or macvlan DEL). The request is carried by a helper while this thread watches the index: a
+    thread where the process has others (the daemon), else a forked child, since a runtime
+    waits for a plugin process's exit and that would include its threads' requests. The
+    helper's answer is still the caller's when it comes first: a refusal raises the same
+    :class:`pycni.net.nl.NetlinkError` as before.
+    """
+    import time
+
+    if len(os.listdir("/proc/self/task")) > 1:  # other threads: fork is not safe here
+        outcome: list[BaseException | None] = []
+
+        def carry() -> None:
+            try:
+                with rtnl() as sock:
+                    sock.link("del", index=index)
+                outcome.append(None)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                outcome.append(e)
+
+        import _thread
+
+        _thread.start_new_thread(carry, ())  # a new thread starts in this thread's namespace
+        pause = 0.0002
+        while not outcome and _index_listed(index):
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.002)
+        if outcome and outcome[0] is not None:
+            raise outcome[0]
+        return
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child: the request, then its errno as the exit status
+        code = 1
+        try:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # never hold the runtime's pipes open
+                os.dup2(devnull, fd)
+            os.closerange(3, 1 << 16)  # nor a lock or socket of the caller's
+            try:
+                with rtnl() as sock:
+                    sock.link("del", index=index)
+                code = 0
+            except OSError as e:
+                code = (e.errno or 1) & 0xFF
+        finally:
+            os._exit(code)
+    from pycni.net.tools import forget_child
+
+    pause = 0.0002
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            if code:
+                from pycni.net.nl import NetlinkError
+
+                raise NetlinkError(code if code > 0 else errno.EINTR)
+            return
+        if not _index_listed(index):
+            forget_child(pid)  # its exit is the kernel's teardown; reaped later
+            return
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.002)
 
 
 def move_link_to_netns(name: str | int, netns_fd: int, new_name: str | None = None) -> None:

@@ -136,6 +136,13 @@ def teardown_ip_masq(backend: str | None, network: str, container_id: str, ifnam
     if backend:
         _check_backend(backend)
     errors: list[str] = []
+    # nftables first: mostly it only asks whether its table is there, and a netfilter socket
+    # closed after a commit (iptables' below) waits for the kernel to release what it replaced.
+    if backend in (None, "", "nftables"):
+        try:
+            _nft_teardown(network, ifname, container_id)
+        except CNIError as e:
+            errors.append(str(e))
     if backend in (None, "", "iptables"):
         for v6 in (False, True):
             addrs = None if addresses is None else [a for a in addresses if (a.version == 6) == v6]
@@ -147,11 +154,6 @@ def teardown_ip_masq(backend: str | None, network: str, container_id: str, ifnam
             except CNIError as e:
                 if backend == "iptables" or iptables.usable(v6):
                     errors.append(str(e))
-    if backend in (None, "", "nftables"):
-        try:
-            _nft_teardown(network, ifname, container_id)
-        except CNIError as e:
-            errors.append(str(e))
     if errors:
         raise CNIError(PLUGIN_SPECIFIC, "failed to tear down IP masquerade rules", "; ".join(errors))
 

@@ -16,29 +16,39 @@ nothing, so the answer is read from the process itself: it has consumed everythi
 only after processing every line before it, the ``COMMIT`` included; a failure is its exit.
 
 Only for iptables-nft (``(nf_tables)`` in ``--version``): the legacy restore holds the xtables
-lock for its whole life. Used only where :func:`pycni.net.iptables.keep_sessions` was called
-(the daemon); a one-shot
-plugin keeps one process per call and leaves nothing behind. A session lives in one network
-namespace (it pins it while it lives), is reused by calls in that namespace, and ends after
-:data:`IDLE_SECONDS` unused, or when its owner process exits (its stdin reaches end of file).
+lock for its whole life. Kept sessions are for where :func:`pycni.net.iptables.keep_sessions`
+was called (the daemon). A session lives in one network namespace (it pins it while it lives),
+is reused by calls in that namespace, and ends after :data:`IDLE_SECONDS` unused, or when its
+owner process exits (its stdin reaches end of file).
+
+A one-shot plugin uses the same reading of the answer without keeping anything
+(:func:`apply_once`): one process per commit, and once the commit is known to have succeeded,
+the process is told to end (end of input) and not waited for. Its exit is the socket close
+that waits for the kernel's deferred release — paid in the background, no longer inside the
+plugin call or under the plugin's iptables lock (that wait was most of a one-shot portmap
+call, and under 32 parallel ADDs the lock queued every call behind it). The kernel finishes
+that release on its own; a later commit's socket close waits for it as before. The process
+exits within milliseconds and is reaped by whoever inherits it (init, or the runtime's
+subreaper) — or by this process (:func:`pycni.net.tools.reap_children`).
 Stdlib only.
 """
 
 from __future__ import annotations
 
+import _thread
 import fcntl
 import os
 import termios
-import threading
 import time
 
-from pycni.net.tools import find_tool
+from pycni.net.tools import find_tool, forget_child
 
 IDLE_SECONDS = 5.0
 WAIT_SECONDS = 90.0  # as long as a one-shot restore may take (pycni.net.iptables)
 _START_SECONDS = 2.0  # a new process must be waiting for input by then, or sessions are off here
+_BLIND_SECONDS = 0.25  # asleep this long with no wchan: the kernel does not say where it sleeps
 
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()  # not threading's: one-shot calls import this module too
 _off_reason = ""  # why sessions cannot work on this machine (set once, then every call execs)
 _idle: dict[tuple[object, ...], list[Session]] = {}
 _reaper_pid = 0
@@ -52,6 +62,10 @@ class Failed(Exception):
         super().__init__(stderr)
         self.status = status
         self.stderr = stderr
+
+
+class Blind(Exception):
+    """Where the process sleeps cannot be read here: its answer is only its exit."""
 
 
 class Session:
@@ -79,6 +93,7 @@ class Session:
             os.close(in_r)
             os.close(err_w)
         self.status: int | None = None
+        self._blind_since = 0.0
         self._said: list[bytes] = []  # what it printed so far (read as it comes: a full pipe would stall it)
         os.set_blocking(self._err, False)
 
@@ -103,7 +118,24 @@ class Session:
                 wchan = f.read()
         except OSError:
             return False
+        if wchan in (b"", b"0") and self._sleeping():
+            # Asleep with no wchan: either the moment it goes to sleep (the kernel reports none
+            # while the task is still on its run queue) or a kernel that never says. Only the
+            # second lasts.
+            now = time.monotonic()
+            self._blind_since = self._blind_since or now
+            if now - self._blind_since > _BLIND_SECONDS:
+                raise Blind(f"/proc/{self.pid}/wchan does not say where iptables-restore sleeps")
+            return False
+        self._blind_since = 0.0
         return b"pipe_read" in wchan or b"pipe_wait" in wchan  # pipe_wait: kernels before 5.6
+
+    def _sleeping(self) -> bool:
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[1].split()[0] == b"S"
+        except (OSError, IndexError):
+            return False
 
     def _settle(self, deadline: float) -> bool:
         """Wait until it reads again (True) or has exited (False)."""
@@ -126,6 +158,9 @@ class Session:
             return self._settle(time.monotonic() + _START_SECONDS)
         except TimeoutError:
             return False  # killed and reaped by _settle
+        except Blind:
+            self.close(kill=True)
+            return False
 
     def apply(self, text: str) -> None:
         """Commit ``text`` (whole ``*table ... COMMIT`` blocks); :class:`Failed` when refused."""
@@ -197,6 +232,29 @@ class Session:
                 pass
             self.status = -9 if kill else 0
 
+    def finish(self) -> None:
+        """End of input, then its exit: :class:`Failed` unless it exited 0."""
+        os.close(self._in)
+        self._in = -1
+        said = self._drain()
+        os.close(self._err)
+        self._err = -1
+        self.status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        if self.status != 0:
+            raise Failed(self.status, self._renumber(said, self.lines))
+
+    def detach(self) -> None:
+        """End of input, and not waited for: its exit (the socket close and the kernel's deferred
+        release it waits for) happens after this call returns."""
+        for fd in (self._in, self._err):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._in = self._err = -1
+        if self.status is None:
+            forget_child(self.pid)
+
 
 def _is_nft(path: str) -> bool:
     """iptables-nft (per resolved file, remembered): only its restore commits per block without a lock."""
@@ -207,6 +265,12 @@ def _is_nft(path: str) -> bool:
     ident = (path, st.st_dev, st.st_ino, st.st_mtime_ns)
     known = _nft_binaries.get(ident)
     if known is None:
+        # The Debian/upstream layout: iptables-restore -> ... -> xtables-{nft,legacy}-multi;
+        # asking its --version (a process) only when the name does not say.
+        multi = os.path.basename(os.path.realpath(path))
+        if multi in ("xtables-nft-multi", "xtables-legacy-multi"):
+            known = _nft_binaries[ident] = multi == "xtables-nft-multi"
+            return known
         from pycni.net.tools import run_tool
 
         try:
@@ -245,11 +309,38 @@ def apply(binary: str, text: str) -> bool:
         _start_reaper()
     try:
         session.apply(text)
+    except Blind as e:
+        _off_reason = str(e)
+        session.finish()  # this commit's answer is its exit; later calls run a process each
+        return True
     except BaseException:
         session.close(kill=session.status is None)
         raise
     with _lock:
         _idle.setdefault(key, []).append(session)
+    return True
+
+
+def apply_once(binary: str, text: str) -> bool:
+    """Commit ``text`` through a process of its own, not waited for once the commit succeeded
+    (see the module's docstring); False when that cannot be told here (legacy iptables, no
+    readable ``/proc/<pid>/wchan``): the caller runs the process and waits for it as before.
+    :class:`Failed` when the input is refused (its process has exited and was reaped)."""
+    if _off_reason:
+        return False
+    path = find_tool(binary)
+    if not _is_nft(path):
+        return False
+    session = Session(path, ())
+    try:
+        session.apply(text)
+    except Blind:
+        session.finish()  # its exit is the answer after all
+    except BaseException:
+        session.close(kill=session.status is None)
+        raise
+    else:
+        session.detach()
     return True
 
 
@@ -260,6 +351,8 @@ def _start_reaper() -> None:
         if _reaper_pid == os.getpid():
             return
         _reaper_pid = os.getpid()
+    import threading
+
     threading.Thread(target=_reap, name="pycni-restore-reaper", daemon=True).start()
 
 

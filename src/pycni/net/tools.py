@@ -18,6 +18,34 @@ SYSTEM_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin", "/usr/local/sbin", "/us
 _CHUNK = 65536
 
 
+# Children this process does not wait for (a restore whose commit is read as done, a link
+# deletion's helper once the link is unlisted): their exits are the kernel's deferred
+# teardown, off the caller's time. Reaped here when they have exited, or by whoever inherits
+# them when this (one-shot) process ends first.
+_unwaited: list[int] = []
+
+
+def forget_child(pid: int) -> None:
+    """Leave child ``pid`` to finish on its own (reaped by a later :func:`reap_children`)."""
+    reap_children()
+    _unwaited.append(pid)
+
+
+def reap_children() -> None:
+    """Reap the children left by :func:`forget_child` that have exited (no zombies pile up in a
+    long-lived process)."""
+    for pid in list(_unwaited):
+        try:
+            done = os.waitpid(pid, os.WNOHANG)[0] != 0
+        except ChildProcessError:
+            done = True
+        if done:
+            try:
+                _unwaited.remove(pid)
+            except ValueError:  # another thread reaped it first
+                pass
+
+
 class ToolTimeout(Exception):
     """The tool did not finish in time (it has been killed and reaped)."""
 

@@ -77,6 +77,8 @@ def chosen(conf: PortmapConf) -> Backend:
     return named(conf.backend)
 
 
-def every(first: str) -> list[Backend]:
-    """Every backend, ``first`` first: DEL and GC clean all layouts."""
-    return [named(first), named("nftables" if first == "iptables" else "iptables")]
+def every(configured: str) -> list[Backend]:
+    """Every backend, ``configured`` last: DEL and GC clean all layouts. The other one mostly
+    only asks the kernel whether it has anything (a netfilter socket that closes after a commit
+    waits for the kernel to release what the commit replaced, so asking comes first)."""
+    return [named("nftables" if configured == "iptables" else "iptables"), named(configured)]
