@@ -87,8 +87,7 @@ def setup_ip_masq(backend: str, network: str, container_id: str, ifname: str,
         for family in (4, 6):
             addrs = [a for a in addresses if a.version == family]
             if addrs:
-                with iptables.locked():
-                    _ipt_setup(network, container_id, addrs, family == 6)
+                _ipt_setup(network, container_id, addrs, family == 6)
     else:
         _nft_setup(network, ifname, container_id, addresses)
 
@@ -149,8 +148,7 @@ def teardown_ip_masq(backend: str | None, network: str, container_id: str, ifnam
             if addrs == []:
                 continue
             try:
-                with iptables.locked():
-                    _ipt_teardown(network, container_id, addrs, v6)
+                _ipt_teardown(network, container_id, addrs, v6)
             except CNIError as e:
                 if backend == "iptables" or iptables.usable(v6):
                     errors.append(str(e))
@@ -215,6 +213,7 @@ def _ipt_setup(network: str, container_id: str, addrs: Sequence[Address], v6: bo
     # The usual ADD, a container new to this network: one restore that creates the chain with
     # -N, so it fails as a whole if the chain exists, and nothing has to be looked up first
     # (any lookup makes iptables-nft read the whole nat table, which grows with every container).
+    # Atomic on its own, so it needs no lock: concurrent ADDs do not queue behind each other.
     fresh = ["*nat", f"-N {chain}", *body, *(iptables.rule_line("-A", "POSTROUTING", j) for j in jumps), "COMMIT"]
     try:
         iptables.restore("\n".join(fresh) + "\n", v6)
@@ -222,14 +221,16 @@ def _ipt_setup(network: str, container_id: str, addrs: Sequence[Address], v6: bo
     except CNIError:
         pass  # the chain exists (a repeated ADD), or another failure, which the path below reports
     # A chain that existed may already have jumps to it: look for each with `iptables -C`, never
-    # by listing POSTROUTING. One atomic restore rewrites the chain (declaring it flushes it).
-    existed = iptables.chain_exists("nat", chain, v6)
-    lines = ["*nat", f":{chain} - [0:0]", *body]
-    for j in jumps:
-        if not existed or not iptables.rule_exists("nat", "POSTROUTING", j, v6):
-            lines.append(iptables.rule_line("-A", "POSTROUTING", j))
-    lines.append("COMMIT")
-    iptables.restore("\n".join(lines) + "\n", v6)
+    # by listing POSTROUTING. One atomic restore rewrites the chain (declaring it flushes it);
+    # the lock keeps the look and the rewrite together.
+    with iptables.locked():
+        existed = iptables.chain_exists("nat", chain, v6)
+        lines = ["*nat", f":{chain} - [0:0]", *body]
+        for j in jumps:
+            if not existed or not iptables.rule_exists("nat", "POSTROUTING", j, v6):
+                lines.append(iptables.rule_line("-A", "POSTROUTING", j))
+        lines.append("COMMIT")
+        iptables.restore("\n".join(lines) + "\n", v6)
 
 
 def _ipt_teardown(network: str, container_id: str, addrs: Sequence[Address] | None, v6: bool) -> None:
@@ -241,19 +242,20 @@ def _ipt_teardown(network: str, container_id: str, addrs: Sequence[Address] | No
         lines = ["*nat"] + [iptables.rule_line("-D", "POSTROUTING", _ipt_jump(a, chain, comment)) for a in addrs]
         lines += [f"-F {chain}", f"-X {chain}", "COMMIT"]
         try:
-            iptables.restore("\n".join(lines) + "\n", v6)
+            iptables.restore("\n".join(lines) + "\n", v6)  # atomic on its own: no lock
             return
         except CNIError:
             pass
-    if not iptables.chain_exists("nat", chain, v6):
-        return  # no chain, so no jump to it either: nothing of this container's is left
-    # Find the POSTROUTING jumps to our chain by their target, so a DEL without addresses
-    # (or with different ones) still removes them.
-    for line in iptables.list_rules("nat", "POSTROUTING", v6):
-        rule = iptables.split_rule(line)
-        if "-j" in rule and rule[rule.index("-j") + 1] == chain:
-            iptables.delete_rule("nat", "POSTROUTING", rule, v6)
-    iptables.delete_chain("nat", chain, v6)
+    with iptables.locked():
+        if not iptables.chain_exists("nat", chain, v6):
+            return  # no chain, so no jump to it either: nothing of this container's is left
+        # Find the POSTROUTING jumps to our chain by their target, so a DEL without addresses
+        # (or with different ones) still removes them.
+        for line in iptables.list_rules("nat", "POSTROUTING", v6):
+            rule = iptables.split_rule(line)
+            if "-j" in rule and rule[rule.index("-j") + 1] == chain:
+                iptables.delete_rule("nat", "POSTROUTING", rule, v6)
+        iptables.delete_chain("nat", chain, v6)
 
 
 def _ipt_gc(network: str, valid_chains: set[str], v6: bool) -> None:
