@@ -212,14 +212,17 @@ class Session:
                 rest = rest[digits:]
         return "".join(out) + rest
 
-    def close(self, kill: bool = False) -> None:
-        """End the process: end of input (it exits at once), or SIGKILL; reap it."""
+    def _close_pipes(self) -> None:
         for fd in (self._in, self._err):
             try:
                 os.close(fd)
             except OSError:
                 pass
         self._in = self._err = -1
+
+    def close(self, kill: bool = False) -> None:
+        """End the process: end of input (it exits at once), or SIGKILL; reap it."""
+        self._close_pipes()
         if self.status is None:
             if kill:
                 try:
@@ -246,12 +249,7 @@ class Session:
     def detach(self) -> None:
         """End of input, and not waited for: its exit (the socket close and the kernel's deferred
         release it waits for) happens after this call returns."""
-        for fd in (self._in, self._err):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._in = self._err = -1
+        self._close_pipes()
         if self.status is None:
             forget_child(self.pid)
 
