@@ -10,9 +10,9 @@ Stdlib only.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
+from pycni.lockfile import flocked
 from pycni.net.tools import ToolTimeout, find_tool, run_tool
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
 
@@ -38,8 +38,7 @@ class IptablesError(CNIError):
         return "Chain already exists" in self.stderr
 
 
-@contextmanager
-def locked() -> Iterator[None]:
+def locked() -> flocked:
     """Hold our lock across several iptables commands (threads and processes).
 
     For read-check-write sequences (e.g. "add the shared jump unless present"): iptables' -w
@@ -48,12 +47,9 @@ def locked() -> Iterator[None]:
     leaves no file on the machine (a lock file under /run/pycni was written by every masquerade
     ADD, even one in a throwaway namespace).
     """
-    from pycni.lockfile import flocked
-
     # netns.locked()'s lock, taken without importing the namespace module: a DEL that finds
     # nothing to remove (containerd's RemovePodSandbox, no netns) loads no namespace code
-    with flocked("/proc/thread-self/ns/net"):
-        yield
+    return flocked("/proc/thread-self/ns/net")
 
 
 def _binary(ipv6: bool, restore: bool = False) -> str:
