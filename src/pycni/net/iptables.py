@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from pycni.lockfile import flocked
 from pycni.net.tools import ToolTimeout, find_tool, run_tool
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
+
+TYPE_CHECKING = False  # true for mypy only (see pycni.record)
+if TYPE_CHECKING:
+    from pycni.lockfile import flocked
 
 LOCK_WAIT_SECONDS = "30"
 _NOT_FOUND = ("No chain/target/match by that name", "does a matching rule exist", "doesn't exist", "does not exist",
@@ -47,6 +50,8 @@ def locked() -> flocked:
     leaves no file on the machine (a lock file under /run/pycni was written by every masquerade
     ADD, even one in a throwaway namespace).
     """
+    from pycni.lockfile import flocked
+
     # netns.locked()'s lock, taken without importing the namespace module: a DEL that finds
     # nothing to remove (containerd's RemovePodSandbox, no netns) loads no namespace code
     return flocked("/proc/thread-self/ns/net")
