@@ -23,6 +23,7 @@ from pycni.net import link, netns, nl
 from pycni.plugins.registry import install, load
 from pycni.shim import run_delegate
 from pycni.skel import dispatch
+from pycni.spec.errors import CNIError
 
 SELF = "/proc/thread-self/ns/net"
 
@@ -134,3 +135,20 @@ def test_bridge_add_and_del_open_the_container_namespace_once(
             # (pycni.net.sysctl keeps /proc/sys/net/<dir> fds across calls, on purpose)
             assert [p for p in left if p.startswith(("net:", "socket:"))] == [], command
     assert "eth0" not in ctr.run(["ip", "-o", "link", "show"]).stdout
+
+
+def test_a_refused_path_is_not_kept_and_the_thread_stays(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    home = os.stat(SELF).st_ino
+    before = _fds()
+    with callscope.call():
+        scope = callscope.current()
+        assert scope is not None
+        for path in (str(plain), str(tmp_path / "gone"), "/proc/self/ns/ipc"):
+            with pytest.raises(CNIError), netns.enter(path):
+                pytest.fail("body must not run")
+            assert not netns.netns_exists(path)
+        assert scope.netns_fds == {} and scope.stack == []
+        assert os.stat(SELF).st_ino == home
+    assert _fds() == before
