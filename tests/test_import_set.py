@@ -52,6 +52,11 @@ HEAVY = (*NEVER_ON_VERSION, "ctypes", "pycni.net", "pycni.runtime", "pycni.daemo
 # What pycni.jsonlite and spec.validate.charset_match keep off the one-shot path (~5 ms a call).
 NO_JSON_NO_RE = ("json", "re", "enum", "shlex")
 
+# Never on a one-shot ADD/DEL of the namespace and meta plugins: the ctypes package (~3.5 ms; setns
+# goes through _ctypes, see pycni.net.netns), contextlib (~3.5 ms with what it pulls: small classes
+# with __enter__/__exit__ do its work) and threading (~0.7 ms; _thread is free).
+NOT_ONE_SHOT = ("ctypes", "contextlib", "threading")
+
 
 def _modules(shim: str, env: dict[str, str], stdin: bytes, tmp: Path, ns: Namespace | None = None) -> set[str]:
     out = tmp / f"mods-{os.path.basename(shim)}-{len(list(tmp.iterdir()))}.txt"
@@ -194,7 +199,7 @@ def test_podman_chain_one_shot_imports_no_subprocess_json_or_re(shims: str, tmp_
         {"type": "firewall", "backend": ""},
         {"type": "tuning"}]
     never = ("subprocess", "shutil", "typing", "hashlib", "pyroute2", "asyncio", "multiprocessing", "dataclasses",
-             "inspect", *NO_JSON_NO_RE)
+             "inspect", *NO_JSON_NO_RE, *NOT_ONE_SHOT)
     prev: object = None
     for command, order in (("ADD", chain), ("DEL", chain[::-1])):
         for plugin in order:
@@ -216,3 +221,56 @@ def test_podman_chain_one_shot_imports_no_subprocess_json_or_re(shims: str, tmp_
                 assert "pycni.net.nl" not in mods and (command == "ADD" or "ctypes" not in mods), command
             if command == "ADD":
                 prev = json.loads(out.read_text())
+
+
+def _call(shim: str, env: dict[str, str], conf: dict[str, object], tmp: Path, ns: Namespace) -> tuple[set[str], str]:
+    """Run one plugin for real as its shebang does (in ``ns``); the modules it imported and its stdout."""
+    out, mods = tmp / "result.json", tmp / "mods.txt"
+    wrapper = _WRAPPER.replace("sys.argv = [_path]", "sys.argv = [_path]\nsys.stdout = open(_res, 'w')")
+    cmd = ["ip", "netns", "exec", ns.name, sys.executable, "-IS", "-c", f"_res = {str(out)!r}\n{wrapper}",
+           str(mods), shim]
+    proc = subprocess.run(cmd, input=json.dumps(conf).encode(), capture_output=True, timeout=60, env=env)
+    assert proc.returncode == 0, (shim, env["CNI_COMMAND"], proc.stderr.decode(), out.read_text())
+    return set(mods.read_text().split()), out.read_text()
+
+
+def test_namespace_plugins_one_shot_import_no_ctypes_contextlib_or_threading(
+        shims: str, tmp_path: Path, netns_factory: Callable[[], Namespace]) -> None:
+    """ptp with bandwidth and tuning chained, macvlan, host-device and loopback, ADD and DEL for real.
+
+    Each enters the container's namespace (setns through _ctypes, not the ctypes package), takes
+    locks and runs host-local in-process: none may import ctypes, contextlib or threading.
+    """
+    host, ctr = netns_factory(), netns_factory()
+    host.run(["ip", "link", "add", "spm0", "type", "veth", "peer", "name", "spm1"])
+    host.run(["ip", "link", "add", "spd0", "type", "veth", "peer", "name", "spd1"])
+    host.run(["ip", "link", "set", "spm0", "up"])
+
+    def ipam(subnet: str) -> dict[str, object]:
+        return {"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": str(tmp_path / "ipam")}
+
+    chains: list[tuple[str, list[dict[str, object]]]] = [
+        ("eth0", [{"type": "ptp", "ipam": ipam("10.74.0.0/24")},
+                  {"type": "bandwidth", "ingressRate": 1_000_000, "ingressBurst": 100_000},
+                  {"type": "tuning", "mtu": 1400, "sysctl": {"net.ipv4.conf.eth0.arp_notify": "1"}}]),
+        ("eth1", [{"type": "macvlan", "master": "spm0", "ipam": ipam("10.74.1.0/24")}]),
+        ("eth2", [{"type": "host-device", "device": "spd1"}]),
+        ("lo", [{"type": "loopback"}]),
+    ]
+    seen = []
+    for ifname, chain in chains:
+        prev: object = None
+        for command, order in (("ADD", chain), ("DEL", chain[::-1])):
+            for plugin in order:
+                conf = dict(plugin, cniVersion="1.0.0", name=f"spi-{ifname}")
+                if prev is not None:
+                    conf["prevResult"] = prev
+                env = plugin_util.env(command, "spi1", ctr, ifname=ifname, cni_path=shims)
+                mods, out = _call(os.path.join(shims, str(plugin["type"])), env, conf, tmp_path, host)
+                assert "pycni.net.netns" in mods, (plugin["type"], command)  # it did enter the namespace
+                assert _heavy(mods, NOT_ONE_SHOT) == [], (plugin["type"], command)
+                if command == "ADD":
+                    prev = json.loads(out)
+                seen.append((plugin["type"], command))
+    assert len(seen) == 12
+    assert "spd1" in host.run(["ip", "link", "show"]).stdout  # host-device's DEL gave it back

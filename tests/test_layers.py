@@ -1,5 +1,5 @@
 """The rules of docs/architecture.md, checked on the source (relative imports resolved): net/ uses
-only spec/ and the leaf utilities record.py, lockfile.py and jsonlite.py (never the SDK or a plugin),
+only spec/ and the leaf utilities record.py, lockfile.py, jsonlite.py and callscope.py (never the SDK or a plugin),
 spec/ only record.py and jsonlite.py; cluster/ never a plugin, the runtime or the CLI (the plugins
 use it, not the other way round); cli.py no plugin module but the registry; unixsock.py and
 daemon/protocol.py import nothing of pycni's; plugins never decode netlink; no module imports
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "pycni"
-ALLOWED = {"net": ("pycni.net", "pycni.spec", "pycni.record", "pycni.lockfile", "pycni.jsonlite"),
+ALLOWED = {"net": ("pycni.net", "pycni.spec", "pycni.record", "pycni.lockfile", "pycni.jsonlite", "pycni.callscope"),
            # leaves: the listener both daemons use, and the wire format the shim's forwarding path imports
            "unixsock.py": ("pycni.unixsock",),
            "daemon/protocol.py": ("pycni.daemon.protocol",),

@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
+from pycni import callscope
 from pycni import jsonlite as json
 from pycni.record import field, record
 from pycni.spec.errors import (
@@ -268,7 +269,8 @@ def dispatch(plugin: Plugin, env: Mapping[str, str], stdin: bytes, runner: Runne
         handler = _handler_for(plugin, command)
         if handler is None and command == "ADD":
             raise CNIError(INTERNAL, "plugin does not implement ADD", plugin.about)
-        result = handler(args) if handler is not None else None
+        with callscope.call():  # the namespace fds and netlink sockets of this call, closed at its end
+            result = handler(args) if handler is not None else None
         out = b""
         if command == "ADD":
             if result is None:

@@ -10,11 +10,14 @@ Stdlib only.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 from pycni.net.tools import ToolTimeout, find_tool, run_tool
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
+
+TYPE_CHECKING = False  # true for mypy only (see pycni.record)
+if TYPE_CHECKING:
+    from pycni.lockfile import flocked
 
 LOCK_WAIT_SECONDS = "30"
 _NOT_FOUND = ("No chain/target/match by that name", "does a matching rule exist", "doesn't exist", "does not exist",
@@ -38,8 +41,7 @@ class IptablesError(CNIError):
         return "Chain already exists" in self.stderr
 
 
-@contextmanager
-def locked() -> Iterator[None]:
+def locked() -> flocked:
     """Hold our lock across several iptables commands (threads and processes).
 
     For read-check-write sequences (e.g. "add the shared jump unless present"): iptables' -w
@@ -52,8 +54,7 @@ def locked() -> Iterator[None]:
 
     # netns.locked()'s lock, taken without importing the namespace module: a DEL that finds
     # nothing to remove (containerd's RemovePodSandbox, no netns) loads no namespace code
-    with flocked("/proc/thread-self/ns/net"):
-        yield
+    return flocked("/proc/thread-self/ns/net")
 
 
 def _binary(ipv6: bool, restore: bool = False) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 
+from pycni import callscope
 from pycni.net import netns
 from pycni.net.errors import is_netlink_error, kernel_errors
 from pycni.net.nl import IFF_ALLMULTI, IFF_PROMISC, IFF_UP
@@ -32,8 +33,23 @@ _UNSET: Any = ...  # sentinel: "leave this attribute alone" (None means "detach"
 
 def rtnl() -> _NlIPRoute:
     """Our stdlib rtnetlink socket (:mod:`pycni.net.nl`) in the calling thread's namespace;
-    use it in a ``with`` block, which closes it."""
-    return _NlIPRoute()
+    use it in a ``with`` block, which closes it.
+
+    Within a plugin call (:mod:`pycni.callscope`) every ``rtnl()`` in one namespace gets the
+    same socket, which the ``with`` leaves open and the call's end closes: a socket is bound
+    to the namespace it was made in, so there is one per namespace the call visits. Replies
+    are matched by sequence number, so what an aborted request left unread is skipped.
+    """
+    scope = callscope.current()
+    if scope is None:
+        return _NlIPRoute()
+    st = os.stat("/proc/thread-self/ns/net")
+    key = (st.st_dev, st.st_ino)
+    sock: _NlIPRoute | None = scope.socks.get(key)
+    if sock is None:
+        sock = scope.socks[key] = _NlIPRoute()
+        sock.kept = True
+    return sock
 
 
 @record

@@ -540,6 +540,7 @@ class NetlinkSocket:
             self._sock.close()
             raise
         self._seq = 0
+        self.kept = False  # a call's shared socket (pycni.callscope): ``with`` leaves it open
 
     def close(self) -> None:
         self._sock.close()
@@ -548,7 +549,8 @@ class NetlinkSocket:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        if not self.kept:
+            self.close()
 
     def settimeout(self, seconds: float | None) -> None:
         self._sock.settimeout(seconds)

@@ -65,8 +65,7 @@ def create_in_container(kind: str, container_netns: str, ifname: str, *, parent:
         spec["mtu"] = mtu
     if mac:
         spec["address"] = mac
-    target = netns.open_netns(container_netns)
-    try:
+    with netns.opened(container_netns) as target:
         if link_in_container:
             with netns.enter(container_netns), rtnl() as sock:
                 _add(sock, spec, kind)
@@ -74,8 +73,6 @@ def create_in_container(kind: str, container_netns: str, ifname: str, *, parent:
             spec["net_ns_fd"] = target
             with rtnl() as sock:
                 _add(sock, spec, kind)
-    finally:
-        os.close(target)
     with netns.enter(container_netns):
         try:
             with rtnl() as sock:

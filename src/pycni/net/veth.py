@@ -59,11 +59,8 @@ def setup_veth(container_netns: str, ifname: str, *, mtu: int = 0, mac: str = ""
     multicast lookup on the host, and the RTNL-holding DAD work of each new port, slower
     by one entry per port (see the README's performance notes).
     """
-    target = netns.open_netns(container_netns)
-    try:
+    with netns.opened(container_netns) as target:
         return _setup(target, container_netns, ifname, mtu, mac, host_name, master, host_mac)
-    finally:
-        os.close(target)
 
 
 def _create(sock: Any, host: str, ifname: str, target: int, mtu: int, mac: str, up: bool,

@@ -146,8 +146,7 @@ class SublinkPlugin:
     # ---- handlers ---------------------------------------------------------------------------
     def add(self, args: CmdArgs) -> Result:
         """ADD: the link in the container, then IPAM (or the prevResult's IPs); all undone on failure."""
-        from pycni.net import netns, sublink
-        from pycni.net.link import get_link
+        from pycni.net import sublink
 
         n = self.parse_conf(args)
         self._check_for_add(n, args)
@@ -172,14 +171,11 @@ class SublinkPlugin:
                 ipc.interface = 0
             self._configure(args, result)
             result.dns = n.dns
-        with netns.enter(args.netns):
-            created = get_link(args.ifname)
-            if created is not None:
-                result.interfaces[0].mac = created.mac
         return result
 
     def _configure(self, args: CmdArgs, result: Result) -> None:
-        """Put the result's addresses and routes on the container link, or just bring it up (layer 2)."""
+        """Put the result's addresses and routes on the container link, or just bring it up (layer 2);
+        then report its MAC as it is now (in the same visit to the namespace)."""
         from pycni.net import iface, link, netns
         from pycni.net.sysctl import try_write_sysctl
 
@@ -190,6 +186,9 @@ class SublinkPlugin:
                 iface.configure_iface(args.ifname, result)
             else:
                 link.set_link(args.ifname, up=True)
+            configured = link.get_link(args.ifname)
+            if configured is not None:
+                result.interfaces[0].mac = configured.mac
 
     @staticmethod
     def _delete_link(netns_path: str, ifname: str) -> None:
