@@ -307,7 +307,7 @@ def _delete_until_unlisted(index: int) -> None:
 
         def carry() -> None:
             try:
-                with rtnl() as sock:
+                with _NlIPRoute() as sock:  # its own socket: the call's belongs to the caller's thread
                     sock.link("del", index=index)
                 outcome.append(None)
             except BaseException as e:  # noqa: BLE001 - handed to the caller
@@ -332,7 +332,7 @@ def _delete_until_unlisted(index: int) -> None:
                 os.dup2(devnull, fd)
             os.closerange(3, 1 << 16)  # nor a lock or socket of the caller's
             try:
-                with rtnl() as sock:
+                with _NlIPRoute() as sock:  # not rtnl(): the call's cached socket was closed above
                     sock.link("del", index=index)
                 code = 0
             except OSError as e:
