@@ -38,13 +38,25 @@ from __future__ import annotations
 import _thread
 import fcntl
 import os
-import termios
 import time
 
 from pycni.net.tools import find_tool, forget_child
 
 IDLE_SECONDS = 5.0
 WAIT_SECONDS = 90.0  # as long as a one-shot restore may take (pycni.net.iptables)
+
+
+def _fionread() -> int:
+    """FIONREAD: <asm-generic/ioctls.h>'s on the usual architectures, without loading termios (a C
+    extension, for one constant); termios's anywhere else."""
+    if os.uname().machine in ("x86_64", "i686", "i386", "aarch64", "armv7l", "armv6l", "riscv64", "s390x"):
+        return 0x541B
+    import termios
+
+    return int(termios.FIONREAD)
+
+
+FIONREAD = _fionread()
 _START_SECONDS = 2.0  # a new process must be waiting for input by then, or sessions are off here
 _BLIND_SECONDS = 0.25  # asleep this long with no wchan: the kernel does not say where it sleeps
 
@@ -110,7 +122,7 @@ class Session:
         """Everything written has been read and processed: it sleeps reading its stdin again."""
         self._read_output()
         buf = bytearray(4)
-        fcntl.ioctl(self._in, termios.FIONREAD, buf)
+        fcntl.ioctl(self._in, FIONREAD, buf)
         if int.from_bytes(buf, "little"):
             return False
         try:
