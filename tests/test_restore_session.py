@@ -110,10 +110,11 @@ def test_line_numbers_are_the_blocks_own() -> None:
     assert restore_session.Session._renumber("no number here, online 5", 5) == "no number here, online 5"
 
 
-def test_where_a_session_cannot_be_read_each_restore_is_a_process(host_ns: Namespace, sessions: None,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """No usable /proc/<pid>/wchan (a restricted /proc): sessions turn off, restores still work."""
-    monkeypatch.setattr(restore_session.Session, "_waiting_for_input", lambda self: False)
+def test_where_restore_does_not_echo_each_restore_is_a_process(host_ns: Namespace, sessions: None,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restore that does not echo the comment a session starts with: sessions turn off, restores
+    still work (an empty line stands in for the comment: it is skipped without an echo)."""
+    monkeypatch.setattr(restore_session, "_HELLO", b"\n")
     monkeypatch.setattr(restore_session, "_START_SECONDS", 0.2)
     monkeypatch.setattr(restore_session, "_off_reason", "")
     with host_ns.enter():
@@ -121,6 +122,17 @@ def test_where_a_session_cannot_be_read_each_restore_is_a_process(host_ns: Names
         assert restore_session._off_reason and _restore_pids() == set()
         iptables.restore("*nat\n-A PFS-F -j RETURN\nCOMMIT\n")
         assert len(iptables.list_rules("nat", "PFS-F")) == 1
+
+
+def test_session_answers_when_the_commit_is_done(host_ns: Namespace, sessions: None) -> None:
+    """The echo after a block is the answer: each call returns with its rules committed, as
+    another process sees them, and its output carries nothing of it."""
+    with host_ns.enter():
+        for i in range(20):
+            iptables.restore(f"*nat\n:PFS-I{i} - [0:0]\n-A PFS-I{i} -j RETURN\n-A POSTROUTING -j PFS-I{i}\nCOMMIT\n")
+            assert iptables.run(["-t", "nat", "-S", f"PFS-I{i}"]).count("-j RETURN") == 1
+        [pid] = _restore_pids()
+    assert restore_session.count() == 1 and len(_restore_pids()) == 1 and pid
 
 
 def _wait_gone(pids: set[int]) -> set[int]:
@@ -157,16 +169,13 @@ def test_one_shot_restore_is_committed_when_it_returns_and_its_process_ends_alon
     assert _wait_gone(first | set(tools._unwaited)) == set()
 
 
-def test_one_shot_restore_where_sleep_cannot_be_read_waits_for_the_exit(host_ns: Namespace,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """A /proc that does not say where a process sleeps: the answer is the process's exit, as before."""
+def test_one_shot_restore_without_the_echo_waits_for_the_exit(host_ns: Namespace,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """No echo after the block (an empty line stands in for the comment): the answer is the
+    process's exit, waited for, with the same message and status as a process run alone."""
     if not restore_session._is_nft(restore_session.find_tool("iptables-restore")):
         pytest.skip("iptables-restore is not iptables-nft here: one-shot restores wait for the process")
-
-    def blind(self: restore_session.Session) -> bool:
-        raise restore_session.Blind("test: no wchan")
-
-    monkeypatch.setattr(restore_session.Session, "_waiting_for_input", blind)
+    monkeypatch.setattr(restore_session.Session, "_mark", lambda self: b"\n")
     with host_ns.enter():
         iptables.restore("*nat\n:PFS-H - [0:0]\n-A PFS-H -j RETURN\nCOMMIT\n")
         assert len(iptables.list_rules("nat", "PFS-H")) == 1
