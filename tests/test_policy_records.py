@@ -340,3 +340,22 @@ def test_agent_updates_equal_a_fresh_compile() -> None:
                             fresh.view.namespace_labels())
         assert enf.programmer.applied == want, "\n".join(map(str, LOG[-12:]))
     assert enf.patched > 100 and enf.compiled > 20, (enf.patched, enf.compiled)
+
+
+def test_coverage_check_asks_again_when_the_kernel_cut_its_answer_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``nft get element`` while the agent rewrites the table can fail with EINTR (the kernel's
+    NLM_F_DUMP_INTR): that is "not yet", not a failed ADD; anything else still fails."""
+    from pycni.net import nft
+
+    def interrupted(script: str, what: str = "") -> str:
+        raise nft.NftError(5, "nft failed", "Error: Could not process rule: Interrupted system call\n")
+
+    monkeypatch.setattr(nft, "run", interrupted)
+    assert workload._covered("rtdx") is False
+
+    def refused(script: str, what: str = "") -> str:
+        raise nft.NftError(5, "nft failed", "Error: Operation not permitted\n")
+
+    monkeypatch.setattr(nft, "run", refused)
+    with pytest.raises(nft.NftError):
+        workload._covered("rtdx")

@@ -41,6 +41,12 @@ class NftError(CNIError):
         return "File exists" in self.stderr
 
     @property
+    def interrupted(self) -> bool:
+        """The kernel's answer was cut short because the ruleset changed while it was read
+        (NLM_F_DUMP_INTR, which nft reports as EINTR): asking again is the remedy."""
+        return "Interrupted system call" in self.stderr
+
+    @property
     def overlaps(self) -> bool:
         """An interval element overlapping one already in its set (nft's own check)."""
         return "overlaps with an existing" in self.stderr

@@ -106,7 +106,8 @@ def _covered(iface: str) -> bool:
     try:
         nft.run(f'get element inet {TABLE} covered {{ "{iface}" }}\n', what="policy coverage check")
     except nft.NftError as e:
-        if e.not_found:
+        # not there yet, or asked while the agent was changing the table: ask again
+        if e.not_found or e.interrupted:
             return False
         raise
     return True
