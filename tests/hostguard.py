@@ -41,7 +41,10 @@ def _files(root: str) -> set[str]:
     lines: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
-        lines.add(f"{dirpath}/")
+        try:  # a file made and removed again inside an existing directory changes only its mtime
+            lines.add(f"{dirpath}/ (mtime {os.lstat(dirpath).st_mtime_ns})")
+        except OSError:
+            continue
         for name in filenames:
             path = os.path.join(dirpath, name)
             try:

@@ -23,6 +23,8 @@ def test_guard_names_every_change(host_ns: Namespace, tmp_path: Path) -> None:
         (state / "networks" / "refnet").mkdir()
         (state / "networks" / "refnet" / "10.77.0.1").write_text("ctr\neth0")
         (state / "networks" / "keep").write_text("y")
+        (state / "gone").mkdir()  # made and removed again: only the directory's mtime says so
+        (state / "gone").rmdir()
         host_ns.run(["ip", "link", "add", "ncg1", "type", "bridge"])
         host_ns.run(["ip", "addr", "add", "10.1.2.3/24", "dev", "ncg0"])
         host_ns.run(["ip", "link", "set", "ncg0", "up"])
@@ -32,7 +34,7 @@ def test_guard_names_every_change(host_ns: Namespace, tmp_path: Path) -> None:
         host_ns.run(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
         host_ns.run(["tc", "qdisc", "add", "dev", "ncg0", "root", "handle", "1:", "htb"])
         report = "\n".join(hostguard.describe(before, hostguard.snapshot((str(state),))))
-    for expected in (f"+ {state}/networks/refnet/10.77.0.1", f"+ {state}/networks/refnet/",
+    for expected in (f"+ {state}/networks/refnet/10.77.0.1", f"+ {state}/networks/refnet/", f"- {state}/ (mtime",
                      f"- {state}/networks/keep (1 bytes", "+ ncg1 type=ether kind=bridge",
                      "+ ncg0 10.1.2.3/24", "dst=10.1.2.0/24 dev=ncg0", '"src": "10.1.2.3"',
                      "+ table inet ncguard", "nat: :NCGUARD -", "+ net.ipv4.ip_forward = 1",

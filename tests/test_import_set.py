@@ -197,7 +197,7 @@ def test_podman_chain_one_shot_imports_no_subprocess_json_or_re(shims: str, tmp_
         {"type": "portmap", "capabilities": {"portMappings": True},
          "runtimeConfig": {"portMappings": [{"hostPort": 8081, "containerPort": 80, "protocol": "tcp"}]}},
         {"type": "firewall", "backend": ""},
-        {"type": "tuning"}]
+        {"type": "tuning", "dataDir": str(tmp_path / "tuning")}]  # never the machine's /run/cni
     never = ("subprocess", "shutil", "typing", "hashlib", "pyroute2", "asyncio", "multiprocessing", "dataclasses",
              "inspect", *NO_JSON_NO_RE, *NOT_ONE_SHOT)
     prev: object = None
@@ -252,9 +252,10 @@ def test_namespace_plugins_one_shot_import_no_ctypes_contextlib_or_threading(
     chains: list[tuple[str, list[dict[str, object]]]] = [
         ("eth0", [{"type": "ptp", "ipam": ipam("10.74.0.0/24")},
                   {"type": "bandwidth", "ingressRate": 1_000_000, "ingressBurst": 100_000},
-                  {"type": "tuning", "mtu": 1400, "sysctl": {"net.ipv4.conf.eth0.arp_notify": "1"}}]),
+                  {"type": "tuning", "mtu": 1400, "sysctl": {"net.ipv4.conf.eth0.arp_notify": "1"},
+                   "dataDir": str(tmp_path / "tuning")}]),  # state in tmp, never the machine's /run/cni
         ("eth1", [{"type": "macvlan", "master": "spm0", "ipam": ipam("10.74.1.0/24")}]),
-        ("eth2", [{"type": "host-device", "device": "spd1"}]),
+        ("eth2", [{"type": "host-device", "device": "spd1", "dataDir": str(tmp_path / "host-device")}]),
         ("lo", [{"type": "loopback"}]),
     ]
     seen = []
