@@ -30,7 +30,7 @@ FAMILIES = {"inet": 1, "ip": 2, "arp": 3, "netdev": 5, "bridge": 7, "ip6": 10}
 _ENOENT, _ENODEV = 2, 19
 SIOCGIFINDEX = 0x8933
 # what iptables resolves to when it is iptables-nft (Debian's and most distributions' default)
-_NFT_MULTI = "xtables-nft-multi"
+_NFT_MULTI, _LEGACY_MULTI = "xtables-nft-multi", "xtables-legacy-multi"
 
 
 def link_exists(name: str) -> bool | None:
@@ -84,12 +84,21 @@ def nft_object_exists(family: str, table: str, chain: str | None = None) -> bool
     return True
 
 
+def xtables_is_nft(path: str) -> bool | None:
+    """Whether the iptables tool at ``path`` is iptables-nft, by the multi-call binary it resolves
+    to (the Debian/upstream layout: iptables -> ... -> xtables-{nft,legacy}-multi); None when
+    its name does not say (only running it can)."""
+    if os.sep not in path:
+        return None  # not found on PATH
+    multi = os.path.basename(os.path.realpath(path))
+    return True if multi == _NFT_MULTI else False if multi == _LEGACY_MULTI else None
+
+
 def iptables_is_nft(ipv6: bool = False) -> bool:
     """Whether the ``iptables`` (``ip6tables``) a plugin would run is iptables-nft."""
     from pycni.net.tools import find_tool
 
-    path = find_tool("ip6tables" if ipv6 else "iptables")
-    return os.path.basename(os.path.realpath(path)) == _NFT_MULTI if os.sep in path else False
+    return xtables_is_nft(find_tool("ip6tables" if ipv6 else "iptables")) is True
 
 
 def iptables_chain_exists(table: str, chain: str, ipv6: bool = False) -> bool | None:

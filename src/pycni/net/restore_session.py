@@ -241,11 +241,11 @@ def _is_nft(path: str) -> bool:
     ident = (path, st.st_dev, st.st_ino, st.st_mtime_ns)
     known = _nft_binaries.get(ident)
     if known is None:
-        # The Debian/upstream layout: iptables-restore -> ... -> xtables-{nft,legacy}-multi;
-        # asking its --version (a process) only when the name does not say.
-        multi = os.path.basename(os.path.realpath(path))
-        if multi in ("xtables-nft-multi", "xtables-legacy-multi"):
-            known = _nft_binaries[ident] = multi == "xtables-nft-multi"
+        from pycni.net.probe import xtables_is_nft
+
+        named = xtables_is_nft(path)  # its --version (a process) only when the name does not say
+        if named is not None:
+            known = _nft_binaries[ident] = named
             return known
         from pycni.net.tools import run_tool
 
