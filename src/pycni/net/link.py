@@ -26,7 +26,12 @@ from pycni.spec.validate import IFNAMSIZ
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
+
+    # (answer, leave): answer() is None while a link deletion's request runs, then True or the
+    # kernel's refusal; leave() lets it finish on its own (see _delete_until_unlisted)
+    Carrier = tuple[Callable[[], BaseException | bool | None], Callable[[], None]]
 
 _UNSET: Any = ...  # sentinel: "leave this attribute alone" (None means "detach" for master)
 
@@ -302,27 +307,38 @@ def _delete_until_unlisted(index: int) -> None:
     """
     import time
 
-    if len(os.listdir("/proc/self/task")) > 1:  # other threads: fork is not safe here
-        outcome: list[BaseException | None] = []
+    # other threads (the daemon): fork is not safe, and the process's exit is not the call's
+    carrier = _carry_in_thread if len(os.listdir("/proc/self/task")) > 1 else _carry_in_child
+    answer, leave = carrier(index)
+    pause = 0.0002
+    while (got := answer()) is None:
+        if not _index_listed(index):
+            leave()
+            return
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.002)
+    if isinstance(got, BaseException):
+        raise got
 
-        def carry() -> None:
-            try:
-                with _NlIPRoute() as sock:  # its own socket: the call's belongs to the caller's thread
-                    sock.link("del", index=index)
-                outcome.append(None)
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                outcome.append(e)
 
-        import _thread
+def _carry_in_thread(index: int) -> Carrier:
+    import _thread
 
-        _thread.start_new_thread(carry, ())  # a new thread starts in this thread's namespace
-        pause = 0.0002
-        while not outcome and _index_listed(index):
-            time.sleep(pause)
-            pause = min(pause * 1.5, 0.002)
-        if outcome and outcome[0] is not None:
-            raise outcome[0]
-        return
+    outcome: list[BaseException | bool] = []
+
+    def carry() -> None:
+        try:
+            with _NlIPRoute() as sock:  # its own socket: the call's belongs to the caller's thread
+                sock.link("del", index=index)
+            outcome.append(True)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            outcome.append(e)
+
+    _thread.start_new_thread(carry, ())  # a new thread starts in this thread's namespace
+    return (lambda: outcome[0] if outcome else None), (lambda: None)
+
+
+def _carry_in_child(index: int) -> Carrier:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child: the request, then its errno as the exit status
         code = 1
@@ -339,23 +355,24 @@ def _delete_until_unlisted(index: int) -> None:
                 code = (e.errno or 1) & 0xFF
         finally:
             os._exit(code)
-    from pycni.net.tools import forget_child
 
-    pause = 0.0002
-    while True:
+    def answer() -> BaseException | bool | None:
         done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            if code:
-                from pycni.net.nl import NetlinkError
+        if not done:
+            return None
+        code = os.waitstatus_to_exitcode(status)
+        if not code:
+            return True
+        from pycni.net.nl import NetlinkError
 
-                raise NetlinkError(code if code > 0 else errno.EINTR)
-            return
-        if not _index_listed(index):
-            forget_child(pid)  # its exit is the kernel's teardown; reaped later
-            return
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.002)
+        return NetlinkError(code if code > 0 else errno.EINTR)
+
+    def leave() -> None:
+        from pycni.net.tools import forget_child
+
+        forget_child(pid)  # its exit is the kernel's teardown; reaped later
+
+    return answer, leave
 
 
 def move_link_to_netns(name: str | int, netns_fd: int, new_name: str | None = None) -> None:
