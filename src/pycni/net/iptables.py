@@ -106,7 +106,8 @@ _sessions = False
 
 def keep_sessions(on: bool = True) -> None:
     """Have this process's ``--noflush`` restores reuse long-lived processes (a daemon's choice:
-    a one-shot plugin must leave no process behind)."""
+    a one-shot plugin keeps none; its restore is left only to finish its exit, see
+    :func:`pycni.net.restore_session.apply_once`)."""
     global _sessions
     _sessions = on
 
