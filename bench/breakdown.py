@@ -102,13 +102,8 @@ _orphans_of: list[tuple[Sample, set[int]]] = []  # one-shot calls' leftovers, no
 
 def settle_orphans() -> None:
     """Wait for what the one-shot calls left to end alone; add its CPU to their "procs"."""
-    import contextlib
-
     for sample, pids in _orphans_of:
-        for pid in pids:
-            with contextlib.suppress(ChildProcessError):
-                _, _, ru = os.wait4(pid, 0)
-                sample["procs"] += (ru.ru_utime + ru.ru_stime) * 1e3
+        sample["procs"] += orphans.wait(pids) * 1e3
     _orphans_of.clear()
 
 

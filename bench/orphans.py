@@ -35,14 +35,19 @@ def children() -> set[int]:
     return pids
 
 
-def reap(keep: set[int] | frozenset[int] = frozenset()) -> float:
-    """Wait for every child not in ``keep`` (the adopted orphans: they end within milliseconds);
-    their CPU seconds (also added to this process's RUSAGE_CHILDREN by the wait)."""
+def wait(pids: set[int]) -> float:
+    """Wait for these children (adopted orphans end within milliseconds); their CPU seconds
+    (also added to this process's RUSAGE_CHILDREN by the wait)."""
     total = 0.0
-    for pid in sorted(children() - set(keep)):
+    for pid in sorted(pids):
         try:
             _, _, ru = os.wait4(pid, 0)
         except ChildProcessError:
             continue
         total += ru.ru_utime + ru.ru_stime
     return total
+
+
+def reap(keep: set[int] | frozenset[int] = frozenset()) -> float:
+    """:func:`wait` for every child not in ``keep``."""
+    return wait(children() - set(keep))
