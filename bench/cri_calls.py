@@ -21,14 +21,10 @@ Each variant runs in its own throwaway host namespace.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import uuid
 from typing import Any
 
@@ -36,9 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests"), os.path.dirname(os.path.abspath(__file__))]
 
 from cri.kubeadm import kubeadm_conflist  # noqa: E402
-from plugins import GO_PLUGINS, PATH_ENV, spawn  # noqa: E402
-
-from pycni.plugins.registry import install  # noqa: E402
+from plugins import PATH_ENV, PerCallBench, spawn  # noqa: E402
 
 LOOPBACK_NET = {"cniVersion": "0.3.1", "name": "cni-loopback", "type": "loopback"}
 
@@ -52,35 +46,14 @@ def chain(data_dir: str) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--socket", default="off", help="PYCNI_SOCKET for ours (default: one-shot)")
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME=BINDIR",
-                    help="another plugin directory to measure beside (e.g. an older tree's executables)")
-    opts = ap.parse_args(argv)
-    if os.geteuid() != 0:
-        sys.exit("needs root (network namespaces)")
-    tmp = tempfile.mkdtemp(prefix="pycni-bench-cricalls-")
-    run_id = uuid.uuid4().hex[:6]
-    shims = os.path.join(tmp, "bin")
-    install(shims, daemon=True)
-    variants = {"go": GO_PLUGINS, "ours": shims, **dict(v.split("=", 1) for v in opts.variant)}
-    namespaces: list[str] = []
     cpu: dict[tuple[str, str, str], list[float]] = {}
     order: list[tuple[str, str]] = []
-    try:
-        hosts = {}
-        for v in variants:
-            h = f"cc-bc{run_id}-{v}"
-            subprocess.run(["ip", "netns", "add", h], check=True)
-            namespaces.append(h)
-            hosts[v] = h
+    with PerCallBench(__doc__ or "", "cc-bc", argv) as bench:
+        opts, variants, hosts = bench.opts, bench.variants, bench.hosts
         for r in range(opts.rounds + 1):
             for v, path in variants.items():
-                ctr = f"cc-bc{run_id}-c{v}{r}"
-                subprocess.run(["ip", "netns", "add", ctr], check=True)
-                namespaces.append(ctr)
-                plugins = chain(os.path.join(tmp, v, "ipam"))
+                ctr = bench.new_ns(f"c{v}{r}")
+                plugins = chain(os.path.join(bench.tmp, v, "ipam"))
                 cid = f"{uuid.uuid4().hex}{r}"
                 cni_args = (f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench{r};"
                             f"K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID={uuid.uuid4()}")
@@ -110,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 for p in reversed(plugins):
                     call("Stop", dict(p, prevResult=prev), "DEL", nspath, "eth0")
                 call("Stop", LOOPBACK_NET, "DEL", nspath, "lo")
-                subprocess.run(["ip", "netns", "del", ctr], check=True)
-                namespaces.remove(ctr)
+                bench.del_ns(ctr)
                 for p in reversed(plugins):
                     call("Remove", p, "DEL", "", "eth0")
                 call("Remove", LOOPBACK_NET, "DEL", "", "lo")
@@ -139,10 +111,6 @@ def main(argv: list[str] | None = None) -> int:
                   + " ".join(f"{phase_tot[(phase, v)] * 1e3:7.1f} {phase_tot[(phase, v)] / go:9.2f}" for v in others))
         print(f"{'total':8} {'':16} {tot['go'] * 1e3:7.1f} "
               + " ".join(f"{tot[v] * 1e3:7.1f} {tot[v] / tot['go']:9.2f}" for v in others))
-    finally:
-        for ns in reversed(namespaces):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -68,36 +68,57 @@ def spawn(argv: list[str], env: dict[str, str], stdin: bytes) -> tuple[int, byte
     return os.waitstatus_to_exitcode(status), b"".join(chunks), wall, ru.ru_utime + ru.ru_stime
 
 
+class PerCallBench:
+    """What the per-call CPU benchmarks share (this file's podman chain, bench/cri_calls.py's CRI
+    pod cycle): the options, our shims beside Go's plugins (and any --variant), one host
+    namespace per variant, and cleaning up every namespace and the temporary directory."""
+
+    def __init__(self, description: str, prefix: str, argv: list[str] | None) -> None:
+        ap = argparse.ArgumentParser(description=description.split("\n\n")[0])
+        ap.add_argument("--rounds", type=int, default=7)
+        ap.add_argument("--socket", default="off", help="PYCNI_SOCKET for ours (default: one-shot)")
+        ap.add_argument("--variant", action="append", default=[], metavar="NAME=BINDIR",
+                        help="another plugin directory to measure beside (e.g. an older tree's executables)")
+        self.opts = ap.parse_args(argv)
+        if os.geteuid() != 0:
+            sys.exit("needs root (network namespaces)")
+        self.prefix = f"{prefix}{uuid.uuid4().hex[:6]}"
+        self.run_id = self.prefix[-6:]
+        self.tmp = tempfile.mkdtemp(prefix="pycni-bench-percall-")
+        shims = os.path.join(self.tmp, "bin")
+        install(shims, daemon=True)
+        self.variants = {"go": GO_PLUGINS, "ours": shims, **dict(v.split("=", 1) for v in self.opts.variant)}
+        self.namespaces: list[str] = []
+        self.hosts = {v: self.new_ns(v) for v in self.variants}
+
+    def new_ns(self, suffix: str) -> str:
+        name = f"{self.prefix}-{suffix}"
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        self.namespaces.append(name)
+        return name
+
+    def del_ns(self, name: str) -> None:
+        subprocess.run(["ip", "netns", "del", name], check=True)
+        self.namespaces.remove(name)
+
+    def __enter__(self) -> PerCallBench:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for ns in reversed(self.namespaces):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--socket", default="off", help="PYCNI_SOCKET for ours (default: one-shot)")
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME=BINDIR",
-                    help="another plugin directory to measure beside (e.g. an older tree's executables)")
-    opts = ap.parse_args(argv)
-    if os.geteuid() != 0:
-        sys.exit("needs root (network namespaces)")
-    tmp = tempfile.mkdtemp(prefix="pycni-bench-plugins-")
-    run_id = uuid.uuid4().hex[:6]
-    shims = os.path.join(tmp, "bin")
-    install(shims, daemon=True)
-    variants = {"go": GO_PLUGINS, "ours": shims, **dict(v.split("=", 1) for v in opts.variant)}
-    namespaces: list[str] = []
     cpu: dict[tuple[str, str, str], list[float]] = {}
     failed: set[tuple[str, str, str]] = set()
-    try:
-        hosts = {}
-        for v in variants:
-            h = f"pycni-bp{run_id}-{v}"
-            subprocess.run(["ip", "netns", "add", h], check=True)
-            namespaces.append(h)
-            hosts[v] = h
+    with PerCallBench(__doc__ or "", "pycni-bp", argv) as bench:
+        opts, run_id, variants, hosts = bench.opts, bench.run_id, bench.variants, bench.hosts
         for r in range(opts.rounds + 1):
             for v, path in variants.items():
-                ctr = f"pycni-bp{run_id}-c{v}{r}"
-                subprocess.run(["ip", "netns", "add", ctr], check=True)
-                namespaces.append(ctr)
-                chain = podman_chain(os.path.join(tmp, v, "ipam"))
+                ctr = bench.new_ns(f"c{v}{r}")
+                chain = podman_chain(os.path.join(bench.tmp, v, "ipam"))
                 base_env = {"PATH": PATH_ENV, "CNI_PATH": path, "CNI_CONTAINERID": f"c{r}x{run_id}",
                             "CNI_NETNS": f"/var/run/netns/{ctr}", "CNI_IFNAME": "eth0",
                             "PYCNI_SOCKET": opts.socket}
@@ -137,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                                         "pass"], base_env, b"")
                 if r:
                     cpu.setdefault(("(python -IS -c pass)", "-", v), []).append(t_cpu)
-                subprocess.run(["ip", "netns", "del", ctr], check=True)
-                namespaces.remove(ctr)
+                bench.del_ns(ctr)
         wrap = statistics.median(cpu[("(ip netns exec)", "-", "go")] + cpu[("(ip netns exec)", "-", "ours")])
         print(f"CPU ms per call, median of {opts.rounds}, `ip netns exec` ({wrap * 1e3:.1f} ms) subtracted")
         others = [v for v in variants if v != "go"]
@@ -158,10 +178,6 @@ def main(argv: list[str] | None = None) -> int:
                              for v in others) + bad)
         print(f"{'total':22} {'':6} {tot['go'] * 1e3:7.1f} "
               + " ".join(f"{tot[v] * 1e3:7.1f} {tot[v] / tot['go']:9.2f}" for v in others))
-    finally:
-        for ns in reversed(namespaces):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
