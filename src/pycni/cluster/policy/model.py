@@ -32,6 +32,13 @@ def _fail(path: str, msg: str) -> PolicyError:
     return PolicyError(f"{path}: {msg}" if path else msg)
 
 
+def _only(obj: Mapping[str, Any], allowed: set[str], path: str, hint: str = "") -> None:
+    """Refuse any field of ``obj`` not in ``allowed`` (a typo would otherwise be ignored)."""
+    unknown = set(obj) - allowed
+    if unknown:
+        raise _fail(path, f"unknown field(s) {', '.join(sorted(unknown))}" + (f" ({hint})" if hint else ""))
+
+
 # --- names and labels (Kubernetes' validation rules) -------------------------------------------
 
 def _is_dns_label(s: str, maxlen: int = 63) -> bool:
@@ -162,10 +169,8 @@ def parse_selector(obj: Any, path: str) -> LabelSelector:
         return LabelSelector()
     if not isinstance(obj, Mapping):
         raise _fail(path, f"must be a label selector (matchLabels, matchExpressions), got {obj!r}")
-    unknown = set(obj) - {"matchLabels", "matchExpressions"}
-    if unknown:
-        raise _fail(path, f"unknown field(s) {', '.join(sorted(unknown))} (a selector has matchLabels and"
-                          " matchExpressions; labels go under matchLabels)")
+    _only(obj, {"matchLabels", "matchExpressions"}, path,
+          "a selector has matchLabels and matchExpressions; labels go under matchLabels")
     labels = check_labels(obj.get("matchLabels"), f"{path}.matchLabels")
     exprs_raw = obj.get("matchExpressions") or []
     if not isinstance(exprs_raw, list):
@@ -175,9 +180,7 @@ def parse_selector(obj: Any, path: str) -> LabelSelector:
         p = f"{path}.matchExpressions[{i}]"
         if not isinstance(e, Mapping):
             raise _fail(p, f"must be {{key, operator, values}}, got {e!r}")
-        unknown = set(e) - {"key", "operator", "values"}
-        if unknown:
-            raise _fail(p, f"unknown field(s) {', '.join(sorted(unknown))}")
+        _only(e, {"key", "operator", "values"}, p)
         key = check_label_key(e.get("key"), f"{p}.key")
         op = e.get("operator")
         if op not in OPERATORS:
@@ -313,9 +316,7 @@ class NetworkPolicy:
 def _parse_ip_block(obj: Any, path: str) -> IPBlock:
     if not isinstance(obj, Mapping):
         raise _fail(path, f"must be {{cidr, except}}, got {obj!r}")
-    unknown = set(obj) - {"cidr", "except"}
-    if unknown:
-        raise _fail(path, f"unknown field(s) {', '.join(sorted(unknown))}")
+    _only(obj, {"cidr", "except"}, path)
     raw_cidr: Any = obj.get("cidr")
     try:
         cidr = ipaddress.ip_network(raw_cidr, strict=False)
@@ -342,9 +343,7 @@ def _parse_ip_block(obj: Any, path: str) -> IPBlock:
 def _parse_peer(obj: Any, path: str) -> Peer:
     if not isinstance(obj, Mapping):
         raise _fail(path, f"must be a peer (podSelector, namespaceSelector or ipBlock), got {obj!r}")
-    unknown = set(obj) - {"podSelector", "namespaceSelector", "ipBlock"}
-    if unknown:
-        raise _fail(path, f"unknown field(s) {', '.join(sorted(unknown))}")
+    _only(obj, {"podSelector", "namespaceSelector", "ipBlock"}, path)
     if not obj:
         raise _fail(path, "must name podSelector, namespaceSelector or ipBlock (an empty peer matches nothing"
                           " Kubernetes accepts); to allow every source leave out 'from'/'to'")
@@ -362,9 +361,7 @@ def _parse_peer(obj: Any, path: str) -> Peer:
 def _parse_port(obj: Any, path: str) -> PolicyPort:
     if not isinstance(obj, Mapping):
         raise _fail(path, f"must be {{protocol, port, endPort}}, got {obj!r}")
-    unknown = set(obj) - {"protocol", "port", "endPort"}
-    if unknown:
-        raise _fail(path, f"unknown field(s) {', '.join(sorted(unknown))}")
+    _only(obj, {"protocol", "port", "endPort"}, path)
     proto = obj.get("protocol") or "TCP"
     if proto not in PROTOCOLS:
         raise _fail(f"{path}.protocol", f"must be one of {', '.join(PROTOCOLS)} (upper case), got {proto!r}")
@@ -400,10 +397,7 @@ def _parse_rules(obj: Any, path: str, peers_key: str) -> tuple[Rule, ...]:
             r = {}
         if not isinstance(r, Mapping):
             raise _fail(p, f"must be a rule ({peers_key}, ports), got {r!r}")
-        unknown = set(r) - {peers_key, "ports"}
-        if unknown:
-            raise _fail(p, f"unknown field(s) {', '.join(sorted(unknown))} (a rule here has {peers_key!r} and"
-                           " 'ports')")
+        _only(r, {peers_key, "ports"}, p, f"a rule here has {peers_key!r} and 'ports'")
         peers_raw = r.get(peers_key) or []
         ports_raw = r.get("ports") or []
         if not isinstance(peers_raw, list):
@@ -436,9 +430,7 @@ def parse_policy(obj: Any, default_namespace: str = "default") -> NetworkPolicy:
         spec = {}
     if not isinstance(spec, Mapping):
         raise _fail("spec", f"must be a map, got {spec!r}")
-    unknown = set(spec) - {"podSelector", "policyTypes", "ingress", "egress"}
-    if unknown:
-        raise _fail("spec", f"unknown field(s) {', '.join(sorted(unknown))}")
+    _only(spec, {"podSelector", "policyTypes", "ingress", "egress"}, "spec")
     selector = parse_selector(spec.get("podSelector"), "spec.podSelector")
     ingress = _parse_rules(spec.get("ingress"), "spec.ingress", "from")
     egress = _parse_rules(spec.get("egress"), "spec.egress", "to")
