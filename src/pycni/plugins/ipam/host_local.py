@@ -44,7 +44,6 @@ from pycni.spec.errors import (
     invalid_config,
 )
 from pycni.spec.types import DNS, IPConfig, Result, Route
-from pycni.spec.validate import validate_network_name
 from pycni.spec.version import greater_than_or_equal
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
@@ -85,12 +84,9 @@ def parse_conf(args: CmdArgs) -> HostLocalConf:
     """The config as the reference's LoadIPAMConfig reads it, checked whole before any change."""
     conf = args.conf()
     ipam = netconf.ipam_section(conf, "host-local reads its settings from the \"ipam\" object of the network config")
-    name = netconf.lookup(conf, "name")
-    if not isinstance(name, str):
-        raise invalid_config("missing network name", "the network config needs a \"name\": "
-                       "host-local keeps its reservations in <dataDir>/<name>")
-    validate_network_name(name)
-    cfg = HostLocalConf(name=name, data_dir=netconf.get_str(ipam, "dataDir", label="ipam.dataDir"),
+    # skel has refused a missing or invalid name (it becomes part of the store's path)
+    cfg = HostLocalConf(name=netconf.network_name(conf),
+                        data_dir=netconf.get_str(ipam, "dataDir", label="ipam.dataDir"),
                         resolv_conf=netconf.get_str(ipam, "resolvConf", label="ipam.resolvConf"))
     if args.command in ("ADD", "CHECK"):
         _parse_ranges(conf, ipam, args.args, cfg)
