@@ -151,31 +151,57 @@ def _startup(python: str, code: str, rounds: int) -> Sample:
 # ---- the floor: the kernel work alone ----------------------------------------------------------
 def floor_cycle(host: str, ctr: str, i: int) -> float:
     """The cycle's kernel operations, no plugin logic, in this process: seconds."""
+    ip, tag = f"10.59.0.{10 + i % 200}/16", f"FLOOR-{i}"
+    return floor_add(host, ctr, ip, "10.59.0.1", tag) + floor_del(host, ctr, ip, tag)
+
+
+def _floor_rules(ip: str, tag: str) -> tuple[str, str, str]:
+    """The masquerade chain, its chain and the hostPort chain an ADD writes (the reference's layout)."""
+    from ipaddress import ip_interface
+
+    iface = ip_interface(ip)
+    chain, dn = f"CNI-{tag}", f"CNI-DN-{tag}"
+    masq = (f"*nat\n:{chain} - [0:0]\n-A {chain} -d {iface.network} -j ACCEPT\n"
+            f"-A {chain} ! -d 224.0.0.0/4 -j MASQUERADE\n-A POSTROUTING -s {iface.ip} -j {chain}\nCOMMIT\n")
+    pm = (f"*nat\n:{dn} - [0:0]\n-A {dn} -p tcp --dport 8080 -j DNAT --to-destination {iface.ip}:80\n"
+          f"-I CNI-HOSTPORT-DNAT -p tcp -m multiport --dports 8080 -j {dn}\nCOMMIT\n")
+    return masq, pm, chain
+
+
+def floor_add(host: str, ctr: str, ip: str, gw: str, tag: str, bridge: str = "cni0") -> float:
+    """An ADD's kernel operations alone (veth into the container, enslave, address, route, the
+    masquerade and hostPort commits), in this process: seconds. ``tag`` names its chains."""
     from ipaddress import ip_interface
 
     from pycni.net import addr, link, route, veth
 
-    host_path, ctr_path = f"/var/run/netns/{host}", f"/var/run/netns/{ctr}"
-    ip = ip_interface(f"10.59.0.{10 + i % 200}/16")
-    chain = f"CNI-FLOOR-{i}"
-    masq = (f"*nat\n:{chain} - [0:0]\n-A {chain} -d 10.59.0.0/16 -j ACCEPT\n"
-            f"-A {chain} ! -d 224.0.0.0/4 -j MASQUERADE\n-A POSTROUTING -s {ip.ip} -j {chain}\nCOMMIT\n")
-    dn = f"CNI-DN-FLOOR-{i}"
-    pm = (f"*nat\n:{dn} - [0:0]\n-A {dn} -p tcp --dport 8080 -j DNAT --to-destination {ip.ip}:80\n"
-          f"-I CNI-HOSTPORT-DNAT -p tcp -m multiport --dports 8080 -j {dn}\nCOMMIT\n")
-    with netns.enter(host_path):
+    masq, pm, _ = _floor_rules(ip, tag)
+    with netns.enter(f"/var/run/netns/{host}"):
         t0 = time.perf_counter()
-        veth.setup_veth(ctr_path, "eth0", master=link.require_link("cni0").index)
-        with netns.enter(ctr_path):
-            addr.add_addr("eth0", ip)
+        veth.setup_veth(f"/var/run/netns/{ctr}", "eth0", master=link.require_link(bridge).index)
+        with netns.enter(f"/var/run/netns/{ctr}"):
+            addr.add_addr("eth0", ip_interface(ip))
             link.set_link("eth0", up=True)
-            route.add_route("0.0.0.0/0", gw="10.59.0.1", dev="eth0")
+            route.add_route("0.0.0.0/0", gw=gw, dev="eth0")
         iptables.restore(masq)
         iptables.restore(pm)
+        return time.perf_counter() - t0
+
+
+def floor_del(host: str, ctr: str, ip: str, tag: str) -> float:
+    """What undoes :func:`floor_add`: its rules and chains, then the veth. Seconds."""
+    from ipaddress import ip_interface
+
+    from pycni.net import link
+
+    _, _, chain = _floor_rules(ip, tag)
+    dn = f"CNI-DN-{tag}"
+    with netns.enter(f"/var/run/netns/{host}"):
+        t0 = time.perf_counter()
         iptables.restore(f"*nat\n-D CNI-HOSTPORT-DNAT -p tcp -m multiport --dports 8080 -j {dn}\n"
                          f"-F {dn}\n-X {dn}\nCOMMIT\n")
-        iptables.restore(f"*nat\n-D POSTROUTING -s {ip.ip} -j {chain}\n-F {chain}\n-X {chain}\nCOMMIT\n")
-        with netns.enter(ctr_path):
+        iptables.restore(f"*nat\n-D POSTROUTING -s {ip_interface(ip).ip} -j {chain}\n-F {chain}\n-X {chain}\nCOMMIT\n")
+        with netns.enter(f"/var/run/netns/{ctr}"):
             link.delete_link("eth0")
         return time.perf_counter() - t0
 
