@@ -399,7 +399,7 @@ def case_runtime_cycle(env: Env, rounds: int) -> Row:
                note="ours only: our runtime in-process driving the daemon (no runtime process start)")
 
 
-def case_parallel(env: Env, rounds: int, n: int) -> Row:
+def case_parallel(env: Env, rounds: int, n: int) -> list[Row]:
     """(c): n containers ADDed at once (wall time); DELs afterwards are not timed."""
     nets = {v.name: make_net(env, v, "bridge", f"par{v.name[:2]}", "10.62.0.0/16") for v in env.variants()}
     # One container first: the bridge and the top-level chains exist before the stampede (Go's
@@ -410,11 +410,16 @@ def case_parallel(env: Env, rounds: int, n: int) -> Row:
         net.run("del", "warm", warm, port=29999)
     env.del_ns(warm)
 
+    cpu: dict[str, list[float]] = {v: [] for v in nets}
+
     def step(v: str, r: int) -> float:
         ctrs = [env.new_ns("p") for _ in range(n)]
         jobs = [(f"par{r}-{i}", c) for i, c in enumerate(ctrs)]
         try:
+            cpu0 = env.cpu_seconds(nets[v].variant)
             took = nets[v].run_parallel("add", jobs, port_base=30000)
+            if r:  # after the timing: what the ADDs left to end alone is waited for and counted
+                cpu[v].append((env.cpu_seconds(nets[v].variant) - cpu0) / n)
             nets[v].run_parallel("del", jobs, port_base=30000)
             # The DELs are not timed: what ours left to end alone (the kernel's teardown of 32
             # links, restores' exits) ends before the next timed ADDs, as Go's DELs have waited.
@@ -427,7 +432,9 @@ def case_parallel(env: Env, rounds: int, n: int) -> Row:
     values = paired(rounds, list(nets), step)
     for net in nets.values():
         env.del_ns(net.host)
-    return Row(f"(c) {n} parallel ADDs, wall", "s", values, "one-shot <= 1.0, daemon <= 0.6")
+    return [Row(f"(c) {n} parallel ADDs, wall", "s", values, "one-shot <= 1.0, daemon <= 0.6"),
+            Row("(c) CPU per ADD", "s", cpu, note="runtime + plugins + their tools and what they left to end "
+                "alone (+ the daemon's process tree for the daemon variant)")]
 
 
 def case_host_local(env: Env, rounds: int, reserved: int) -> Row:
@@ -687,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.extend(case_cycle(env, kind, rounds, net))
         if "c" in only:
             log(f"(c) {opts.parallel} parallel ADDs")
-            rows.append(case_parallel(env, max(2, rounds // 3), opts.parallel))
+            rows.extend(case_parallel(env, max(2, rounds // 3), opts.parallel))
         if "d" in only:
             log(f"(d) host-local with {reserved} taken")
             rows.append(case_host_local(env, rounds, reserved))
