@@ -15,10 +15,9 @@ Stdlib only.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 
-from pycni import netconf
+from pycni import ipaddr, netconf
 from pycni.cniargs import load_cni_args
 from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
@@ -49,7 +48,7 @@ def _parse_cidr(value: object, where: str) -> IPInterface:
         raise invalid_config(f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
                    "write addresses as ADDRESS/PREFIX, e.g. 10.10.0.1/24 or 2001:db8::1/64")
     try:
-        return ipaddress.ip_interface(value.strip())
+        return ipaddr.ip_interface(value.strip())
     except ValueError as e:
         raise invalid_config(f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
                    str(e)) from None
@@ -59,7 +58,7 @@ def _parse_ip(value: object, where: str) -> IPAddress:
     if not isinstance(value, str):
         raise invalid_config(f"invalid {where}: {value!r}", "expected an IP address string")
     try:
-        return ipaddress.ip_address(value.strip())
+        return ipaddr.ip_address(value.strip())
     except ValueError as e:
         raise invalid_config(f"invalid {where}: {value!r}", str(e)) from None
 
