@@ -10,8 +10,6 @@ specific: other IPAM plugins (static) can use them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-
 from pycni import ipaddr, netconf
 from pycni.record import record
 from pycni.spec.errors import INVALID_ENV, CNIError, invalid_config
@@ -19,6 +17,7 @@ from pycni.spec.types import IPAddress, IPNetwork, Route
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Sequence
     from typing import Any
 
 
@@ -145,7 +144,7 @@ def parse_subnet(value: Any) -> IPNetwork:
 
 def parse_range(obj: Any) -> Range:
     """Parse and canonicalize one range object ({subnet, rangeStart?, rangeEnd?, gateway?})."""
-    if not isinstance(obj, Mapping):
+    if not isinstance(obj, dict):  # (decoded JSON; not the Mapping ABC, which needs collections.abc)
         raise RangeError(f"a range must be an object with a \"subnet\", got {obj!r}")
     net = parse_subnet(netconf.lookup(obj, "subnet"))
 

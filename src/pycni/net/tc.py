@@ -16,7 +16,6 @@ plus the burst.
 from __future__ import annotations
 
 import errno
-from collections.abc import Sequence
 
 from pycni import ipaddr
 from pycni.net.errors import kernel_errors
@@ -27,6 +26,7 @@ from pycni.spec.errors import TRY_AGAIN, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
     from pycni.spec.types import IPNetwork

@@ -20,8 +20,6 @@ defaults to the host name. Stdlib only (``_socket``, ``binascii``; ``ssl`` for h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pycni import ipaddr, netconf
 from pycni.cluster.session import QUICK_DEL, clear_failed_add, failed_add, note_add, note_failed_add, session
 from pycni.cluster.settings import ClusterSettings, parse_cluster_settings
@@ -44,6 +42,7 @@ from pycni.spec.types import IPConfig, Result, Route
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 

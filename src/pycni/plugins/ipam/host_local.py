@@ -12,7 +12,6 @@ addresses behind. Stdlib only.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from pycni import ipaddr, netconf
 from pycni.cniargs import load_cni_args
@@ -47,6 +46,7 @@ from pycni.spec.version import greater_than_or_equal
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 # Allocation failures the reference reports with its catch-all code; kept for compatibility.

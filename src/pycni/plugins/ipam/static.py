@@ -15,8 +15,6 @@ Stdlib only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pycni import ipaddr, netconf
 from pycni.cniargs import load_cni_args
 from pycni.record import field, record
@@ -27,6 +25,7 @@ from pycni.spec.version import greater_than_or_equal
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 

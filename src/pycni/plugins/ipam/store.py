@@ -21,13 +21,13 @@ import fcntl
 import os
 import sys
 import time
-from collections.abc import Collection, Iterator
 
 from pycni import ipaddr
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Collection, Iterator
     from typing import Any
 
     from pycni.spec.types import IPAddress

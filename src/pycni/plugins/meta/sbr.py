@@ -17,8 +17,6 @@ interface has in their tables; CHECK verifies the rules and default routes are i
 
 from __future__ import annotations
 
-from functools import partial
-
 from pycni import ipaddr, netconf
 from pycni.record import field, record
 from pycni.rollback import Rollback
@@ -180,7 +178,7 @@ def do_vrf(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: Rollback) -> N
 
     table = vrf_table(conf.vrfname, conf.table, undo)
     lk = link.set_link(ifname, master=conf.vrfname)
-    undo.push(partial(link.set_link, ifname, master=None))
+    undo.push(lambda: link.set_link(ifname, master=None))
     for ip in ips:
         _source_table(conf, undo, ip, lk.index, table)
 
