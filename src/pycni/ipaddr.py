@@ -440,6 +440,19 @@ class IPv6Address(_Address):
 
 # ---- networks ----------------------------------------------------------------------------------
 
+class _cached:  # (lower case: a decorator, like the functools.cached_property it stands for)
+    """A property computed once per instance and kept in its __dict__ (functools.cached_property's job)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.name = fn, fn.__name__
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
 class _Network:
     """What IPv4Network and IPv6Network share: an address with its host bits zero and a prefix length."""
 
@@ -492,11 +505,11 @@ class _Network:
     def prefixlen(self) -> int:
         return self._prefixlen
 
-    @property
+    @_cached
     def hostmask(self) -> Any:
         return self._address_class(self.netmask._ip ^ self._ALL_ONES)
 
-    @property
+    @_cached
     def broadcast_address(self) -> Any:
         return self._address_class(self.network_address._ip | (self.netmask._ip ^ self._ALL_ONES))
 
