@@ -34,7 +34,6 @@ partition does not depose the leader. Namespaces are named ``<prefix>-...`` (def
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import shutil
 import signal
@@ -47,6 +46,7 @@ from typing import Any
 
 from netns_util import Namespace, new_namespace
 
+from pycni import ipaddr
 from pycni.cluster.etcd import Etcd, EtcdError
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
@@ -89,7 +89,7 @@ class EtcdCluster:
         self.size = size
         self.tls = tls  # https client URLs, client certificates required (see make_certs)
         self.ca_cert = self.client_cert = self.client_key = ""
-        self.net = ipaddress.ip_network(subnet)
+        self.net = ipaddr.ip_network(subnet)
         self.prefix = prefix
         self.ifname = ifname
         self.nodes: list[EtcdNode] = []

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 
+from pycni import ipaddr
 from pycni.cluster.ipam import block_for, blocks_of, free_ordinal, usable
 from pycni.cluster.model import Block, cidr_key, key_cidr
 from pycni.ipranges import parse_range_set
@@ -45,10 +45,10 @@ def test_free_ordinal_skips_reserved_and_taken_round_robin() -> None:
 
 
 def test_block_json_roundtrip_and_keys() -> None:
-    b = Block(cidr=ipaddress.ip_network("fd00::40/122"), node="n2", allocations={5: "c/eth0"}, next=6)
+    b = Block(cidr=ipaddr.ip_network("fd00::40/122"), node="n2", allocations={5: "c/eth0"}, next=6)
     again = Block.from_json(b.to_json(), 7)
     assert again.allocations == {5: "c/eth0"} and again.next == 6 and again.mod_revision == 7
     assert str(again.ip(5)) == "fd00::45"
     assert cidr_key(b.cidr) == "fd00::40-122" and key_cidr("fd00::40-122") == b.cidr
     rs = parse_range_set([{"subnet": "fd00::/64"}])
-    assert block_for(rs, 122, ipaddress.ip_address("fd00::45")) == (b.cidr, rs[0])
+    assert block_for(rs, 122, ipaddr.ip_address("fd00::45")) == (b.cidr, rs[0])

@@ -4,11 +4,11 @@ same behaviour against a real 3-member etcd is in tests/test_cluster_ipam.py."""
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 
 import pytest
 
+from pycni import ipaddr
 from pycni.cluster.etcd import EtcdCompacted, EtcdUnavailable, TxnResult
 from pycni.cluster.ipam import ClusterStore, IpamError
 from pycni.cluster.kv import if_absent, if_created, if_mod, if_value, if_version, op_delete, op_get, op_put
@@ -112,7 +112,7 @@ def test_lease_revoke_deletes_its_keys_in_one_revision() -> None:
 
 def test_keys_round_trip_and_stored_bytes() -> None:
     keys = Keys("/pycni/")
-    cidr = ipaddress.ip_network("10.90.0.64/26")
+    cidr = ipaddr.ip_network("10.90.0.64/26")
     assert keys.block("net", cidr) == "/pycni/ipam/blocks/net/10.90.0.64-26"
     assert keys.affinity("n1", "net", cidr) == "/pycni/ipam/affinity/n1/net/10.90.0.64-26"
     assert keys.handle("net", "c1", "eth0") == "/pycni/ipam/handles/net/c1/eth0"

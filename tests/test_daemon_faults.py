@@ -15,7 +15,6 @@ IPAM store are in temporary directories.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import random
@@ -33,6 +32,7 @@ from daemon_proc import WAIT, DaemonProc, alive, children_of, needs_privileges, 
 from netns_util import Namespace
 from plugin_util import run
 
+from pycni import ipaddr
 from pycni.daemon import protocol
 from pycni.plugins.registry import install
 
@@ -133,7 +133,7 @@ class Setup:
         out = []
         for name in (os.listdir(d) if d.exists() else []):
             try:
-                ipaddress.ip_address(name)
+                ipaddr.ip_address(name)
             except ValueError:
                 continue
             out.append(name)

@@ -9,7 +9,6 @@ the machine's own namespace; dnsmasq and the daemon are killed in teardown.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ import pytest
 from netns_util import Namespace
 from plugin_util import run
 
+from pycni import ipaddr
 from pycni.plugins.ipam.dhcp import message as M
 from pycni.plugins.ipam.dhcp.daemon import client_options, parse_duration
 from pycni.plugins.ipam.dhcp.lease import Lease, Timing
@@ -35,7 +35,7 @@ from pycni.spec.errors import CNIError
 
 SERVER_IP = "10.77.0.1"
 HOST_IP = "10.77.0.254"
-RANGE = (ipaddress.IPv4Address("10.77.0.100"), ipaddress.IPv4Address("10.77.0.150"))
+RANGE = (ipaddr.IPv4Address("10.77.0.100"), ipaddr.IPv4Address("10.77.0.150"))
 T1 = 3  # dnsmasq's minimum lease is 2 minutes; T1/T2 options make it ask for renewal early
 T2 = 6
 DAEMON_TIMEOUT = "3s"
@@ -210,7 +210,7 @@ def _attach(net: DHCPNet, container: Namespace, port: str) -> str:
 
 
 def _in_range(addr: str) -> bool:
-    ip = ipaddress.IPv4Address(addr.split("/")[0])
+    ip = ipaddr.IPv4Address(addr.split("/")[0])
     return RANGE[0] <= ip <= RANGE[1]
 
 
@@ -626,7 +626,7 @@ def test_daemon_starts_from_forwarding_shim(host_ns: Namespace, tmp_path: Path) 
 def test_message_roundtrip_and_options() -> None:
     routes121 = bytes([24, 10, 1, 2, 10, 77, 0, 9, 0, 10, 77, 0, 1, 32, 192, 168, 1, 1, 0, 0, 0, 0])
     search = b"\x01a\x07example\x03org\x00\x01b\xc0\x02"
-    msg = M.Message(op=M.BOOTREPLY, xid=0x1234, yiaddr=ipaddress.IPv4Address("10.77.0.5"), chaddr=b"\x02" * 6,
+    msg = M.Message(op=M.BOOTREPLY, xid=0x1234, yiaddr=ipaddr.IPv4Address("10.77.0.5"), chaddr=b"\x02" * 6,
                     options={M.OPT_MESSAGE_TYPE: bytes([M.ACK]), M.OPT_SUBNET_MASK: bytes([255, 255, 0, 0]),
                              M.OPT_ROUTER: bytes([10, 77, 0, 1, 10, 77, 0, 2]), M.OPT_CLASSLESS_ROUTE: routes121,
                              M.OPT_DOMAIN_SEARCH: search, M.OPT_LEASE_TIME: (120).to_bytes(4, "big"),
@@ -645,11 +645,11 @@ def test_message_roundtrip_and_options() -> None:
 def test_result_prefers_classless_routes() -> None:
     from pycni.plugins.ipam.dhcp.client import Binding, ClientOptions
 
-    ack = M.Message(op=M.BOOTREPLY, yiaddr=ipaddress.IPv4Address("10.77.0.5"),
+    ack = M.Message(op=M.BOOTREPLY, yiaddr=ipaddr.IPv4Address("10.77.0.5"),
                     options={M.OPT_SUBNET_MASK: bytes([255, 255, 255, 0]), M.OPT_ROUTER: bytes([10, 77, 0, 1]),
                              M.OPT_CLASSLESS_ROUTE: bytes([16, 10, 9, 10, 77, 0, 7, 24, 10, 77, 1, 0, 0, 0, 0])})
     lease = Lease("k", "c", "n", "/nonexistent", "eth0", ClientOptions(client_id=b"\0k"), Timing())
-    lease.binding = Binding(ack, ipaddress.IPv4Address(SERVER_IP), b"\0" * 6, b"\1" * 6)
+    lease.binding = Binding(ack, ipaddr.IPv4Address(SERVER_IP), b"\0" * 6, b"\1" * 6)
     res = lease.result("1.1.0")
     assert res["ips"] == [{"address": "10.77.0.5/24", "gateway": "10.77.0.1"}]
     assert res["routes"] == [{"dst": "10.9.0.0/16", "gw": "10.77.0.7"}, {"dst": "10.77.1.0/24", "scope": 253}]

@@ -13,7 +13,6 @@ own faults are in tests/test_daemon_lifecycle.py, cluster-ipam's kill -9 in test
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import random
@@ -29,6 +28,8 @@ import badinput
 import pytest
 from netns_util import Namespace
 from plugin_util import env
+
+from pycni import ipaddr
 
 SEED = int(os.environ.get(badinput.SEED_ENV, badinput.DEFAULT_SEED))
 KILLS = int(os.environ.get("PYCNI_FAULT_KILLS", "12"))  # kill -9 trials per chain
@@ -133,7 +134,7 @@ def state(host: Namespace, data: Path) -> dict[str, Any]:
     reservations = []
     for p in (data / "ipam").rglob("*"):
         try:
-            ipaddress.ip_address(p.name)
+            ipaddr.ip_address(p.name)
             reservations.append(p.name)
         except ValueError:
             pass

@@ -426,12 +426,11 @@ def test_long_container_ids_are_released(tmp_path: Path, length: int) -> None:
 def test_store_reads_long_reservations_whole(tmp_path: Path, length: int) -> None:
     """A reservation longer than a page (Go's host-local writes any ID) is read whole: lookups by
     owner, release and GC see it, in a one-shot read and through the index a daemon keeps."""
-    import ipaddress
-
+    from pycni import ipaddr
     from pycni.plugins.ipam.store import Store
 
     cid = "c" * length
-    ip, other = ipaddress.ip_address("10.1.2.2"), ipaddress.ip_address("10.1.2.3")
+    ip, other = ipaddr.ip_address("10.1.2.2"), ipaddr.ip_address("10.1.2.3")
     with Store("testnet", str(tmp_path)) as store, store.locked():
         assert store.reserve(cid, "eth0", ip, "0") and store.reserve(cid + "x", "eth0", other, "0")
         assert (tmp_path / "testnet" / "10.1.2.2").read_bytes() == cid.encode() + b"\r\neth0"
@@ -874,11 +873,10 @@ def test_store_lock_times_out_with_try_again(tmp_path: Path) -> None:
 
 
 def test_store_primitives(tmp_path: Path) -> None:
-    import ipaddress
-
+    from pycni import ipaddr
     from pycni.plugins.ipam.store import Store
 
-    a = ipaddress.ip_address("10.0.0.5")
+    a = ipaddr.ip_address("10.0.0.5")
     with Store("n", str(tmp_path)) as s:
         assert s.last_reserved_ip("0") is None
         assert s.reserve("c1", "eth0", a, "0") is True
@@ -889,7 +887,7 @@ def test_store_primitives(tmp_path: Path) -> None:
         assert s.release_ip(a, "c1", "eth0") is True
         assert s.get_by_id("c1", "eth0") == []
         (tmp_path / "n" / "last_reserved_ip.3").write_text("::ffff:10.0.0.9\n")  # tolerant of odd writers
-        assert s.last_reserved_ip("3") == ipaddress.ip_address("10.0.0.9")
+        assert s.last_reserved_ip("3") == ipaddr.ip_address("10.0.0.9")
         (tmp_path / "n" / "last_reserved_ip.4").write_text("garbage")
         assert s.last_reserved_ip("4") is None
         (tmp_path / "n" / "subdir").mkdir()  # never created by host-local; ignored, not fatal

@@ -10,7 +10,6 @@ others are containers that must reach each other over the bridge (ping).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import uuid
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 from netns_util import Namespace
 
+from pycni import ipaddr
 from pycni.spec.types import Result
 
 GO_PLUGIN_DIR = "/usr/lib/cni"
@@ -62,7 +62,7 @@ class Net:
     cache_dir: Path
     data_dir: Path
     bridge: str
-    subnet: ipaddress.IPv4Network
+    subnet: ipaddr.IPv4Network
 
     def cache_file(self, cid: str, ifname: str = "eth0") -> Path:
         return self.cache_dir / "results" / f"{self.name}-{cid}-{ifname}"
@@ -75,7 +75,7 @@ class Net:
         out = []
         for f in os.listdir(store):
             try:
-                out.append(str(ipaddress.ip_address(f)))
+                out.append(str(ipaddr.ip_address(f)))
             except ValueError:
                 continue
         return out
@@ -87,7 +87,7 @@ def make_net(tmp_path: Path, version: str, extra_plugins: list[dict[str, Any]] |
     octet = int(tag[:2], 16) % 200 + 20
     net = Net(name=f"interop-{tag}", version=version, conf_dir=tmp_path / "net.d", cache_dir=tmp_path / "cache",
               data_dir=tmp_path / "ipam", bridge=f"br-{tag}",
-              subnet=ipaddress.ip_network(subnet or f"10.{octet}.{int(tag[2:4], 16)}.0/24"))
+              subnet=ipaddr.ip_network(subnet or f"10.{octet}.{int(tag[2:4], 16)}.0/24"))
     net.conf_dir.mkdir(parents=True, exist_ok=True)
     plugins: list[dict[str, Any]] = [{
         "type": "bridge", "bridge": net.bridge, "isGateway": True, "ipMasq": False,
@@ -220,7 +220,7 @@ def test_our_loopback_under_go_libcni(gocnitool: str, host_ns: Namespace, contai
     conf_dir.mkdir()
     (conf_dir / "99-lo.conflist").write_text(json.dumps(
         {"cniVersion": "1.0.0", "name": "lo-net", "plugins": [{"type": "loopback"}]}))
-    net = Net("lo-net", "1.0.0", conf_dir, tmp_path / "cache", tmp_path / "ipam", "", ipaddress.ip_network("::/0"))
+    net = Net("lo-net", "1.0.0", conf_dir, tmp_path / "cache", tmp_path / "ipam", "", ipaddr.ip_network("::/0"))
     go = GoRuntime(gocnitool, host_ns, net, [plugin_dir])
     container_ns.run(["ip", "link", "set", "lo", "down"])
     _, body = go.run("add", "ctr-lo", container_ns.path, ifname="lo")

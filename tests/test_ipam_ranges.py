@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import ipaddress
-
 import pytest
 
+from pycni import ipaddr
 from pycni.ipranges import (
     RangeError,
     address,
@@ -22,7 +21,7 @@ from pycni.ipranges import (
 )
 from pycni.spec.errors import CNIError
 
-ip = ipaddress.ip_address
+ip = ipaddr.ip_address
 
 
 def order(rs, last=None, limit=1000):  # type: ignore[no-untyped-def]

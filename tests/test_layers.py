@@ -1,8 +1,9 @@
 """The rules of docs/architecture.md, checked on the source (relative imports resolved): net/ uses
-only spec/ and the leaf utilities record.py, lockfile.py, jsonlite.py and callscope.py (never the SDK or a plugin),
-spec/ only record.py and jsonlite.py; cluster/ never a plugin, the runtime or the CLI (the plugins
-use it, not the other way round); cli.py no plugin module but the registry; unixsock.py and
-daemon/protocol.py import nothing of pycni's; plugins never decode netlink; no module imports
+only spec/ and the leaf utilities record.py, lockfile.py, jsonlite.py, ipaddr.py and callscope.py
+(never the SDK or a plugin), spec/ only record.py, jsonlite.py and ipaddr.py; cluster/ never a
+plugin, the runtime or the CLI (the plugins use it, not the other way round); cli.py no plugin
+module but the registry; unixsock.py, daemon/protocol.py and ipaddr.py import nothing of pycni's,
+and no module imports the stdlib's ipaddress; plugins never decode netlink; no module imports
 typing or dataclasses at run time; plugins are loaded by type in one place; registry and shim
 form no import cycle."""
 
@@ -14,13 +15,15 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "pycni"
-ALLOWED = {"net": ("pycni.net", "pycni.spec", "pycni.record", "pycni.lockfile", "pycni.jsonlite", "pycni.callscope"),
+ALLOWED = {"net": ("pycni.net", "pycni.spec", "pycni.record", "pycni.lockfile", "pycni.jsonlite", "pycni.callscope",
+                   "pycni.ipaddr"),
            # leaves: the listener both daemons use, and the wire format the shim's forwarding path imports
            "unixsock.py": ("pycni.unixsock",),
            "daemon/protocol.py": ("pycni.daemon.protocol",),
-           "spec": ("pycni.spec", "pycni.record", "pycni.jsonlite"),
+           "ipaddr.py": ("pycni.ipaddr",),  # a leaf: IP values, importing nothing
+           "spec": ("pycni.spec", "pycni.record", "pycni.jsonlite", "pycni.ipaddr"),
            "cluster": ("pycni.cluster", "pycni.spec", "pycni.net", "pycni.record", "pycni.jsonlite", "pycni.lockfile",
-                       "pycni.netconf", "pycni.ipranges", "pycni.statefile")}
+                       "pycni.netconf", "pycni.ipranges", "pycni.statefile", "pycni.ipaddr")}
 
 
 def _package(path: Path) -> str:
@@ -136,6 +139,18 @@ def test_no_typing_at_run_time() -> None:
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             bad.update(f"{path.relative_to(SRC)}:{node.lineno}: {m}" for m in mods
                        if m.split(".")[0] in ("typing", "dataclasses"))
+    assert not bad, sorted(bad)
+
+
+def test_one_kind_of_ip_value() -> None:
+    """IP values are pycni.ipaddr's everywhere (docs/architecture.md): no module imports the stdlib's
+    ipaddress, which pulls functools and collections (~3.4 ms of every one-shot call)."""
+    bad = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad.update(f"{path.relative_to(SRC)}:{node.lineno}" for m in mods if m == "ipaddress")
     assert not bad, sorted(bad)
 
 

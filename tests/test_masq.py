@@ -6,7 +6,6 @@ on the far side (here it runs the server and reports the source address it sees)
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ from netns_util import Namespace
 from plugin_util import ok, run
 from test_portmap import HOST_IP, HOST_IP6, Topo, connect, topo_factory  # noqa: F401
 
+from pycni import ipaddr
 from pycni.net import masq
 from pycni.spec.errors import CNIError
 
@@ -24,8 +24,8 @@ FAR = "192.168.77.2"
 FAR6 = "fd77::2"
 
 
-def addrs(t: Topo, i: int) -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:
-    return [ipaddress.ip_interface(f"{t.cip(i)}/24"), ipaddress.ip_interface(f"{t.cip(i, True)}/64")]
+def addrs(t: Topo, i: int) -> list[ipaddr.IPv4Interface | ipaddr.IPv6Interface]:
+    return [ipaddr.ip_interface(f"{t.cip(i)}/24"), ipaddr.ip_interface(f"{t.cip(i, True)}/64")]
 
 
 def routed_back(t: Topo) -> None:
@@ -98,7 +98,7 @@ def test_teardown_without_addresses_keeps_others(topo_factory: Callable[[int], T
 
 
 def test_nft_layout(host_ns: Namespace) -> None:
-    a = [ipaddress.ip_interface("10.1.0.5/24")]
+    a = [ipaddr.ip_interface("10.1.0.5/24")]
     with host_ns.enter():
         masq.setup_ip_masq("nftables", "net", "cid", "eth0", a)
     text = host_ns.run(["nft", "list", "table", "inet", masq.NFT_TABLE]).stdout
@@ -109,7 +109,7 @@ def test_nft_layout(host_ns: Namespace) -> None:
 
 
 def test_iptables_layout(host_ns: Namespace) -> None:
-    a = [ipaddress.ip_interface("10.1.0.5/24")]
+    a = [ipaddr.ip_interface("10.1.0.5/24")]
     with host_ns.enter():
         masq.setup_ip_masq("iptables", "net", "cid", "eth0", a)
     text = host_ns.run(["iptables-save", "-t", "nat"]).stdout
@@ -121,7 +121,7 @@ def test_iptables_layout(host_ns: Namespace) -> None:
 
 def test_unknown_backend() -> None:
     with pytest.raises(CNIError) as e:
-        masq.setup_ip_masq("pf", "n", "c", "eth0", [ipaddress.ip_interface("10.0.0.1/24")])
+        masq.setup_ip_masq("pf", "n", "c", "eth0", [ipaddr.ip_interface("10.0.0.1/24")])
     assert e.value.code == 7
 
 
@@ -136,7 +136,7 @@ def test_interop_with_go_bridge_ipmasq(netns_factory: Callable[[], Namespace], t
                "ipMasq": True, "ipam": {"type": "host-local", "subnet": "10.22.0.0/24",
                                          "dataDir": str(tmp_path / "ipam")}}
     out = ok(run("bridge", "ADD", netconf, via="exec", host=host, container_id="go-ctr", netns=ctr))
-    ip = ipaddress.ip_interface(out["ips"][0]["address"])
+    ip = ipaddr.ip_interface(out["ips"][0]["address"])
     with host.enter():
         masq.check_ip_masq("iptables", "gonet", "go-ctr", "eth0", [ip])
         masq.teardown_ip_masq("iptables", "gonet", "go-ctr", "eth0", None)
@@ -149,14 +149,14 @@ def test_interop_with_go_bridge_ipmasq(netns_factory: Callable[[], Namespace], t
 def test_iptables_teardown_with_other_addresses_still_cleans_up(host_ns: Namespace) -> None:
     """DEL's fast path removes exactly what ADD made; when the addresses differ it falls back
     to finding the jumps by their target, and a second teardown finds nothing to do."""
-    made = [ipaddress.ip_interface("10.1.0.5/24"), ipaddress.ip_interface("10.1.0.6/24")]
+    made = [ipaddr.ip_interface("10.1.0.5/24"), ipaddr.ip_interface("10.1.0.6/24")]
     with host_ns.enter():
         masq.setup_ip_masq("iptables", "net", "cid-x", "eth0", made)
         masq.setup_ip_masq("iptables", "net", "cid-x", "eth0", made)  # a repeated ADD adds no second jump
     saved = host_ns.run(["iptables-save", "-t", "nat"]).stdout
     assert saved.count("-j CNI-") == 2
     with host_ns.enter():
-        masq.teardown_ip_masq("iptables", "net", "cid-x", "eth0", [ipaddress.ip_interface("10.1.0.9/24")])
+        masq.teardown_ip_masq("iptables", "net", "cid-x", "eth0", [ipaddr.ip_interface("10.1.0.9/24")])
         masq.teardown_ip_masq(None, "net", "cid-x", "eth0", made)
     assert "CNI-" not in host_ns.run(["iptables-save", "-t", "nat"]).stdout
 
@@ -164,7 +164,7 @@ def test_iptables_teardown_with_other_addresses_still_cleans_up(host_ns: Namespa
 def test_iptables_setup_over_an_existing_chain(host_ns: Namespace) -> None:
     """The one-restore ADD fails as a whole when the chain exists (a repeated ADD, a Go-made or
     half-made chain); the fallback then rewrites the chain and adds each missing jump once."""
-    a = [ipaddress.ip_interface("10.1.0.5/24")]
+    a = [ipaddr.ip_interface("10.1.0.5/24")]
     chain = masq.chain_name("net", "cid-y")
     comment = masq.iptables_comment("net", "cid-y")
     host_ns.run(["iptables", "-t", "nat", "-N", chain])
@@ -188,7 +188,7 @@ def test_teardown_of_both_backends_creates_nothing(host_ns: Namespace) -> None:
     """A DEL for both backends where neither was used: no error, and no nft table appears."""
     with host_ns.enter():
         masq.teardown_ip_masq(None, "net", "never-added", "eth0", None)
-        masq.teardown_ip_masq(None, "net", "never-added", "eth0", [ipaddress.ip_interface("10.1.0.5/24")])
+        masq.teardown_ip_masq(None, "net", "never-added", "eth0", [ipaddr.ip_interface("10.1.0.5/24")])
     assert masq.NFT_TABLE not in host_ns.run(["nft", "list", "ruleset"]).stdout
     assert "CNI-" not in host_ns.run(["iptables-save", "-t", "nat"]).stdout
 
@@ -196,7 +196,7 @@ def test_teardown_of_both_backends_creates_nothing(host_ns: Namespace) -> None:
 def test_gc_removes_stale_attachments_from_both_layouts(host_ns: Namespace) -> None:
     """GC keeps the valid attachments' rules and removes the others of the network, in both
     layouts, whichever backend made them; another network's rules stay."""
-    a = {cid: [ipaddress.ip_interface(f"10.3.0.{i}/24")] for i, cid in enumerate(("c1", "c2", "c3", "c4"), 5)}
+    a = {cid: [ipaddr.ip_interface(f"10.3.0.{i}/24")] for i, cid in enumerate(("c1", "c2", "c3", "c4"), 5)}
     with host_ns.enter():
         masq.setup_ip_masq("iptables", "net", "c1", "eth0", a["c1"])
         masq.setup_ip_masq("nftables", "net", "c2", "eth0", a["c2"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 import threading
@@ -11,6 +10,7 @@ from collections.abc import Callable
 import pytest
 from netns_util import Namespace
 
+from pycni import ipaddr
 from pycni.net import addr, bridge, iface, link, route, veth
 from pycni.spec.errors import CNIError
 from pycni.spec.types import Result
@@ -79,7 +79,7 @@ def test_addresses(host_ns: Namespace) -> None:
         link.set_link("t0", up=True)
         link.set_link("t1", up=True)
         addr.add_addr("t0", "10.1.2.3/24")
-        addr.add_addr("t0", ipaddress.ip_interface("fd00::3/64"))
+        addr.add_addr("t0", ipaddr.ip_interface("fd00::3/64"))
         addr.add_addr("t0", "10.1.2.3/24", exist_ok=True)
         with pytest.raises(CNIError) as e:
             addr.add_addr("t0", "10.1.2.3/24")
@@ -87,7 +87,7 @@ def test_addresses(host_ns: Namespace) -> None:
         with pytest.raises(CNIError):
             addr.add_addr("missing", "10.1.2.3/24")
         v4 = addr.list_addrs("t0", 4)
-        assert [a.address for a in v4] == [ipaddress.ip_interface("10.1.2.3/24")]
+        assert [a.address for a in v4] == [ipaddr.ip_interface("10.1.2.3/24")]
         assert {str(a.address) for a in addr.list_addrs("t0", 6)} >= {"fd00::3/64"}
         addr.settle_addresses("t0", timeout=5)  # DAD over: nothing tentative any more
         assert not any(a.tentative for a in addr.list_addrs("t0", 6))

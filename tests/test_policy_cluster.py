@@ -12,7 +12,6 @@ returns, and through an agent's restart, and must never get a single packet thro
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import subprocess
@@ -41,6 +40,7 @@ from policy_cases import (
 )
 from policy_probe import EchoServers, probe
 
+from pycni import ipaddr
 from pycni.cluster.model import Keys, PodMeta
 from pycni.cluster.node import DEFAULT_VXLAN_DEVICE, RTPROT_PYCNI
 from pycni.plugins.main import routed
@@ -113,7 +113,7 @@ class Env:
                              if self.log(j).exists())
             raise AssertionError(f"ADD {key} on {self.nodes[i].name}: {outcome.stdout.decode()}\n{logs}")
         res = ok(outcome)
-        addrs = {ipaddress.ip_interface(x["address"]).version: x["address"].split("/")[0] for x in res["ips"]}
+        addrs = {ipaddr.ip_interface(x["address"]).version: x["address"].split("/")[0] for x in res["ips"]}
         self.pods[key] = (pns, addrs)
         self.where[key] = i
         return pns, res

@@ -6,7 +6,6 @@ transaction differ on their own (test_policy_cluster.py runs the agents)."""
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +15,7 @@ from plugin_util import call, ok
 from policy_cases import CASES, KEYS, NAMED_PORTS, PORTS, expected, policies_text, render
 from policy_probe import EchoServers, probe
 
+from pycni import ipaddr
 from pycni.cluster.policy.compile import TABLE, Endpoint, compile_node
 from pycni.cluster.policy.evaluate import Workload
 from pycni.cluster.policy.model import parse_policies
@@ -71,9 +71,9 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
             pns = new_namespace("po-pod")
             made.append(pns)
             res = ok(call(routed.PLUGIN, host, "ADD", cfg, pns, str(bindir), container_id=f"po-{ns_name}-{pod}"))
-            addrs = {ipaddress.ip_interface(i["address"]).version: i["address"].split("/")[0] for i in res["ips"]}
+            addrs = {ipaddr.ip_interface(i["address"]).version: i["address"].split("/")[0] for i in res["ips"]}
             pods[key] = (pns, addrs)
-            w = Workload(ns_name, pod, {"pod": pod}, tuple(ipaddress.ip_address(a) for a in addrs.values()),
+            w = Workload(ns_name, pod, {"pod": pod}, tuple(ipaddr.ip_address(a) for a in addrs.values()),
                          dict(NAMED_PORTS), node=NODE)
             endpoints.append(Endpoint(w, res["interfaces"][0]["name"], "pods"))
         servers = EchoServers(ns for ns, _ in pods.values())

@@ -3,11 +3,10 @@ selectors, and the evaluator against the upstream-style truth tables (tests/poli
 
 from __future__ import annotations
 
-import ipaddress
-
 import pytest
 from policy_cases import CASES, KEYS, NAMED_PORTS, PORTS, expected, policies_text, render
 
+from pycni import ipaddr
 from pycni.cluster.policy.evaluate import Cluster, Workload, decide
 from pycni.cluster.policy.model import (
     LabelSelector,
@@ -19,15 +18,15 @@ from pycni.cluster.policy.model import (
 )
 from pycni.cluster.policy.yamlite import YAMLError, load_all
 
-NODES = {"n1": (ipaddress.ip_address("192.0.2.1"),), "n2": (ipaddress.ip_address("192.0.2.2"),),
-         "n3": (ipaddress.ip_address("192.0.2.3"),)}
+NODES = {"n1": (ipaddr.ip_address("192.0.2.1"),), "n2": (ipaddr.ip_address("192.0.2.2"),),
+         "n3": (ipaddr.ip_address("192.0.2.3"),)}
 
 
 def workloads() -> dict[str, Workload]:
     out = {}
     for i, key in enumerate(KEYS):
         ns, pod = key.split("/")
-        out[key] = Workload(ns, pod, {"pod": pod}, (ipaddress.ip_address(f"10.90.{i}.{i + 10}"),),
+        out[key] = Workload(ns, pod, {"pod": pod}, (ipaddr.ip_address(f"10.90.{i}.{i + 10}"),),
                             dict(NAMED_PORTS), node=f"n{i % 3 + 1}")
     return out
 
@@ -107,8 +106,8 @@ spec:
 
 
 def test_ipv6_ipblock() -> None:
-    a = Workload("x", "a", {"pod": "a"}, (ipaddress.ip_address("10.0.0.1"), ipaddress.ip_address("fd00::1")))
-    b = Workload("y", "b", {"pod": "b"}, (ipaddress.ip_address("10.0.0.2"), ipaddress.ip_address("fd00::2")))
+    a = Workload("x", "a", {"pod": "a"}, (ipaddr.ip_address("10.0.0.1"), ipaddr.ip_address("fd00::1")))
+    b = Workload("y", "b", {"pod": "b"}, (ipaddr.ip_address("10.0.0.2"), ipaddr.ip_address("fd00::2")))
     cluster = Cluster(policies=parse_policies("""
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -119,7 +118,7 @@ spec:
 """))
     assert decide(cluster, b, a, 80, version=4).allowed
     assert not decide(cluster, b, a, 80, version=6).allowed
-    assert decide(cluster, ipaddress.ip_address("fd00::3"), a, 80).allowed
+    assert decide(cluster, ipaddr.ip_address("fd00::3"), a, 80).allowed
 
 
 # --- parsing ---------------------------------------------------------------------------------

@@ -133,11 +133,11 @@ def test_label_and_port_edits() -> None:
 def test_incremental_patch_equals_full_compile() -> None:
     """patch_node (the agent's fast path for endpoint and pod changes) gives exactly what a full
     compile gives, over a random walk of pods appearing, leaving, relabelled and renumbered."""
-    import ipaddress
     import random
 
     from policy_cases import CASES, policies_text
 
+    from pycni import ipaddr
     from pycni.cluster.policy.compile import Endpoint, compile_node, patch_node
     from pycni.cluster.policy.evaluate import Workload
     from pycni.cluster.policy.model import parse_policies
@@ -153,7 +153,7 @@ def test_incremental_patch_equals_full_compile() -> None:
     def make(i: int) -> Endpoint:
         ns = rnd.choice("xyz")
         labels = {"pod": rnd.choice("abcq")} | ({"other": "1"} if rnd.random() < 0.2 else {})
-        ips = (ipaddress.ip_address("10.90.0.1") + i, ipaddress.ip_address("fd90::1") + i)
+        ips = (ipaddr.ip_address("10.90.0.1") + i, ipaddr.ip_address("fd90::1") + i)
         ports = {(f"serve-{p}-{pr.lower()}", pr): p for p in (80, 81) for pr in ("TCP", "UDP") if rnd.random() < 0.7}
         w = Workload(ns, f"p{i}", labels, ips, ports, node=rnd.choice(["n1", "n2"]))
         return Endpoint(w, f"rtd{i:012x}", "net", rnd.random() < 0.1)
@@ -186,18 +186,18 @@ def test_incremental_patch_equals_full_compile() -> None:
 
 def test_member_sets_reused_when_only_policies_change() -> None:
     """compile_node(members_from=...) after policy changes alone equals a compile from nothing."""
-    import ipaddress
     import random
 
     from policy_cases import CASES, NAMED_PORTS, policies_text
 
+    from pycni import ipaddr
     from pycni.cluster.policy.compile import Endpoint, Memo, compile_node
     from pycni.cluster.policy.evaluate import Workload
     from pycni.cluster.policy.model import parse_policies
 
     rnd = random.Random(11)
     eps = [Endpoint(Workload(rnd.choice("xyz"), f"p{i}", {"pod": rnd.choice("abc")},
-                             (ipaddress.ip_address("10.90.0.1") + i,), dict(NAMED_PORTS),
+                             (ipaddr.ip_address("10.90.0.1") + i,), dict(NAMED_PORTS),
                              node=rnd.choice(["n1", "n2"])), f"rtd{i:012x}") for i in range(40)]
     namespaces = {ns: {"ns": ns} for ns in "xyz"}
     addrs = {f"{n}/{p}": "10.90.0.9" for n in "xyz" for p in "abc"}
@@ -216,11 +216,11 @@ def test_policy_patch_equals_full_compile() -> None:
     nothing gives, over a random walk of policies created, replaced and deleted — one or several
     at a time, interleaved with pods appearing (patch_node) as the agent interleaves them, each
     step starting from the previous step's patched result and memo."""
-    import ipaddress
     import random
 
     from policy_cases import CASES, policies_text
 
+    from pycni import ipaddr
     from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_node, patch_policies
     from pycni.cluster.policy.evaluate import Workload
     from pycni.cluster.policy.model import NetworkPolicy, parse_policies
@@ -232,7 +232,7 @@ def test_policy_patch_equals_full_compile() -> None:
 
     def make(i: int) -> Endpoint:
         labels = {"pod": rnd.choice("abcq")} | ({"other": "1"} if rnd.random() < 0.2 else {})
-        ips = (ipaddress.ip_address("10.90.0.1") + i, ipaddress.ip_address("fd90::1") + i)
+        ips = (ipaddr.ip_address("10.90.0.1") + i, ipaddr.ip_address("fd90::1") + i)
         ports = {(f"serve-{p}-{pr.lower()}", pr): p for p in (80, 81) for pr in ("TCP", "UDP") if rnd.random() < 0.7}
         w = Workload(rnd.choice("xyz"), f"p{i}", labels, ips, ports, node=rnd.choice(["n1", "n2"]))
         return Endpoint(w, f"rtd{i:012x}", "net", rnd.random() < 0.1)

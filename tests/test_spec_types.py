@@ -7,7 +7,6 @@ outputs compared.
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import json
 import subprocess
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pycni import ipaddr
 from pycni.spec import errors as E
 from pycni.spec.errors import CNIError
 from pycni.spec.types import DNS, Interface, IPConfig, Result, Route, parse_cidr, parse_ip
@@ -119,12 +119,12 @@ def test_minimal_results_omit_empty_lists() -> None:
 
 def test_route_dst_keeps_host_bits_as_go_does() -> None:
     r = Route.from_dict({"dst": "10.9.0.5/16"})
-    assert r.dst == ipaddress.ip_network("10.9.0.0/16")
+    assert r.dst == ipaddr.ip_network("10.9.0.0/16")
     assert r.to_dict() == {"dst": "10.9.0.5/16"}
     # Changing dst in code drops the stale host part.
-    r.dst = ipaddress.ip_network("172.16.0.0/12")
+    r.dst = ipaddr.ip_network("172.16.0.0/12")
     assert r.to_dict() == {"dst": "172.16.0.0/12"}
-    assert Route(dst=ipaddress.ip_network("10.0.0.0/8")).to_dict() == {"dst": "10.0.0.0/8"}
+    assert Route(dst=ipaddr.ip_network("10.0.0.0/8")).to_dict() == {"dst": "10.0.0.0/8"}
 
 
 def test_interface_index_zero_is_kept() -> None:
@@ -136,7 +136,7 @@ def test_equality_ignores_parse_hints() -> None:
     parsed = Result.from_dict(v04_sample("0.4.0"))
     assert parsed.ips[0] == IPConfig(address=parse_cidr("10.1.0.5/16"), gateway=parse_ip("10.1.0.1"), interface=1)
     assert Result.from_dict({"cniVersion": "1.0.0", "routes": [{"dst": "10.0.0.7/8"}]}).routes[0] == Route(
-        dst=ipaddress.ip_network("10.0.0.0/8"))
+        dst=ipaddr.ip_network("10.0.0.0/8"))
 
 
 def test_missing_cni_version_means_0_1_0() -> None:
@@ -301,7 +301,7 @@ def test_convert_and_copy_are_independent() -> None:
 def test_building_in_code() -> None:
     res = Result(cni_version="1.1.0", interfaces=[Interface(name="eth0", mac="aa:bb:cc:dd:ee:ff", mtu=1500)],
                  ips=[IPConfig(address=parse_cidr("10.0.0.2/24"), gateway=parse_ip("10.0.0.1"), interface=0)],
-                 routes=[Route(dst=ipaddress.ip_network("0.0.0.0/0"), gw=parse_ip("10.0.0.1"), table=5)],
+                 routes=[Route(dst=ipaddr.ip_network("0.0.0.0/0"), gw=parse_ip("10.0.0.1"), table=5)],
                  dns=DNS(nameservers=["10.0.0.1"]))
     assert res.to_dict() == {
         "cniVersion": "1.1.0",

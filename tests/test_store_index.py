@@ -10,7 +10,6 @@ No namespaces: everything lives in tmp_path.
 from __future__ import annotations
 
 import errno
-import ipaddress
 import itertools
 import json
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 from plugin_util import run
 
+from pycni import ipaddr
 from pycni.plugins.ipam import store as store_mod
 from pycni.plugins.ipam.store import Store
 
@@ -73,11 +73,11 @@ def test_changes_behind_its_back(indexed: Store) -> None:
     d = Path(indexed.dir)
     (d / "10.0.0.3").write_bytes(b"b\r\neth0")  # created
     assert check(indexed)["10.0.0.3"] == b"b\r\neth0"
-    assert indexed.get_by_id("b", "eth0") == [ipaddress.ip_address("10.0.0.3")]
+    assert indexed.get_by_id("b", "eth0") == [ipaddr.ip_address("10.0.0.3")]
     with open(d / "10.0.0.3", "r+b") as f:  # rewritten in place: same inode, same size
         f.write(b"c")
     assert check(indexed)["10.0.0.3"] == b"c\r\neth0"
-    assert indexed.get_by_id("b", "eth0") == [] and indexed.get_by_id("c", "eth0") == [ipaddress.ip_address("10.0.0.3")]
+    assert indexed.get_by_id("b", "eth0") == [] and indexed.get_by_id("c", "eth0") == [ipaddr.ip_address("10.0.0.3")]
     (d / "10.0.0.2").unlink()  # deleted
     assert "10.0.0.2" not in check(indexed)
     (d / "10.0.0.3").rename(d / "10.0.0.4")  # renamed
@@ -102,7 +102,7 @@ def test_deleted_and_recreated_under_the_same_name(indexed: Store) -> None:
 
 
 def test_our_own_reserve_and_release(indexed: Store) -> None:
-    a = ipaddress.ip_address("10.0.0.7")
+    a = ipaddr.ip_address("10.0.0.7")
     with indexed.locked():
         assert indexed.reserve("me", "eth1", a, "0")
         assert indexed.get_by_id("me", "eth1") == [a]
@@ -236,8 +236,7 @@ def test_a_reservation_is_never_visible_half_written(tmp_path: Path, monkeypatch
                                                     tmpfile: bool) -> None:
     """A write that dies part-way leaves no reservation file (an empty one no DEL could match), with
     O_TMPFILE + link and with the O_EXCL fallback for file systems without O_TMPFILE."""
-    import ipaddress
-
+    from pycni import ipaddr
     from pycni.plugins.ipam import store as store_mod
 
     if not tmpfile:
@@ -253,7 +252,7 @@ def test_a_reservation_is_never_visible_half_written(tmp_path: Path, monkeypatch
     def dies(fd: int, data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    ip = ipaddress.ip_address("10.9.0.2")
+    ip = ipaddr.ip_address("10.9.0.2")
     with store_mod.Store("net", str(tmp_path)) as st, st.locked():
         monkeypatch.setattr(store_mod, "_write_all", dies)
         with pytest.raises(store_mod.CNIError):

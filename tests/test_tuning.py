@@ -508,3 +508,21 @@ def test_gc_checks_the_valid_list_and_status_is_ready(attachments: Any, code: in
         assert json.loads(out.stdout)["code"] == code
     out = plugin_util.run("tuning", "STATUS", conf, cni_path="/nonexistent")
     assert out.exit_code == 0, out.stdout
+
+
+def test_global_sysctls_match_as_the_regular_expression_did() -> None:
+    """is_global_sysctl (no re on the start path) decides as ``re.match(globs joined by | + \\Z)`` did,
+    for every entry, its neighbours and random names."""
+    import random
+    import re
+
+    pattern = "|".join(re.escape(g).replace(r"\*", "[^/]*") for g in tuning.GLOBAL_SYSCTLS) + r"\Z"
+    rng = random.Random(7)
+    names = ["net/ipv4/conf/eth0/arp_notify", "net/core/somaxconn", "net/", "", "net/core/bpf_jit_/x"]
+    for g in tuning.GLOBAL_SYSCTLS:
+        base = g.replace("*", "")
+        names += [base, base + "x", base + "x/y", base + "/", base[:-1], g, "x" + base, base + "_max"]
+        for _ in range(20):
+            names.append(base + "".join(rng.choice("ab/_*") for _ in range(rng.randrange(6))))
+    for name in names:
+        assert tuning.is_global_sysctl(name) == bool(re.match(pattern, name)), name

@@ -357,9 +357,9 @@ def _cluster_ipam(opts: argparse.Namespace) -> ClusterSettings:
 
 def cmd_ipam_list(opts: argparse.Namespace) -> int:
     """One JSON object per allocated address: ip, containerID, ifname, node, network, block."""
-    import ipaddress
     import json
 
+    from pycni import ipaddr
     from pycni.cluster.session import session
 
     cfg = _cluster_ipam(opts)
@@ -368,9 +368,9 @@ def cmd_ipam_list(opts: argparse.Namespace) -> int:
     for h in sorted(handles, key=lambda h: (h.get("node", ""), h.get("containerID", ""), h.get("ifname", ""))):
         if opts.node and h.get("node") != opts.node:
             continue
-        blocks = [ipaddress.ip_network(b) for b in h.get("blocks", ())]
+        blocks = [ipaddr.ip_network(b) for b in h.get("blocks", ())]
         for text in h.get("ips", ()):
-            iface = ipaddress.ip_interface(text)
+            iface = ipaddr.ip_interface(text)
             block = next((str(b) for b in blocks if iface.ip in b), "")
             print(json.dumps({"ip": str(iface.ip), "prefixLength": iface.network.prefixlen,
                               "containerID": h.get("containerID"), "ifname": h.get("ifname"),
@@ -380,22 +380,20 @@ def cmd_ipam_list(opts: argparse.Namespace) -> int:
 
 def cmd_ipam_show(opts: argparse.Namespace) -> int:
     """Per pool of NETWORK (its cluster-ipam ranges' subnets) and, with --show-blocks, per block."""
-    import ipaddress
-
+    from pycni import ipaddr
     from pycni.cluster.policy.cli import ipam_show
 
     cfg = _cluster_ipam(opts)
     ipam = next(p.raw["ipam"] for p in _network(_runtime(opts), opts.network).plugins
                 if isinstance(p.raw.get("ipam"), dict) and p.raw["ipam"].get("type") == "cluster-ipam")
-    pools = [ipaddress.ip_network(r["subnet"], strict=False) for rs in ipam.get("ranges") or () for r in rs]
+    pools = [ipaddr.ip_network(r["subnet"], strict=False) for rs in ipam.get("ranges") or () for r in rs]
     return ipam_show(cfg, pools, opts.show_blocks)
 
 
 def cmd_ipam_release(opts: argparse.Namespace) -> int:
     """Free one address, whoever holds it (its handle keeps its other addresses); or, with
     --node, everything a node that is gone for good holds (handles, then its empty blocks)."""
-    import ipaddress
-
+    from pycni import ipaddr
     from pycni.cluster.session import session
 
     if bool(opts.ip) == bool(opts.node):
@@ -408,7 +406,7 @@ def cmd_ipam_release(opts: argparse.Namespace) -> int:
         print(f"released {len(handles)} attachment(s) and {len(blocks)} block(s) of node {opts.node}")
         return 0
     try:
-        ip = ipaddress.ip_address(opts.ip)
+        ip = ipaddr.ip_address(opts.ip)
     except ValueError:
         raise invalid_config(f"invalid --ip {opts.ip!r}", "give one address, e.g. --ip 10.90.0.5") from None
     cfg = _cluster_ipam(opts)

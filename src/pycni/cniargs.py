@@ -9,9 +9,11 @@ its user typed as cnitool does (:func:`runtime_args`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from pycni.spec.errors import INVALID_ENV, CNIError
+
+TYPE_CHECKING = False  # not typing's: this module is on plugins' one-shot start path
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 
 def _pairs(raw: str) -> list[tuple[str, str, str]]:

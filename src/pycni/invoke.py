@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
 
 from pycni import jsonlite as json
 from pycni.spec.errors import DECODE_FAILURE, INVALID_ENV, IO_FAILURE, TRY_AGAIN, UNKNOWN, CNIError, invalid_config
@@ -22,6 +21,7 @@ from pycni.spec.version import CURRENT_VERSION
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
     from pycni.skel import CmdArgs
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 # the default; an in-process runner (pycni.shim.run_delegate: the one-shot shim and the daemon
 # inject it through skel.dispatch) runs our own plugins without a new interpreter, as libcni's
 # invoke.Exec lets a caller replace exec.
-Runner = Callable[[str, bytes, Mapping[str, str]], bytes]
+if TYPE_CHECKING:  # (a type-only alias: collections.abc stays off the start path)
+    Runner = Callable[[str, bytes, Mapping[str, str]], bytes]
 
 # Variables a plugin inherits from its caller's environment besides the CNI_* ones.
 CNI_ENV_KEYS = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")

@@ -9,8 +9,6 @@ and it cannot serve ADD when its IPAM cannot.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pycni import invoke
 from pycni.netconf import ipam_type, valid_attachments
 from pycni.skel import CmdArgs
@@ -21,6 +19,7 @@ __all__ = ["ipam_type", "require_ipam", "locate", "add", "delete", "check", "gc"
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 

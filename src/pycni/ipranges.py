@@ -10,20 +10,16 @@ specific: other IPAM plugins (static) can use them.
 
 from __future__ import annotations
 
-import ipaddress
-from collections.abc import Iterator, Mapping, Sequence
-
-from pycni import netconf
+from pycni import ipaddr, netconf
 from pycni.record import record
 from pycni.spec.errors import INVALID_ENV, CNIError, invalid_config
-from pycni.spec.types import Route
+from pycni.spec.types import IPAddress, IPNetwork, Route
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Sequence
     from typing import Any
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class RangeError(ValueError):
@@ -37,8 +33,8 @@ def parse_ip(text: str) -> IPAddress:
     """Parse an address as Go's net.ParseIP does, IPv4-mapped IPv6 folded to IPv4."""
     if not isinstance(text, str) or not text or "%" in text:
         raise ValueError(f"invalid IP address {text!r}")
-    addr = ipaddress.ip_address(text)  # raises ValueError
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+    addr = ipaddr.ip_address(text)  # raises ValueError
+    if isinstance(addr, ipaddr.IPv6Address) and addr.ipv4_mapped is not None:
         return addr.ipv4_mapped
     return addr
 
@@ -51,7 +47,7 @@ def parse_ip_with_prefix(text: str) -> tuple[IPAddress, int | None]:
         if not text.rpartition("/")[2].isdigit():  # Go takes a prefix length, not a netmask
             raise ValueError(f"invalid IP address {text}")
         try:
-            iface = ipaddress.ip_interface(text)
+            iface = ipaddr.ip_interface(text)
         except ValueError:
             raise ValueError(f"invalid IP address {text}") from None
         return parse_ip(str(iface.ip)), iface.network.prefixlen
@@ -127,12 +123,12 @@ def parse_subnet(value: Any) -> IPNetwork:
     if not isinstance(value, str) or not value:
         raise RangeError(f"subnet must be a CIDR string such as \"10.1.0.0/16\", got {value!r}")
     try:
-        iface = ipaddress.ip_interface(value)
+        iface = ipaddr.ip_interface(value)
     except ValueError:
         raise RangeError(f"invalid CIDR address: {value}") from None
     if not value.rpartition("/")[2].isdigit():
         raise RangeError(f"invalid CIDR address: {value} (the prefix must be a length such as /24)")
-    if isinstance(iface, ipaddress.IPv6Interface) and iface.ip.ipv4_mapped is not None:
+    if isinstance(iface, ipaddr.IPv6Interface) and iface.ip.ipv4_mapped is not None:
         raise RangeError(f"subnet {value}: use plain IPv4 notation for IPv4 subnets")
     net = iface.network
     if net.prefixlen == 0:  # Go accepts it and hands out 0.0.0.2/0: a route to everywhere
@@ -148,7 +144,7 @@ def parse_subnet(value: Any) -> IPNetwork:
 
 def parse_range(obj: Any) -> Range:
     """Parse and canonicalize one range object ({subnet, rangeStart?, rangeEnd?, gateway?})."""
-    if not isinstance(obj, Mapping):
+    if not isinstance(obj, dict):  # (decoded JSON; not the Mapping ABC, which needs collections.abc)
         raise RangeError(f"a range must be an object with a \"subnet\", got {obj!r}")
     net = parse_subnet(netconf.lookup(obj, "subnet"))
 
@@ -249,7 +245,7 @@ def candidates(rs: Sequence[Range], last_reserved: IPAddress | None) -> Iterator
 
 def address(version: int, value: int) -> IPAddress:
     """The IPv4 or IPv6 address with integer ``value``."""
-    return ipaddress.IPv4Address(value) if version == 4 else ipaddress.IPv6Address(value)
+    return ipaddr.IPv4Address(value) if version == 4 else ipaddr.IPv6Address(value)
 
 
 # ---- requested addresses ------------------------------------------------------------------

@@ -20,14 +20,13 @@ Go plugin decodes into a struct through these readers (or ``gokeys.lookup``), ne
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pycni.spec.errors import INCOMPATIBLE_VERSION, CNIError, invalid_config
 from pycni.spec.gokeys import has, lookup
 from pycni.spec.validate import is_colon_mac
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
     from pycni.spec.types import Result

@@ -12,11 +12,10 @@ step still runs::
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from types import TracebackType
-
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import TracebackType
     from typing import Any
 
 

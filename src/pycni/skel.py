@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
 
 from pycni import callscope
 from pycni import jsonlite as json
@@ -36,6 +35,7 @@ from pycni.spec.version import ALL_VERSIONS, check_supported, greater_than_or_eq
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
     from pycni.invoke import Runner
@@ -86,7 +86,8 @@ class CmdArgs:
         return conf if conf is not None else load_conf(self.stdin_data)
 
 
-Handler = Callable[[CmdArgs], "Result | None"]
+if TYPE_CHECKING:  # (a type-only alias: collections.abc stays off the start path)
+    Handler = Callable[[CmdArgs], "Result | None"]
 
 
 @record

@@ -34,10 +34,10 @@ stays in flight, so they do not pile up.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import time
 
+from pycni import ipaddr
 from pycni.cluster.kv import if_absent, if_mod, op_delete, op_get, op_put
 from pycni.cluster.model import (
     DEFAULT_PREFIX,
@@ -113,7 +113,7 @@ def blocks_of(rs: RangeSet, prefixlen: int) -> Iterator[tuple[IPNetwork, Range]]
         size = 1 << (r.subnet.max_prefixlen - plen)
         first = int(r.subnet.network_address)
         value = first + ((r.start_int - first) // size) * size
-        cls = ipaddress.IPv4Network if r.version == 4 else ipaddress.IPv6Network
+        cls = ipaddr.IPv4Network if r.version == 4 else ipaddr.IPv6Network
         while value <= r.end_int:
             yield cls((value, plen)), r
             value += size
@@ -124,7 +124,7 @@ def block_for(rs: RangeSet, prefixlen: int, ip: IPAddress) -> tuple[IPNetwork, R
     if r is None:
         return None
     plen = max(prefixlen, r.subnet.prefixlen)
-    return ipaddress.ip_network(f"{ip}/{plen}", strict=False), r
+    return ipaddr.ip_network(f"{ip}/{plen}", strict=False), r
 
 
 @record
@@ -298,7 +298,7 @@ class ClusterStore:
     def _assigned_from(self, handle: dict[str, Any], range_sets: Sequence[RangeSet]) -> list[Assigned]:
         out = []
         for text in handle.get("ips", ()):
-            ip = ipaddress.ip_interface(text).ip
+            ip = ipaddr.ip_interface(text).ip
             for rs in range_sets:
                 r = range_for(rs, ip)
                 if r is not None:
@@ -333,7 +333,7 @@ class ClusterStore:
                 self.lost_races += 1  # the handle appeared (that ADD just committed): release it
                 continue
             handle = handle_from_json(kv.value)
-            cidrs = [ipaddress.ip_network(b) for b in handle.get("blocks", ())]
+            cidrs = [ipaddr.ip_network(b) for b in handle.get("blocks", ())]
             blocks = {b.cidr: b for b in (Block.from_json(k.value, k.mod_revision) for kvs in got for k in kvs)
                       if b.cidr in cidrs}
             missing = [c for c in cidrs if c not in blocks]
@@ -380,7 +380,7 @@ class ClusterStore:
             compare.append(if_mod(hkey, hkv.mod_revision if hkv else 0))
             if hkv is not None:
                 h = handle_from_json(hkv.value)
-                h["ips"] = [t for t in h.get("ips", ()) if ipaddress.ip_interface(t).ip != ip]
+                h["ips"] = [t for t in h.get("ips", ()) if ipaddr.ip_interface(t).ip != ip]
                 if h["ips"]:
                     success.append(op_put(hkey, handle_to_json(h)))
                 else:
@@ -422,7 +422,7 @@ class ClusterStore:
         problems: list[dict[str, Any]] = []
         handles = {f"{h['containerID']}/{h['ifname']}": h for h in self.handles()}
         held: dict[str, set[IPAddress]] = {
-            hid: {ipaddress.ip_interface(t).ip for t in h.get("ips", ())} for hid, h in handles.items()}
+            hid: {ipaddr.ip_interface(t).ip for t in h.get("ips", ())} for hid, h in handles.items()}
         taken: dict[IPAddress, str] = {}
         for b in self.blocks():
             aff = self.kv.get(self.affinity_key(b.cidr, b.node)) if b.node else None
@@ -438,7 +438,7 @@ class ClusterStore:
                     problems.append({"problem": "allocation not in its handle", "ip": str(ip),
                                      "block": str(b.cidr), "handle": owner})
         for hid, ips in held.items():
-            listed = [ipaddress.ip_network(b) for b in handles[hid].get("blocks", ())]
+            listed = [ipaddr.ip_network(b) for b in handles[hid].get("blocks", ())]
             for ip in ips:
                 if taken.get(ip) != hid:
                     problems.append({"problem": "handle address not allocated to it", "ip": str(ip),

@@ -23,8 +23,7 @@ and key builder on :class:`Keys`, a branch in :meth:`Keys.parse`, and a record w
 
 from __future__ import annotations
 
-import ipaddress
-
+from pycni import ipaddr
 from pycni import jsonlite as json
 from pycni.ipranges import IPAddress, IPNetwork, address
 from pycni.record import field, record
@@ -46,7 +45,7 @@ def cidr_key(net: IPNetwork) -> str:
 def key_cidr(text: str) -> IPNetwork:
     """The CIDR of a key segment made by :func:`cidr_key` (ValueError when it is not one)."""
     addr, _, plen = text.rpartition("-")
-    return ipaddress.ip_network(f"{addr}/{plen}")
+    return ipaddr.ip_network(f"{addr}/{plen}")
 
 
 @record
@@ -179,7 +178,7 @@ class Block:
     @classmethod
     def from_json(cls, text: str, mod_revision: int) -> Block:
         d = json.loads(text)
-        return cls(cidr=ipaddress.ip_network(d["cidr"]), node=d.get("node", ""),
+        return cls(cidr=ipaddr.ip_network(d["cidr"]), node=d.get("node", ""),
                    allocations={int(k): v for k, v in d.get("allocations", {}).items()},
                    next=int(d.get("next", 0)), mod_revision=mod_revision)
 
@@ -220,7 +219,7 @@ class Affinity:
         if not isinstance(obj, dict):
             obj = {}
         try:
-            cidr = ipaddress.ip_network(obj["cidr"]) if obj.get("cidr") else (parsed.cidr if parsed else None)
+            cidr = ipaddr.ip_network(obj["cidr"]) if obj.get("cidr") else (parsed.cidr if parsed else None)
         except (ValueError, TypeError):
             cidr = parsed.cidr if parsed else None
         if cidr is None:
@@ -272,7 +271,7 @@ def handle_holder(text: str) -> tuple[str, list[str]] | None:
     """(node, addresses) of a handle's value, None when it is not one."""
     try:
         obj = json.loads(text)
-        return str(obj["node"]), [str(ipaddress.ip_interface(t).ip) for t in obj.get("ips", ())]
+        return str(obj["node"]), [str(ipaddr.ip_interface(t).ip) for t in obj.get("ips", ())]
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -287,14 +286,14 @@ class NodeInfo:
 
     def underlay(self, version: int) -> str:
         """Its underlay address of IP ``version``, '' when it registered none."""
-        return next((ip for ip in self.underlay_ips if ipaddress.ip_address(ip).version == version), "")
+        return next((ip for ip in self.underlay_ips if ipaddr.ip_address(ip).version == version), "")
 
     def vtep_link_local(self) -> str:
         """Its VTEP's IPv6 next hop: the EUI-64 link-local address of its VTEP MAC, which its vxlan
         device carries by itself — IPv6 over the IPv4 overlay with no address to hand out."""
         b = [int(x, 16) for x in self.vtep_mac.split(":")]
         eui = [b[0] ^ 0x02, b[1], b[2], 0xFF, 0xFE, b[3], b[4], b[5]]
-        return str(ipaddress.IPv6Address(bytes([0xFE, 0x80] + [0] * 6 + eui)))
+        return str(ipaddr.IPv6Address(bytes([0xFE, 0x80] + [0] * 6 + eui)))
 
     def vtep_neighbours(self) -> dict[str, str]:
         """The neighbour entries a peer needs on our vxlan device: its VTEP addresses -> its MAC."""
@@ -314,7 +313,7 @@ class NodeInfo:
             obj = json.loads(text)
             ips = obj.get("underlayIPs") or [obj["underlayIP"]]
             for ip in ips:
-                ipaddress.ip_address(ip)
+                ipaddr.ip_address(ip)
             return cls(name=str(obj.get("name") or name), underlay_ips=[str(i) for i in ips],
                        vtep_mac=str(obj.get("vtepMAC") or ""))
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -360,7 +359,7 @@ class WorkloadEndpoint:
             return cls(node=str(d["node"]), network=str(d["network"]), namespace=str(d["namespace"]),
                        pod=str(d["pod"]), container_id=str(d["containerID"]), ifname=str(d["ifname"]),
                        interface_name=str(d["interfaceName"]), mac=str(d.get("mac", "")),
-                       ip_networks=[str(ipaddress.ip_interface(n)) for n in d.get("ipNetworks", ())],
+                       ip_networks=[str(ipaddr.ip_interface(n)) for n in d.get("ipNetworks", ())],
                        labels={str(k): str(v) for k, v in (d.get("labels") or {}).items()},
                        profiles=[str(p) for p in d.get("profiles", ())],
                        orchestrator=str(d.get("orchestrator", "cni")),

@@ -23,11 +23,11 @@ agent restarted within the TTL disturbs no one.
 
 from __future__ import annotations
 
-import ipaddress
 import signal
 import sys
 import time
 
+from pycni import ipaddr
 from pycni.cluster.model import Affinity, Keys, NodeInfo, handle_holder
 from pycni.cluster.settings import EtcdSettings
 from pycni.record import field, record
@@ -166,12 +166,12 @@ def plan(view: ClusterView, me: str, mode: str, device: str) -> Plan:
         else:
             _route_to(out, view, cidr, owner, mode, device)
     if view.handles:
-        nets = [(ipaddress.ip_network(c), o) for c, o in blocks.items()]
+        nets = [(ipaddr.ip_network(c), o) for c, o in blocks.items()]
         for node, ips in sorted(view.handles.values()):
             if node == me:
                 continue
             for ip in ips:
-                a = ipaddress.ip_address(ip)
+                a = ipaddr.ip_address(ip)
                 holder = next((o for n, o in nets if n.version == a.version and a in n), None)
                 if holder is not None and holder != node:
                     _route_to(out, view, f"{ip}/{a.max_prefixlen}", node, mode, device)
@@ -184,7 +184,7 @@ def _route_to(out: Plan, view: ClusterView, cidr: str, node: str, mode: str, dev
     if info is None:
         out.skipped.append(f"{cidr}: node {node} is not registered")
         return
-    version = ipaddress.ip_network(cidr).version
+    version = ipaddr.ip_network(cidr).version
     if mode == "vxlan":
         if not info.underlay(4) or not info.vtep_mac:
             out.skipped.append(f"{cidr}: node {node} has no VTEP (an IPv4 underlay address and a VTEP MAC; "
@@ -359,7 +359,7 @@ def _underlay_link(ip: str) -> tuple[int, int]:
     """(index, MTU) of the link holding the underlay address ``ip``."""
     from pycni.net import addr, link
 
-    want = ipaddress.ip_address(ip)
+    want = ipaddr.ip_address(ip)
     for a in addr.list_addrs():
         if a.address.ip == want:
             found = link.require_link(a.index)
@@ -449,7 +449,7 @@ class Agent:
             return
         from pycni.net import vxlan
 
-        local = next((ip for ip in self.opts.underlay_ips if ipaddress.ip_address(ip).version == 4), "")
+        local = next((ip for ip in self.opts.underlay_ips if ipaddr.ip_address(ip).version == 4), "")
         if not local:
             raise invalid_config("vxlan mode needs an IPv4 --underlay-ip",
                                  f"got {', '.join(self.opts.underlay_ips)}")
@@ -758,7 +758,7 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     ips = [i.strip() for i in ns.underlay_ip.split(",") if i.strip()]
     for ip in ips:
         try:
-            ipaddress.ip_address(ip)
+            ipaddr.ip_address(ip)
         except ValueError:
             raise invalid_config(f"invalid --underlay-ip {ip!r}", "give an IP address") from None
     if need_underlay and not ips:

@@ -10,10 +10,9 @@ to run the same path without a server.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 
-from pycni import statefile
+from pycni import ipaddr, statefile
 from pycni.cluster.etcd import EtcdError, EtcdUnavailable
 from pycni.cluster.ipam import ClusterStore, IpamError
 from pycni.cluster.settings import ClusterSettings, client
@@ -90,7 +89,7 @@ class Session:
             with open(self._hint_path(), encoding="ascii") as f:
                 words = f.read().split()
             floor = max([int(w[4:]) for w in words if w.startswith("rev=")], default=0)
-            return [ipaddress.ip_network(w) for w in words if not w.startswith("rev=")], floor
+            return [ipaddr.ip_network(w) for w in words if not w.startswith("rev=")], floor
         except (OSError, ValueError):
             return [], 0
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
 
 from pycni import netconf
 from pycni.cluster.etcd import DEFAULT_TIMEOUT
@@ -22,7 +21,7 @@ from pycni.spec.errors import invalid_config
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from pycni.cluster.etcd import Etcd

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import errno
-import ipaddress
 import time
 
+from pycni import ipaddr
 from pycni.net.errors import kernel_errors
 from pycni.net.link import require_index, rtnl
 from pycni.net.nl import (  # noqa: F401 - the address constants, re-exported for callers of this module
@@ -26,7 +26,8 @@ TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process
 if TYPE_CHECKING:
     from typing import Any
 
-IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+    from pycni.spec.types import IPInterface
+
 
 
 @record
@@ -51,7 +52,7 @@ class Addr:
     def from_msg(cls, msg: Any) -> Addr:
         ip = msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS")
         flags = msg.get_attr("IFA_FLAGS")
-        return cls(address=ipaddress.ip_interface(f"{ip}/{msg['prefixlen']}"), index=int(msg["index"]),
+        return cls(address=ipaddr.ip_interface(f"{ip}/{msg['prefixlen']}"), index=int(msg["index"]),
                    scope=int(msg["scope"]), flags=int(flags if flags is not None else msg["flags"]),
                    label=msg.get_attr("IFA_LABEL") or "")
 
@@ -75,7 +76,7 @@ def add_addr(name: str | int, address: IPInterface | str, *, exist_ok: bool = Fa
 
     ``nodad`` skips IPv6 duplicate address detection, for a link with no one else to clash with.
     """
-    addr = ipaddress.ip_interface(address) if isinstance(address, str) else address
+    addr = ipaddr.ip_interface(address) if isinstance(address, str) else address
     with rtnl() as sock:
         index = require_index(sock, name)
         kw: dict[str, Any] = {"index": index, "address": str(addr.ip), "prefixlen": addr.network.prefixlen}
@@ -89,7 +90,7 @@ def add_addr(name: str | int, address: IPInterface | str, *, exist_ok: bool = Fa
 
 def del_addr(name: str | int, address: IPInterface | str) -> bool:
     """Remove ``address``; True when it was there. Idempotent (missing link or address: False)."""
-    addr = ipaddress.ip_interface(address) if isinstance(address, str) else address
+    addr = ipaddr.ip_interface(address) if isinstance(address, str) else address
     with rtnl() as sock:
         try:
             index = require_index(sock, name)

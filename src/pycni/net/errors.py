@@ -12,9 +12,11 @@ Plugins never see an ``OSError`` or a netlink exception from a kernel refusal; e
 
 from __future__ import annotations
 
-from types import TracebackType
-
 from pycni.spec.errors import INTERNAL, CNIError
+
+TYPE_CHECKING = False  # not typing's: this module is on plugins' one-shot start path
+if TYPE_CHECKING:
+    from types import TracebackType
 
 
 def netlink_errno(exc: BaseException) -> int | None:

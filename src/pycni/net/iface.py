@@ -12,14 +12,12 @@ deleting either network's interface leaves the other's working.
 
 from __future__ import annotations
 
-import ipaddress
-
 from pycni.net import addr as _addr
 from pycni.net import link as _link
 from pycni.net import route as _route
 from pycni.net.sysctl import read_sysctl, write_sysctl
 from pycni.spec.errors import INTERNAL, CNIError
-from pycni.spec.types import Result
+from pycni.spec.types import IPAddress, Result
 
 DAD_SETTLE_TIMEOUT = 5.0
 
@@ -48,8 +46,8 @@ def configure_iface(ifname: str, result: Result) -> None:
     link = _link.get_link(ifname)
     if link is None:
         raise CNIError(INTERNAL, f"failed to lookup {ifname!r}", f"link {ifname!r} not found")
-    v4gw: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
-    v6gw: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
+    v4gw: IPAddress | None = None
+    v6gw: IPAddress | None = None
     ipv6_ready = False
     for ipc in result.ips:
         if ipc.interface is None:

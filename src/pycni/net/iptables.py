@@ -10,13 +10,14 @@ Stdlib only.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 
 from pycni.net.tools import ToolTimeout, find_tool, run_tool
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
 
 TYPE_CHECKING = False  # true for mypy only (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from pycni.lockfile import flocked
 
 LOCK_WAIT_SECONDS = "30"

@@ -16,13 +16,15 @@ Everything acts in the calling thread's network namespace. Stdlib only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from ipaddress import IPv4Interface, IPv6Interface
-
 from pycni import jsonlite as json
+from pycni.ipaddr import IPv4Interface, IPv6Interface
 from pycni.net import iptables, nft
 from pycni.net.names import hash_with_prefix
 from pycni.spec.errors import PLUGIN_SPECIFIC, CNIError, invalid_config
+
+TYPE_CHECKING = False  # not typing's: this module is on plugins' one-shot start path
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 Address = IPv4Interface | IPv6Interface
 

@@ -9,8 +9,8 @@ which underlay address a remote VTEP's MAC lives behind.
 from __future__ import annotations
 
 import errno
-import ipaddress
 
+from pycni import ipaddr
 from pycni.net.errors import kernel_errors
 from pycni.net.link import require_index, rtnl
 from pycni.net.nl import AF_BRIDGE, AF_INET, AF_INET6, NTF_SELF, NUD_PERMANENT
@@ -33,7 +33,7 @@ class Neighbour:
 
 def set_neighbour(dev: str | int, ip: str, mac: str) -> None:
     """A permanent ``ip`` -> ``mac`` entry on ``dev``, replacing whatever was there."""
-    fam = AF_INET6 if ipaddress.ip_address(ip).version == 6 else AF_INET
+    fam = AF_INET6 if ipaddr.ip_address(ip).version == 6 else AF_INET
     with rtnl() as sock:
         index = require_index(sock, dev)
         with kernel_errors(f"failed to set neighbour {ip} lladdr {mac} on {dev!r}"):
@@ -42,7 +42,7 @@ def set_neighbour(dev: str | int, ip: str, mac: str) -> None:
 
 def del_neighbour(dev: str | int, ip: str) -> bool:
     """Remove the entry for ``ip`` on ``dev``; True when one was there. Idempotent."""
-    fam = AF_INET6 if ipaddress.ip_address(ip).version == 6 else AF_INET
+    fam = AF_INET6 if ipaddr.ip_address(ip).version == 6 else AF_INET
     with rtnl() as sock:
         try:
             index = require_index(sock, dev)

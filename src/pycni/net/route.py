@@ -10,8 +10,8 @@ gets each network's default route, where an exclusive add would refuse the secon
 from __future__ import annotations
 
 import errno
-import ipaddress
 
+from pycni import ipaddr
 from pycni.net.errors import kernel_errors
 from pycni.net.link import require_index, rtnl
 from pycni.net.nl import (  # noqa: F401 - the route constants, re-exported for callers of this module
@@ -35,8 +35,8 @@ TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process
 if TYPE_CHECKING:
     from typing import Any
 
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+    from pycni.spec.types import IPAddress, IPNetwork
+
 
 
 @record
@@ -60,7 +60,7 @@ class RouteEntry:
     def from_msg(cls, msg: Any) -> RouteEntry:
         fam = 4 if msg["family"] == AF_INET else 6
         dst_ip = msg.get_attr("RTA_DST") or ("0.0.0.0" if fam == 4 else "::")
-        dst = ipaddress.ip_network(f"{dst_ip}/{msg['dst_len']}", strict=False)
+        dst = ipaddr.ip_network(f"{dst_ip}/{msg['dst_len']}", strict=False)
         gw = msg.get_attr("RTA_GATEWAY")
         table = msg.get_attr("RTA_TABLE")
         mp_gws: list[IPAddress] = []
@@ -68,16 +68,16 @@ class RouteEntry:
         for nh in msg.get_attr("RTA_MULTIPATH") or []:
             g = nh.get_attr("RTA_GATEWAY")
             if g:
-                mp_gws.append(ipaddress.ip_address(g))
+                mp_gws.append(ipaddr.ip_address(g))
             if oif is None:
                 oif = nh["oif"]
         prefsrc = msg.get_attr("RTA_PREFSRC")
         mx = msg.get_attr("RTA_METRICS")
-        return cls(dst=dst, gw=ipaddress.ip_address(gw) if gw else None, oif=oif,
+        return cls(dst=dst, gw=ipaddr.ip_address(gw) if gw else None, oif=oif,
                    table=int(table if table is not None else msg["table"]),
                    priority=int(msg.get_attr("RTA_PRIORITY") or 0), scope=int(msg["scope"]),
                    proto=int(msg["proto"]), type=int(msg["type"]), multipath_gws=tuple(mp_gws),
-                   prefsrc=ipaddress.ip_address(prefsrc) if prefsrc else None,
+                   prefsrc=ipaddr.ip_address(prefsrc) if prefsrc else None,
                    metrics=dict(mx.attrs) if mx is not None else {})
 
     def spec(self, table: int | None = None) -> dict[str, Any]:
@@ -105,7 +105,7 @@ def _spec(dst: IPNetwork | str, gw: IPAddress | str | None, oif: int | None, tab
           priority: int | None, scope: int | None, mtu: int | None = None, advmss: int | None = None,
           proto: int | None = None) -> dict[str, Any]:
     """The nl ``route()`` keywords; unset values are left out so the kernel defaults apply."""
-    net = ipaddress.ip_network(dst, strict=False) if isinstance(dst, str) else dst
+    net = ipaddr.ip_network(dst, strict=False) if isinstance(dst, str) else dst
     kw: dict[str, Any] = {"family": AF_INET if net.version == 4 else AF_INET6,
                           "dst_len": net.prefixlen}
     if net.prefixlen:

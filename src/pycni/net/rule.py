@@ -11,8 +11,8 @@ plugins, which leave the priority to the kernel.
 from __future__ import annotations
 
 import errno
-import ipaddress
 
+from pycni import ipaddr
 from pycni.net.errors import kernel_errors
 from pycni.net.link import rtnl
 from pycni.net.nl import AF_INET, AF_INET6, FR_ACT_TO_TBL, RT_TABLE_DEFAULT, RT_TABLE_LOCAL, RT_TABLE_MAIN
@@ -23,7 +23,8 @@ TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process
 if TYPE_CHECKING:
     from typing import Any
 
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+    from pycni.spec.types import IPNetwork
+
 RESERVED_TABLES = frozenset({RT_TABLE_DEFAULT, RT_TABLE_MAIN, RT_TABLE_LOCAL})
 RULE_ERROR = 100  # plugin-specific: the kernel refused a rule or route change
 
@@ -51,7 +52,7 @@ class Rule:
 
         def net(attr: str, plen: int) -> IPNetwork | None:
             v = msg.get_attr(attr)
-            return ipaddress.ip_network(f"{v}/{plen}", strict=False) if v else None
+            return ipaddr.ip_network(f"{v}/{plen}", strict=False) if v else None
 
         return cls(family=fam, priority=int(msg.get_attr("FRA_PRIORITY") or 0),
                    table=int(table if table is not None else msg["table"]),

@@ -16,9 +16,8 @@ plus the burst.
 from __future__ import annotations
 
 import errno
-import ipaddress
-from collections.abc import Sequence
 
+from pycni import ipaddr
 from pycni.net.errors import kernel_errors
 from pycni.net.link import link_index, rtnl
 from pycni.net.nl import TBF_CELL_LOG, TC_H_INGRESS, TC_H_ROOT
@@ -27,7 +26,10 @@ from pycni.spec.errors import TRY_AGAIN, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
+
+    from pycni.spec.types import IPNetwork
 
 TIME_UNITS_PER_SEC = 1_000_000
 LATENCY_MS = 25
@@ -163,7 +165,7 @@ def add_tbf(dev: str, rate_bytes: int, burst_bytes: int) -> None:
                        buffer=xmittime(rate_bytes, burst_bytes), rtab=rate_table(rate_bytes))
 
 
-def _u32_match(net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[str, int, str]:
+def _u32_match(net: IPNetwork) -> tuple[str, int, str]:
     """(protocol, prio, match clause) matching destination ``net``; prio differs per family."""
     if net.version == 4:
         proto, prio, match = "ip", 16, f"match ip dst {net}"
@@ -190,7 +192,7 @@ def add_htb(dev: str, rate_bytes: int, burst_bytes: int, subnets: Sequence[str],
         f"ceil {UNCAPPED_RATE_BITS}bit",
     ]
     for s in subnets:
-        proto, prio, match = _u32_match(ipaddress.ip_network(s, strict=False))
+        proto, prio, match = _u32_match(ipaddr.ip_network(s, strict=False))
         lines.append(f"filter add dev {dev} parent 1: protocol {proto} prio {prio} u32 {match} "
                      f"flowid 1:{target:x}")
     run_tc(lines, f"create htb shaping on {dev}")

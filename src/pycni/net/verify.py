@@ -7,14 +7,16 @@ routes into its own table, and CHECK must not fail because of that — the Go re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from pycni.net import addr as _addr
 from pycni.net import netns
 from pycni.net import route as _route
 from pycni.net.link import Link, get_link
 from pycni.spec.errors import INTERNAL, CNIError
 from pycni.spec.types import IPConfig, Result, Route
+
+TYPE_CHECKING = False  # not typing's: this module is on plugins' one-shot start path
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 def expect_interface_ips(ifname: str, ips: Sequence[IPConfig]) -> None:

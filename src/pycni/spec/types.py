@@ -27,8 +27,7 @@ matched as Go's decoder matches them (:mod:`pycni.spec.gokeys`: ``"IPs"``, ``"Ad
 
 from __future__ import annotations
 
-import ipaddress
-
+from pycni import ipaddr
 from pycni import jsonlite as json
 from pycni.record import field, record
 from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CNIError
@@ -40,12 +39,12 @@ TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin 
 if TYPE_CHECKING:
     from typing import Any
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddr.IPv4Address | ipaddr.IPv6Address
+IPInterface = ipaddr.IPv4Interface | ipaddr.IPv6Interface
+IPNetwork = ipaddr.IPv4Network | ipaddr.IPv6Network
 
 # Go's net.ParseCIDR takes a literal address, '/', and a decimal prefix length; no zones,
-# no netmask notation (which Python's ipaddress would also accept).
+# no netmask notation (which pycni.ipaddr, like Python's ipaddress, would also accept).
 
 
 def _decode_error(what: str, value: object, why: str = "") -> CNIError:
@@ -58,7 +57,7 @@ def parse_ip(value: object, what: str = "IP address") -> IPAddress:
     if "%" in value:
         raise _decode_error(what, value, "zone suffixes are not allowed")
     try:
-        return ipaddress.ip_address(value)
+        return ipaddr.ip_address(value)
     except ValueError as e:
         raise _decode_error(what, value, str(e)) from None
 
@@ -80,7 +79,7 @@ def parse_cidr(value: object, what: str = "CIDR address") -> IPInterface:
     if not isinstance(value, str) or not _cidr_form(value):
         raise _decode_error(what, value, "expected address/prefix, e.g. 10.1.2.3/24")
     try:
-        return ipaddress.ip_interface(value)
+        return ipaddr.ip_interface(value)
     except ValueError as e:
         raise _decode_error(what, value, str(e)) from None
 

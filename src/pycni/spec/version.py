@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-
 from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, CNIError
+
+TYPE_CHECKING = False  # not typing's: this module is on plugins' one-shot start path
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
 ALL_VERSIONS: tuple[str, ...] = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 CURRENT_VERSION = "1.1.0"

@@ -15,11 +15,11 @@ the fail-closed drop of pods it has not seen — in place.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Callable
 from typing import Any
 
+from pycni import ipaddr
 from pycni.cluster.model import Keys, NodeInfo, PodMeta, WorkloadEndpoint
 from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_namespaces, patch_node, patch_policies
 from pycni.cluster.policy.evaluate import Cluster, Workload
@@ -142,7 +142,7 @@ class PolicyView:
         meta = self.pods.get((ep.namespace, ep.pod))
         labels = {**ep.labels, **(meta.labels if meta else {})}
         ports = {(name, proto): port for name, port, proto in (meta.ports if meta else ())}
-        ips = tuple(ipaddress.ip_interface(n).ip for n in ep.ip_networks)
+        ips = tuple(ipaddr.ip_interface(n).ip for n in ep.ip_networks)
         return Workload(ep.namespace, ep.pod, labels, ips, ports, node=ep.node)
 
     def refresh(self) -> list[tuple[Endpoint | None, Endpoint | None]]:
@@ -189,7 +189,7 @@ class PolicyView:
             pods.setdefault(w.key, w)
             if ep.default_policy == "deny":
                 deny.add(w.key)
-        nodes = {name: tuple(ipaddress.ip_address(i) for i in info.underlay_ips) for name, info in self.nodes.items()}
+        nodes = {name: tuple(ipaddr.ip_address(i) for i in info.underlay_ips) for name, info in self.nodes.items()}
         cluster = Cluster(policies=list(self.policies.values()), namespaces=self.namespace_labels(), nodes=nodes)
         for key in deny:
             pods[key] = _with_default_deny(pods[key])

@@ -19,10 +19,10 @@ reasons. The rules, from the API reference:
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pycni import ipaddr
 from pycni.cluster.policy.model import NS_NAME_LABEL, IPAddress, NetworkPolicy, Peer, PolicyPort, Rule
 
 INGRESS = "Ingress"
@@ -179,7 +179,7 @@ def decide(cluster: Cluster, src: Party, dst: Party, port: int, proto: str = "TC
 def parse_party(text: str, pods: Iterable[Workload]) -> Party:
     """``NS/POD`` as the named workload, or an IP address."""
     try:
-        return ipaddress.ip_address(text)
+        return ipaddr.ip_address(text)
     except ValueError:
         pass
     for w in pods:

@@ -9,13 +9,12 @@ the path of the field, as the API server would refuse it.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+from pycni import ipaddr
+from pycni.spec.types import IPAddress, IPNetwork
 
 API_VERSION = "networking.k8s.io/v1"
 KIND = "NetworkPolicy"
@@ -319,7 +318,7 @@ def _parse_ip_block(obj: Any, path: str) -> IPBlock:
     _only(obj, {"cidr", "except"}, path)
     raw_cidr: Any = obj.get("cidr")
     try:
-        cidr = ipaddress.ip_network(raw_cidr, strict=False)
+        cidr = ipaddr.ip_network(raw_cidr, strict=False)
     except (TypeError, ValueError):
         raise _fail(f"{path}.cidr", f"must be a CIDR such as 10.0.0.0/8 or fd00::/64, got {raw_cidr!r}") from None
     if "/" not in str(obj.get("cidr")):
@@ -331,7 +330,7 @@ def _parse_ip_block(obj: Any, path: str) -> IPBlock:
     for i, e in enumerate(raw):
         p = f"{path}.except[{i}]"
         try:
-            net = ipaddress.ip_network(e, strict=False)
+            net = ipaddr.ip_network(e, strict=False)
         except (TypeError, ValueError):
             raise _fail(p, f"must be a CIDR, got {e!r}") from None
         if net.version != cidr.version or not net.subnet_of(cidr) or net == cidr:  # type: ignore[arg-type]

@@ -20,10 +20,7 @@ defaults to the host name. Stdlib only (``_socket``, ``binascii``; ``ssl`` for h
 
 from __future__ import annotations
 
-import ipaddress
-from collections.abc import Mapping
-
-from pycni import netconf
+from pycni import ipaddr, netconf
 from pycni.cluster.session import QUICK_DEL, clear_failed_add, failed_add, note_add, note_failed_add, session
 from pycni.cluster.settings import ClusterSettings, parse_cluster_settings
 from pycni.cniargs import load_cni_args
@@ -45,6 +42,7 @@ from pycni.spec.types import IPConfig, Result, Route
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 
@@ -133,7 +131,7 @@ def cmd_add(args: CmdArgs) -> Result:
     if len(got) != len(cfg.range_sets):
         raise CNIError(INTERNAL, "cluster-ipam: the handle holds addresses outside the configured ranges",
                        f"{args.container_id}/{args.ifname} exists with other addresses; DEL it first")
-    ips = [IPConfig(address=ipaddress.ip_interface(f"{a.ip}/{a.range.subnet.prefixlen}"), gateway=a.range.gateway)
+    ips = [IPConfig(address=ipaddr.ip_interface(f"{a.ip}/{a.range.subnet.prefixlen}"), gateway=a.range.gateway)
            for a in got]
     return Result(ips=ips, routes=list(cfg.routes))
 
@@ -172,7 +170,7 @@ def cmd_check(args: CmdArgs) -> None:
     if handle is None:
         raise CNIError(UNKNOWN_CONTAINER, f"cluster-ipam: no addresses recorded for {cid}/{args.ifname}",
                        f"no handle {store.handle_key(cid, args.ifname)} in etcd")
-    held = {ipaddress.ip_interface(t).ip for t in handle.get("ips", ())}
+    held = {ipaddr.ip_interface(t).ip for t in handle.get("ips", ())}
     for idx, rs in enumerate(cfg.range_sets):
         if not any(range_for(rs, ip) is not None for ip in held):
             raise CNIError(UNKNOWN_CONTAINER, f"cluster-ipam: {cid} holds no address in range set {idx}",

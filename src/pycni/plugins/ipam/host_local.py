@@ -11,11 +11,9 @@ addresses behind. Stdlib only.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-from collections.abc import Mapping
 
-from pycni import netconf
+from pycni import ipaddr, netconf
 from pycni.cniargs import load_cni_args
 from pycni.ipranges import (
     IPAddress,
@@ -48,6 +46,7 @@ from pycni.spec.version import greater_than_or_equal
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 # Allocation failures the reference reports with its catch-all code; kept for compatibility.
@@ -164,7 +163,7 @@ def parse_resolv_conf(path: str) -> DNS:
 
 
 def _ip_config(ip: IPAddress, prefixlen: int, gateway: IPAddress) -> IPConfig:
-    return IPConfig(address=ipaddress.ip_interface(f"{ip}/{prefixlen}"), gateway=gateway)
+    return IPConfig(address=ipaddr.ip_interface(f"{ip}/{prefixlen}"), gateway=gateway)
 
 
 _WALK_BEFORE_LISTING = 32  # candidates tried one by one before the store's names are listed

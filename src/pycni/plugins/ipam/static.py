@@ -15,10 +15,7 @@ Stdlib only.
 
 from __future__ import annotations
 
-import ipaddress
-from collections.abc import Mapping
-
-from pycni import netconf
+from pycni import ipaddr, netconf
 from pycni.cniargs import load_cni_args
 from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
@@ -28,6 +25,7 @@ from pycni.spec.version import greater_than_or_equal
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 
@@ -49,7 +47,7 @@ def _parse_cidr(value: object, where: str) -> IPInterface:
         raise invalid_config(f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
                    "write addresses as ADDRESS/PREFIX, e.g. 10.10.0.1/24 or 2001:db8::1/64")
     try:
-        return ipaddress.ip_interface(value.strip())
+        return ipaddr.ip_interface(value.strip())
     except ValueError as e:
         raise invalid_config(f"the '{where}' field is expected to be in CIDR notation, got: {value!r}",
                    str(e)) from None
@@ -59,7 +57,7 @@ def _parse_ip(value: object, where: str) -> IPAddress:
     if not isinstance(value, str):
         raise invalid_config(f"invalid {where}: {value!r}", "expected an IP address string")
     try:
-        return ipaddress.ip_address(value.strip())
+        return ipaddr.ip_address(value.strip())
     except ValueError as e:
         raise invalid_config(f"invalid {where}: {value!r}", str(e)) from None
 

@@ -18,17 +18,19 @@ from __future__ import annotations
 import _thread
 import errno
 import fcntl
-import ipaddress
 import os
 import sys
 import time
-from collections.abc import Collection, Iterator
 
+from pycni import ipaddr
 from pycni.spec.errors import IO_FAILURE, TRY_AGAIN, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Collection, Iterator
     from typing import Any
+
+    from pycni.spec.types import IPAddress
 
 DEFAULT_DATA_DIR = "/var/lib/cni/networks"
 LAST_IP_PREFIX = "last_reserved_ip."
@@ -36,7 +38,6 @@ LOCK_NAME = "lock"
 LINE_BREAK = b"\r\n"
 LOCK_TIMEOUT = 120.0  # seconds to wait for another invocation before answering "try again"
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def _io_error(what: str, err: OSError) -> CNIError:
@@ -67,7 +68,7 @@ def _as_ip(name: str) -> IPAddress | None:
     if not name or not (name[0].isdigit() or name[0] in "abcdefABCDEF:"):
         return None
     try:
-        return ipaddress.ip_address(name)
+        return ipaddr.ip_address(name)
     except ValueError:
         return None
 
@@ -228,10 +229,10 @@ class Store:
         except OSError:
             return None
         try:
-            addr = ipaddress.ip_address(text)
+            addr = ipaddr.ip_address(text)
         except ValueError:
             return None
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        if isinstance(addr, ipaddr.IPv6Address) and addr.ipv4_mapped is not None:
             return addr.ipv4_mapped
         return addr
 

@@ -12,8 +12,6 @@ GC and STATUS are the IPAM plugin's answer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
 from pycni import invoke, ipam, netconf
 from pycni.record import field, record
 from pycni.rollback import Rollback
@@ -23,6 +21,7 @@ from pycni.spec.types import DNS, Interface, Result
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
     from typing import Any
 
     from pycni.net.link import Link

@@ -13,15 +13,14 @@ inside ``netns.enter(CNI_NETNS)``.
 
 from __future__ import annotations
 
-import ipaddress
 import time
 
-from pycni import ipam, netconf, skel
+from pycni import ipaddr, ipam, netconf, skel
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, run_plugin
 from pycni.spec.errors import INTERNAL, CNIError, invalid_config
-from pycni.spec.types import DNS, Interface, Result, Route
+from pycni.spec.types import DNS, Interface, IPInterface, Result, Route
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
@@ -156,7 +155,7 @@ def check_for_add(n: BridgeConf, args: CmdArgs) -> None:
 
 
 # ---- ADD ---------------------------------------------------------------------------------------
-def _gateway_for(address: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> Any:
+def _gateway_for(address: IPInterface) -> Any:
     return address.network.network_address + 1
 
 
@@ -170,13 +169,13 @@ def _calc_gateways(result: Result, n: BridgeConf) -> dict[int, list[Any]]:
         if ipc.gateway is None and n.is_gw:
             ipc.gateway = _gateway_for(ipc.address)
         if n.is_default_gw and not default_found[fam]:
-            default = ipaddress.ip_network("0.0.0.0/0" if fam == 4 else "::/0")
+            default = ipaddr.ip_network("0.0.0.0/0" if fam == 4 else "::/0")
             default_found[fam] = any(r.gw is not None and r.dst == default for r in result.routes)
             if not default_found[fam]:
                 result.routes.append(Route(dst=default, gw=ipc.gateway))
                 default_found[fam] = True
         if n.is_gw:
-            gws[fam].append(ipaddress.ip_interface(f"{ipc.gateway}/{ipc.address.network.prefixlen}"))
+            gws[fam].append(ipaddr.ip_interface(f"{ipc.gateway}/{ipc.address.network.prefixlen}"))
     return gws
 
 
@@ -405,7 +404,7 @@ class _Background:
 def _global_unicast(ip: Any) -> bool:
     """Go's IP.IsGlobalUnicast: anything but link-local, loopback, multicast and unspecified."""
     return not (ip.is_link_local or ip.is_loopback or ip.is_multicast or ip.is_unspecified
-                or (ip.version == 4 and ip == ipaddress.IPv4Address("255.255.255.255")))
+                or (ip.version == 4 and ip == ipaddr.IPv4Address("255.255.255.255")))
 
 
 def cmd_del(args: CmdArgs) -> None:

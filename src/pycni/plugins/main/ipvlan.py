@@ -6,13 +6,12 @@ with no ``ipam`` section it applies the prevResult's IPs and routes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pycni.plugins.main._sublink import LinkMode, SublinkPlugin, SublinkSpec
 from pycni.skel import run_plugin
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 # IFLA_IPVLAN_MODE values

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pycni.plugins.main._sublink import LinkMode, SublinkPlugin, SublinkSpec
 from pycni.skel import run_plugin
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 # IFLA_MACVLAN_MODE values

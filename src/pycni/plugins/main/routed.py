@@ -18,22 +18,20 @@ ours (removed and made again) from an unlikely hash collision (the next name is 
 
 from __future__ import annotations
 
-import ipaddress
-
-from pycni import invoke, ipam, netconf
+from pycni import invoke, ipaddr, ipam, netconf
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, load_conf, run_plugin
 from pycni.spec.errors import INTERNAL, CNIError, invalid_config
-from pycni.spec.types import DNS, Interface, IPConfig, Result, Route
+from pycni.spec.types import DNS, Interface, IPAddress, IPConfig, Result, Route
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
     from typing import Any
 
 HOST_MAC = "ee:ee:ee:ee:ee:ee"
-GATEWAY_V4 = ipaddress.IPv4Address("169.254.1.1")
-GATEWAY_V6 = ipaddress.IPv6Address("fe80::ecee:eeff:feee:eeee")  # EUI-64 link-local of HOST_MAC
+GATEWAY_V4 = ipaddr.IPv4Address("169.254.1.1")
+GATEWAY_V6 = ipaddr.IPv6Address("fe80::ecee:eeff:feee:eeee")  # EUI-64 link-local of HOST_MAC
 HOST_PREFIX = "rtd"
 NAME_TRIES = 4  # names per (container, ifname): the hash, then salted hashes on a collision
 ALIAS_PREFIX = "pycni-routed:"
@@ -138,7 +136,7 @@ def find_host_end(container_id: str, ifname: str) -> str | None:
     return None
 
 
-def _gateway(version: int) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+def _gateway(version: int) -> IPAddress:
     return GATEWAY_V4 if version == 4 else GATEWAY_V6
 
 
@@ -147,14 +145,14 @@ def _host_addresses(result: Result) -> list[IPConfig]:
     out = []
     for ipc in result.ips:
         bits = ipc.address.max_prefixlen
-        out.append(IPConfig(address=ipaddress.ip_interface(f"{ipc.address.ip}/{bits}"),
+        out.append(IPConfig(address=ipaddr.ip_interface(f"{ipc.address.ip}/{bits}"),
                             gateway=_gateway(ipc.address.version), interface=1))
     return out
 
 
 def _pod_routes(result: Result, versions: set[int]) -> list[Route]:
     """A default route per family in use, then IPAM's other routes, all via the fixed next hop."""
-    routes = [Route(dst=ipaddress.ip_network("0.0.0.0/0" if v == 4 else "::/0"), gw=_gateway(v))
+    routes = [Route(dst=ipaddr.ip_network("0.0.0.0/0" if v == 4 else "::/0"), gw=_gateway(v))
               for v in sorted(versions)]
     for r in result.routes:
         if r.dst.prefixlen == 0 or r.dst.version not in versions:
@@ -301,7 +299,7 @@ def cmd_check(args: CmdArgs) -> None:
     for ipc in prev.ips:
         if ipc.address.version == 4 and sysctl.read_sysctl(f"net/ipv4/conf/{host}/proxy_arp") != "1":
             raise CNIError(INTERNAL, f"routed: proxy ARP is off on {host}", "the pod cannot reach its next hop")
-        want = ipaddress.ip_network(f"{ipc.address.ip}/{ipc.address.max_prefixlen}")
+        want = ipaddr.ip_network(f"{ipc.address.ip}/{ipc.address.max_prefixlen}")
         if not any(r.dst == want for r in installed):
             raise CNIError(INTERNAL, f"routed: host route to {want} via {host} not found",
                            "the host no longer routes to the pod")

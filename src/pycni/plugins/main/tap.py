@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-from collections.abc import Mapping
 
 from pycni import netconf
 from pycni.net import netns
@@ -22,6 +21,7 @@ from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pycni import netconf
 from pycni.plugins.main._sublink import SublinkPlugin, SublinkSpec
 from pycni.skel import run_plugin
@@ -11,6 +9,7 @@ from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
     from pycni.net.link import Link

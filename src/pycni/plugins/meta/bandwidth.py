@@ -12,9 +12,7 @@ config itself or from ``runtimeConfig.bandwidth`` (the ``bandwidth`` capability)
 
 from __future__ import annotations
 
-import ipaddress
-
-from pycni import netconf
+from pycni import ipaddr, netconf
 from pycni.net import probe
 from pycni.record import field, record
 from pycni.rollback import Rollback
@@ -77,7 +75,7 @@ def _subnets(entry: dict[str, Any], key: str) -> list[str]:
         try:
             if "/" not in s:
                 raise ValueError("missing /prefix")
-            ipaddress.ip_network(s, strict=False)
+            ipaddr.ip_network(s, strict=False)
         except ValueError as e:
             raise invalid_config(f"bad subnet {s!r} provided",
                                  f"{key} entries must be CIDRs such as 10.0.0.0/8 or fd00::/64 ({e})") from None

@@ -19,8 +19,6 @@ iptables chains for the bridge (first interface of prevResult), whatever the bac
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from pycni import netconf
 from pycni.record import record
 from pycni.rollback import Rollback
@@ -32,6 +30,7 @@ from pycni.spec.version import ALL_VERSIONS, greater_than_or_equal
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 PRIV_CHAIN = "CNI-FORWARD"

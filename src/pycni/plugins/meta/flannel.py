@@ -10,16 +10,15 @@ gone or changed, and removes it once the delegate's DEL succeeded. Stdlib only.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 
-from pycni import invoke, netconf, statefile
+from pycni import invoke, ipaddr, netconf, statefile
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import IO_FAILURE, PLUGIN_NOT_AVAILABLE, UNKNOWN_CONTAINER, CNIError, invalid_config
-from pycni.spec.types import Result
+from pycni.spec.types import IPNetwork, Result
 from pycni.spec.validate import validate_container_id
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
@@ -34,8 +33,8 @@ DEFAULT_DATA_DIR = "/var/lib/cni/flannel"
 class SubnetEnv:
     """What flanneld wrote about this node (IPv4 and/or IPv6)."""
 
-    networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(default_factory=list)
-    subnets: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(default_factory=list)
+    networks: list[IPNetwork] = field(default_factory=list)
+    subnets: list[IPNetwork] = field(default_factory=list)
     mtu: int | None = None
     ipmasq: bool | None = None
 
@@ -92,9 +91,9 @@ def load_subnet_env(path: str) -> SubnetEnv:
             continue
         try:
             if key in ("FLANNEL_NETWORK", "FLANNEL_SUBNET"):
-                v4[key] = ipaddress.ip_network(value, strict=False)
+                v4[key] = ipaddr.ip_network(value, strict=False)
             elif key in ("FLANNEL_IPV6_NETWORK", "FLANNEL_IPV6_SUBNET"):
-                v6[key] = ipaddress.ip_network(value, strict=False)
+                v6[key] = ipaddr.ip_network(value, strict=False)
             elif key == "FLANNEL_MTU":
                 env.mtu = int(value)
                 if not 0 < env.mtu < 2**32:

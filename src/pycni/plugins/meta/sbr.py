@@ -17,15 +17,12 @@ interface has in their tables; CHECK verifies the rules and default routes are i
 
 from __future__ import annotations
 
-import ipaddress
-from functools import partial
-
-from pycni import netconf
+from pycni import ipaddr, netconf
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin
 from pycni.spec.errors import PLUGIN_SPECIFIC, CNIError, invalid_config
-from pycni.spec.types import IPAddress, IPConfig, Result
+from pycni.spec.types import IPAddress, IPConfig, IPNetwork, Result
 from pycni.spec.validate import IFNAMSIZ
 
 FIRST_TABLE = 100
@@ -64,7 +61,7 @@ def parse_conf(args: CmdArgs) -> SbrConf:
         raise invalid_config("gateways list cannot contain more than 2 entries (one IPv4, one IPv6)")
     for g in gws:
         try:
-            ip = ipaddress.ip_address(g)
+            ip = ipaddr.ip_address(g)
         except ValueError:
             raise invalid_config(f"invalid static gateway IP address: {g}",
                                  "gateways entries must be plain IPv4 or IPv6 addresses") from None
@@ -101,9 +98,9 @@ def ip_configs(ifname: str, prev: Result) -> list[IPConfig]:
     return out
 
 
-def _host_net(ip: IPConfig) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+def _host_net(ip: IPConfig) -> IPNetwork:
     """The address as a single-host network: what a source rule matches."""
-    return ipaddress.ip_network(f"{ip.address.ip}/{ip.address.max_prefixlen}")
+    return ipaddr.ip_network(f"{ip.address.ip}/{ip.address.max_prefixlen}")
 
 
 def _gateway(conf: SbrConf, ip: IPConfig) -> IPAddress | None:
@@ -115,7 +112,7 @@ def _add_default(undo: Rollback, ip: IPConfig, gw: IPAddress, index: int, table:
     """A default route via ``gw`` in ``table`` (undone if the ADD fails later)."""
     from pycni.net import route, rule
 
-    zero = ipaddress.ip_network("0.0.0.0/0" if ip.address.version == 4 else "::/0")
+    zero = ipaddr.ip_network("0.0.0.0/0" if ip.address.version == 4 else "::/0")
     r = route.RouteEntry(dst=zero, oif=index, gw=gw, proto=route.RTPROT_BOOT, table=table)
     rule.put_route(r, replace=False)
     undo.push(rule.remove_route, r)
@@ -181,7 +178,7 @@ def do_vrf(conf: SbrConf, ips: list[IPConfig], ifname: str, undo: Rollback) -> N
 
     table = vrf_table(conf.vrfname, conf.table, undo)
     lk = link.set_link(ifname, master=conf.vrfname)
-    undo.push(partial(link.set_link, ifname, master=None))
+    undo.push(lambda: link.set_link(ifname, master=None))
     for ip in ips:
         _source_table(conf, undo, ip, lk.index, table)
 

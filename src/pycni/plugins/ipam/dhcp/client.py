@@ -13,20 +13,20 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import ipaddress
 import random
 import socket
 import struct
 import time
 
+from pycni import ipaddr
 from pycni.plugins.ipam.dhcp import message as M
 from pycni.record import field, record
 
 ETH_P_IP = 0x0800
 PACKET_OUTGOING = 4
 BROADCAST_MAC = b"\xff" * 6
-BROADCAST_IP = ipaddress.IPv4Address("255.255.255.255")
-ZERO_IP = ipaddress.IPv4Address(0)
+BROADCAST_IP = ipaddr.IPv4Address("255.255.255.255")
+ZERO_IP = ipaddr.IPv4Address(0)
 CLIENT_PORT = 68
 SERVER_PORT = 67
 SIOCGIFFLAGS = 0x8913
@@ -62,12 +62,12 @@ class Binding:
     """A server's ACK and where it came from: enough to renew or release the lease."""
 
     ack: M.Message
-    server_ip: ipaddress.IPv4Address
+    server_ip: ipaddr.IPv4Address
     server_mac: bytes
     client_mac: bytes
 
     @property
-    def address(self) -> ipaddress.IPv4Address:
+    def address(self) -> ipaddr.IPv4Address:
         return self.ack.yiaddr
 
 
@@ -89,7 +89,7 @@ def _checksum(data: bytes) -> int:
     return ~total & 0xFFFF
 
 
-def _ip_udp(payload: bytes, src: ipaddress.IPv4Address, dst: ipaddress.IPv4Address) -> bytes:
+def _ip_udp(payload: bytes, src: ipaddr.IPv4Address, dst: ipaddr.IPv4Address) -> bytes:
     udp_len = 8 + len(payload)
     pseudo = src.packed + dst.packed + struct.pack("!BBH", 0, socket.IPPROTO_UDP, udp_len)
     udp = struct.pack("!HHHH", CLIENT_PORT, SERVER_PORT, udp_len, 0) + payload
@@ -157,11 +157,11 @@ class Transport:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def send(self, msg: M.Message, src: ipaddress.IPv4Address = ZERO_IP, dst: ipaddress.IPv4Address = BROADCAST_IP,
+    def send(self, msg: M.Message, src: ipaddr.IPv4Address = ZERO_IP, dst: ipaddr.IPv4Address = BROADCAST_IP,
              dst_mac: bytes = BROADCAST_MAC) -> None:
         self.sock.sendto(_ip_udp(msg.encode(), src, dst), (self.ifname, ETH_P_IP, 0, 0, dst_mac))
 
-    def receive(self, xid: int, deadline: float) -> tuple[M.Message, bytes, ipaddress.IPv4Address] | None:
+    def receive(self, xid: int, deadline: float) -> tuple[M.Message, bytes, ipaddr.IPv4Address] | None:
         """The next server reply for ``xid`` before ``deadline``: (message, source MAC, source IP)."""
         while True:
             left = deadline - time.monotonic()
@@ -186,7 +186,7 @@ class Transport:
                 continue
             if msg.op != M.BOOTREPLY or msg.xid != xid or msg.chaddr[:6] != self.mac:
                 continue
-            return msg, bytes(addr[4][:6]), ipaddress.IPv4Address(data[12:16])
+            return msg, bytes(addr[4][:6]), ipaddr.IPv4Address(data[12:16])
 
 
 def _new_xid() -> int:
@@ -198,7 +198,7 @@ def _request_list(opts: ClientOptions) -> dict[int, bytes]:
 
 
 def _exchange(t: Transport, msg: M.Message, wanted: set[int], deadline: float,
-              send: dict[str, object]) -> tuple[M.Message, bytes, ipaddress.IPv4Address]:
+              send: dict[str, object]) -> tuple[M.Message, bytes, ipaddr.IPv4Address]:
     """Send ``msg`` and retransmit (1 s, 2 s, 4 s ...) until a reply of a ``wanted`` type."""
     interval = 1.0
     while True:
@@ -220,7 +220,7 @@ def _exchange(t: Transport, msg: M.Message, wanted: set[int], deadline: float,
 
 
 def acquire(t: Transport, opts: ClientOptions, timeout: float,
-            requested: ipaddress.IPv4Address | None = None) -> Binding:
+            requested: ipaddr.IPv4Address | None = None) -> Binding:
     """INIT state: DISCOVER -> OFFER -> REQUEST -> ACK, all broadcast, within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     flags = M.FLAG_BROADCAST if opts.broadcast else 0

@@ -9,7 +9,6 @@ or the interface disappears (a container gone without DEL), maintenance ends qui
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import random
 import threading
@@ -17,6 +16,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
+from pycni import ipaddr
 from pycni.net import netns
 from pycni.plugins.ipam.dhcp import client as C
 from pycni.record import record
@@ -272,7 +272,7 @@ class Lease:
         ack = binding.ack
         mask = ack.subnet_mask
         assert mask is not None
-        net = ipaddress.IPv4Network(f"0.0.0.0/{mask}")
+        net = ipaddr.IPv4Network(f"0.0.0.0/{mask}")
         ipconf: dict[str, Any] = {"address": f"{binding.address}/{net.prefixlen}"}
         routers = ack.routers
         if routers:

@@ -7,9 +7,9 @@ list (RFC 3397), static routes (33) and classless static routes (RFC 3442, optio
 
 from __future__ import annotations
 
-import ipaddress
 import struct
 
+from pycni import ipaddr
 from pycni.record import field, record
 
 BOOTREQUEST = 1
@@ -79,10 +79,10 @@ class Message:
     xid: int = 0
     secs: int = 0
     flags: int = 0
-    ciaddr: ipaddress.IPv4Address = ipaddress.IPv4Address(0)
-    yiaddr: ipaddress.IPv4Address = ipaddress.IPv4Address(0)
-    siaddr: ipaddress.IPv4Address = ipaddress.IPv4Address(0)
-    giaddr: ipaddress.IPv4Address = ipaddress.IPv4Address(0)
+    ciaddr: ipaddr.IPv4Address = ipaddr.IPv4Address(0)
+    yiaddr: ipaddr.IPv4Address = ipaddr.IPv4Address(0)
+    siaddr: ipaddr.IPv4Address = ipaddr.IPv4Address(0)
+    giaddr: ipaddr.IPv4Address = ipaddr.IPv4Address(0)
     chaddr: bytes = b""
     options: dict[int, bytes] = field(default_factory=dict)
 
@@ -114,9 +114,9 @@ class Message:
             _merge(options, _parse_options(bootfile))
         if overload in (b"\x02", b"\x03"):
             _merge(options, _parse_options(sname))
-        return cls(op=op, xid=xid, secs=secs, flags=flags, ciaddr=ipaddress.IPv4Address(ci),
-                   yiaddr=ipaddress.IPv4Address(yi), siaddr=ipaddress.IPv4Address(si),
-                   giaddr=ipaddress.IPv4Address(gi), chaddr=chaddr[:min(hlen, 16)], options=options)
+        return cls(op=op, xid=xid, secs=secs, flags=flags, ciaddr=ipaddr.IPv4Address(ci),
+                   yiaddr=ipaddr.IPv4Address(yi), siaddr=ipaddr.IPv4Address(si),
+                   giaddr=ipaddr.IPv4Address(gi), chaddr=chaddr[:min(hlen, 16)], options=options)
 
     # ---- typed views of the options ------------------------------------------------------
     @property
@@ -128,32 +128,32 @@ class Message:
     def type_name(self) -> str:
         return TYPE_NAMES.get(self.message_type, f"type {self.message_type}")
 
-    def ip_option(self, code: int) -> ipaddress.IPv4Address | None:
+    def ip_option(self, code: int) -> ipaddr.IPv4Address | None:
         v = self.options.get(code, b"")
-        return ipaddress.IPv4Address(v[:4]) if len(v) >= 4 else None
+        return ipaddr.IPv4Address(v[:4]) if len(v) >= 4 else None
 
-    def ip_list_option(self, code: int) -> list[ipaddress.IPv4Address]:
+    def ip_list_option(self, code: int) -> list[ipaddr.IPv4Address]:
         v = self.options.get(code, b"")
-        return [ipaddress.IPv4Address(v[i:i + 4]) for i in range(0, len(v) - len(v) % 4, 4)]
+        return [ipaddr.IPv4Address(v[i:i + 4]) for i in range(0, len(v) - len(v) % 4, 4)]
 
     def seconds_option(self, code: int) -> int | None:
         v = self.options.get(code, b"")
         return struct.unpack("!I", v)[0] if len(v) == 4 else None
 
     @property
-    def server_id(self) -> ipaddress.IPv4Address | None:
+    def server_id(self) -> ipaddr.IPv4Address | None:
         return self.ip_option(OPT_SERVER_ID)
 
     @property
-    def subnet_mask(self) -> ipaddress.IPv4Address | None:
+    def subnet_mask(self) -> ipaddr.IPv4Address | None:
         return self.ip_option(OPT_SUBNET_MASK)
 
     @property
-    def routers(self) -> list[ipaddress.IPv4Address]:
+    def routers(self) -> list[ipaddr.IPv4Address]:
         return self.ip_list_option(OPT_ROUTER)
 
     @property
-    def dns_servers(self) -> list[ipaddress.IPv4Address]:
+    def dns_servers(self) -> list[ipaddr.IPv4Address]:
         return self.ip_list_option(OPT_DNS)
 
     @property
@@ -168,7 +168,7 @@ class Message:
     def server_message(self) -> str:
         return self.options.get(OPT_MESSAGE, b"").decode("utf-8", "replace")
 
-    def classless_routes(self) -> list[tuple[ipaddress.IPv4Network, ipaddress.IPv4Address]]:
+    def classless_routes(self) -> list[tuple[ipaddr.IPv4Network, ipaddr.IPv4Address]]:
         """Option 121 (RFC 3442): (destination, router) pairs; [] when absent or malformed."""
         data = self.options.get(OPT_CLASSLESS_ROUTE, b"")
         out = []
@@ -182,19 +182,19 @@ class Message:
                 return []
             dst = data[i + 1:i + 1 + octets].ljust(4, b"\0")
             gw = data[i + 1 + octets:i + 5 + octets]
-            out.append((ipaddress.IPv4Network((dst, width), strict=False), ipaddress.IPv4Address(gw)))
+            out.append((ipaddr.IPv4Network((dst, width), strict=False), ipaddr.IPv4Address(gw)))
             i += 5 + octets
         return out
 
-    def static_routes(self) -> list[tuple[ipaddress.IPv4Network, ipaddress.IPv4Address]]:
+    def static_routes(self) -> list[tuple[ipaddr.IPv4Network, ipaddr.IPv4Address]]:
         """Option 33: classful (destination, router) pairs."""
         data = self.options.get(OPT_STATIC_ROUTE, b"")
         out = []
         for i in range(0, len(data) - len(data) % 8, 8):
-            dst = ipaddress.IPv4Address(data[i:i + 4])
+            dst = ipaddr.IPv4Address(data[i:i + 4])
             first = data[i]
             prefix = 8 if first < 128 else 16 if first < 192 else 24
-            out.append((ipaddress.IPv4Network((dst, prefix), strict=False), ipaddress.IPv4Address(data[i + 4:i + 8])))
+            out.append((ipaddr.IPv4Network((dst, prefix), strict=False), ipaddr.IPv4Address(data[i + 4:i + 8])))
         return out
 
 

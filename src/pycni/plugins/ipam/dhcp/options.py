@@ -6,14 +6,13 @@ or not the daemon runs); the daemon turns them into what its client sends.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pycni import netconf
 from pycni.plugins.ipam.dhcp import message as M
 from pycni.spec.errors import invalid_config
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 

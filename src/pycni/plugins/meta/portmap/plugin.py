@@ -7,22 +7,20 @@ change and gives a :class:`PortmapConf`; the handlers then drive a backend
 
 from __future__ import annotations
 
-import ipaddress
-
-from pycni import netconf
+from pycni import ipaddr, netconf
 from pycni.plugins.meta.portmap import backend as backends
 from pycni.record import field, record
 from pycni.skel import CmdArgs, Plugin, config_version, prev_result, run_plugin
 from pycni.spec.errors import PLUGIN_SPECIFIC, CNIError, invalid_config
-from pycni.spec.types import Result
+from pycni.spec.types import IPAddress, Result
 from pycni.spec.validate import ALNUM, charset_match
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
     from typing import Any
 
-IPv4Interface = ipaddress.IPv4Interface
-IPv6Interface = ipaddress.IPv6Interface
+IPv4Interface = ipaddr.IPv4Interface
+IPv6Interface = ipaddr.IPv6Interface
 ContainerNet = IPv4Interface | IPv6Interface
 
 DEFAULT_MARK_BIT = 13
@@ -42,15 +40,15 @@ class PortMapping:
     protocol: str
     host_ip: str = ""  # "" = every local address
 
-    def host_addr(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-        return ipaddress.ip_address(self.host_ip) if self.host_ip else None
+    def host_addr(self) -> IPAddress | None:
+        return ipaddr.ip_address(self.host_ip) if self.host_ip else None
 
     def applies_to(self, family: int) -> bool:
         """A mapping with a hostIP only applies to the container address of the same family."""
         addr = self.host_addr()
         return addr is None or addr.version == family
 
-    def specific_host(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    def specific_host(self) -> IPAddress | None:
         """The hostIP to match on; unspecified (0.0.0.0, ::) means any, as in the reference."""
         addr = self.host_addr()
         return None if addr is None or addr.is_unspecified else addr
@@ -110,7 +108,7 @@ def _parse_mappings(raw: Any) -> list[PortMapping]:
             raise invalid_config(f"invalid portMappings[{i}].hostIP", f"expected a string, got {host_ip!r}")
         if host_ip:
             try:
-                host_ip = str(ipaddress.ip_address(host_ip))
+                host_ip = str(ipaddr.ip_address(host_ip))
             except ValueError:
                 raise invalid_config(f"invalid portMappings[{i}].hostIP {host_ip!r}",
                                      "hostIP must be an IP address") from None
@@ -213,7 +211,7 @@ def _pick_addresses(conf: PortmapConf, ifname: str) -> None:
 
 
 # ---- host side helpers -----------------------------------------------------------------------
-def enable_localnet_routing(ip: ipaddress.IPv4Address) -> None:
+def enable_localnet_routing(ip: ipaddr.IPv4Address) -> None:
     """route_localnet=1 on the interface routing to the container, so 127/8 may be DNAT'd to it."""
     from pycni.net import route
     from pycni.net.sysctl import write_sysctl
