@@ -157,7 +157,7 @@ def floor_cycle(host: str, ctr: str, i: int) -> float:
 
 def _floor_rules(ip: str, tag: str) -> tuple[str, str, str]:
     """The masquerade chain, its chain and the hostPort chain an ADD writes (the reference's layout)."""
-    from ipaddress import ip_interface
+    from pycni.ipaddr import ip_interface
 
     iface = ip_interface(ip)
     chain, dn = f"CNI-{tag}", f"CNI-DN-{tag}"
@@ -171,8 +171,7 @@ def _floor_rules(ip: str, tag: str) -> tuple[str, str, str]:
 def floor_add(host: str, ctr: str, ip: str, gw: str, tag: str, bridge: str = "cni0") -> float:
     """An ADD's kernel operations alone (veth into the container, enslave, address, route, the
     masquerade and hostPort commits), in this process: seconds. ``tag`` names its chains."""
-    from ipaddress import ip_interface
-
+    from pycni.ipaddr import ip_interface
     from pycni.net import addr, link, route, veth
 
     masq, pm, _ = _floor_rules(ip, tag)
@@ -190,8 +189,7 @@ def floor_add(host: str, ctr: str, ip: str, gw: str, tag: str, bridge: str = "cn
 
 def floor_del(host: str, ctr: str, ip: str, tag: str) -> float:
     """What undoes :func:`floor_add`: its rules and chains, then the veth. Seconds."""
-    from ipaddress import ip_interface
-
+    from pycni.ipaddr import ip_interface
     from pycni.net import link
 
     _, _, chain = _floor_rules(ip, tag)

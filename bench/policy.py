@@ -26,7 +26,6 @@ kernel side is observed with ``nft monitor`` in each node (lines timestamped as 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import os
 import queue
@@ -46,6 +45,7 @@ from etcd_util import EtcdCluster, EtcdNode  # noqa: E402
 from netns_util import Namespace, new_namespace  # noqa: E402
 from plugin_util import call, ok  # noqa: E402
 
+from pycni import ipaddr  # noqa: E402
 from pycni.cluster.model import Keys, PodMeta, WorkloadEndpoint  # noqa: E402
 from pycni.cluster.policy.compile import policy_chain  # noqa: E402
 from pycni.cluster.policy.model import parse_policy  # noqa: E402
@@ -159,7 +159,7 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
         node, ns = f"node{k % 3 + 1}", f"ns{k % 20}"
         ep = WorkloadEndpoint(node=node, network="podnet", namespace=ns, pod=f"p{k}", container_id=f"fake{k}",
                               ifname="eth0", interface_name=f"rtdf{k:011x}",
-                              ip_networks=[f"{ipaddress.ip_address('10.95.0.0') + k}/32"])
+                              ip_networks=[f"{ipaddr.ip_address('10.95.0.0') + k}/32"])
         enf.event("PUT", KEYS.endpoint(node, "podnet", f"fake{k}", "eth0"), ep.to_json())
         enf.event("PUT", KEYS.pod(ns, f"p{k}"), PodMeta(labels={"app": f"app{k % 50}", "tier": ["web", "db"][k % 2]},
                                                        ports=[("http", 8080, "TCP")]).to_json())
@@ -187,7 +187,7 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
     for t in range(opts.trials):
         ep = WorkloadEndpoint(node="node1", network="podnet", namespace=f"ns{t % 20}", pod=f"new{t}",
                               container_id=f"new{t}", ifname="eth0", interface_name=f"rtdn{t:011x}",
-                              ip_networks=[f"{ipaddress.ip_address('10.96.0.0') + t}/32"])
+                              ip_networks=[f"{ipaddr.ip_address('10.96.0.0') + t}/32"])
         t0 = time.perf_counter()
         enf.event("PUT", KEYS.endpoint("node1", "podnet", f"new{t}", "eth0"), ep.to_json())
         enf.apply()
@@ -280,7 +280,7 @@ def main() -> int:
                 ns = f"ns{k % 20}"
                 ep = WorkloadEndpoint(node=node, network="podnet", namespace=ns, pod=f"p{k}", container_id=f"fake{k}",
                                       ifname="eth0", interface_name=f"rtdf{k:011x}",
-                                      ip_networks=[f"{ipaddress.ip_address('10.95.0.0') + k}/32"], profiles=["podnet"])
+                                      ip_networks=[f"{ipaddr.ip_address('10.95.0.0') + k}/32"], profiles=["podnet"])
                 ops.append(op_put(KEYS.endpoint(node, "podnet", f"fake{k}", "eth0"), ep.to_json()))
                 meta = PodMeta(labels={"app": f"app{k % 50}", "tier": ["web", "db"][k % 2]},
                                ports=[("http", 8080, "TCP")])
@@ -322,7 +322,7 @@ def main() -> int:
                 iface = f"rtdn{t:011x}"
                 ep = WorkloadEndpoint(node=node.name, network="podnet", namespace=f"ns{t % 20}", pod=f"new{t}",
                                       container_id=f"new{t}", ifname="eth0", interface_name=iface,
-                                      ip_networks=[f"{ipaddress.ip_address('10.96.0.0') + t}/32"])
+                                      ip_networks=[f"{ipaddr.ip_address('10.96.0.0') + t}/32"])
                 monitors[0].drain()
                 start = time.perf_counter()
                 etcd.put(KEYS.endpoint(node.name, "podnet", f"new{t}", "eth0"), ep.to_json())
