@@ -63,6 +63,10 @@ NOT_ONE_SHOT = ("ctypes", "contextlib", "threading")
 # ~3.4 ms of CPU a call; a run-time `from collections.abc import ...` alone costs ~2.1 ms.
 NO_STDLIB_IP = ("ipaddress", "functools", "collections")
 
+# Never on a one-shot call: the copy module (with weakref: ~1.6 ms). bandwidth and tuning copy
+# their previous result through pycni.record.deep_copy.
+NO_COPY = ("copy",)
+
 
 def _modules(shim: str, env: dict[str, str], stdin: bytes, tmp: Path, ns: Namespace | None = None) -> set[str]:
     out = tmp / f"mods-{os.path.basename(shim)}-{len(list(tmp.iterdir()))}.txt"
@@ -206,7 +210,7 @@ def test_podman_chain_one_shot_imports_no_subprocess_json_or_re(shims: str, tmp_
         {"type": "firewall", "backend": ""},
         {"type": "tuning", "dataDir": str(tmp_path / "tuning")}]  # never the machine's /run/cni
     never = ("subprocess", "shutil", "typing", "hashlib", "pyroute2", "asyncio", "multiprocessing", "dataclasses",
-             "inspect", *NO_JSON_NO_RE, *NOT_ONE_SHOT, *NO_STDLIB_IP)
+             "inspect", *NO_JSON_NO_RE, *NOT_ONE_SHOT, *NO_STDLIB_IP, *NO_COPY)
     prev: object = None
     for command, order in (("ADD", chain), ("DEL", chain[::-1])):
         for plugin in order:
@@ -247,7 +251,8 @@ def test_namespace_plugins_one_shot_import_no_ctypes_contextlib_or_threading(
 
     Each enters the container's namespace (setns through _ctypes, not the ctypes package), takes
     locks and runs host-local in-process: none may import ctypes, contextlib or threading, nor
-    ipaddress, functools or collections (NO_STDLIB_IP).
+    ipaddress, functools or collections (NO_STDLIB_IP), nor copy (NO_COPY: bandwidth and tuning
+    copy their previous result).
     """
     host, ctr = netns_factory(), netns_factory()
     host.run(["ip", "link", "add", "spm0", "type", "veth", "peer", "name", "spm1"])
@@ -277,7 +282,7 @@ def test_namespace_plugins_one_shot_import_no_ctypes_contextlib_or_threading(
                 env = plugin_util.env(command, "spi1", ctr, ifname=ifname, cni_path=shims)
                 mods, out = _call(os.path.join(shims, str(plugin["type"])), env, conf, tmp_path, host)
                 assert "pycni.net.netns" in mods, (plugin["type"], command)  # it did enter the namespace
-                assert _heavy(mods, (*NOT_ONE_SHOT, *NO_STDLIB_IP)) == [], (plugin["type"], command)
+                assert _heavy(mods, (*NOT_ONE_SHOT, *NO_STDLIB_IP, *NO_COPY)) == [], (plugin["type"], command)
                 if command == "ADD":
                     prev = json.loads(out)
                 seen.append((plugin["type"], command))

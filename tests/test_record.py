@@ -259,3 +259,41 @@ def test_mutable_plain_default_is_refused() -> None:
         @record
         class Shared:
             items: list[int] = []  # noqa: RUF012 - the mistake under test
+
+
+def test_deep_copy_is_deepcopy_for_a_result_without_the_copy_module() -> None:
+    """Result.copy (bandwidth's and tuning's ADD) goes through record.deep_copy: what
+    copy.deepcopy makes (equal, independent, sharing kept), without importing copy."""
+    import copy
+    import subprocess
+
+    from pycni import ipaddr
+    from pycni.record import deep_copy
+    from pycni.spec.types import Result
+
+    raw = ('{"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "mac": "0a:58:0a:00:00:02", '
+           '"sandbox": "/run/netns/x"}], "ips": [{"address": "10.0.0.2/24", "gateway": "10.0.0.1", '
+           '"interface": 0}, {"address": "fd00::2/64", "interface": 0}], "routes": [{"dst": "0.0.0.0/0", '
+           '"gw": "10.0.0.1"}], "dns": {"nameservers": ["10.0.0.53"], "search": ["a.example"]}}')
+    original = Result.from_json(raw)
+    mine, theirs = original.copy(), copy.deepcopy(original)
+    assert mine == theirs == original and mine is not original
+    assert mine.to_json() == original.to_json()
+    mine.interfaces[0].mac = "0a:58:0a:00:00:09"
+    mine.ips.append(mine.ips[0])
+    mine.dns.nameservers.append("10.0.0.54")
+    assert original.interfaces[0].mac == "0a:58:0a:00:00:02" and len(original.ips) == 2
+    assert original.dns.nameservers == ["10.0.0.53"]
+    # IP values are immutable: shared, not copied
+    assert mine.ips[0].address is original.ips[0].address
+    assert copy.deepcopy(ipaddr.ip_network("10.0.0.0/24")) == ipaddr.ip_network("10.0.0.0/24")
+    # an object reached twice is copied once, as deepcopy keeps it
+    box = Point(1, tags=["a"])
+    pair = deep_copy([box, box, {"k": (box, 2)}])
+    assert pair[0] is pair[1] is pair[2]["k"][0] and pair[0] is not box and pair[0] == box
+    # and the copy module stays unimported on that path
+    code = ("import sys; from pycni.spec.types import Result; "
+            f"Result.from_json({raw!r}).copy(); print('copy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-IS", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {code}"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr

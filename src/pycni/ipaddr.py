@@ -300,6 +300,12 @@ class _Address:
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self._ip,)
 
+    def __copy__(self) -> Any:
+        return self  # an immutable value, as a str: its copy is itself (record.deep_copy shares it)
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self
+
     def __format__(self, fmt: str) -> str:
         """``s`` (default), and ``b``/``x``/``X``/``n`` with optional ``#`` and ``_``, as 3.11 formats."""
         if not fmt or fmt[-1] == "s":
@@ -545,6 +551,12 @@ class _Network:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (str(self),)
+
+    def __copy__(self) -> Any:
+        return self  # immutable (the cached properties are its own values): shared, as a str
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self
 
     def __eq__(self, other: object) -> bool:
         try:

@@ -431,9 +431,11 @@ class Result:
         return Result.from_dict(self.to_dict(version))
 
     def copy(self) -> Result:
-        import copy  # only tuning copies a result: keep copy (and weakref) off every plugin's start
+        """A deep copy (bandwidth and tuning change theirs); record.deep_copy, not the copy module."""
+        from pycni.record import deep_copy
 
-        return copy.deepcopy(self)
+        out: Result = deep_copy(self)
+        return out
 
 
 def _undeclared(ip: IPConfig) -> IPConfig:
