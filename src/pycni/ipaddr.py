@@ -203,15 +203,66 @@ def _digits_prefix(arg: str, width: int) -> int:
     return plen
 
 
+# ---- what every value shares ---------------------------------------------------------------------
+
+class _Value:
+    """What addresses, networks and interfaces share: version, the orderings derived from
+    ``__lt__`` and ``__eq__`` (the stdlib's functools.total_ordering), repr, and being immutable."""
+
+    __slots__ = ()
+    _version: int
+    _max_prefixlen: int
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def max_prefixlen(self) -> int:
+        return self._max_prefixlen
+
+    @property
+    def compressed(self) -> str:
+        return str(self)
+
+    def __lt__(self, other: object) -> bool:
+        return NotImplemented  # each kind defines its own order; the others derive from it
+
+    def __gt__(self, other: object) -> bool:
+        less = type(self).__lt__(self, other)
+        if less is NotImplemented:
+            return NotImplemented
+        return not less and self != other
+
+    def __le__(self, other: object) -> bool:
+        less = type(self).__lt__(self, other)
+        if less is NotImplemented:
+            return NotImplemented
+        return less or self == other
+
+    def __ge__(self, other: object) -> bool:
+        less = type(self).__lt__(self, other)
+        if less is NotImplemented:
+            return NotImplemented
+        return not less
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+    def __copy__(self) -> Any:
+        return self  # an immutable value, as a str: its copy is itself (record.deep_copy shares it)
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self
+
+
 # ---- addresses ---------------------------------------------------------------------------------
 
-class _Address:
+class _Address(_Value):
     """What IPv4Address and IPv6Address share (and their Interface subclasses inherit)."""
 
     __slots__ = ()
     _ip: int
-    _version: int
-    _max_prefixlen: int
     _ALL_ONES: int
 
     def _check_int(self, address: int) -> None:
@@ -227,21 +278,22 @@ class _Address:
             raise AddressValueError(f"{address!r} (len {len(address)} != {want}) is not permitted as an "
                                     f"IPv{self._version} address")
 
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def max_prefixlen(self) -> int:
-        return self._max_prefixlen
+    def _int_or_text(self, address: object) -> int | str:
+        """An int or packed bytes as the checked value; anything else as its text (no '/') to parse."""
+        if isinstance(address, int):
+            self._check_int(address)
+            return address
+        if isinstance(address, bytes):
+            self._check_packed(address)
+            return int.from_bytes(address, "big")
+        text = str(address)
+        if "/" in text:
+            raise AddressValueError(f"Unexpected '/' in {address!r}")
+        return text
 
     @property
     def packed(self) -> bytes:
         return self._ip.to_bytes(self._max_prefixlen // 8, "big")
-
-    @property
-    def compressed(self) -> str:
-        return str(self)
 
     def __int__(self) -> int:
         return self._ip
@@ -264,24 +316,6 @@ class _Address:
             raise TypeError(f"{self} and {other} are not of the same version")
         return self._ip < oip  # type: ignore[no-any-return]
 
-    def __gt__(self, other: object) -> bool:
-        less = type(self).__lt__(self, other)
-        if less is NotImplemented:
-            return NotImplemented
-        return not less and self != other
-
-    def __le__(self, other: object) -> bool:
-        less = type(self).__lt__(self, other)
-        if less is NotImplemented:
-            return NotImplemented
-        return less or self == other
-
-    def __ge__(self, other: object) -> bool:
-        less = type(self).__lt__(self, other)
-        if less is NotImplemented:
-            return NotImplemented
-        return not less
-
     def __add__(self, other: int) -> Any:
         if not isinstance(other, int):
             return NotImplemented
@@ -294,17 +328,8 @@ class _Address:
         cls: Any = type(self)
         return cls(self._ip - other)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self)!r})"
-
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self._ip,)
-
-    def __copy__(self) -> Any:
-        return self  # an immutable value, as a str: its copy is itself (record.deep_copy shares it)
-
-    def __deepcopy__(self, memo: Any) -> Any:
-        return self
 
     def __format__(self, fmt: str) -> str:
         """``s`` (default), and ``b``/``x``/``X``/``n`` with optional ``#`` and ``_``, as 3.11 formats."""
@@ -335,18 +360,8 @@ class IPv4Address(_Address):
     _ALL_ONES = _V4_ONES
 
     def __init__(self, address: object) -> None:
-        if isinstance(address, int):
-            self._check_int(address)
-            self._ip = address
-            return
-        if isinstance(address, bytes):
-            self._check_packed(address)
-            self._ip = int.from_bytes(address, "big")
-            return
-        text = str(address)
-        if "/" in text:
-            raise AddressValueError(f"Unexpected '/' in {address!r}")
-        self._ip = _v4_int(text)
+        value = self._int_or_text(address)
+        self._ip = value if isinstance(value, int) else _v4_int(value)
 
     def __str__(self) -> str:
         return _v4_str(self._ip)
@@ -382,18 +397,11 @@ class IPv6Address(_Address):
 
     def __init__(self, address: object) -> None:
         self._scope_id: str | None = None
-        if isinstance(address, int):
-            self._check_int(address)
-            self._ip = address
+        value = self._int_or_text(address)
+        if isinstance(value, int):
+            self._ip = value
             return
-        if isinstance(address, bytes):
-            self._check_packed(address)
-            self._ip = int.from_bytes(address, "big")
-            return
-        text = str(address)
-        if "/" in text:
-            raise AddressValueError(f"Unexpected '/' in {address!r}")
-        text, sep, scope = text.partition("%")
+        text, sep, scope = value.partition("%")
         if sep:
             if not scope or "%" in scope:
                 raise AddressValueError(f'Invalid IPv6 address: "{str(address)!r}"')
@@ -459,11 +467,9 @@ class _cached:  # (lower case: a decorator, like the functools.cached_property i
         return value
 
 
-class _Network:
+class _Network(_Value):
     """What IPv4Network and IPv6Network share: an address with its host bits zero and a prefix length."""
 
-    _version: int
-    _max_prefixlen: int
     _ALL_ONES: int
     _address_class: type[IPv4Address] | type[IPv6Address]
     _masks: dict[object, tuple[Any, int]]
@@ -500,14 +506,6 @@ class _Network:
         return _digits_prefix(arg, cls._max_prefixlen)
 
     @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def max_prefixlen(self) -> int:
-        return self._max_prefixlen
-
-    @property
     def prefixlen(self) -> int:
         return self._prefixlen
 
@@ -536,27 +534,14 @@ class _Network:
         return f"{self.network_address}/{self.hostmask}"
 
     @property
-    def compressed(self) -> str:
-        return str(self)
-
-    @property
     def exploded(self) -> str:
         return f"{self.network_address.exploded}/{self._prefixlen}"
 
     def __str__(self) -> str:
         return f"{self.network_address}/{self._prefixlen}"
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self)!r})"
-
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (str(self),)
-
-    def __copy__(self) -> Any:
-        return self  # immutable (the cached properties are its own values): shared, as a str
-
-    def __deepcopy__(self, memo: Any) -> Any:
-        return self
 
     def __eq__(self, other: object) -> bool:
         try:
@@ -579,24 +564,6 @@ class _Network:
         if self.network_address != onet:
             return self.network_address._ip < int(onet)  # type: ignore[no-any-return]
         return self.netmask._ip < int(omask)  # type: ignore[no-any-return]
-
-    def __gt__(self, other: object) -> bool:
-        less = type(self).__lt__(self, other)
-        if less is NotImplemented:
-            return NotImplemented
-        return not less and self != other
-
-    def __le__(self, other: object) -> bool:
-        less = type(self).__lt__(self, other)
-        if less is NotImplemented:
-            return NotImplemented
-        return less or self == other
-
-    def __ge__(self, other: object) -> bool:
-        less = type(self).__lt__(self, other)
-        if less is NotImplemented:
-            return NotImplemented
-        return not less
 
     def __contains__(self, other: Any) -> bool:
         if self._version != other._version:
@@ -871,40 +838,26 @@ class IPv6Interface(_Interface, IPv6Address):
 
 # ---- the factories -----------------------------------------------------------------------------
 
+def _first_of(classes: tuple[Any, Any], args: tuple[object, ...], what: str) -> Any:
+    """The IPv4 class's value from ``args``, else the IPv6 one's, else the stdlib's ValueError."""
+    for cls in classes:
+        try:
+            return cls(*args)
+        except (AddressValueError, NetmaskValueError):
+            pass
+    raise ValueError(f"{args[0]!r} does not appear to be an IPv4 or IPv6 {what}")
+
+
 def ip_address(address: object) -> IPv4Address | IPv6Address:
     """An IPv4Address or IPv6Address from text, an int (IPv4 below 2**32) or packed bytes."""
-    try:
-        return IPv4Address(address)
-    except (AddressValueError, NetmaskValueError):
-        pass
-    try:
-        return IPv6Address(address)
-    except (AddressValueError, NetmaskValueError):
-        pass
-    raise ValueError(f"{address!r} does not appear to be an IPv4 or IPv6 address")
+    return _first_of((IPv4Address, IPv6Address), (address,), "address")  # type: ignore[no-any-return]
 
 
 def ip_network(address: object, strict: bool = True) -> IPv4Network | IPv6Network:
     """An IPv4Network or IPv6Network; with ``strict`` host bits are refused, else cleared."""
-    try:
-        return IPv4Network(address, strict)
-    except (AddressValueError, NetmaskValueError):
-        pass
-    try:
-        return IPv6Network(address, strict)
-    except (AddressValueError, NetmaskValueError):
-        pass
-    raise ValueError(f"{address!r} does not appear to be an IPv4 or IPv6 network")
+    return _first_of((IPv4Network, IPv6Network), (address, strict), "network")  # type: ignore[no-any-return]
 
 
 def ip_interface(address: object) -> IPv4Interface | IPv6Interface:
     """An IPv4Interface or IPv6Interface: an address with its prefix, host bits kept."""
-    try:
-        return IPv4Interface(address)
-    except (AddressValueError, NetmaskValueError):
-        pass
-    try:
-        return IPv6Interface(address)
-    except (AddressValueError, NetmaskValueError):
-        pass
-    raise ValueError(f"{address!r} does not appear to be an IPv4 or IPv6 interface")
+    return _first_of((IPv4Interface, IPv6Interface), (address,), "interface")  # type: ignore[no-any-return]
