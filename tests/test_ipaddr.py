@@ -149,12 +149,20 @@ def _check_interop(a: Any, s: Any) -> None:
     same(lambda: pickle.loads(pickle.dumps(a)), lambda: pickle.loads(pickle.dumps(s)))
 
 
+# Each of ours beside the stdlib's: the factory, then the IPv4 and IPv6 classes.
+ADDRESS_MAKERS = ((our.ip_address, std.ip_address), (our.IPv4Address, std.IPv4Address),
+                  (our.IPv6Address, std.IPv6Address))
+NETWORK_MAKERS = ((our.ip_network, std.ip_network), (our.IPv4Network, std.IPv4Network),
+                  (our.IPv6Network, std.IPv6Network))
+INTERFACE_MAKERS = ((our.ip_interface, std.ip_interface), (our.IPv4Interface, std.IPv4Interface),
+                    (our.IPv6Interface, std.IPv6Interface))
+
+
 @pytest.mark.parametrize("chunk", range(4))
 def test_addresses_parse_print_and_compare_as_the_stdlib(chunk: int) -> None:
     made = 0
     for text in TEXTS[chunk::4]:
-        for ours, theirs in ((our.ip_address, std.ip_address), (our.IPv4Address, std.IPv4Address),
-                             (our.IPv6Address, std.IPv6Address)):
+        for ours, theirs in ADDRESS_MAKERS:
             r = same(lambda: ours(text), lambda: theirs(text))
             if r is not None:
                 made += 1
@@ -166,8 +174,7 @@ def test_addresses_parse_print_and_compare_as_the_stdlib(chunk: int) -> None:
 def test_addresses_from_ints_and_bytes() -> None:
     for value in [*INTS, *BYTES, 1.5, None, [1], our.IPv4Address("1.2.3.4"), std.IPv4Address("1.2.3.4"),
                   our.ip_interface("1.2.3.4/24")]:
-        for ours, theirs in ((our.ip_address, std.ip_address), (our.IPv4Address, std.IPv4Address),
-                             (our.IPv6Address, std.IPv6Address)):
+        for ours, theirs in ADDRESS_MAKERS:
             r = same(lambda: ours(value), lambda: theirs(value))
             if r is not None:
                 _address_attrs(*r)
@@ -220,15 +227,13 @@ def test_networks_and_interfaces_as_the_stdlib(chunk: int) -> None:
     nets = ifaces = 0
     for text in NET_TEXTS[chunk::4]:
         for strict in (True, False):
-            for ours, theirs in ((our.ip_network, std.ip_network), (our.IPv4Network, std.IPv4Network),
-                                 (our.IPv6Network, std.IPv6Network)):
+            for ours, theirs in NETWORK_MAKERS:
                 r = same(lambda: ours(text, strict), lambda: theirs(text, strict))
                 if r is not None:
                     nets += 1
                     _network_attrs(*r)
                     _check_interop(*r)
-        for ours, theirs in ((our.ip_interface, std.ip_interface), (our.IPv4Interface, std.IPv4Interface),
-                             (our.IPv6Interface, std.IPv6Interface)):
+        for ours, theirs in INTERFACE_MAKERS:
             r = same(lambda: ours(text), lambda: theirs(text))
             if r is not None:
                 ifaces += 1
@@ -245,14 +250,12 @@ def test_networks_from_tuples_ints_and_bytes() -> None:
                        our.ip_network("10.0.0.0/8"), std.ip_network("10.0.0.0/8"), our.ip_interface("10.1.2.3/8")]
     for arg in args:
         for strict in (True, False):
-            for ours, theirs in ((our.ip_network, std.ip_network), (our.IPv4Network, std.IPv4Network),
-                                 (our.IPv6Network, std.IPv6Network)):
+            for ours, theirs in NETWORK_MAKERS:
                 r = same(lambda: ours(arg, strict), lambda: theirs(arg, strict))
                 if r is not None:
                     _network_attrs(*r)
                     _check_interop(*r)
-        for ours, theirs in ((our.ip_interface, std.ip_interface), (our.IPv4Interface, std.IPv4Interface),
-                             (our.IPv6Interface, std.IPv6Interface)):
+        for ours, theirs in INTERFACE_MAKERS:
             r = same(lambda: ours(arg), lambda: theirs(arg))
             if r is not None:
                 _interface_attrs(*r)
