@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-
 class RangeError(ValueError):
     """A range or range set that cannot be used; the message is the reference's wording."""
 

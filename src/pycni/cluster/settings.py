@@ -170,7 +170,6 @@ def client(settings: EtcdSettings, timeout: float | None = None, *, one_shot: bo
     return etcd
 
 
-
 def add_etcd_arguments(sp: Any) -> None:
     """The etcd flags every cluster command takes (``pycni node``, ``endpoint``, ``namespace``, ``policy``)."""
     sp.add_argument("--etcd-endpoints", default=os.environ.get("PYCNI_ETCD_ENDPOINTS", ""),

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from pycni.spec.types import IPInterface
 
 
-
 @record
 class Addr:
     """One address on a link."""

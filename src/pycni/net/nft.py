@@ -96,8 +96,6 @@ def run(script: str, *, code: int = IO_FAILURE, what: str = "transaction") -> No
     _exec(["-f", "-"], script, what, code)
 
 
-
-
 def list_json(*args: str, missing_ok: bool = False) -> dict[str, Any]:
     """``nft -j list <args>`` parsed; with ``missing_ok`` a missing object lists as empty.
 

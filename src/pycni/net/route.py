@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from pycni.spec.types import IPAddress, IPNetwork
 
 
-
 @record
 class RouteEntry:
     """One route as the kernel reports it: what CHECK compares, and all it takes to re-create it

@@ -109,7 +109,6 @@ def rate_table(rate_bytes: int) -> list[int]:
     return [min(xmittime(rate_bytes, (i + 1) << TBF_CELL_LOG, tick), MAX_U32) for i in range(256)]
 
 
-
 def tbf_limit(rate_bytes: int, burst_bytes: int) -> int:
     """Queue limit in bytes: what ``rate`` sends in the latency budget, plus the burst."""
     return int(rate_bytes * LATENCY_MS * 1000 / TIME_UNITS_PER_SEC) + burst_bytes

@@ -86,7 +86,6 @@ def _replace_from(values: list[Any], where: str) -> list[IPConfig]:
     return out
 
 
-
 def _apply_env_args(addresses: list[IPConfig], raw_args: str) -> None:
     """CNI_ARGS ``IP`` adds addresses; ``GATEWAY`` sets the gateway of those containing it."""
     env = load_cni_args(raw_args, ("IP", "GATEWAY"))

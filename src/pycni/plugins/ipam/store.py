@@ -39,7 +39,6 @@ LINE_BREAK = b"\r\n"
 LOCK_TIMEOUT = 120.0  # seconds to wait for another invocation before answering "try again"
 
 
-
 def _io_error(what: str, err: OSError) -> CNIError:
     return CNIError(IO_FAILURE, f"host-local: {what}", f"{err.filename or ''}: {err.strerror or err}")
 
