@@ -43,7 +43,19 @@ class Namespace:
         return _netns.enter(self.path)
 
     def delete(self) -> None:
+        """Unmount the namespace; the kernel destroys it (and its links) later, in a work queue."""
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+
+    def wait_link_gone(self, dev: str, timeout: float = 10.0) -> None:
+        """Wait until link ``dev`` no longer exists here, or fail.
+
+        The host end of a veth whose peer was in a deleted namespace goes only when the kernel
+        destroys that namespace, asynchronously after ``delete`` (Go's plugins leave it to the
+        kernel too), so a test asserting it is gone has to wait for that.
+        """
+        tries = max(1, int(timeout * 10))
+        self.run(["sh", "-c", f"for i in $(seq {tries}); do ip link show dev {dev} >/dev/null 2>&1 || exit 0; "
+                              "sleep 0.1; done; exit 1"])
 
     def wait_dad(self, dev: str | None = None, tries: int = 100) -> None:
         """Wait (0.1 s a try) until no IPv6 address here (on ``dev``) is tentative, or fail.

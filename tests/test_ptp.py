@@ -88,7 +88,7 @@ def test_del_with_netns_gone_removes_masquerade(netns_factory: Callable[[], Name
     ctr.delete()
     ok(call(ptp.PLUGIN, host, "DEL", cfg, ctr, plugin_dir, container_id="gone1"))
     assert "gone1" not in host.run(["iptables-save", "-t", "nat"]).stdout  # the reference leaks this chain
-    assert host.run(["ip", "link", "show", r["interfaces"][0]["name"]], check=False).returncode != 0
+    host.wait_link_gone(r["interfaces"][0]["name"])  # the kernel removes it with the namespace
     assert reservations(tmp_path) == []
 
 
