@@ -247,12 +247,12 @@ def _call(shim: str, env: dict[str, str], conf: dict[str, object], tmp: Path, ns
 
 def test_namespace_plugins_one_shot_import_no_ctypes_contextlib_or_threading(
         shims: str, tmp_path: Path, netns_factory: Callable[[], Namespace]) -> None:
-    """ptp with bandwidth and tuning chained, macvlan, host-device and loopback, ADD and DEL for real.
+    """ptp with bandwidth and tuning chained, macvlan, host-device, loopback and tap, ADD and DEL for real.
 
     Each enters the container's namespace (setns through _ctypes, not the ctypes package), takes
     locks and runs host-local in-process: none may import ctypes, contextlib or threading, nor
     ipaddress, functools or collections (NO_STDLIB_IP), nor copy (NO_COPY: bandwidth and tuning
-    copy their previous result).
+    copy their previous result), nor subprocess (tools run through pycni.net.tools).
     """
     host, ctr = netns_factory(), netns_factory()
     host.run(["ip", "link", "add", "spm0", "type", "veth", "peer", "name", "spm1"])
@@ -270,7 +270,9 @@ def test_namespace_plugins_one_shot_import_no_ctypes_contextlib_or_threading(
         ("eth1", [{"type": "macvlan", "master": "spm0", "ipam": ipam("10.74.1.0/24")}]),
         ("eth2", [{"type": "host-device", "device": "spd1", "dataDir": str(tmp_path / "host-device")}]),
         ("lo", [{"type": "loopback"}]),
+        ("tap0", [{"type": "tap", "ipam": ipam("10.74.2.0/24")}]),
     ]
+    banned = (*NOT_ONE_SHOT, *NO_STDLIB_IP, *NO_COPY, "subprocess")
     seen = []
     for ifname, chain in chains:
         prev: object = None
@@ -282,9 +284,9 @@ def test_namespace_plugins_one_shot_import_no_ctypes_contextlib_or_threading(
                 env = plugin_util.env(command, "spi1", ctr, ifname=ifname, cni_path=shims)
                 mods, out = _call(os.path.join(shims, str(plugin["type"])), env, conf, tmp_path, host)
                 assert "pycni.net.netns" in mods, (plugin["type"], command)  # it did enter the namespace
-                assert _heavy(mods, (*NOT_ONE_SHOT, *NO_STDLIB_IP, *NO_COPY)) == [], (plugin["type"], command)
+                assert _heavy(mods, banned) == [], (plugin["type"], command)
                 if command == "ADD":
                     prev = json.loads(out)
                 seen.append((plugin["type"], command))
-    assert len(seen) == 12
+    assert len(seen) == 14
     assert "spd1" in host.run(["ip", "link", "show"]).stdout  # host-device's DEL gave it back

@@ -10,7 +10,6 @@ Acts from the calling thread's namespace (the host).
 from __future__ import annotations
 
 import errno
-import os
 
 from pycni.net import netns
 from pycni.net.errors import kernel_errors
@@ -23,6 +22,7 @@ from pycni.net.link import (
     rtnl,
     setlink,
 )
+from pycni.net.names import random_ifname
 from pycni.spec.errors import INTERNAL, CNIError, invalid_config
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot process ~4 ms
@@ -57,7 +57,7 @@ def create_in_container(kind: str, container_netns: str, ifname: str, *, parent:
     """Create a ``kind`` link named ``ifname`` in ``container_netns``; return it (down)."""
     with netns.enter(container_netns):
         require_free_ifname(ifname, container_netns)
-    tmp = f"{kind[:5]}{os.urandom(4).hex()}"
+    tmp = random_ifname(kind[:5])
     spec: dict[str, Any] = {"ifname": tmp, "kind": kind, **attrs}
     if parent is not None:
         spec["link"] = parent

@@ -10,7 +10,6 @@ the container's name in the host namespace.
 from __future__ import annotations
 
 import errno
-import os
 
 from pycni.net import netns
 from pycni.net.errors import kernel_errors
@@ -21,6 +20,7 @@ from pycni.net.link import (
     rtnl,
     setlink,
 )
+from pycni.net.names import random_ifname
 from pycni.net.sysctl import try_write_sysctl
 from pycni.record import record
 from pycni.spec.errors import INTERNAL, CNIError, invalid_config
@@ -35,7 +35,7 @@ MAX_NAME_TRIES = 10
 
 def random_veth_name() -> str:
     """``veth`` + 8 hex digits, as the Go reference names host-side veths."""
-    return "veth" + os.urandom(4).hex()
+    return random_ifname("veth")
 
 
 @record

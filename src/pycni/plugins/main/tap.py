@@ -9,12 +9,12 @@ creation where SELinux is enabled and is ignored where it is not.
 from __future__ import annotations
 
 import os
-import secrets
-import subprocess
 
 from pycni import netconf
 from pycni.net import netns
 from pycni.net.link import Link
+from pycni.net.names import random_ifname
+from pycni.net.tools import run_tool
 from pycni.plugins.main._sublink import SublinkPlugin, SublinkSpec
 from pycni.skel import CmdArgs, run_plugin
 from pycni.spec.errors import INTERNAL, CNIError, invalid_config
@@ -49,7 +49,7 @@ def create(conf: Mapping[str, Any], args: CmdArgs, mac: str) -> Link:
     """Make the tap in the container under a temporary name, then configure and rename it (the create hook)."""
     from pycni.net import link, tuntap
 
-    tmp = f"tap{secrets.token_hex(4)}"
+    tmp = random_ifname("tap")
     with netns.enter(args.netns):
         link.require_free_ifname(args.ifname, args.netns)
         bridge = netconf.get_str(conf, "bridge")
@@ -84,12 +84,12 @@ def _create_labelled(name: str, context: str, multi_queue: bool, owner: int | No
     try:
         with open("/proc/thread-self/attr/exec", "w") as f:
             f.write(context)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        status, _, stderr = run_tool(cmd)
     finally:
         with open("/proc/thread-self/attr/exec", "w") as f:
             f.write("")
-    if proc.returncode != 0:
-        raise CNIError(INTERNAL, f"failed to create tap {name!r}", proc.stderr.strip())
+    if status != 0:
+        raise CNIError(INTERNAL, f"failed to create tap {name!r}", stderr.strip())
 
 
 SPEC = SublinkSpec(name="tap", kind="tun", needs_master=False, mac_configurable=True, link_attrs=validate,
