@@ -107,6 +107,26 @@ def test_version_imports_no_netlink(plugin: str, shims: str, baseline: set[str],
     assert _heavy(mods - baseline, NEVER_ON_VERSION) == []
 
 
+# Never imported by merely importing a plugin's module (every command pays for that): what the
+# guards above keep off the paths they run, plus socket (selectors, enum; _socket does a client's
+# work), secrets and random (base64, hmac, hashlib; os.urandom does), for the plugins no other
+# guard here runs (dhcp, flannel, tap, vrf, sbr, ...).
+NEVER_AT_IMPORT = (*NEVER_ON_VERSION, "ctypes", "pycni.runtime", "pycni.daemon.server", "subprocess",
+                   *NO_JSON_NO_RE, *NOT_ONE_SHOT, *NO_STDLIB_IP, *NO_COPY, "typing", "socket", "selectors",
+                   "secrets", "random", "hashlib", "shutil", "logging")
+
+
+@pytest.mark.parametrize("plugin", sorted(PLUGIN_MODULES))
+def test_plugin_module_import_is_light(plugin: str) -> None:
+    """Importing a plugin's module (what its shim does before any command) loads none of NEVER_AT_IMPORT."""
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    code = (f"import sys; sys.path.insert(0, {src!r}); before = set(sys.modules); "
+            f"import {PLUGIN_MODULES[plugin]}; print(' '.join(sorted(set(sys.modules) - before)))")
+    proc = subprocess.run([sys.executable, "-IS", "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert _heavy(set(proc.stdout.split()), NEVER_AT_IMPORT) == [], plugin
+
+
 @pytest.mark.parametrize("plugin", ["host-local", "static", "cluster-ipam"])
 def test_version_of_stdlib_ipam_is_stdlib_only(plugin: str, shims: str, baseline: set[str], tmp_path: Path) -> None:
     mods = _modules(os.path.join(shims, plugin), {"CNI_COMMAND": "VERSION"}, b'{"cniVersion": "1.0.0"}', tmp_path)

@@ -10,10 +10,10 @@ gone or changed, and removes it once the delegate's DEL succeeded. Stdlib only.
 
 from __future__ import annotations
 
-import json
 import os
 
 from pycni import invoke, ipaddr, netconf, statefile
+from pycni import jsonlite as json
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, config_version, run_plugin

@@ -7,19 +7,22 @@ The reference uses Go's net/rpc; nothing else speaks to the daemon, so ours is s
     reply:   {"result": {...a 1.1.0 result...}}  |  {}  |  {"error": {"code", "msg", "details"}}
 
 Each travels in the frame pycni's main daemon uses (:mod:`pycni.daemon.protocol`: a 4-byte
-length, then the body), so a truncated message is told from a complete one. Stdlib only.
+length, then the body), so a truncated message is told from a complete one. Stdlib only; the
+plugin's side uses ``_socket`` and :mod:`pycni.jsonlite`, not :mod:`socket` (which imports
+selectors and enum) and :mod:`json` (re): ~8 ms of a one-shot call's imports.
 """
 
 from __future__ import annotations
 
-import json
-import socket
+import _socket
 
+from pycni import jsonlite as json
 from pycni.daemon.protocol import frame, recv_frame
 from pycni.spec.errors import DECODE_FAILURE, TRY_AGAIN, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
 if TYPE_CHECKING:
+    import socket
     from typing import Any
 
 DEFAULT_SOCKET_PATH = "/run/cni/dhcp.sock"
@@ -37,18 +40,18 @@ class DaemonUnavailable(CNIError):
                          f"{why}; {START_HINT}")
 
 
-def send(sock: socket.socket, message: dict[str, Any]) -> None:
+def send(sock: socket.socket | _socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(frame(json.dumps(message).encode()))
 
 
-def receive(sock: socket.socket) -> bytes:
+def receive(sock: socket.socket | _socket.socket) -> bytes:
     """One message's JSON text; ValueError when too large, ConnectionError when cut short."""
     return recv_frame(sock, MAX_MESSAGE)
 
 
 def call(path: str, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
     """Send one request to the daemon at ``path``; return its reply or raise its CNIError."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         s.settimeout(timeout)
         try:
