@@ -22,7 +22,6 @@ from pycni.spec.errors import DECODE_FAILURE, TRY_AGAIN, CNIError
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~3 ms (see pycni.record)
 if TYPE_CHECKING:
-    import socket
     from typing import Any
 
 DEFAULT_SOCKET_PATH = "/run/cni/dhcp.sock"
@@ -40,11 +39,11 @@ class DaemonUnavailable(CNIError):
                          f"{why}; {START_HINT}")
 
 
-def send(sock: socket.socket | _socket.socket, message: dict[str, Any]) -> None:
+def send(sock: _socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(frame(json.dumps(message).encode()))
 
 
-def receive(sock: socket.socket | _socket.socket) -> bytes:
+def receive(sock: _socket.socket) -> bytes:
     """One message's JSON text; ValueError when too large, ConnectionError when cut short."""
     return recv_frame(sock, MAX_MESSAGE)
 
