@@ -15,7 +15,7 @@ import ipaddress as std
 import itertools
 import pickle
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -158,27 +158,31 @@ INTERFACE_MAKERS = ((our.ip_interface, std.ip_interface), (our.IPv4Interface, st
                     (our.IPv6Interface, std.IPv6Interface))
 
 
+def made_alike(makers: Sequence[tuple[Callable[..., Any], Callable[..., Any]]], args: tuple[Any, ...],
+               attrs: Callable[[Any, Any], None]) -> int:
+    """How many (ours, stdlib) pairs of ``makers`` make a value of ``args``: each call pair gives the
+    same result or the same error (:func:`same`), and each value made is compared by ``attrs`` and
+    :func:`_check_interop`."""
+    made = 0
+    for ours, theirs in makers:
+        r = same(lambda: ours(*args), lambda: theirs(*args))
+        if r is not None:
+            made += 1
+            attrs(*r)
+            _check_interop(*r)
+    return made
+
+
 @pytest.mark.parametrize("chunk", range(4))
 def test_addresses_parse_print_and_compare_as_the_stdlib(chunk: int) -> None:
-    made = 0
-    for text in TEXTS[chunk::4]:
-        for ours, theirs in ADDRESS_MAKERS:
-            r = same(lambda: ours(text), lambda: theirs(text))
-            if r is not None:
-                made += 1
-                _address_attrs(*r)
-                _check_interop(*r)
+    made = sum(made_alike(ADDRESS_MAKERS, (text,), _address_attrs) for text in TEXTS[chunk::4])
     assert made > 500
 
 
 def test_addresses_from_ints_and_bytes() -> None:
     for value in [*INTS, *BYTES, 1.5, None, [1], our.IPv4Address("1.2.3.4"), std.IPv4Address("1.2.3.4"),
                   our.ip_interface("1.2.3.4/24")]:
-        for ours, theirs in ADDRESS_MAKERS:
-            r = same(lambda: ours(value), lambda: theirs(value))
-            if r is not None:
-                _address_attrs(*r)
-                _check_interop(*r)
+        made_alike(ADDRESS_MAKERS, (value,), _address_attrs)
 
 
 def _network_attrs(n: Any, s: Any) -> None:
@@ -227,18 +231,8 @@ def test_networks_and_interfaces_as_the_stdlib(chunk: int) -> None:
     nets = ifaces = 0
     for text in NET_TEXTS[chunk::4]:
         for strict in (True, False):
-            for ours, theirs in NETWORK_MAKERS:
-                r = same(lambda: ours(text, strict), lambda: theirs(text, strict))
-                if r is not None:
-                    nets += 1
-                    _network_attrs(*r)
-                    _check_interop(*r)
-        for ours, theirs in INTERFACE_MAKERS:
-            r = same(lambda: ours(text), lambda: theirs(text))
-            if r is not None:
-                ifaces += 1
-                _interface_attrs(*r)
-                _check_interop(*r)
+            nets += made_alike(NETWORK_MAKERS, (text, strict), _network_attrs)
+        ifaces += made_alike(INTERFACE_MAKERS, (text,), _interface_attrs)
     assert nets > 300 and ifaces > 300
 
 
@@ -250,16 +244,8 @@ def test_networks_from_tuples_ints_and_bytes() -> None:
                        our.ip_network("10.0.0.0/8"), std.ip_network("10.0.0.0/8"), our.ip_interface("10.1.2.3/8")]
     for arg in args:
         for strict in (True, False):
-            for ours, theirs in NETWORK_MAKERS:
-                r = same(lambda: ours(arg, strict), lambda: theirs(arg, strict))
-                if r is not None:
-                    _network_attrs(*r)
-                    _check_interop(*r)
-        for ours, theirs in INTERFACE_MAKERS:
-            r = same(lambda: ours(arg), lambda: theirs(arg))
-            if r is not None:
-                _interface_attrs(*r)
-                _check_interop(*r)
+            made_alike(NETWORK_MAKERS, (arg, strict), _network_attrs)
+        made_alike(INTERFACE_MAKERS, (arg,), _interface_attrs)
 
 
 def _pairs(rng: random.Random, items: list[tuple[Any, Any]], n: int) -> Iterable[tuple[Any, Any, Any, Any]]:
