@@ -733,17 +733,22 @@ class _Interface:
     """An address with the network it sits on (host bits kept): the Interface classes' shared part."""
     _ip: int
     _prefixlen: int
+    _max_prefixlen: int
+    _address_class: Any
+    _network_class: Any
     network: Any
     netmask: Any
 
-    def _attach(self, mask: object, addr: object) -> None:
-        self.network = self._network_class((addr, mask), strict=False)  # type: ignore[attr-defined]
+    def __init__(self, address: object) -> None:
+        addr, mask = _split_prefix(address, self._max_prefixlen)
+        self._address_class.__init__(self, addr)
+        self.network = self._network_class((addr, mask), strict=False)
         self.netmask = self.network.netmask
         self._prefixlen = self.network._prefixlen
 
     @property
     def ip(self) -> Any:
-        return self._address_class(self._ip)  # type: ignore[attr-defined]
+        return self._address_class(self._ip)
 
     @property
     def hostmask(self) -> Any:
@@ -762,13 +767,13 @@ class _Interface:
         return f"{self._bare()}/{self.hostmask}"
 
     def _bare(self) -> str:
-        return str(self._address_class(self._ip))  # type: ignore[attr-defined]
+        return str(self._address_class(self._ip))
 
     def __str__(self) -> str:
-        return f"{self._address_class.__str__(self)}/{self._prefixlen}"  # type: ignore[attr-defined]
+        return f"{self._address_class.__str__(self)}/{self._prefixlen}"
 
     def __eq__(self, other: object) -> bool:
-        equal = self._address_class.__eq__(self, other)  # type: ignore[attr-defined]
+        equal = self._address_class.__eq__(self, other)
         if equal is NotImplemented or not equal:
             return equal  # type: ignore[no-any-return]
         try:
@@ -777,7 +782,7 @@ class _Interface:
             return False
 
     def __lt__(self, other: object) -> bool:
-        less = self._address_class.__lt__(self, other)  # type: ignore[attr-defined]
+        less = self._address_class.__lt__(self, other)
         if less is NotImplemented:
             return NotImplemented  # type: ignore[no-any-return]
         try:
@@ -800,11 +805,6 @@ class IPv4Interface(_Interface, IPv4Address):
     network: IPv4Network
     netmask: IPv4Address
 
-    def __init__(self, address: object) -> None:
-        addr, mask = _split_prefix(address, 32)
-        IPv4Address.__init__(self, addr)
-        self._attach(mask, addr)
-
     @property
     def is_unspecified(self) -> bool:
         return False  # 3.11 compares the interface with 0.0.0.0, which has no network: never equal
@@ -817,11 +817,6 @@ class IPv6Interface(_Interface, IPv6Address):
     _network_class = IPv6Network
     network: IPv6Network
     netmask: IPv6Address
-
-    def __init__(self, address: object) -> None:
-        addr, mask = _split_prefix(address, 128)
-        IPv6Address.__init__(self, addr)
-        self._attach(mask, addr)
 
     @property
     def exploded(self) -> str:
