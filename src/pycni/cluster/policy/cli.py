@@ -177,17 +177,9 @@ def port_changes(ports: list[tuple[str, int, str]], changes: list[str]) -> list[
 
 
 def _update_meta(kv: Any, key: str, change: Any) -> PodMeta:
-    """Read-modify-write a PodMeta record with a compare on its revision (retried when it moved)."""
-    from pycni.cluster.kv import if_absent, if_mod, op_put
+    from pycni.cluster.policy.records import update_meta
 
-    for _ in range(16):
-        cur = kv.get(key)
-        meta = PodMeta.from_json(cur.value) if cur is not None else PodMeta()
-        new = change(meta)
-        guard = if_mod(key, cur.mod_revision) if cur is not None else if_absent(key)
-        if kv.txn([guard], [op_put(key, new.to_json())]).succeeded:
-            return new  # type: ignore[no-any-return]
-    raise CNIError(TRY_AGAIN, f"{key} kept changing under this update", "try again")
+    return update_meta(kv, key, change)[0]
 
 
 @_mapped
@@ -289,9 +281,6 @@ def _read_file(name: str) -> str:
 
 @_mapped
 def cmd_policy_apply(opts: argparse.Namespace) -> int:
-    import json
-
-    from pycni.cluster.kv import op_put
     from pycni.cluster.policy.model import PolicyError, parse_policies
 
     try:
@@ -300,14 +289,13 @@ def cmd_policy_apply(opts: argparse.Namespace) -> int:
         raise invalid_config("invalid NetworkPolicy", str(e)) from None
     if not policies:
         raise invalid_config(f"no NetworkPolicy in {opts.filename}", "the file holds no document")
+    from pycni.cluster.policy.records import put_policies
+
     kv, keys = _client(opts)
     with kv:
-        existing = {p.key for p in policies if kv.get(keys.policy(p.namespace, p.name)) is not None}
-        # every document in one transaction: a stream applies whole or not at all
-        kv.txn([], [op_put(keys.policy(p.namespace, p.name), json.dumps(p.source, sort_keys=True))
-                    for p in policies])
+        outcome = put_policies(kv, keys, policies)
     for p in policies:
-        print(f"networkpolicy {p.key} {'configured' if p.key in existing else 'created'}")
+        print(f"networkpolicy {p.key} {outcome[p.key]}")
     return 0
 
 
@@ -337,8 +325,10 @@ def cmd_policy_list(opts: argparse.Namespace) -> int:
 def cmd_policy_delete(opts: argparse.Namespace) -> int:
     ns, name = _split_target(opts.target, "policy")
     kv, keys = _client(opts)
+    from pycni.cluster.policy.records import delete_policy
+
     with kv:
-        gone = kv.delete(keys.policy(ns, name))
+        gone = delete_policy(kv, keys, ns, name)
     if not gone:
         raise CNIError(UNKNOWN_CONTAINER, f"networkpolicy {ns}/{name} not found", "`pycni policy list -A` lists them")
     print(f"networkpolicy {ns}/{name} deleted")
