@@ -1,0 +1,66 @@
+"""How every list and show verb of ``pycni`` prints: one set of formats, one way.
+
+A table by default (the columns a person reads first), ``-o wide`` (the table with more
+columns), ``-o json`` (a JSON array of objects: every field, machine-readable), ``-o yaml`` (the
+same objects as YAML). A verb describes its rows once — a list of dicts, the columns to show
+and the extra ones for wide — and calls :func:`emit`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+    from typing import Any, TextIO
+
+FORMATS = ("wide", "json", "yaml")
+
+
+def add_output_argument(parser: argparse.ArgumentParser, what: str = "rows") -> None:
+    """``-o/--output {wide,json,yaml}`` on a list or show verb."""
+    parser.add_argument("-o", "--output", choices=FORMATS, default=None,
+                        help=f"how to print the {what}: a table by default; wide: more columns; "
+                             "json or yaml: every field")
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell, three spaces apart, no trailing blanks."""
+    if not rows:
+        return ""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in sorted(value.items())) or "(none)"
+    if isinstance(value, list | tuple):
+        return ",".join(_cell(v) for v in value)
+    return str(value)
+
+
+def emit(fmt: str | None, items: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]],
+         wide: Sequence[tuple[str, str]] = (), out: TextIO | None = None) -> None:
+    """Print ``items`` as ``fmt`` asks. ``columns`` and ``wide`` are (HEADER, field) pairs: the
+    table's columns, and those ``-o wide`` adds; json and yaml print every field of every item."""
+    out = out or sys.stdout
+    if fmt == "json":
+        import json
+
+        out.write(json.dumps(list(items), indent=2, sort_keys=True) + "\n")
+        return
+    if fmt == "yaml":
+        import yaml
+
+        out.write(yaml.safe_dump(list(items), sort_keys=True, default_flow_style=False))
+        return
+    cols = list(columns) + (list(wide) if fmt == "wide" else [])
+    rows = [[h for h, _ in cols]] + [[_cell(item.get(f)) for _, f in cols] for item in items]
+    out.write(table(rows) + "\n")
