@@ -46,3 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a client must send its whole request within this (default: %(default)g)")
     parser.add_argument("--stop-timeout", type=_seconds, default=STOP_TIMEOUT, metavar="SECONDS",
                         help="on SIGTERM, requests in flight get this long to finish (default: %(default)g)")
+    from pycni.metrics import add_argument as add_metrics_argument
+
+    add_metrics_argument(parser)

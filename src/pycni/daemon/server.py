@@ -38,6 +38,12 @@ from pycni.spec.errors import INTERNAL, INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIE
 from pycni.unixsock import AlreadyServing, Refused, listen, socket_answers, unlisten
 from pycni.unixsock import activated_socket as _activated_socket
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from pycni.daemon.metrics import DaemonMetrics
+
 log = logging.getLogger("pycni.daemon")
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -180,6 +186,8 @@ class Daemon:
         self._active: set[threading.Thread] = set()
         self._active_guard = threading.Lock()
         self.process_locks: StripedFileLocks | None = None  # set when serving with worker processes
+        self.metrics: DaemonMetrics | None = None  # set by run() with --metrics-address
+        self.metrics_server: WSGIServer | None = None  # the main process's; workers close their copy
         if preload:
             self.preload()
 
@@ -269,6 +277,10 @@ class Daemon:
 
             shutil.rmtree(self.process_locks.directory, ignore_errors=True)
             self.process_locks = None
+        if self.metrics is not None and os.environ.get("PROMETHEUS_MULTIPROC_DIR") == self.socket_path + ".metrics":
+            import shutil
+
+            shutil.rmtree(self.socket_path + ".metrics", ignore_errors=True)
         if self._claim is not None:
             self._claim.release()
             self._claim = None
@@ -400,6 +412,10 @@ class Daemon:
                     if pid == 0:
                         break
                     children.discard(pid)
+                    if self.metrics is not None:
+                        from prometheus_client import multiprocess
+
+                        multiprocess.mark_process_dead(pid)  # its in-flight gauge no longer counts
                     if not self._stop.is_set():
                         log.warning("worker %d exited (status %#x); starting another", pid, status)
                         spawn()
@@ -439,6 +455,9 @@ class Daemon:
     def _work(self, parent: int, lifeline: int) -> None:
         """A worker's life: serve until stopped or orphaned, finish requests in flight (bounded)."""
         self._owned = None  # the socket file is the parent's to remove
+        if self.metrics_server is not None:  # the main process serves the metrics
+            self.metrics_server.socket.close()
+            self.metrics_server = None
         _signal_on_parent_death(signal.SIGTERM)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
@@ -585,7 +604,13 @@ class Daemon:
             plock = self.process_locks.hold(key) if locked and self.process_locks else nullcontext()
             with lock, plock, netns.enter(f"/proc/self/fd/{ns_fd}"):
                 started = time.perf_counter()
-                outcome = dispatch(plugin, env, stdin, runner=run_delegate)
+                if self.metrics is None:
+                    outcome = dispatch(plugin, env, stdin, runner=run_delegate)
+                else:
+                    with self.metrics.in_flight.track_inprogress():
+                        outcome = dispatch(plugin, env, stdin, runner=run_delegate)
+                    self.metrics.observe(name, env.get("CNI_COMMAND", ""), outcome.exit_code == 0,
+                                         time.perf_counter() - started)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s %s %s (pid %d): exit %d in %.1f ms", name, env.get("CNI_COMMAND"), key, peer_pid,
                           outcome.exit_code, (time.perf_counter() - started) * 1000)
@@ -670,6 +695,16 @@ def run(opts: argparse.Namespace) -> int:
         return 1
     if inherited is not None and not opts.no_preload:
         daemon.preload()
+    workers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
+    if opts.metrics_address is not None:
+        try:
+            start_metrics(daemon, opts.metrics_address, workers)
+        except OSError as e:
+            sys.stderr.write(f"pycni daemon: cannot serve metrics on {opts.metrics_address[0]}:"
+                             f"{opts.metrics_address[1]}: {e.strerror or e}\n")
+            daemon._unlisten()
+            daemon._release()
+            return 1
     from pycni.net import nft
 
     # nftables in-process: no fork/exec per transaction, and the socket close that waits out the
@@ -682,9 +717,25 @@ def run(opts: argparse.Namespace) -> int:
         # The reference's iptables layout without a process per call: restores go to long-lived
         # iptables-restore processes, one per network namespace in use (pycni.net.restore_session).
         iptables.keep_sessions()
-    workers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
-    daemon.serve_workers(workers)
+    try:
+        daemon.serve_workers(workers)
+    finally:
+        if daemon.metrics_server is not None:
+            daemon.metrics_server.shutdown()
     return 0
+
+
+def start_metrics(daemon: Daemon, address: tuple[str, int], workers: int) -> None:
+    """Count the daemon's calls and serve them at http://ADDRESS/metrics (before any fork: with
+    worker processes, in prometheus_client's multi-process mode in ``<socket>.metrics/``)."""
+    from pycni import metrics
+    from pycni.daemon.metrics import DaemonMetrics
+
+    if workers > 1:
+        metrics.multiprocess_dir(daemon.socket_path + ".metrics")
+    daemon.metrics = DaemonMetrics()
+    daemon.metrics_server = metrics.serve(address, metrics.registry(multiprocess=workers > 1))
+    log.info("pycni daemon: metrics at http://%s:%d/metrics", *address)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,212 @@
+"""Prometheus metrics: ``pycni daemon --metrics-address``, scraped by a real Prometheus server.
+
+Everything listens inside a throwaway network namespace (its own loopback): the daemon's
+metrics endpoint and Debian's ``prometheus``, which scrapes it every second; the test asks
+Prometheus' query API, so what is checked is what an operator's dashboard would show.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_proc import DaemonProc, needs_privileges, request
+from netns_util import Namespace, new_namespace
+from plugin_util import env
+
+from pycni.metrics import AddressError, parse_address
+
+PREFIX = "pm36"
+METRICS_PORT = 9464
+PROM_PORT = 9090
+NO_NETNS = "/var/run/netns/none"  # static IPAM never enters it
+STATIC_CONF = {"cniVersion": "1.0.0", "name": "m", "type": "static",
+               "ipam": {"type": "static", "addresses": [{"address": "10.9.0.5/24"}]}}
+WAIT = 60.0
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("9091", ("127.0.0.1", 9091)), (":9091", ("127.0.0.1", 9091)), ("0.0.0.0:80", ("0.0.0.0", 80)),
+    ("[::1]:9091", ("::1", 9091)), ("10.0.0.1:65535", ("10.0.0.1", 65535))])
+def test_address_forms(text: str, want: tuple[str, int]) -> None:
+    assert parse_address(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "host:", "x:99999", "1.2.3.4:0", "abc", ":-1"])
+def test_bad_address_is_refused_with_the_forms(text: str) -> None:
+    with pytest.raises(AddressError, match="PORT, :PORT, HOST:PORT"):
+        parse_address(text)
+
+
+def test_bad_address_is_a_usage_error_naming_the_flag(tmp_path: Path) -> None:
+    proc = subprocess.run(["pycni", "daemon", "--socket", str(tmp_path / "s.sock"), "--metrics-address", "x:y"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--metrics-address" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.fixture
+def host() -> Iterator[Namespace]:
+    ns = new_namespace(PREFIX)
+    try:
+        ns.run(["ip", "link", "set", "lo", "up"])
+        yield ns
+    finally:
+        ns.delete()
+
+
+def _http(ns: Namespace, url: str, method: str = "GET") -> tuple[int, str]:
+    with ns.enter():
+        req = urllib.request.Request(url, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+
+def _query(ns: Namespace, promql: str) -> float | None:
+    """The single value of an instant query, None when it has no sample yet."""
+    status, body = _http(ns, f"http://127.0.0.1:{PROM_PORT}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    if status != 200:
+        return None
+    result = json.loads(body)["data"]["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
+def _wait_value(ns: Namespace, promql: str, want: float) -> None:
+    deadline = time.monotonic() + WAIT
+    got: float | None = None
+    while time.monotonic() < deadline:
+        got = _query(ns, promql)
+        if got == want:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{promql} = {got}, want {want}")
+
+
+class Prometheus:
+    """Debian's prometheus in ``ns``, scraping ``targets`` every second, its data in ``tmp``."""
+
+    def __init__(self, ns: Namespace, tmp: Path, targets: list[str]) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise AssertionError("prometheus is not installed: scripts/setup --test installs it")
+        conf = tmp / "prometheus.yml"
+        conf.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                        "scrape_configs:\n"
+                        f"  - job_name: pycni\n    static_configs: [{{targets: {json.dumps(targets)}}}]\n")
+        self.log = tmp / "prometheus.log"
+        self.proc = subprocess.Popen(["ip", "netns", "exec", ns.name, binary, f"--config.file={conf}",
+                                      f"--storage.tsdb.path={tmp / 'data'}",
+                                      f"--web.listen-address=127.0.0.1:{PROM_PORT}"],
+                                     stdout=subprocess.DEVNULL, stderr=self.log.open("w"), start_new_session=True)
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"prometheus exited: {self.log.read_text()[-2000:]}")
+            try:
+                if _http(ns, f"http://127.0.0.1:{PROM_PORT}/-/ready")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("prometheus did not become ready")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _call(ns: Namespace, sock: str, conf: dict[str, Any]) -> int:
+    """One static ADD through the daemon, asked from inside ``ns`` (the daemon works in the
+    caller's namespace; static IPAM changes nothing there)."""
+    with ns.enter():
+        code, _out, _err = request(sock, "static", env("ADD", netns=NO_NETNS, container_id="c1"),
+                                   json.dumps(conf).encode())
+    return code
+
+
+@needs_privileges
+@pytest.mark.parametrize("workers", [1, 2])
+def test_prometheus_scrapes_the_daemons_plugin_calls(host: Namespace, tmp_path: Path, workers: int) -> None:
+    sock = str(tmp_path / "pycni.sock")
+    daemon = DaemonProc(sock, tmp_path / "daemon.log", "--workers", str(workers),
+                        "--metrics-address", f"127.0.0.1:{METRICS_PORT}", prefix=["ip", "netns", "exec", host.name])
+    prom = None
+    try:
+        daemon.ready(workers=workers if workers > 1 else 0)
+        prom = Prometheus(host, tmp_path, [f"127.0.0.1:{METRICS_PORT}"])
+        ok = 'sum(pycni_daemon_plugin_calls_total{plugin="static",command="ADD",result="success"})'
+        bad = 'sum(pycni_daemon_plugin_calls_total{plugin="static",command="ADD",result="error"})'
+        _wait_value(host, "up", 1)
+        for _ in range(3):
+            assert _call(host, sock, STATIC_CONF) == 0
+        assert _call(host, sock, {**STATIC_CONF, "ipam": {"type": "static", "addresses": "not a list"}}) != 0
+        _wait_value(host, ok, 3)
+        _wait_value(host, bad, 1)
+        assert _call(host, sock, STATIC_CONF) == 0
+        _wait_value(host, ok, 4)  # the query moves with the calls
+        _wait_value(host, 'sum(pycni_daemon_plugin_call_duration_seconds_count{plugin="static"})', 5)
+        _wait_value(host, "sum(pycni_daemon_plugin_calls_in_flight)", 0)
+        assert (_query(host, "max(process_resident_memory_bytes)") or 0) > 0  # the library's process collector
+    finally:
+        if prom is not None:
+            prom.stop()
+        daemon.reap()
+    assert not Path(sock + ".metrics").exists() or workers == 1 or daemon.proc.returncode != 0
+
+
+@needs_privileges
+def test_metrics_endpoint_serves_metrics_only(host: Namespace, tmp_path: Path) -> None:
+    sock = str(tmp_path / "pycni.sock")
+    daemon = DaemonProc(sock, tmp_path / "daemon.log", "--workers", "2", "--metrics-address", str(METRICS_PORT),
+                        prefix=["ip", "netns", "exec", host.name])
+    try:
+        daemon.ready(workers=2)
+        base = f"http://127.0.0.1:{METRICS_PORT}"
+        status, body = _http(host, base + "/metrics")
+        assert status == 200 and "# TYPE pycni_daemon_plugin_calls_total counter" in body
+        assert _http(host, base + "/metrics", "HEAD")[0] == 200
+        for path in ("/", "/metrics/", "/favicon.ico", "/debug", "/metrics/../etc/passwd"):
+            assert _http(host, base + path)[0] == 404, path
+        for method in ("POST", "PUT", "DELETE", "PATCH"):
+            assert _http(host, base + "/metrics", method)[0] == 405, method
+        # a bare port listens on loopback only
+        local = [line.split()[3] for line in host.run(["ss", "-Hltn", f"sport = :{METRICS_PORT}"]).stdout.splitlines()]
+        assert local == [f"127.0.0.1:{METRICS_PORT}"]
+        assert daemon.terminate() == 0
+        assert not Path(sock + ".metrics").exists()  # the multi-process files go with the daemon
+    finally:
+        daemon.reap()
+
+
+@needs_privileges
+def test_daemon_refuses_a_metrics_address_in_use(host: Namespace, tmp_path: Path) -> None:
+    holder = subprocess.Popen(["ip", "netns", "exec", host.name, "python3", "-c",
+                               "import socket,time; s=socket.socket(); s.bind(('127.0.0.1', 9464)); s.listen(); "
+                               "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "up"
+        sock = str(tmp_path / "pycni.sock")
+        daemon = DaemonProc(sock, tmp_path / "daemon.log", "--workers", "1", "--metrics-address", str(METRICS_PORT),
+                            prefix=["ip", "netns", "exec", host.name])
+        try:
+            assert daemon.wait() == 1
+            err = daemon.stderr()
+            assert "cannot serve metrics on 127.0.0.1:9464" in err and "Traceback" not in err
+            assert not Path(sock).exists()  # it does not stay half-started
+        finally:
+            daemon.reap()
+    finally:
+        holder.kill()
+        holder.wait()
