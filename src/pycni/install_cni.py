@@ -99,7 +99,10 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
                     "without pycni installed: the DaemonSet's case)")
     sp.add_argument("--socket", default="", metavar="PATH",
                     help="the daemon's socket baked into the executables (default /run/pycni/pycni.sock)")
-    sp.add_argument("--no-forwarder", action="store_true", help="do not build the native forwarder")
+    fwd = sp.add_mutually_exclusive_group()
+    fwd.add_argument("--no-forwarder", action="store_true", help="do not install the native forwarder")
+    fwd.add_argument("--forwarder", default="", metavar="FILE",
+                     help="install this prebuilt native forwarder (an image's, built static) instead of compiling one")
     sp.add_argument("--service-account-dir", default=DEFAULT_SA_DIR,
                     help=f"token and ca.crt for the kubeconfig (default {DEFAULT_SA_DIR}); with "
                     "$KUBERNETES_SERVICE_HOST/PORT")
@@ -262,7 +265,10 @@ class Installer:
                 python = checked_interpreter(self.ns.python, [] if self.ns.lib_dir else paths)
             except ValueError as e:
                 raise invalid_config("cannot install plugins", str(e)) from None
-        self.forwarder = None if self.ns.no_forwarder or not compiler() else os.path.join(self.bin_dir, NAME)
+        if self.ns.forwarder and _read(self.ns.forwarder) is None:
+            raise invalid_config("cannot read --forwarder", self.ns.forwarder)
+        usable = self.ns.forwarder or compiler()
+        self.forwarder = None if self.ns.no_forwarder or not usable else os.path.join(self.bin_dir, NAME)
         plan: dict[str, bytes] = {}
         for name in names:
             try:
@@ -296,12 +302,15 @@ class Installer:
 
         from pycni import forwarder
 
-        scratch = tempfile.mkdtemp(prefix="pycni-forward-")
-        try:
-            built = forwarder.build(scratch)
-            data = _read(built) if built else None
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        if self.ns.forwarder:
+            data = _read(self.ns.forwarder)
+        else:
+            scratch = tempfile.mkdtemp(prefix="pycni-forward-")
+            try:
+                built = forwarder.build(scratch)
+                data = _read(built) if built else None
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
         if data is None:
             self.say("the native forwarder did not build: the executables forward through Python")
             return
@@ -318,15 +327,46 @@ class Installer:
             return data.decode("utf-8", "replace")
         return self.env.get("CNI_NETWORK_CONFIG") or None
 
-    def values(self) -> dict[str, str]:
+    def tls_files(self) -> dict[str, tuple[str, str]]:
+        """Placeholder -> (the etcd TLS file given, its copy under NETDIR/pycni-tls). The copies are
+        what the conflist names: the plugins run on the host (one-shot), where a container's
+        mounted Secret is not; Calico's install-cni copies them the same way."""
+        e, ns = self.env, self.ns
+        out = {}
+        for placeholder, given, name in (
+                ("__ETCD_CA_CERT_FILE__", ns.etcd_ca_cert or e.get("ETCD_CA_CERT_FILE", ""), "etcd-ca"),
+                ("__ETCD_CERT_FILE__", ns.etcd_cert or e.get("ETCD_CERT_FILE", ""), "etcd-cert"),
+                ("__ETCD_KEY_FILE__", ns.etcd_key or e.get("ETCD_KEY_FILE", ""), "etcd-key")):
+            if given:
+                out[placeholder] = (given, os.path.join(self.net_dir, "pycni-tls", name))
+        return out
+
+    def values(self, copies: bool = True) -> dict[str, str]:
+        """Each placeholder's text. ``__ETCD_ENDPOINTS__`` joins several endpoints with ``", "``, so
+        ``["__ETCD_ENDPOINTS__"]`` renders as a JSON list of them (one endpoint: Calico's string)."""
         e = self.env
-        ns = self.ns
-        endpoints = ns.etcd_endpoints or e.get("ETCD_ENDPOINTS", "") or e.get("PYCNI_ETCD_ENDPOINTS", "")
-        return {"__KUBERNETES_NODE_NAME__": self.node_name, "__CNI_MTU__": str(self.mtu),
-                "__KUBECONFIG_FILEPATH__": self.kubeconfig, "__ETCD_ENDPOINTS__": endpoints,
-                "__ETCD_CA_CERT_FILE__": ns.etcd_ca_cert or e.get("ETCD_CA_CERT_FILE", ""),
-                "__ETCD_CERT_FILE__": ns.etcd_cert or e.get("ETCD_CERT_FILE", ""),
-                "__ETCD_KEY_FILE__": ns.etcd_key or e.get("ETCD_KEY_FILE", "")}
+        endpoints = self.ns.etcd_endpoints or e.get("ETCD_ENDPOINTS", "") or e.get("PYCNI_ETCD_ENDPOINTS", "")
+        out = {"__KUBERNETES_NODE_NAME__": self.node_name, "__CNI_MTU__": str(self.mtu),
+               "__KUBECONFIG_FILEPATH__": self.kubeconfig,
+               "__ETCD_ENDPOINTS__": '", "'.join(x.strip() for x in endpoints.split(",") if x.strip()),
+               "__ETCD_CA_CERT_FILE__": "", "__ETCD_CERT_FILE__": "", "__ETCD_KEY_FILE__": ""}
+        for placeholder, (given, copy) in self.tls_files().items():
+            out[placeholder] = copy if copies else given
+        return out
+
+    def install_tls(self, text: str) -> None:
+        """The copies of the etcd TLS files the template names (mode 0600)."""
+        for placeholder, (given, copy) in self.tls_files().items():
+            if placeholder in text:
+                data = _read(given)
+                if data is None:
+                    raise invalid_config("cannot read an etcd TLS file", f"{given} ({placeholder})")
+                self.write(copy, data, 0o600, "the etcd TLS files")
+
+    def substitute(self, text: str, copies: bool = True) -> str:
+        for key, value in self.values(copies).items():
+            text = text.replace(key, value)
+        return text
 
     def render(self, text: str, plan: Mapping[str, bytes]) -> bytes:
         """The template with the placeholders replaced, refused (one line, nothing written) unless our
@@ -340,9 +380,9 @@ class Installer:
         from pycni.runtime import CNI
         from pycni.runtime.conf import conflist_from_bytes
 
-        for key, value in self.values().items():
-            text = text.replace(key, value)
-        data = text.encode()
+        # Checked with the TLS files as given (their copies are not written yet), written with the copies.
+        data = self.substitute(text, copies=True).encode()
+        checked = self.substitute(text, copies=False).encode()
         where = self.ns.template or "$CNI_NETWORK_CONFIG"
         scratch = tempfile.mkdtemp(prefix="pycni-install-check-")
         try:
@@ -350,7 +390,7 @@ class Installer:
                 with open(os.path.join(scratch, name), "wb") as f:
                     f.write(exe)
                 os.chmod(os.path.join(scratch, name), 0o755)
-            net = conflist_from_bytes(data, self.conf_path)
+            net = conflist_from_bytes(checked, self.conf_path)
             rt = CNI(conf_dir=self.net_dir, plugin_path=[scratch, self.bin_dir, *_extra_path(self.env)])
             rt.validate(net)
             errors, _ = _parse_with_ours(rt, net)
@@ -484,7 +524,8 @@ class Installer:
         if self.ns.systemd:
             self.install_units()
         self.remove_old_conf()
-        if data is not None:
+        if text is not None and data is not None:
+            self.install_tls(text)
             if self.ns.wait_for_agent:
                 self.wait_for_agent()
             self.install_conflist(data)
@@ -511,7 +552,9 @@ class Installer:
                 self.install_kubeconfig()
                 text = self.template()
                 if text is not None:
-                    self.install_conflist(self.render(text, self.plan))
+                    data = self.render(text, self.plan)
+                    self.install_tls(text)
+                    self.install_conflist(data)
             except CNIError as e:
                 self.say(f"not updated: {e.msg}" + (f": {e.details}" if e.details else ""))
         return 0
