@@ -281,7 +281,7 @@ def test_systemd_units_written_enabled_and_removed(node: Node) -> None:
 def test_installed_executables_take_the_daemon_path_and_fall_back(node: Node, tmp_path: Path) -> None:
     """The executables install-cni writes are served by a running daemon and still work without one."""
     sock = str(tmp_path / "d.sock")
-    ok(node.run("--socket", sock))
+    assert f"no pycni daemon listens on {sock} yet: plugin calls run one-shot" in ok(node.run("--socket", sock))
     ns = new_namespace(PREFIX)
     try:
         conf = json.dumps({"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}).encode()
@@ -289,6 +289,8 @@ def test_installed_executables_take_the_daemon_path_and_fall_back(node: Node, tm
                "CNI_PATH": str(node.bin), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         daemon = DaemonProc(sock, tmp_path / "d.log", "--debug", "--workers", "1").ready()
         try:
+            assert f"a pycni daemon listens on {sock}: plugin calls take the daemon path" in \
+                ok(node.run("--socket", sock))
             proc = subprocess.run([str(node.bin / "loopback")], input=conf, env=env, capture_output=True)
             assert proc.returncode == 0, proc
             deadline = time.monotonic() + 30
@@ -354,3 +356,21 @@ def test_unreachable_etcd_is_try_again_and_no_conflist(node: Node) -> None:
         assert not (node.net / "10-pycni.conflist").exists()
     finally:
         ns.delete()
+
+
+def test_install_cni_writes_what_install_plugins_writes(tmp_path: Path) -> None:
+    """Byte for byte the executables (and forwarder) of `pycni install-plugins`: the path the CRI
+    benchmark measures for the daemon and one-shot variants is the one install-cni installs."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    plugins = subprocess.run([sys.executable, "-m", "pycni", "install-plugins", "--dir", str(tmp_path / "a")],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert plugins.returncode == 0, plugins.stderr
+    assert "no pycni daemon listens on /run/pycni/pycni.sock yet" in plugins.stderr or \
+        "a pycni daemon listens on /run/pycni/pycni.sock" in plugins.stderr
+    ok(subprocess.run([sys.executable, "-m", "pycni", "install-cni", "--bin-dir", str(tmp_path / "b"), "--net-dir",
+                       str(tmp_path / "net"), "--service-account-dir", str(tmp_path / "none")],
+                      env=env, capture_output=True, text=True, timeout=120))
+    a = {p.name: p.read_bytes().replace(str(tmp_path / "a").encode(), b"DIR") for p in (tmp_path / "a").iterdir()}
+    b = {p.name: p.read_bytes().replace(str(tmp_path / "b").encode(), b"DIR") for p in (tmp_path / "b").iterdir()
+         if p.name != MANIFEST_NAME}
+    assert a == b

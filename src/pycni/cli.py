@@ -315,6 +315,10 @@ def cmd_install_plugins(opts: argparse.Namespace) -> int:
         raise CNIError(IO_FAILURE, f"cannot write plugins to {opts.dir}", e.strerror or str(e)) from None
     for path in written:
         print(path)
+    if not opts.direct:
+        from pycni.shim import daemon_note
+
+        sys.stderr.write(f"pycni: {daemon_note(opts.socket)}\n")
     return 0
 
 

@@ -532,6 +532,9 @@ class Installer:
         else:
             self.say("no template (--template, CNI_NETWORK_CONFIG_FILE, CNI_NETWORK_CONFIG): no conflist written")
         self.manifest.save()
+        from pycni.shim import daemon_note
+
+        self.say(daemon_note(self.ns.socket or None))
         self.say(f"done: {len(self.written)} file(s) written" + ("" if self.written else " (all up to date)"))
         return 0
 
