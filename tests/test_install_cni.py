@@ -374,3 +374,30 @@ def test_install_cni_writes_what_install_plugins_writes(tmp_path: Path) -> None:
     b = {p.name: p.read_bytes().replace(str(tmp_path / "b").encode(), b"DIR") for p in (tmp_path / "b").iterdir()
          if p.name != MANIFEST_NAME}
     assert a == b
+
+
+def test_lib_dir_for_a_host_python_and_its_removal(node: Node) -> None:
+    """--lib-dir: the package copied for another interpreter (the host's, in a DaemonSet), which the
+    executables then run; --uninstall takes the copy away with the rest."""
+    python = "/usr/bin/python3"
+    if subprocess.run([python, "-c", "import sys; sys.exit(sys.version_info < (3, 11))"]).returncode != 0:
+        pytest.fail(f"{python} 3.11 or newer is needed (Debian's python3)")
+    lib = node.root / "lib"
+    ok(node.run("--lib-dir", str(lib), "--python", python))
+    assert (lib / "pycni" / "shim.py").read_bytes() == Path(__import__("pycni.shim").shim.__file__).read_bytes()
+    text = (node.bin / "bridge").read_text()
+    assert f"py='{python}'" in text and f"sys.path[:0] = ['{lib}']" in text
+    ok(node.run("--lib-dir", str(lib), "--uninstall"))
+    assert not lib.exists() or list(lib.iterdir()) == []
+
+
+def test_executables_failing_version_are_put_back(node: Node) -> None:
+    ok(node.run())
+    before = {k: v[2] for k, v in node.files().items()}
+    fake = node.root / "broken-python"
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    line = refused(node.run("--lib-dir", str(node.root / "lib"), "--python", str(fake)))
+    assert "installed executables fail VERSION; what was there is put back" in line and "(code 5)" in line, line
+    assert {k: v[2] for k, v in node.files().items()} == before
+    assert not list((node.root / "lib").rglob("*.py"))

@@ -181,6 +181,8 @@ class Installer:
         self.written: list[str] = []
         self.stopping = False
         self.plan: dict[str, bytes] = {}
+        # what this run replaced: path -> (content before or None, its mode, its manifest digest or None)
+        self.undo: dict[str, tuple[bytes | None, int, str | None]] = {}
         self.forwarder: str | None = None
         for name in (ns.conf_name, ns.old_conf_name):
             if name and (os.sep in name or name in (".", "..")):
@@ -206,12 +208,34 @@ class Installer:
             if path in self.manifest.files:
                 self.manifest.record(path, digest)
             return False
+        if path not in self.undo:
+            self.undo[path] = (current, os.stat(path).st_mode & 0o7777 if current is not None else 0,
+                               self.manifest.files.get(path))
         statefile.write_bytes(path, data, mode=mode, dir_mode=0o755, failure=f"cannot write {what}")
         self.manifest.record(path, digest)
         self.manifest.save()  # at once: an interrupted run still knows what it wrote
         self.written.append(path)
         self.say(f"wrote {path}")
         return True
+
+    def rollback(self) -> None:
+        """Every file this run wrote back as it was (a new one removed), the manifest with it."""
+        for path, (data, mode, digest) in reversed(list(self.undo.items())):
+            if data is None:
+                statefile.remove(path)
+            else:
+                statefile.write_bytes(path, data, mode=mode, dir_mode=0o755, failure="cannot put back")
+            if digest is None:
+                self.manifest.files.pop(path, None)
+            else:
+                self.manifest.files[path] = digest
+            self.manifest.changed = True
+            self.say(f"put back {path}")
+        self.undo.clear()
+        if self.manifest.files:
+            self.manifest.save()
+        else:
+            statefile.remove(self.manifest.path)
 
     # ---- the package and the executables --------------------------------------------------------
 
@@ -244,8 +268,8 @@ class Installer:
         """Plugin type -> the executable to write (all checks before anything is written): unknown
         skips, foreign files in the way, an interpreter that cannot import pycni."""
         from pycni.forwarder import NAME, compiler
-        from pycni.plugins.registry import PLUGIN_MODULES, checked_interpreter, load
-        from pycni.shim import executable_text, shim_type
+        from pycni.plugins.registry import PLUGIN_MODULES, checked_interpreter
+        from pycni.shim import shim_type
 
         skip = {s.strip() for s in self.ns.skip_binaries.split(",") if s.strip()}
         unknown = sorted(skip - set(PLUGIN_MODULES))
@@ -260,15 +284,27 @@ class Installer:
                            "away, skip them (--skip-binaries), or pass --force to replace them")
         paths = self.import_paths()
         python = sys.executable
-        if self.ns.python:
-            try:  # with --lib-dir the package is not there yet: the check needs it where it is now
-                python = checked_interpreter(self.ns.python, [] if self.ns.lib_dir else paths)
+        if self.ns.python and not self.ns.lib_dir:
+            try:
+                python = checked_interpreter(self.ns.python, paths)
             except ValueError as e:
                 raise invalid_config("cannot install plugins", str(e)) from None
+        elif self.ns.python:  # the package is not in --lib-dir yet: VERSION checks the pair once it is
+            python = self.ns.python
+            if not os.path.isabs(python) or not os.access(python, os.X_OK):
+                raise invalid_config("cannot install plugins", f"--python {python}: give the absolute path of an "
+                                     "executable interpreter")
         if self.ns.forwarder and _read(self.ns.forwarder) is None:
             raise invalid_config("cannot read --forwarder", self.ns.forwarder)
         usable = self.ns.forwarder or compiler()
         self.forwarder = None if self.ns.no_forwarder or not usable else os.path.join(self.bin_dir, NAME)
+        return self.texts(names, python, paths)
+
+    def texts(self, names: list[str], python: str, paths: list[str]) -> dict[str, bytes]:
+        """Plugin type -> its executable running ``python`` with ``paths``."""
+        from pycni.plugins.registry import PLUGIN_MODULES, load
+        from pycni.shim import executable_text
+
         plan: dict[str, bytes] = {}
         for name in names:
             try:
@@ -292,7 +328,9 @@ class Installer:
             self.write(path, data, 0o755, "the plugin executables")
         bad = [f"{n}: {why}" for n in plan if (why := version_problem(os.path.join(self.bin_dir, n)))]
         if bad:
-            raise CNIError(IO_FAILURE, "installed executables fail VERSION; no conflist written", "; ".join(bad))
+            self.rollback()
+            raise CNIError(IO_FAILURE, "installed executables fail VERSION; what was there is put back, no "
+                           "conflist written", "; ".join(bad))
 
     def install_forwarder(self) -> None:
         """The native forwarder beside the executables (built in a scratch dir, then written like any
@@ -384,9 +422,11 @@ class Installer:
         data = self.substitute(text, copies=True).encode()
         checked = self.substitute(text, copies=False).encode()
         where = self.ns.template or "$CNI_NETWORK_CONFIG"
+        from pycni.plugins.registry import import_paths
+
         scratch = tempfile.mkdtemp(prefix="pycni-install-check-")
-        try:
-            for name, exe in plan.items():
+        try:  # the plan's plugins as this process runs them (a --lib-dir copy is not written yet)
+            for name, exe in self.texts(list(plan), sys.executable, import_paths()).items():
                 with open(os.path.join(scratch, name), "wb") as f:
                     f.write(exe)
                 os.chmod(os.path.join(scratch, name), 0o755)
@@ -588,18 +628,27 @@ class Installer:
                 removed += 1
                 dirs.add(os.path.dirname(path))
                 self.say(f"removed {path}")
+                if path.endswith(".py"):  # and the bytecode the interpreter compiled from it
+                    import glob
+
+                    stem = os.path.basename(path)[:-3]
+                    cache = os.path.join(os.path.dirname(path), "__pycache__")
+                    for pyc in glob.glob(os.path.join(glob.escape(cache), f"{glob.escape(stem)}.*.pyc")):
+                        statefile.remove(pyc)
+                        dirs.add(cache)
             elif os.path.lexists(path):
                 kept.append(path)
         if units and systemd_units.running():
             systemd_units.systemctl("daemon-reload")
         lib = os.path.abspath(self.ns.lib_dir) if self.ns.lib_dir else ""
-        for d in sorted(dirs, key=len, reverse=True):  # directories the removed files leave empty
-            while d and d not in (self.bin_dir, self.net_dir, os.path.abspath(self.ns.unit_dir), "/"):
+        # Directories the removed files leave empty, below the ones install-cni writes into (and
+        # --lib-dir itself), never above them.
+        roots = [r for r in (self.bin_dir, self.net_dir, os.path.abspath(self.ns.unit_dir), lib) if r]
+        for d in sorted(dirs, key=len, reverse=True):
+            while any(d.startswith(r + os.sep) for r in roots) or d == lib:
                 try:
                     os.rmdir(d)
                 except OSError:
-                    break
-                if lib and d == lib:
                     break
                 d = os.path.dirname(d)
         statefile.remove(self.manifest.path)
