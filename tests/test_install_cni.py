@@ -401,3 +401,11 @@ def test_executables_failing_version_are_put_back(node: Node) -> None:
     assert "installed executables fail VERSION; what was there is put back" in line and "(code 5)" in line, line
     assert {k: v[2] for k, v in node.files().items()} == before
     assert not list((node.root / "lib").rglob("*.py"))
+
+
+def test_wait_for_agent_without_etcd_is_refused_before_anything(node: Node) -> None:
+    env = node.env()
+    env.pop("PYCNI_ETCD_ENDPOINTS", None)
+    line = refused(node.run("--wait-for-agent", env=env))
+    assert "--etcd-endpoints is required" in line and "(code 7)" in line, line
+    assert node.files() == {}

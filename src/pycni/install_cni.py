@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    from pycni.cluster.settings import EtcdSettings
+
 DEFAULT_BIN_DIR = "/opt/cni/bin"
 DEFAULT_NET_DIR = "/etc/cni/net.d"
 DEFAULT_CONF_NAME = "10-pycni.conflist"
@@ -181,6 +183,7 @@ class Installer:
         self.written: list[str] = []
         self.stopping = False
         self.plan: dict[str, bytes] = {}
+        self.rendered: str | None = None  # the template text of the conflist written
         # what this run replaced: path -> (content before or None, its mode, its manifest digest or None)
         self.undo: dict[str, tuple[bytes | None, int, str | None]] = {}
         self.forwarder: str | None = None
@@ -520,16 +523,23 @@ class Installer:
 
     # ---- the agent --------------------------------------------------------------------------------
 
+    def etcd_settings(self) -> EtcdSettings:
+        """The etcd flags (``ETCD_ENDPOINTS``, Calico's, when --etcd-endpoints and
+        PYCNI_ETCD_ENDPOINTS are unset); code 7 naming the flag for anything wrong."""
+        from pycni.cluster.settings import etcd_settings_from_args
+
+        if not self.ns.etcd_endpoints:
+            self.ns.etcd_endpoints = self.env.get("ETCD_ENDPOINTS", "")
+        return etcd_settings_from_args(self.ns)
+
     def wait_for_agent(self) -> None:
         """Until ``P/nodes/<node>`` exists bound to a live lease (what ``pycni node`` keeps while it
         runs); code 11 when --wait-timeout passes first (etcd unreachable, or no agent)."""
         from pycni.cluster.etcd import EtcdError
         from pycni.cluster.model import Keys
-        from pycni.cluster.settings import client, etcd_settings_from_args
+        from pycni.cluster.settings import client
 
-        if not self.ns.etcd_endpoints:
-            self.ns.etcd_endpoints = self.env.get("ETCD_ENDPOINTS", "")
-        settings = etcd_settings_from_args(self.ns)
+        settings = self.etcd_settings()
         key = Keys(settings.prefix).node(self.node_name)
         deadline = time.monotonic() + self.ns.wait_timeout if self.ns.wait_timeout > 0 else None
         said = ""
@@ -557,6 +567,8 @@ class Installer:
 
     def install(self) -> int:
         text = self.template()
+        if self.ns.wait_for_agent:  # refuse missing or bad etcd flags before anything is written
+            self.etcd_settings()
         plan = self.plan = self.plan_binaries()
         data = self.render(text, plan) if text is not None else None
         self.install_binaries(plan)
@@ -569,6 +581,7 @@ class Installer:
             if self.ns.wait_for_agent:
                 self.wait_for_agent()
             self.install_conflist(data)
+            self.rendered = text
         else:
             self.say("no template (--template, CNI_NETWORK_CONFIG_FILE, CNI_NETWORK_CONFIG): no conflist written")
         self.manifest.save()
@@ -595,9 +608,10 @@ class Installer:
                 self.install_kubeconfig()
                 text = self.template()
                 if text is not None:
-                    data = self.render(text, self.plan)
-                    self.install_tls(text)
-                    self.install_conflist(data)
+                    self.install_tls(text)  # rotated certificates too
+                    if text != self.rendered:  # checked once per change, not every interval
+                        self.rendered = text
+                        self.install_conflist(self.render(text, self.plan))
             except CNIError as e:
                 self.say(f"not updated: {e.msg}" + (f": {e.details}" if e.details else ""))
         return 0
