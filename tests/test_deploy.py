@@ -220,3 +220,23 @@ def test_daemon_probe_passes_only_while_the_daemon_serves(tmp_path: Path) -> Non
         proc.terminate()
         proc.reap()
     assert subprocess.run(["sh", "-c", script], capture_output=True, timeout=30).returncode != 0
+
+
+def test_containerfile_forwarder_builds_static_and_install_cni_takes_it(tmp_path: Path) -> None:
+    """The Containerfile's forwarder step, run here (its /src and /usr/local/pycni moved to this
+    clone and a scratch dir): a static binary, which `install-cni --forwarder` installs as is."""
+    text = (DEPLOY / "Containerfile").read_text()
+    (gcc,) = re.findall(r"&& (gcc [^\n\\]+)", text)
+    repo = DEPLOY.parent
+    cmd = shlex.split(gcc.replace("/src/", f"{repo}/").replace("/usr/local/pycni/", f"{tmp_path}/"))
+    assert subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0, cmd
+    fwd = tmp_path / "pycni-forward"
+    ldd = subprocess.run(["ldd", str(fwd)], capture_output=True, text=True)
+    assert ldd.returncode != 0 and "not a dynamic executable" in ldd.stdout + ldd.stderr  # runs on any host libc
+    proc = subprocess.run([sys.executable, "-m", "pycni", "install-cni", "--bin-dir", str(tmp_path / "bin"),
+                           "--net-dir", str(tmp_path / "net"), "--forwarder", str(fwd), "--service-account-dir",
+                           str(tmp_path / "none")], capture_output=True, text=True, timeout=120,
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "bin" / ".pycni-forward").read_bytes() == fwd.read_bytes()
+    assert f"'{tmp_path / 'bin' / '.pycni-forward'}'" in (tmp_path / "bin" / "bridge").read_text()
