@@ -187,6 +187,7 @@ class Installer:
         # what this run replaced: path -> (content before or None, its mode, its manifest digest or None)
         self.undo: dict[str, tuple[bytes | None, int, str | None]] = {}
         self.forwarder: str | None = None
+        self.said_no_token = False
         for name in (ns.conf_name, ns.old_conf_name):
             if name and (os.sep in name or name in (".", "..")):
                 raise invalid_config("invalid config file name", f"{name!r}: a file name, not a path")
@@ -488,6 +489,9 @@ class Installer:
         data = self.kubeconfig_text()
         if data is not None:
             self.write(self.kubeconfig, data, 0o600, "the kubeconfig")
+        elif self.env.get("KUBERNETES_SERVICE_HOST") and not self.stopping and not self.said_no_token:
+            self.said_no_token = True
+            self.say(f"no kubeconfig: no token in {self.ns.service_account_dir}")
 
     # ---- systemd ----------------------------------------------------------------------------------
 
