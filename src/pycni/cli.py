@@ -4,6 +4,7 @@
     pycni gc|status NETWORK [NETNS]         spec 1.1 GC / STATUS of a network
     pycni list | validate NETWORK | version
     pycni install-plugins --dir DIR [TYPE...]
+    pycni install-cni [--watch | --uninstall]  install on a node: plugins, conflist, kubeconfig, systemd units
     pycni plugin TYPE                       run one of our plugins in this process
     pycni daemon [--socket PATH]            serve installed plugin shims with warm imports
     pycni node [status | remove NAME] ...   the node agent routing pod blocks between nodes (etcd)
@@ -314,6 +315,10 @@ def cmd_install_plugins(opts: argparse.Namespace) -> int:
         raise CNIError(IO_FAILURE, f"cannot write plugins to {opts.dir}", e.strerror or str(e)) from None
     for path in written:
         print(path)
+    if not opts.direct:
+        from pycni.shim import daemon_note
+
+        sys.stderr.write(f"pycni: {daemon_note(opts.socket)}\n")
     return 0
 
 
@@ -594,6 +599,16 @@ def _parser() -> argparse.ArgumentParser:
     from pycni.cluster.policy.cli import add_parsers as policy_parsers
 
     policy_parsers(sub)  # endpoint, namespace, policy
+
+    sp = sub.add_parser("install-cni", help="install pycni on this node: plugins, conflist, kubeconfig (see README)",
+                        description="Calico install-cni's job for pycni: the plugin executables (daemon path), the "
+                        "conflist from a template, a kubeconfig from the service account; --watch keeps them "
+                        "current, --systemd adds units, --uninstall removes what it wrote.")
+    from pycni.install_cni import add_arguments as install_cni_arguments
+    from pycni.install_cni import main as install_cni_main
+
+    install_cni_arguments(sp)
+    sp.set_defaults(fn=install_cni_main)
 
 
     text = "run the end-to-end demo in throwaway namespaces (needs root)"

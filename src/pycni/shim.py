@@ -215,6 +215,26 @@ def run_delegate(path: str, stdin: bytes, env: "Mapping[str, str]") -> bytes:
     return outcome.stdout
 
 
+def daemon_note(socket: str | None) -> str:
+    """What the daemon-path executables will do on ``socket`` (None: the default) right now: a
+    line for the installers (install-plugins, install-cni) to tell the operator."""
+    import _socket
+
+    path = socket or "/run/pycni/pycni.sock"  # protocol.DEFAULT_SOCKET
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        up = True
+    except OSError:
+        up = False
+    finally:
+        s.close()
+    if up:
+        return f"a pycni daemon listens on {path}: plugin calls take the daemon path"
+    return (f"no pycni daemon listens on {path} yet: plugin calls run one-shot until one does "
+            "(`pycni daemon`, or the units of `pycni install-cni --systemd`)")
+
+
 # ---- serving one call -----------------------------------------------------------------------------
 
 
