@@ -13,12 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from netns_util import Namespace
+from netns_util import Namespace, have_root, new_namespace
 
 from pycni.cli import cnitool_container_id
 
@@ -250,6 +250,22 @@ def test_install_plugins_and_plugin_verb(tmp_path: Path) -> None:
 # ---- real runs: Go bridge + host-local in throwaway namespaces ---------------------------------
 
 @pytest.fixture
+def pc33_ns() -> Iterator[Callable[[], Namespace]]:
+    """Throwaway namespaces named pc33-* (the user's-path tests' own), all deleted afterwards."""
+    if not have_root():
+        pytest.skip("network namespaces need root")
+    made: list[Namespace] = []
+
+    def make() -> Namespace:
+        made.append(new_namespace(prefix="pc33"))
+        return made[-1]
+
+    yield make
+    for ns in reversed(made):
+        ns.delete()
+
+
+@pytest.fixture
 def bridge_net(tmp_path: Path) -> dict[str, str]:
     """A bridge + host-local network in tmp dirs; returns the environment for pycni."""
     conf = tmp_path / "net.d"
@@ -411,3 +427,20 @@ def test_node_tls_files_are_named(tmp_path: Path) -> None:
         proc = run(["node", "status", "--etcd-endpoints", "https://192.0.2.1:2379", flag, "/nonexistent/x.pem",
                     *extra])
         assert_one_line_error(proc, 7, f"invalid {flag}", "/nonexistent/x.pem: no such file")
+
+
+@pytest.mark.skipif(not os.path.exists(f"{GO_PLUGINS}/bridge"), reason="needs containernetworking-plugins")
+def test_second_add_is_refused_and_the_live_attachment_survives(pc33_ns: Callable[[], Namespace],
+                                                                 bridge_net: dict[str, str]) -> None:
+    """A second ADD of a cached attachment is refused before any plugin runs; its rollback used to
+    DEL the first attachment (address gone, reservation freed, cache entry left, CHECK failing)."""
+    host_ns, container_ns = pc33_ns(), pc33_ns()
+    env = dict(bridge_net)
+    (ip,) = json.loads(pycni_in(host_ns, ["add", "clinet", container_ns.path], env).stdout)["ips"]
+    again = pycni_in(host_ns, ["add", "clinet", container_ns.path], env, check=False)
+    assert_one_line_error(again, 4, "already exists", "DEL it first")
+    assert addresses(container_ns, "eth0") == [ip["address"]]
+    assert (Path(env["IPAM"]) / ip["address"].split("/")[0]).exists()
+    assert pycni_in(host_ns, ["check", "clinet", container_ns.path], env).returncode == 0
+    pycni_in(host_ns, ["del", "clinet", container_ns.path], env)
+    assert addresses(container_ns, "eth0") == []
