@@ -248,3 +248,107 @@ def test_policy_apply_reads_a_kubectl_export(cluster: Cluster) -> None:
     one_error_line(bad, 7, "invalid NetworkPolicy", "invalid YAML: line")
     for name in ("web", "db"):
         assert cluster.cli("policy", "delete", f"shop/{name}", *cluster.flags()).returncode == 0
+
+
+# ---- item 2: policy is enforced by default; apply warns when no node enforces; status shows it -----------
+
+def start_agent(cluster: Cluster, name: str, *flags: str) -> subprocess.Popen[str]:
+    ip = str(list(cluster.etcd.net.hosts())[-1])  # the underlay namespace's own address
+    return subprocess.Popen(["ip", "netns", "exec", cluster.ns.name, sys.executable, "-m", "pycni", "node",
+                             *cluster.flags(), "--node-name", name, "--underlay-ip", ip, *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    proc.terminate()
+    try:
+        return proc.communicate(timeout=20)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()[1]
+
+
+def nodes(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    proc = cluster.cli("node", "status", "-o", "json", *cluster.flags())
+    assert proc.returncode == 0, proc.stderr
+    return {n["name"]: n for n in json.loads(proc.stdout)}
+
+
+def wait_for(cond: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_policy_is_enforced_by_default_and_apply_says_when_nothing_enforces(cluster: Cluster) -> None:
+    policy = POLICY.replace("name: p", "name: pc33-enf")
+    opted_out = start_agent(cluster, "pc33-off", "--no-policy")
+    try:
+        wait_for(lambda: "pc33-off" in nodes(cluster), "the --no-policy agent registered")
+        assert nodes(cluster)["pc33-off"]["policy"] is False
+        table = cluster.cli("node", "status", *cluster.flags()).stdout.splitlines()
+        assert table[0].split() == ["NAME", "UNDERLAY", "MODE", "POLICY", "BLOCKS"]
+        assert [row.split()[3] for row in table[1:] if row.startswith("pc33-off")] == ["off"], table
+        applied = cluster.cli("policy", "apply", "-f", "-", *cluster.flags(), stdin=policy)
+        assert applied.returncode == 0 and "created" in applied.stdout, applied.stderr
+        assert "pycni: warning: no live node enforces network policy" in applied.stderr, applied.stderr
+    finally:
+        stop(opted_out)
+    enforcing = start_agent(cluster, "pc33-on")  # no flag: enforces
+    try:
+        wait_for(lambda: nodes(cluster).get("pc33-on", {}).get("policy") is True, "the default agent enforces")
+        assert "pc33-on" in cluster.cli("node", "status", *cluster.flags()).stdout
+        again = cluster.cli("policy", "apply", "-f", "-", *cluster.flags(), stdin=policy)
+        assert again.returncode == 0 and "unchanged" in again.stdout, again.stdout  # item 9: not "configured"
+        assert "no live node enforces" not in again.stderr, again.stderr
+        old_flag = start_agent(cluster, "pc33-old", "--policy")  # still accepted
+        try:
+            wait_for(lambda: nodes(cluster).get("pc33-old", {}).get("policy") is True, "--policy enforces")
+        finally:
+            stop(old_flag)
+    finally:
+        stop(enforcing)
+        cluster.cli("policy", "delete", "default/pc33-enf", *cluster.flags())
+        for name in ("pc33-off", "pc33-on", "pc33-old"):
+            cluster.cli("node", "remove", name, *cluster.flags())
+
+
+def test_agent_says_once_that_it_cannot_reach_etcd(lone_ns: Namespace) -> None:
+    lone_ns.run(["ip", "link", "add", "ul0", "type", "veth", "peer", "name", "ul1"])
+    lone_ns.run(["ip", "addr", "add", "192.0.2.10/24", "dev", "ul0"])
+    lone_ns.run(["ip", "link", "set", "ul0", "up"])
+    agent = subprocess.Popen(["ip", "netns", "exec", lone_ns.name, sys.executable, "-m", "pycni", "node",
+                              "--etcd-endpoints", REFUSED, "--node-name", "pc33-lone", "--underlay-ip", "192.0.2.10"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    time.sleep(4)
+    assert agent.poll() is None  # it keeps retrying
+    log = stop(agent)
+    said = [line for line in log.splitlines() if "cannot reach etcd" in line]
+    assert len(said) == 1, log
+    assert "http://127.0.0.1:1, http://127.0.0.1:2: every endpoint refused the connection; retrying with backoff" \
+        in said[0], said
+
+
+# ---- item 9: silent mistakes are said ----------------------------------------------------------------------
+
+def test_labelling_a_pod_that_exists_nowhere_needs_create(cluster: Cluster) -> None:
+    nosuch = cluster.cli("endpoint", "label", "shop/nosuch-pod", "app=x", *cluster.flags())
+    one_error_line(nosuch, 3, "no pod shop/nosuch-pod", "--create")
+    made = cluster.cli("endpoint", "label", "shop/nosuch-pod", "app=x", "--create", *cluster.flags())
+    assert made.returncode == 0 and "app=x" in made.stdout, made.stderr
+    relabel = cluster.cli("endpoint", "label", "shop/nosuch-pod", "app=y", *cluster.flags())  # now it has a record
+    assert relabel.returncode == 0, relabel.stderr
+    ports = cluster.cli("endpoint", "ports", "shop/other", "http=80/TCP", *cluster.flags())
+    one_error_line(ports, 3, "no pod shop/other")
+
+
+def test_a_port_name_no_pod_defines_is_accepted_with_a_warning(cluster: Cluster) -> None:
+    cluster.cli("endpoint", "ports", "shop/web-1", "http=8080/TCP", "--create", *cluster.flags())
+    text = POLICY.replace("name: p", "name: pc33-ports").replace(
+        "spec: {podSelector: {}}", "spec: {podSelector: {}, ingress: [{ports: [{port: http}, {port: metrics}]}]}")
+    applied = cluster.cli("policy", "apply", "-f", "-", *cluster.flags(), stdin=text)
+    assert applied.returncode == 0 and "created" in applied.stdout, applied.stderr
+    warned = [line for line in applied.stderr.splitlines() if "no pod defines a port" in line]
+    assert len(warned) == 1 and "'metrics'" in warned[0] and warned[0].startswith("pycni: warning: "), warned
+    cluster.cli("policy", "delete", "default/pc33-ports", *cluster.flags())

@@ -55,6 +55,7 @@ def add_parsers(sub: Any) -> None:
     sp = ep_sub.add_parser("ports", help="set (name=PORT/PROTO) or remove (name-) a pod's named ports")
     sp.add_argument("target", metavar="NS/POD", help="the pod, as NAMESPACE/NAME")
     sp.add_argument("changes", nargs="+", metavar="name=PORT/PROTO|name-", help="named ports to set or remove")
+    sp.add_argument("--create", action="store_true", help="set them for a pod no endpoint or record knows yet")
     add_etcd_arguments(sp)
     sp.set_defaults(fn=cmd_endpoint_ports)
 
@@ -185,6 +186,21 @@ def port_changes(ports: list[tuple[str, int, str]], changes: list[str]) -> list[
     return sorted((n, p, proto) for (n, proto), p in out.items())
 
 
+def _require_pod(kv: Any, keys: Keys, ns: str, pod: str, create: bool) -> None:
+    """Refuse (code 3) to label a pod that exists nowhere, no endpoint and no record of it (a typo
+    would be accepted silently and select nothing), unless ``--create`` says it is coming."""
+    from pycni.cluster.model import WorkloadEndpoint
+
+    if create or kv.get(keys.pod(ns, pod)) is not None:
+        return
+    for item in kv.get_prefix(keys.endpoints)[0]:
+        ep = WorkloadEndpoint.from_json(item.value)
+        if ep is not None and (ep.namespace, ep.pod) == (ns, pod):
+            return
+    raise CNIError(UNKNOWN_CONTAINER, f"no pod {ns}/{pod}", "no endpoint and no record of it in etcd; "
+                   "`pycni endpoint list -A` lists the pods; pass --create to label a pod before its ADD")
+
+
 def _update_meta(kv: Any, key: str, change: Any) -> PodMeta:
     from pycni.cluster.policy.records import update_meta
 
@@ -197,6 +213,7 @@ def cmd_endpoint_label(opts: argparse.Namespace) -> int:
     kv, keys = _client(opts)
     label_changes({}, opts.changes)  # refuse a bad change before touching etcd
     with kv:
+        _require_pod(kv, keys, ns, pod, opts.create)
         meta = _update_meta(kv, keys.pod(ns, pod),
                             lambda m: PodMeta(labels=label_changes(m.labels, opts.changes), ports=m.ports))
     print(f"pod {ns}/{pod} labels: {_fmt_labels(meta.labels)}")
@@ -209,6 +226,7 @@ def cmd_endpoint_ports(opts: argparse.Namespace) -> int:
     kv, keys = _client(opts)
     port_changes([], opts.changes)
     with kv:
+        _require_pod(kv, keys, ns, pod, opts.create)
         meta = _update_meta(kv, keys.pod(ns, pod),
                             lambda m: PodMeta(labels=m.labels, ports=port_changes(m.ports, opts.changes)))
     print(f"pod {ns}/{pod} named ports: {', '.join(f'{n}={p}/{pr}' for n, p, pr in meta.ports) or '(none)'}")
@@ -297,9 +315,38 @@ def cmd_policy_apply(opts: argparse.Namespace) -> int:
     kv, keys = _client(opts)
     with kv:
         outcome = put_policies(kv, keys, policies)
+        warnings = _apply_warnings(kv, keys, policies)
     for p in policies:
         print(f"networkpolicy {p.key} {outcome[p.key]}")
+    for w in warnings:
+        sys.stderr.write(f"pycni: warning: {w}\n")
     return 0
+
+
+def _apply_warnings(kv: Any, keys: Keys, policies: list[Any]) -> list[str]:
+    """What a user applying ``policies`` would want to know but etcd cannot refuse: no live node
+    enforces policy (they are stored, not applied), or a rule names a port no pod defines (it
+    matches nothing until one does; accepted, as Kubernetes accepts it)."""
+    from pycni.cluster.model import NodeInfo
+
+    out = []
+    nodes = [NodeInfo.from_json(kv_.key[len(keys.nodes):], kv_.value) for kv_ in kv.get_prefix(keys.nodes)[0]]
+    enforcing = [n.name for n in nodes if n is not None and n.policy]
+    if not enforcing:
+        out.append(f"no live node enforces network policy ({len(nodes)} registered under {keys.prefix}, none "
+                   "enforcing): these policies are stored but not applied; `pycni node` enforces unless started "
+                   "with --no-policy (`pycni node status` shows which do)")
+    defined = {name for kv_ in kv.get_prefix(keys.pods)[0] for name, _, _ in PodMeta.from_json(kv_.value).ports}
+    for p in policies:
+        spec = p.source.get("spec", {})
+        named = sorted({port["port"] for rule in (spec.get("ingress") or []) + (spec.get("egress") or [])
+                        if isinstance(rule, dict) for port in rule.get("ports") or ()
+                        if isinstance(port, dict) and isinstance(port.get("port"), str)})
+        for name in named:
+            if name not in defined:
+                out.append(f"networkpolicy {p.key}: no pod defines a port named {name!r}, so the rules naming it "
+                           f"match nothing until one does (`pycni endpoint ports NS/POD {name}=PORT/PROTO`)")
+    return out
 
 
 @_mapped
