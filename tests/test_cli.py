@@ -375,6 +375,14 @@ def test_daemon_refuses_a_relative_socket() -> None:
         assert proc.returncode == 2 and "must be an absolute path" in proc.stderr, proc
 
 
+def test_daemon_refuses_a_socket_in_a_directory_that_does_not_exist(tmp_path: Path) -> None:
+    """It used to create the directories (/nonexistent/dir on the root file system, left there)."""
+    sock = tmp_path / "nonexistent" / "dir" / "x.sock"
+    proc = run(["daemon", "--socket", str(sock), "--no-preload", "--workers", "1"])
+    assert proc.returncode != 0 and f"directory {sock.parent} does not exist" in proc.stderr, proc
+    assert not (tmp_path / "nonexistent").exists()
+
+
 @pytest.mark.skipif(not os.path.exists("/usr/bin/python3") or os.geteuid() != 0,
                     reason="needs root to drop to another user, and a Python that user may run")
 def test_non_root_add_says_root_is_needed(tmp_path: Path) -> None:
