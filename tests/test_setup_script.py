@@ -1,0 +1,46 @@
+"""scripts/setup and scripts/demo say what they are doing, one line per step (issue 33, item 12).
+
+Run on the clone itself, where .venv is made already: setup checks, reuses and (pyproject.toml
+unchanged) installs nothing, so other tests using .venv are not disturbed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", f"scripts/{script}", *args], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={"PATH": os.environ["PATH"]})
+
+
+def _steps(stderr: str, who: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(f"{who}: ")]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (REPO / ".venv" / "bin" / "python").exists(),
+                    reason="needs root (apt checks) and the clone's .venv")
+def test_setup_says_each_step() -> None:
+    proc = _run("setup")
+    assert proc.returncode == 0, proc.stderr
+    steps = _steps(proc.stderr, "setup")
+    assert steps[0].startswith("setup: checking ") and "apt packages" in steps[0], steps
+    assert any(".venv" in s for s in steps) and any("pycni" in s for s in steps), steps
+    assert steps[-1].startswith("setup: done in "), steps
+    assert len(steps) >= 4
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (REPO / ".venv" / "bin" / "python").exists(),
+                    reason="needs root (apt checks) and the clone's .venv")
+def test_demo_says_each_step_before_the_demo_runs() -> None:
+    proc = _run("demo", "--help")  # the demo's own help: set-up runs, the demo makes nothing
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(("demo: ", "setup: "))]
+    assert lines[0].startswith("demo: setting up") and lines[-1].startswith("demo: running"), lines
+    assert len(_steps(proc.stderr, "setup")) >= 4, proc.stderr
