@@ -161,7 +161,8 @@ def test_install_and_cli_blocks_run_in_a_throwaway_host(tmp_path: Path) -> None:
     finally:
         host.close()
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert '"cniVersion": "1.0.0"' in proc.stdout and "pycni-demo  cniVersion=1.0.0" in proc.stdout, proc.stdout
+    assert '"cniVersion": "1.0.0"' in proc.stdout and re.search(r"^pycni-demo\s+1\.0\.0\s", proc.stdout, re.M), \
+        proc.stdout
     assert "is valid" in proc.stdout, proc.stdout
 
 
