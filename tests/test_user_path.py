@@ -352,3 +352,29 @@ def test_a_port_name_no_pod_defines_is_accepted_with_a_warning(cluster: Cluster)
     warned = [line for line in applied.stderr.splitlines() if "no pod defines a port" in line]
     assert len(warned) == 1 and "'metrics'" in warned[0] and warned[0].startswith("pycni: warning: "), warned
     cluster.cli("policy", "delete", "default/pc33-ports", *cluster.flags())
+
+
+# ---- item 6: `policy why` DENIED has its own exit status (2 is argparse's usage error) ------------------
+
+def test_policy_why_denied_exits_3_and_usage_errors_2(cluster: Cluster) -> None:
+    from pycni.cluster.model import Keys, WorkloadEndpoint
+
+    keys = Keys(PREFIX)
+    ep = WorkloadEndpoint(node="node1", network=NETWORK, namespace="pc33ns", pod="db", container_id="pc33-db",
+                          ifname="eth0", interface_name="rtdpc33db", ip_networks=["10.133.9.9/32"],
+                          labels={"app": "db"}, profiles=[NETWORK], orchestrator="k8s")
+    with cluster.etcd.client() as etcd:  # the record routed writes at ADD
+        etcd.put(keys.endpoint("node1", NETWORK, "pc33-db", "eth0"), ep.to_json())
+    try:
+        allowed = cluster.cli("policy", "why", "10.133.1.1", "pc33ns/db", "5432", *cluster.flags())
+        assert allowed.returncode == 0 and "ALLOWED" in allowed.stdout, allowed
+        deny = POLICY.replace("name: p}", "name: deny-all, namespace: pc33ns}")
+        assert cluster.cli("policy", "apply", "-f", "-", *cluster.flags(), stdin=deny).returncode == 0
+        denied = cluster.cli("policy", "why", "10.133.1.1", "pc33ns/db", "5432", *cluster.flags())
+        assert denied.returncode == 3 and "DENIED" in denied.stdout, denied
+        usage = cluster.cli("policy", "why", "10.133.1.1", *cluster.flags())
+        assert usage.returncode == 2 and usage.stderr.startswith("usage: pycni policy why"), usage
+    finally:
+        cluster.cli("policy", "delete", "pc33ns/deny-all", *cluster.flags())
+        with cluster.etcd.client() as etcd:
+            etcd.delete(keys.endpoint("node1", NETWORK, "pc33-db", "eth0"))
