@@ -117,6 +117,28 @@ def test_refused_etcd_fails_within_a_second_naming_the_endpoints(lone_ns: Namesp
     print(f"slowest refused verb: {slowest:.2f} s past start-up ({startup:.2f} s)")
 
 
+def test_a_silent_etcd_costs_one_budget_for_every_verb(lone_ns: Namespace, tmp_path: Path) -> None:
+    """An endpoint that accepts connections and never answers: every verb gives up after the one
+    budget (--etcd-timeout, here 1 s; 5 s by default), not its own (ipam 8 s, policy 10 s before)."""
+    silent = subprocess.Popen(["ip", "netns", "exec", lone_ns.name, sys.executable, "-c",
+                               "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 2379)); s.listen(64); "
+                               "print('up', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert silent.stdout is not None and silent.stdout.readline().strip() == "up"
+        took = {}
+        for verb in VERBS:
+            t0 = time.monotonic()
+            proc = lone_ns.run([sys.executable, "-m", "pycni", *verb, "--etcd-endpoints", "http://127.0.0.1:2379",
+                                "--etcd-timeout", "1", *conf_dir(verb, tmp_path)], input=POLICY, check=False, env=ENV)
+            took[" ".join(verb[:2])] = round(time.monotonic() - t0, 2)
+            one_error_line(proc, 11, "http://127.0.0.1:2379", "timed out")
+        assert max(took.values()) < 2.0, took
+        print(f"silent etcd, --etcd-timeout 1: {took}")
+    finally:
+        silent.kill()
+        silent.wait()
+
+
 def test_the_environment_names_etcd_for_every_verb(lone_ns: Namespace, tmp_path: Path) -> None:
     for verb in VERBS:
         proc = lone_ns.run([sys.executable, "-m", "pycni", *verb, *conf_dir(verb, tmp_path)], input=POLICY,

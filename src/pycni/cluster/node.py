@@ -836,7 +836,7 @@ def main(ns: argparse.Namespace) -> int:
     try:
         if ns.action == "run":
             return Agent(opts).run()
-        with client(opts.etcd, one_shot=False) as etcd:
+        with client(opts.etcd, one_shot=True) as etcd:
             if ns.action == "remove":
                 if not ns.target:
                     raise invalid_config("pycni node remove needs the node's NAME")

@@ -107,7 +107,7 @@ def _client(opts: argparse.Namespace) -> tuple[Any, Keys]:
     from pycni.cluster.settings import client, etcd_settings_from_args
 
     settings = etcd_settings_from_args(opts)
-    return client(settings, one_shot=False), Keys(settings.prefix)
+    return client(settings, one_shot=True), Keys(settings.prefix)
 
 
 def _mapped(fn: Any) -> Any:
