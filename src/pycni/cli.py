@@ -7,7 +7,7 @@
     pycni plugin TYPE                       run one of our plugins in this process
     pycni daemon [--socket PATH]            serve installed plugin shims with warm imports
     pycni node [status | remove NAME] ...   the node agent routing pod blocks between nodes (etcd)
-    pycni ipam list|check NETWORK           cluster-ipam allocations in etcd (JSON lines) / consistency
+    pycni ipam list|check NETWORK           cluster-ipam allocations in etcd (a table; -o json) / consistency
     pycni ipam release NETWORK --ip IP      free one cluster-ipam address (--node N: all of a dead node's)
     pycni ipam show [--show-blocks] NETWORK  pools and blocks: addresses total, in use, free
     pycni endpoint|namespace|policy ...     workload endpoints, labels, NetworkPolicy (docs/policy.md)
@@ -19,7 +19,9 @@ eth0), CNI_ARGS (``K=V;K=V``), CAP_ARGS (JSON object of capability args). Withou
 the absolute netns path in hex, so either tool deletes what the other added.
 
 Errors are one line on stderr, ``pycni: <msg>: <details> (code N)``, and exit status 1;
-usage errors are CNI errors too (code 4 for the environment, 6 for undecodable input).
+usage errors are CNI errors too (code 4 for the environment, 6 for undecodable input). A
+command line argparse refuses exits 2 with the verb's own usage; 3 is a "no" answer
+(pycni.output.EXIT_NO). docs/api.md has the table and the conventions every verb follows.
 ``PYCNI_DEBUG=1`` adds a failing plugin's stderr and, for internal errors, the traceback.
 The runtime is imported per verb to keep start-up short.
 """
@@ -493,7 +495,11 @@ environment:
   CAP_ARGS      capability arguments, a JSON object, e.g. '{"portMappings": [...]}'
   PYCNI_SOCKET  the daemon's socket for installed plugins (default /run/pycni/pycni.sock; 'off' never forwards)
   PYCNI_DEBUG   1: show a failing plugin's stderr, and tracebacks of internal errors
-  PYCNI_ETCD_ENDPOINTS  etcd client URLs for `pycni node` (comma-separated; --etcd-endpoints wins)
+  PYCNI_ETCD_ENDPOINTS  etcd client URLs for every verb that talks to etcd (node, ipam, endpoint,
+                namespace, policy; comma-separated; --etcd-endpoints wins)
+
+exit status: 0 done, 1 error (one line: pycni: ... (code N)), 2 usage error, 3 the answer is no
+(policy why DENIED, node status not in sync, ipam check inconsistent); see docs/api.md
 
 add/check/del/gc change the network of the machine they run on (bridges, routes, firewall
 rules in the namespace you run them in); try them inside a throwaway namespace first:
