@@ -1,16 +1,17 @@
 """The operator verbs of network policy, in calicoctl's and kubectl's spirit.
 
-    pycni endpoint list [-n NS | -A] [-o wide|json]
-    pycni endpoint label NS/POD key=value ... [key-]
-    pycni endpoint ports NS/POD name=PORT/PROTO ... [name-]
+    pycni endpoint list [-n NS | -A] [-o wide|json|yaml]
+    pycni endpoint label NS/POD key=value ... [key-] [--create]
+    pycni endpoint ports NS/POD name=PORT/PROTO ... [name-] [--create]
     pycni namespace label NS key=value ... [key-]
-    pycni policy apply -f FILE|-
-    pycni policy list [-n NS | -A] [-o json]
+    pycni policy apply -f FILE|-                 warns when no live node enforces, or a port name is undefined
+    pycni policy list [-n NS | -A] [-o wide|json|yaml]
     pycni policy delete NS/NAME
-    pycni policy why SRC DST PORT[/PROTO]       SRC, DST: NS/POD or an IP address
-    pycni ipam show --show-blocks NETWORK       (pycni.cli reads the network; the table is made here)
+    pycni policy why SRC DST PORT[/PROTO]       SRC, DST: NS/POD or an IP address; exit 0 ALLOWED, 3 DENIED
+    pycni ipam show --show-blocks NETWORK       (pycni.cli reads the network; the rows are made here)
 
-Every verb takes the etcd flags of ``pycni node`` (pycni.cluster.settings.add_etcd_arguments).
+Every verb takes the etcd flags of ``pycni node`` (pycni.cluster.settings.add_etcd_arguments) and
+prints through pycni.output (docs/api.md "Conventions for a verb").
 Label and port records are read-modify-written with a compare on their revision, so two
 operators editing the same pod never lose each other's keys.
 """
