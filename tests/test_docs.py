@@ -256,3 +256,19 @@ def test_cluster_walk_through_runs_as_written(tmp_path: Path) -> None:
         for name in left:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
     assert gone.returncode == 0 and left == [], gone.stdout + gone.stderr
+
+
+def test_every_yaml_policy_in_the_docs_is_accepted() -> None:
+    """The NetworkPolicy examples (```yaml blocks) read and validate as `pycni policy apply` reads them."""
+    from pycni.cluster.policy.model import PolicyError, parse_policies
+
+    seen = 0
+    for doc in DOCS:
+        for text in re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S):
+            if "NetworkPolicy" not in text:
+                continue
+            try:
+                seen += len(parse_policies(text))
+            except PolicyError as e:
+                pytest.fail(f"{doc.name}: a policy example is refused: {e}\n{text}")
+    assert seen >= 3, seen

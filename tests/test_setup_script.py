@@ -38,9 +38,12 @@ def test_setup_says_each_step() -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0 or not (REPO / ".venv" / "bin" / "python").exists(),
                     reason="needs root (apt checks) and the clone's .venv")
-def test_demo_says_each_step_before_the_demo_runs() -> None:
-    proc = _run("demo", "--help")  # the demo's own help: set-up runs, the demo makes nothing
-    assert proc.returncode == 0, proc.stderr
+def test_demo_says_each_step_and_runs_as_the_readme_says() -> None:
+    """README's first block, `bash scripts/demo`, as written: set-up, step by step, then the main job
+    (in its own throwaway pycni-demo-* namespaces, removed at its end)."""
+    proc = _run("demo")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith(("demo: ", "setup: "))]
     assert lines[0].startswith("demo: setting up") and lines[-1].startswith("demo: running"), lines
     assert len(_steps(proc.stderr, "setup")) >= 4, proc.stderr
+    assert "the main job worked" in proc.stdout, proc.stdout
