@@ -47,3 +47,19 @@ def test_demo_says_each_step_and_runs_as_the_readme_says() -> None:
     assert lines[0].startswith("demo: setting up") and lines[-1].startswith("demo: running"), lines
     assert len(_steps(proc.stderr, "setup")) >= 4, proc.stderr
     assert "the main job worked" in proc.stdout, proc.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (REPO / ".venv" / "bin" / "python").exists(),
+                    reason="needs root and the clone's .venv")
+def test_cluster_demo_runs_as_the_readme_says() -> None:
+    """README's `bash scripts/cluster-demo`: etcd, three agents (enforcing policy, the default), pods
+    pinging across nodes, all torn down (its own throwaway namespaces)."""
+    from etcd_util import etcd_available
+
+    if not etcd_available():
+        pytest.skip("needs etcd (scripts/setup --test)")
+    proc = _run("cluster-demo")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "all pings answered" in proc.stdout
+    status = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith("node")]
+    assert any(row[3:4] == ["enforced"] for row in status), proc.stdout
