@@ -101,20 +101,23 @@ def conf_dir(verb: list[str], tmp_path: Path) -> list[str]:
 
 def test_refused_etcd_fails_within_a_second_naming_the_endpoints(lone_ns: Namespace, tmp_path: Path) -> None:
     """Every verb that talks to etcd, with nothing listening: one line, code 11, the endpoints
-    named, in under a second past start-up (they waited 5-10 s)."""
-    t0 = time.monotonic()
-    lone_ns.run([sys.executable, "-m", "pycni", "version"], env=ENV)
-    startup = time.monotonic() - t0
+    named, in under a second past the verb's own start-up (they waited 5-10 s). The start-up is
+    the same verb refused before any connection (an endpoint that is not a URL: code 7)."""
+    def timed(verb: list[str], endpoints: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+        t0 = time.monotonic()
+        proc = lone_ns.run([sys.executable, "-m", "pycni", *verb, "--etcd-endpoints", endpoints,
+                            *conf_dir(verb, tmp_path)], input=POLICY, check=False, env=ENV)
+        return time.monotonic() - t0, proc
+
     slowest = 0.0
     for verb in VERBS:
-        t0 = time.monotonic()
-        proc = lone_ns.run([sys.executable, "-m", "pycni", *verb, "--etcd-endpoints", REFUSED,
-                            *conf_dir(verb, tmp_path)], input=POLICY, check=False, env=ENV)
-        took = time.monotonic() - t0 - startup
-        slowest = max(slowest, took)
+        startup, early = timed(verb, "nota-url")
+        one_error_line(early, 7, "--etcd-endpoints")
+        took, proc = timed(verb, REFUSED)
         one_error_line(proc, 11, "every endpoint refused the connection", "http://127.0.0.1:1, http://127.0.0.1:2")
-        assert took < 1.0, (verb, took)
-    print(f"slowest refused verb: {slowest:.2f} s past start-up ({startup:.2f} s)")
+        slowest = max(slowest, took - startup)
+        assert took - startup < 1.0, (verb, took, startup)
+    print(f"slowest refused verb: {slowest:.2f} s past its start-up")
 
 
 def test_a_silent_etcd_costs_one_budget_for_every_verb(lone_ns: Namespace, tmp_path: Path) -> None:
