@@ -506,12 +506,10 @@ def test_every_verb_has_help_lines_and_list_and_show_verbs_take_o() -> None:
     assert missing == [] and no_output == [] and etcd_partial == [], (missing, no_output, etcd_partial)
 
 
-def test_unknown_flag_prints_the_sub_verbs_usage_and_errors_have_one_prefix() -> None:
+def test_unknown_flag_prints_the_sub_verbs_usage() -> None:
     proc = run(["policy", "why", "a/b", "c/d", "80", "--bogus"])
     assert proc.returncode == 2
     assert proc.stderr.startswith("usage: pycni policy why ") and "unrecognized arguments: --bogus" in proc.stderr
     proc = run(["ipam", "list", "--nope", "net"])
     assert proc.returncode == 2 and proc.stderr.startswith("usage: pycni ipam list "), proc.stderr
-    proc = run(["endpoint", "list", "--etcd-endpoints", "http://127.0.0.1:1", "--etcd-timeout", "0.5"])
-    line = proc.stderr.strip()
-    assert proc.returncode == 1 and line.count("pycni:") == 1 and line.endswith("(code 11)"), line
+    # (one "pycni:" on etcd's errors: tests/test_user_path.py, in a namespace of its own)
