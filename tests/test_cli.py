@@ -13,12 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from netns_util import Namespace
+from netns_util import Namespace, have_root, new_namespace
 
 from pycni.cli import cnitool_container_id
 
@@ -135,12 +135,16 @@ def test_list_shows_networks_plugins_errors_and_shadowing(tmp_path: Path) -> Non
     (tmp_path / "40-old.conf").write_text(json.dumps({"cniVersion": "0.3.1", "name": "old", "type": "macvlan"}))
     proc = run(["list", "--conf-dir", str(tmp_path)])
     assert proc.returncode == 1, proc.stderr  # a broken file is listed, and the exit status says so
-    out = proc.stdout
-    assert f"net1  cniVersion=1.0.0  {tmp_path / '10-a.conflist'}\n" in out
-    assert "    - portmap  capabilities: portMappings" in out
-    assert f"{tmp_path / '20-b.conflist'}  (shadowed" in out
-    assert f"{tmp_path / '30-c.conflist'}: ERROR " in out and "(code 6)" in out
-    assert "old  cniVersion=0.3.1" in out and "    - macvlan" in out
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert rows[0] == ["NAME", "VERSION", "PLUGINS", "FILE", "NOTE"]
+    assert rows[1] == ["net1", "1.0.0", "bridge,portmap", str(tmp_path / "10-a.conflist")]
+    assert rows[2][:4] == ["net1", "1.0.0", "ptp", str(tmp_path / "20-b.conflist")] and "shadowed:" in rows[2]
+    assert rows[3] == [str(tmp_path / "30-c.conflist"), "ERROR", "(see", "stderr)"]
+    assert rows[4] == ["old", "0.3.1", "macvlan", str(tmp_path / "40-old.conf")]
+    (err,) = proc.stderr.splitlines()
+    assert err.startswith(f"pycni: {tmp_path / '30-c.conflist'}: ") and err.endswith("(code 6)"), err
+    wide = json.loads(run(["list", "--conf-dir", str(tmp_path), "-o", "json"]).stdout)
+    assert wide[0]["capabilities"] == ["portMappings"] and wide[1]["shadowed"] and wide[2]["error"]
 
 
 def test_list_exit_status(tmp_path: Path) -> None:
@@ -151,7 +155,7 @@ def test_list_exit_status(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     proc = run(["list", "--conf-dir", str(empty)])
-    assert proc.returncode == 0 and "no network configurations" in proc.stdout
+    assert proc.returncode == 0 and proc.stdout == "" and "no network configurations" in proc.stderr
 
 
 def test_help_version_and_demo_verb() -> None:
@@ -183,7 +187,8 @@ def test_debug_shows_the_failing_plugins_stderr(tmp_path: Path) -> None:
     env = {"NETCONFPATH": str(tmp_path), "CNI_PATH": str(plugin.parent)}
     quiet = run(["add", "n", "/x", "--cache-dir", str(tmp_path / "cache")], env)
     assert_one_line_error(quiet, 5, "noisy failed")
-    loud = run(["add", "n", "/x", "--cache-dir", str(tmp_path / "cache")], dict(env, PYCNI_DEBUG="1"))
+    # (a fresh cache: the failed ADD's clean-up failed too, so its attachment is cached for a DEL)
+    loud = run(["add", "n", "/x", "--cache-dir", str(tmp_path / "cache2")], dict(env, PYCNI_DEBUG="1"))
     assert loud.returncode == 1 and "noisy: the thing that went wrong" in loud.stderr
     assert "Traceback" not in loud.stderr
 
@@ -248,6 +253,22 @@ def test_install_plugins_and_plugin_verb(tmp_path: Path) -> None:
 
 
 # ---- real runs: Go bridge + host-local in throwaway namespaces ---------------------------------
+
+@pytest.fixture
+def pc33_ns() -> Iterator[Callable[[], Namespace]]:
+    """Throwaway namespaces named pc33-* (the user's-path tests' own), all deleted afterwards."""
+    if not have_root():
+        pytest.skip("network namespaces need root")
+    made: list[Namespace] = []
+
+    def make() -> Namespace:
+        made.append(new_namespace(prefix="pc33"))
+        return made[-1]
+
+    yield make
+    for ns in reversed(made):
+        ns.delete()
+
 
 @pytest.fixture
 def bridge_net(tmp_path: Path) -> dict[str, str]:
@@ -354,6 +375,14 @@ def test_daemon_refuses_a_relative_socket() -> None:
         assert proc.returncode == 2 and "must be an absolute path" in proc.stderr, proc
 
 
+def test_daemon_refuses_a_socket_in_a_directory_that_does_not_exist(tmp_path: Path) -> None:
+    """It used to create the directories (/nonexistent/dir on the root file system, left there)."""
+    sock = tmp_path / "nonexistent" / "dir" / "x.sock"
+    proc = run(["daemon", "--socket", str(sock), "--no-preload", "--workers", "1"])
+    assert proc.returncode != 0 and f"directory {sock.parent} does not exist" in proc.stderr, proc
+    assert not (tmp_path / "nonexistent").exists()
+
+
 @pytest.mark.skipif(not os.path.exists("/usr/bin/python3") or os.geteuid() != 0,
                     reason="needs root to drop to another user, and a Python that user may run")
 def test_non_root_add_says_root_is_needed(tmp_path: Path) -> None:
@@ -411,3 +440,76 @@ def test_node_tls_files_are_named(tmp_path: Path) -> None:
         proc = run(["node", "status", "--etcd-endpoints", "https://192.0.2.1:2379", flag, "/nonexistent/x.pem",
                     *extra])
         assert_one_line_error(proc, 7, f"invalid {flag}", "/nonexistent/x.pem: no such file")
+
+
+@pytest.mark.skipif(not os.path.exists(f"{GO_PLUGINS}/bridge"), reason="needs containernetworking-plugins")
+def test_second_add_is_refused_and_the_live_attachment_survives(pc33_ns: Callable[[], Namespace],
+                                                                 bridge_net: dict[str, str]) -> None:
+    """A second ADD of a cached attachment is refused before any plugin runs; its rollback used to
+    DEL the first attachment (address gone, reservation freed, cache entry left, CHECK failing)."""
+    host_ns, container_ns = pc33_ns(), pc33_ns()
+    env = dict(bridge_net)
+    (ip,) = json.loads(pycni_in(host_ns, ["add", "clinet", container_ns.path], env).stdout)["ips"]
+    again = pycni_in(host_ns, ["add", "clinet", container_ns.path], env, check=False)
+    assert_one_line_error(again, 4, "already exists", "DEL it first")
+    assert addresses(container_ns, "eth0") == [ip["address"]]
+    assert (Path(env["IPAM"]) / ip["address"].split("/")[0]).exists()
+    assert pycni_in(host_ns, ["check", "clinet", container_ns.path], env).returncode == 0
+    pycni_in(host_ns, ["del", "clinet", container_ns.path], env)
+    assert addresses(container_ns, "eth0") == []
+
+
+# ---- the conventions every verb follows (docs/api.md "Conventions for a verb") -------------------------
+
+def _verbs(parser: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any, str]]:
+    """(path, parser, its help line) of every verb and sub-verb under ``parser``."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield (*path, name), sub, helps.get(name) or ""
+                yield from _verbs(sub, (*path, name))
+
+
+def test_every_verb_has_help_lines_and_list_and_show_verbs_take_o() -> None:
+    """Walks the parser as built (the verbs other modules register included): every verb and flag
+    has a help line; every list / show / status sub-verb takes -o wide|json|yaml; every verb that
+    names etcd takes the one set of etcd flags."""
+    import argparse
+
+    from pycni.cli import _parser
+
+    missing, no_output, etcd_partial = [], [], []
+    verbs = list(_verbs(_parser()))
+    assert len(verbs) > 20
+    for path, sp, text in verbs:
+        if not text:
+            missing.append(" ".join(path))
+        options = {o for a in sp._actions for o in a.option_strings}
+        for a in sp._actions:
+            if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction) and a.help != argparse.SUPPRESS \
+                    and not a.help:
+                missing.append(f"{' '.join(path)} {a.option_strings[-1] if a.option_strings else a.dest}")
+        actions = {c for a in sp._actions if not a.option_strings and a.choices and not isinstance(
+            a, argparse._SubParsersAction) for c in a.choices}
+        listing = (path[-1] in ("list", "show") or (len(path) > 1 and path[-1] == "status")
+                   or {"list", "show", "status"} & actions)
+        if listing:
+            out = next((a for a in sp._actions if "-o" in a.option_strings), None)
+            if out is None or not {"wide", "json", "yaml"} <= set(out.choices or ()):
+                no_output.append(" ".join(path))
+        if "--etcd-endpoints" in options and not {"--etcd-prefix", "--etcd-ca-cert", "--etcd-cert", "--etcd-key",
+                                                  "--etcd-timeout"} <= options:
+            etcd_partial.append(" ".join(path))
+    assert missing == [] and no_output == [] and etcd_partial == [], (missing, no_output, etcd_partial)
+
+
+def test_unknown_flag_prints_the_sub_verbs_usage() -> None:
+    proc = run(["policy", "why", "a/b", "c/d", "80", "--bogus"])
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: pycni policy why ") and "unrecognized arguments: --bogus" in proc.stderr
+    proc = run(["ipam", "list", "--nope", "net"])
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: pycni ipam list "), proc.stderr
+    # (one "pycni:" on etcd's errors: tests/test_user_path.py, in a namespace of its own)

@@ -448,8 +448,8 @@ def test_routed_cluster_ipam(k8s: Kubelet, tmp_path: Path) -> None:
             ping(k8s, second, ips[first][0])
 
             def allocations() -> list[dict[str, Any]]:
-                out = host.run([PYCNI, "ipam", "list", ROUTED, "--conf-dir", "/etc/cni/net.d"]).stdout
-                return [json.loads(line) for line in out.splitlines() if line.strip()]
+                out = host.run([PYCNI, "ipam", "list", ROUTED, "-o", "json", "--conf-dir", "/etc/cni/net.d"]).stdout
+                return list(json.loads(out))
 
             held = allocations()
             assert sorted((a["containerID"], a["ip"]) for a in held) == sorted(

@@ -257,6 +257,7 @@ def _start_daemon_process(sock: str, *extra: str) -> subprocess.Popen[bytes]:
 
 @needs_privileges
 def test_sigterm_shuts_down_cleanly_and_removes_the_socket(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()  # the daemon creates no directory but its default's
     sock = str(tmp_path / "run" / "pycni.sock")
     proc = _start_daemon_process(sock)
     try:

@@ -50,6 +50,7 @@ class Setup:
         install(str(self.bindir), [main, "host-local", "portmap"], daemon=True)
         self.data_dir = tmp / "ipam"
         self.home, self.host = netns_factory(), netns_factory()
+        (tmp / "run").mkdir(exist_ok=True)  # the daemon creates no directory but its default's
         self.sock = str(tmp / "run" / "pycni.sock")
         self.daemons: list[DaemonProc] = []
         self.baseline: dict[str, str] = {}

@@ -161,7 +161,8 @@ def test_install_and_cli_blocks_run_in_a_throwaway_host(tmp_path: Path) -> None:
     finally:
         host.close()
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert '"cniVersion": "1.0.0"' in proc.stdout and "pycni-demo  cniVersion=1.0.0" in proc.stdout, proc.stdout
+    assert '"cniVersion": "1.0.0"' in proc.stdout and re.search(r"^pycni-demo\s+1\.0\.0\s", proc.stdout, re.M), \
+        proc.stdout
     assert "is valid" in proc.stdout, proc.stdout
 
 
@@ -215,3 +216,59 @@ def test_daemon_block_runs_in_a_throwaway_host(tmp_path: Path) -> None:
         assert served.wait(timeout=60) == 0, (tmp_path / "daemon.log").read_text()
     finally:
         host.close()
+
+
+@pytest.mark.skipif(not have_root(), reason="the walk-through makes network namespaces: needs root")
+def test_cluster_walk_through_runs_as_written(tmp_path: Path) -> None:
+    """docs/cluster.md's three-node walk-through, its checks and its tear-down, as written: only the
+    namespace names (made pc33-*) and the state directory (a temporary one) differ."""
+    from etcd_util import etcd_available
+
+    if not etcd_available():
+        pytest.skip("needs etcd (scripts/setup --test)")
+    doc = REPO / "docs" / "cluster.md"
+    tag = f"pc33-{uuid.uuid4().hex[:4]}"
+
+    def ours(script: str) -> str:
+        script = script.replace("W=/tmp/walk", f"W={shlex.quote(str(tmp_path / 'walk'))}")
+        script = re.sub(r"\bunderlay\b(?!-)", f"{tag}u", script)
+        script = re.sub(r"\bnode(\$i|[123])\b", rf"{tag}n\1", script)
+        return re.sub(r"\bpod(\$i|[123])\b", rf"{tag}p\1", script)
+
+    walk, check, down = (ours(block(doc, marker)) for marker in ("W=/tmp/walk", "ip route show proto 94",
+                                                                  "kill $(cat $W/pids)"))
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    run = "set -euo pipefail\nW=" + shlex.quote(str(tmp_path / "walk")) + "\n"
+    try:
+        up = subprocess.run(["bash", "-c", walk], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert up.stdout.count('"address"') == 3, up.stdout
+        ep = "EP=http://10.231.0.1:2379,http://10.231.0.2:2379,http://10.231.0.3:2379\n"
+        seen = subprocess.run(["bash", "-c", run + ep + check], capture_output=True, text=True, timeout=120, env=env)
+        assert seen.returncode == 0, seen.stdout + seen.stderr
+        assert "2 received" in seen.stdout and ": programmed" in seen.stdout, seen.stdout
+        assert f"{tag}n1" in seen.stdout and "enforced" in seen.stdout, seen.stdout  # node status: policy on
+    finally:
+        gone = subprocess.run(["bash", "-c", run.replace("set -euo pipefail\n", "") + down], capture_output=True,
+                              text=True, timeout=120, env=env)
+        left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if n.startswith(tag)]
+        for name in left:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    assert gone.returncode == 0 and left == [], gone.stdout + gone.stderr
+
+
+def test_every_yaml_policy_in_the_docs_is_accepted() -> None:
+    """The NetworkPolicy examples (```yaml blocks) read and validate as `pycni policy apply` reads them."""
+    from pycni.cluster.policy.model import PolicyError, parse_policies
+
+    seen = 0
+    for doc in DOCS:
+        for text in re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S):
+            if "NetworkPolicy" not in text:
+                continue
+            try:
+                seen += len(parse_policies(text))
+            except PolicyError as e:
+                pytest.fail(f"{doc.name}: a policy example is refused: {e}\n{text}")
+    assert seen >= 3, seen

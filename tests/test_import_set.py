@@ -42,8 +42,9 @@ exec(compile(open(_path).read(), _path, "exec"), {"__name__": "__main__"})
 FORWARDING_STDLIB = {"os", "os.path", "posixpath", "genericpath", "stat", "_stat", "_collections_abc", "_socket"}
 
 # Never acceptable on any plugin's VERSION path: netlink, and what @dataclass drags in (inspect, with
-# ast, dis and tokenize: ~20 ms a call; pycni.record replaces it on the start path).
-NEVER_ON_VERSION = ("pyroute2", "asyncio", "multiprocessing", "dataclasses", "inspect")
+# ast, dis and tokenize: ~20 ms a call; pycni.record replaces it on the start path), and PyYAML (the
+# CLI's and the agent's, for policy files and -o yaml).
+NEVER_ON_VERSION = ("pyroute2", "asyncio", "multiprocessing", "dataclasses", "inspect", "yaml")
 
 # Never acceptable on the stdlib-only paths.
 HEAVY = (*NEVER_ON_VERSION, "ctypes", "pycni.net", "pycni.runtime", "pycni.daemon.server", "subprocess",

@@ -23,7 +23,8 @@ ALLOWED = {"net": ("pycni.net", "pycni.spec", "pycni.record", "pycni.lockfile", 
            "ipaddr.py": ("pycni.ipaddr",),  # a leaf: IP values, importing nothing
            "spec": ("pycni.spec", "pycni.record", "pycni.jsonlite", "pycni.ipaddr"),
            "cluster": ("pycni.cluster", "pycni.spec", "pycni.net", "pycni.record", "pycni.jsonlite", "pycni.lockfile",
-                       "pycni.netconf", "pycni.ipranges", "pycni.statefile", "pycni.ipaddr")}
+                       "pycni.netconf", "pycni.ipranges", "pycni.statefile", "pycni.ipaddr", "pycni.output"),
+           "output.py": ("pycni.output",)}  # a leaf: how every verb prints, and its exit statuses
 
 
 def _package(path: Path) -> str:
@@ -124,8 +125,7 @@ def _run_time_imports(nodes: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom
 # The policy engine runs in the node agent and the CLI only, long-lived or interactive, never on a
 # plugin's start path (routed imports pycni.cluster.policy.workload, which is held to the rule).
 AGENT_ONLY = {"cluster/policy/agent.py", "cluster/policy/compile.py", "cluster/policy/evaluate.py",
-              "cluster/policy/model.py", "cluster/policy/cli.py", "cluster/policy/nftsync.py",
-              "cluster/policy/yamlite.py"}
+              "cluster/policy/model.py", "cluster/policy/cli.py", "cluster/policy/nftsync.py"}
 
 
 def test_no_typing_at_run_time() -> None:

@@ -268,7 +268,7 @@ def test_label_and_namespace_label_changes(env: Env) -> None:
     wide = env.cli("endpoint", "list", "-A", "-o", "wide").stdout
     assert "x/a" in wide and "pod=a" in wide and "podnet" in wide
     why = env.cli("policy", "why", "z/a", "x/b", "80/TCP", check=False)
-    assert why.returncode == 2 and "denied; selected by x/allow-ns-y" in why.stdout
+    assert why.returncode == 3 and "denied; selected by x/allow-ns-y" in why.stdout  # DENIED: not argparse's 2
     why = env.cli("policy", "why", "y/c", "x/b", "81/UDP")
     assert "allowed by x/allow-ns-y (ingress rule 0)" in why.stdout
 
@@ -402,7 +402,7 @@ def test_cli_views_and_refusals(env: Env) -> None:
     listed = env.cli("endpoint", "list", "-n", "x").stdout.splitlines()
     assert listed[0].split() == ["WORKLOAD", "NODE", "NETWORKS", "INTERFACE"]
     assert sorted(ln.split()[0] for ln in listed[1:]) == ["x/a", "x/b", "x/c"]
-    rows = [_json.loads(ln) for ln in env.cli("endpoint", "list", "-A", "-o", "json").stdout.splitlines()]
+    rows = _json.loads(env.cli("endpoint", "list", "-A", "-o", "json").stdout)
     xa = next(r for r in rows if (r["namespace"], r["pod"]) == ("x", "a"))
     assert xa["orchestrator"] == "k8s" and xa["node"] == env.nodes[env.where["x/a"]].name
     assert xa["profiles"] == ["podnet"] and xa["labels"]["pod"] == "a" and xa["interfaceName"].startswith("rtd")

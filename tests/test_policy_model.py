@@ -16,7 +16,6 @@ from pycni.cluster.policy.model import (
     parse_policy,
     parse_selector,
 )
-from pycni.cluster.policy.yamlite import YAMLError, load_all
 
 NODES = {"n1": (ipaddr.ip_address("192.0.2.1"),), "n2": (ipaddr.ip_address("192.0.2.2"),),
          "n3": (ipaddr.ip_address("192.0.2.3"),)}
@@ -207,50 +206,3 @@ def test_selector_semantics() -> None:
     assert not t.matches({"app": "web", "tier": "c", "zone": "1"})
     assert not t.matches({"app": "web", "tier": "a", "zone": "1", "env": "prod"})
     assert not t.matches({"app": "web", "tier": "a"})
-
-
-# --- the YAML subset -------------------------------------------------------------------------
-
-def test_yaml_subset() -> None:
-    docs = load_all("""
-# a comment
----
-a: 1
-b: "two # not a comment"   # a comment
-c: 'it''s'
-d:
-- x
-- {k: v, l: [1, 2, "3"]}
-- - nested
-e:
-  - f: 1
-    g: [ ]
-  - null
-h: {}
-i: ~
-j: true
-k: 1.5
-l: -3
-m: "\\u00e9\\n"
----
----
-- only
-""")
-    assert docs == [{"a": 1, "b": "two # not a comment", "c": "it's",
-                     "d": ["x", {"k": "v", "l": [1, 2, "3"]}, ["nested"]],
-                     "e": [{"f": 1, "g": []}, None], "h": {}, "i": None, "j": True, "k": 1.5, "l": -3,
-                     "m": "\u00e9\n"}, ["only"]]
-
-
-@pytest.mark.parametrize(("text", "message"), [
-    ("a: |\n  text", "line 1: '|'"),
-    ("a: &x 1", "line 1: '&'"),
-    ("a: 1\n  b: 2", "line 2: unexpected indentation"),
-    ("a: [1, 2", "line 1: unterminated flow collection"),
-    ("a: 1\na: 2", "line 2: duplicate key 'a'"),
-    ("a: 'open", "line 1: unterminated quoted string"),
-    ("a:\n\t- b", "line 2: tabs"),
-])
-def test_yaml_refusals(text: str, message: str) -> None:
-    with pytest.raises(YAMLError, match=message.replace("|", "\\|").replace("[", "\\[")):
-        load_all(text)

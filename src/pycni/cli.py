@@ -8,7 +8,7 @@
     pycni plugin TYPE                       run one of our plugins in this process
     pycni daemon [--socket PATH]            serve installed plugin shims with warm imports
     pycni node [status | remove NAME] ...   the node agent routing pod blocks between nodes (etcd)
-    pycni ipam list|check NETWORK           cluster-ipam allocations in etcd (JSON lines) / consistency
+    pycni ipam list|check NETWORK           cluster-ipam allocations in etcd (a table; -o json) / consistency
     pycni ipam release NETWORK --ip IP      free one cluster-ipam address (--node N: all of a dead node's)
     pycni ipam show [--show-blocks] NETWORK  pools and blocks: addresses total, in use, free
     pycni endpoint|namespace|policy ...     workload endpoints, labels, NetworkPolicy (docs/policy.md)
@@ -20,7 +20,9 @@ eth0), CNI_ARGS (``K=V;K=V``), CAP_ARGS (JSON object of capability args). Withou
 the absolute netns path in hex, so either tool deletes what the other added.
 
 Errors are one line on stderr, ``pycni: <msg>: <details> (code N)``, and exit status 1;
-usage errors are CNI errors too (code 4 for the environment, 6 for undecodable input).
+usage errors are CNI errors too (code 4 for the environment, 6 for undecodable input). A
+command line argparse refuses exits 2 with the verb's own usage; 3 is a "no" answer
+(pycni.output.EXIT_NO). docs/api.md has the table and the conventions every verb follows.
 ``PYCNI_DEBUG=1`` adds a failing plugin's stderr and, for internal errors, the traceback.
 The runtime is imported per verb to keep start-up short.
 """
@@ -33,6 +35,7 @@ import sys
 from collections.abc import Sequence
 
 from pycni.cniargs import runtime_args
+from pycni.output import EXIT_ERROR, EXIT_NO
 from pycni.spec.errors import DECODE_FAILURE, INVALID_ENV, IO_FAILURE, UNKNOWN_CONTAINER, CNIError, invalid_config
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a process ~4 ms (see pycni.record)
@@ -259,31 +262,35 @@ def cmd_validate(opts: argparse.Namespace) -> int:
 
 
 def cmd_list(opts: argparse.Namespace) -> int:
-    """Every configuration and its plugins; exit 1 when the directory is missing or a file is broken."""
+    """Every configuration file: its network, version and plugins (wide: capabilities and notes);
+    exit 1 when the directory is missing or a file is broken (each said on stderr too)."""
+    from pycni.output import emit
+
     rt = _runtime(opts)
     if not os.path.isdir(rt.conf_dir):
         raise CNIError(IO_FAILURE, f"no configuration directory {rt.conf_dir}",
                        "set NETCONFPATH or --conf-dir to the directory holding .conflist/.conf files")
-    files = rt.networks()
-    if not files:
-        print(f"no network configurations in {rt.conf_dir}")
-        return 0
+    items: list[dict[str, Any]] = []
     status = 0
-    for item in files:
-        if item.network is None:
-            assert item.error is not None
-            print(f"{item.path}: ERROR {_error_line(item.error)}")
-            status = 1
-            continue
+    for item in rt.networks():
         net = item.network
-        note = "  (shadowed: an earlier file defines this name)" if item.shadowed else ""
-        print(f"{net.name}  cniVersion={net.cni_version}  {item.path}{note}")
+        row: dict[str, Any] = {"file": item.path, "name": net.name if net else "", "shadowed": bool(item.shadowed),
+                               "cniVersion": net.cni_version if net else "",
+                               "plugins": [p.type for p in net.plugins] if net else [],
+                               "capabilities": sorted({c for p in net.plugins for c in p.enabled_capabilities()})
+                               if net else [], "error": _error_line(item.error) if item.error else ""}
         if item.error is not None:
-            print(f"    ERROR {_error_line(item.error)}")
+            sys.stderr.write(f"pycni: {item.path}: {row['error']}\n")
             status = 1
-        for p in net.plugins:
-            caps = p.enabled_capabilities()
-            print(f"    - {p.type}" + (f"  capabilities: {', '.join(caps)}" if caps else ""))
+        items.append(row)
+
+    def note(row: dict[str, Any]) -> str:
+        return "ERROR (see stderr)" if row["error"] else "shadowed: an earlier file defines this name" \
+            if row["shadowed"] else ""
+
+    emit(opts.output, items, [("NAME", "name"), ("VERSION", "cniVersion"), ("PLUGINS", "plugins"), ("FILE", "file"),
+                              ("NOTE", note)], wide=[("CAPABILITIES", "capabilities")],
+         empty=f"no network configurations in {rt.conf_dir}")
     return status
 
 
@@ -346,30 +353,59 @@ def cmd_node(opts: argparse.Namespace) -> int:
     return node.main(opts)
 
 
-def _cluster_ipam(opts: argparse.Namespace) -> ClusterSettings:
-    """The cluster-ipam settings of NETWORK (its first plugin whose ipam.type is cluster-ipam)."""
-    from pycni.cluster.settings import parse_cluster_settings
+def _cluster_ipam(opts: argparse.Namespace) -> tuple[ClusterSettings, dict[str, Any] | None]:
+    """The cluster-ipam settings of NETWORK and its conflist's ``ipam`` section (None without one).
 
-    net = _network(_runtime(opts), opts.network)
-    for plugin in net.plugins:
-        ipam = plugin.raw.get("ipam")
-        if isinstance(ipam, dict) and ipam.get("type") == "cluster-ipam":
-            return parse_cluster_settings({"name": net.name, "ipam": ipam})
-    raise invalid_config(f"network {net.name!r} does not use cluster-ipam",
-                     f"none of its plugins ({', '.join(p.type for p in net.plugins)}) has \"ipam\": "
-                     "{\"type\": \"cluster-ipam\", ...}")
+    etcd is named as for every other verb (``--etcd-*``, ``$PYCNI_ETCD_ENDPOINTS``); without
+    them, by NETWORK's conflist (its first plugin whose ipam.type is cluster-ipam). Either way
+    the command's budget is the CLI's one (``--etcd-timeout``), not the plugin's etcdTimeout.
+    """
+    from pycni.cluster.settings import (
+        ClusterSettings,
+        etcd_endpoints_given,
+        etcd_settings_from_args,
+        parse_cluster_settings,
+    )
+    from pycni.spec.validate import validate_network_name
+
+    flags = bool(etcd_endpoints_given(opts))
+    try:
+        net = _network(_runtime(opts), opts.network)
+    except CNIError as e:
+        if not flags:
+            raise CNIError(e.code, e.msg, "; ".join([*[e.details] * bool(e.details),
+                           "name etcd with --etcd-endpoints (or PYCNI_ETCD_ENDPOINTS), or give the directory of "
+                           "NETWORK's conflist with --conf-dir (or NETCONFPATH)"])) from None
+        validate_network_name(opts.network)
+        return ClusterSettings(network=opts.network, etcd=etcd_settings_from_args(opts)), None
+    ipam = next((p.raw["ipam"] for p in net.plugins
+                 if isinstance(p.raw.get("ipam"), dict) and p.raw["ipam"].get("type") == "cluster-ipam"), None)
+    if ipam is None:
+        raise invalid_config(f"network {net.name!r} does not use cluster-ipam",
+                             f"none of its plugins ({', '.join(p.type for p in net.plugins)}) has \"ipam\": "
+                             "{\"type\": \"cluster-ipam\", ...}")
+    cfg = parse_cluster_settings({"name": net.name, "ipam": ipam})
+    # the conflist fills in what no flag gives; the budget and the fail-fast are the CLI's
+    if not flags:
+        opts.etcd_endpoints = ",".join(cfg.etcd.endpoints)
+    opts.etcd_prefix = opts.etcd_prefix or cfg.etcd.prefix
+    opts.etcd_ca_cert = opts.etcd_ca_cert or cfg.etcd.ca_cert
+    opts.etcd_cert = opts.etcd_cert or cfg.etcd.cert
+    opts.etcd_key = opts.etcd_key or cfg.etcd.key
+    cfg.etcd = etcd_settings_from_args(opts)
+    return cfg, ipam
 
 
 def cmd_ipam_list(opts: argparse.Namespace) -> int:
-    """One JSON object per allocated address: ip, containerID, ifname, node, network, block."""
-    import json
-
+    """Every allocated address: ip, node, containerID, ifname (wide: block, network; json/yaml: all)."""
     from pycni import ipaddr
     from pycni.cluster.session import session
+    from pycni.output import emit
 
-    cfg = _cluster_ipam(opts)
-    with session(cfg) as store:
+    cfg, _ = _cluster_ipam(opts)
+    with session(cfg, who="") as store:
         handles = store.handles()
+    rows = []
     for h in sorted(handles, key=lambda h: (h.get("node", ""), h.get("containerID", ""), h.get("ifname", ""))):
         if opts.node and h.get("node") != opts.node:
             continue
@@ -377,9 +413,12 @@ def cmd_ipam_list(opts: argparse.Namespace) -> int:
         for text in h.get("ips", ()):
             iface = ipaddr.ip_interface(text)
             block = next((str(b) for b in blocks if iface.ip in b), "")
-            print(json.dumps({"ip": str(iface.ip), "prefixLength": iface.network.prefixlen,
-                              "containerID": h.get("containerID"), "ifname": h.get("ifname"),
-                              "node": h.get("node"), "network": h.get("network"), "block": block}))
+            rows.append({"ip": str(iface.ip), "prefixLength": iface.network.prefixlen,
+                         "containerID": h.get("containerID"), "ifname": h.get("ifname"),
+                         "node": h.get("node"), "network": h.get("network"), "block": block})
+    emit(opts.output, rows, [("IP", "ip"), ("NODE", "node"), ("CONTAINER-ID", "containerID"), ("IFNAME", "ifname")],
+         wide=[("BLOCK", "block"), ("NETWORK", "network")],
+         empty=f"no address of network {cfg.network} is allocated" + (f" on node {opts.node}" if opts.node else ""))
     return 0
 
 
@@ -388,11 +427,10 @@ def cmd_ipam_show(opts: argparse.Namespace) -> int:
     from pycni import ipaddr
     from pycni.cluster.policy.cli import ipam_show
 
-    cfg = _cluster_ipam(opts)
-    ipam = next(p.raw["ipam"] for p in _network(_runtime(opts), opts.network).plugins
-                if isinstance(p.raw.get("ipam"), dict) and p.raw["ipam"].get("type") == "cluster-ipam")
-    pools = [ipaddr.ip_network(r["subnet"], strict=False) for rs in ipam.get("ranges") or () for r in rs]
-    return ipam_show(cfg, pools, opts.show_blocks)
+    cfg, ipam = _cluster_ipam(opts)
+    pools = None if ipam is None else [ipaddr.ip_network(r["subnet"], strict=False)
+                                       for rs in ipam.get("ranges") or () for r in rs]
+    return ipam_show(cfg, pools, opts.show_blocks, opts.output)
 
 
 def cmd_ipam_release(opts: argparse.Namespace) -> int:
@@ -404,9 +442,9 @@ def cmd_ipam_release(opts: argparse.Namespace) -> int:
     if bool(opts.ip) == bool(opts.node):
         raise CNIError(INVALID_ENV, "give exactly one of --ip IP and --node NODE")
     if opts.node:
-        cfg = _cluster_ipam(opts)
+        cfg, _ = _cluster_ipam(opts)
         cfg.node = opts.node
-        with session(cfg) as store:
+        with session(cfg, who="") as store:
             handles, blocks = store.release_node()
         print(f"released {len(handles)} attachment(s) and {len(blocks)} block(s) of node {opts.node}")
         return 0
@@ -414,8 +452,8 @@ def cmd_ipam_release(opts: argparse.Namespace) -> int:
         ip = ipaddr.ip_address(opts.ip)
     except ValueError:
         raise invalid_config(f"invalid --ip {opts.ip!r}", "give one address, e.g. --ip 10.90.0.5") from None
-    cfg = _cluster_ipam(opts)
-    with session(cfg) as store:
+    cfg, _ = _cluster_ipam(opts)
+    with session(cfg, who="") as store:
         block = next((b.cidr for b in store.blocks() if b.cidr.version == ip.version and ip in b.cidr), None)
         owner = store.release_ip(ip, block) if block is not None else None
     if owner is None:
@@ -426,22 +464,22 @@ def cmd_ipam_release(opts: argparse.Namespace) -> int:
 
 
 def cmd_ipam_check(opts: argparse.Namespace) -> int:
-    """Blocks vs handles vs affinities; prints each problem as JSON, exit 1 when there is any."""
+    """Blocks vs handles vs affinities; prints each problem as JSON, exit 3 when there is any."""
     import json
 
     from pycni.cluster.session import session
 
-    cfg = _cluster_ipam(opts)
-    with session(cfg) as store:
+    cfg, _ = _cluster_ipam(opts)
+    with session(cfg, who="") as store:
         problems = store.inconsistencies()
         blocks, handles = len(store.blocks()), len(store.handles())
     for p in problems:
         print(json.dumps(p))
     if problems:
-        sys.stderr.write(f"pycni: network {cfg.network}: {len(problems)} inconsistencies\n")
-        return 1
+        sys.stderr.write(f"network {cfg.network}: {len(problems)} inconsistencies\n")
+        return EXIT_NO
     # on stderr as the line above: stdout stays JSON lines, one per problem
-    sys.stderr.write(f"pycni: network {cfg.network}: consistent ({blocks} block(s), {handles} attachment(s))\n")
+    sys.stderr.write(f"network {cfg.network}: consistent ({blocks} block(s), {handles} attachment(s))\n")
     return 0
 
 
@@ -462,7 +500,11 @@ environment:
   CAP_ARGS      capability arguments, a JSON object, e.g. '{"portMappings": [...]}'
   PYCNI_SOCKET  the daemon's socket for installed plugins (default /run/pycni/pycni.sock; 'off' never forwards)
   PYCNI_DEBUG   1: show a failing plugin's stderr, and tracebacks of internal errors
-  PYCNI_ETCD_ENDPOINTS  etcd client URLs for `pycni node` (comma-separated; --etcd-endpoints wins)
+  PYCNI_ETCD_ENDPOINTS  etcd client URLs for every verb that talks to etcd (node, ipam, endpoint,
+                namespace, policy; comma-separated; --etcd-endpoints wins)
+
+exit status: 0 done, 1 error (one line: pycni: ... (code N)), 2 usage error, 3 the answer is no
+(policy why DENIED, node status not in sync, ipam check inconsistent); see docs/api.md
 
 add/check/del/gc change the network of the machine they run on (bridges, routes, firewall
 rules in the namespace you run them in); try them inside a throwaway namespace first:
@@ -470,10 +512,24 @@ rules in the namespace you run them in); try them inside a throwaway namespace f
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a verb refuses what it does not know with its own usage (argparse
+    leaves unknown arguments to the top level, whose usage says nothing of the verb's flags).
+    Sub-parsers are made of the parent's class, so every verb's parser is one of these."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None and self.prog != "pycni":  # a verb's leaf parser
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+
 def _parser() -> argparse.ArgumentParser:
     from pycni import __version__
+    from pycni.cluster.settings import add_etcd_arguments
+    from pycni.output import add_output_argument
 
-    p = argparse.ArgumentParser(prog="pycni", description="Run CNI networks and plugins (cnitool-compatible).",
+    p = _Parser(prog="pycni", description="Run CNI networks and plugins (cnitool-compatible).",
                                 epilog=ENVIRONMENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"pycni {__version__}")
     sub = p.add_subparsers(dest="verb", metavar="VERB")
@@ -489,7 +545,7 @@ def _parser() -> argparse.ArgumentParser:
                            ("check", cmd_check, "check NETNS's attachment to NETWORK"),
                            ("del", cmd_del, "detach NETNS from NETWORK")):
         sp = sub.add_parser(verb, help=text, description=text)
-        sp.add_argument("network", metavar="NETWORK")
+        sp.add_argument("network", metavar="NETWORK", help="the network's name (its configuration in --conf-dir)")
         sp.add_argument("netns", metavar="NETNS", help="path of the network namespace")
         sp.add_argument("-i", "--ifname", help="interface name (default: $CNI_IFNAME or eth0)")
         sp.add_argument("--container-id", help="container ID (default: cnitool's, derived from NETNS)")
@@ -500,7 +556,7 @@ def _parser() -> argparse.ArgumentParser:
                         description="DEL cached attachments of NETWORK that are not --valid, then GC "
                         "every plugin with that list. One of --valid or --all is required (cnitool takes "
                         "neither to mean that every attachment is stale).")
-    sp.add_argument("network", metavar="NETWORK")
+    sp.add_argument("network", metavar="NETWORK", help="the network's name (its configuration in --conf-dir)")
     sp.add_argument("netns", metavar="NETNS", nargs="?", help="ignored (cnitool takes it)")
     which = sp.add_mutually_exclusive_group()
     which.add_argument("--valid", action="append", metavar="CONTAINERID:IFNAME",
@@ -513,7 +569,7 @@ def _parser() -> argparse.ArgumentParser:
 
     text = "ask every plugin of NETWORK whether it can serve ADD (spec 1.1)"
     sp = sub.add_parser("status", help=text, description=text + "; exit 1 with the first plugin's error.")
-    sp.add_argument("network", metavar="NETWORK")
+    sp.add_argument("network", metavar="NETWORK", help="the network's name (its configuration in --conf-dir)")
     sp.add_argument("netns", metavar="NETNS", nargs="?", help="ignored (cnitool takes it)")
     sp.add_argument("-i", "--ifname", help=argparse.SUPPRESS)
     common(sp)
@@ -521,13 +577,14 @@ def _parser() -> argparse.ArgumentParser:
 
     text = "check NETWORK's plugins exist and speak its version"
     sp = sub.add_parser("validate", help=text, description=text + "; print the capabilities it enables.")
-    sp.add_argument("network", metavar="NETWORK")
+    sp.add_argument("network", metavar="NETWORK", help="the network's name (its configuration in --conf-dir)")
     common(sp)
     sp.set_defaults(fn=cmd_validate)
 
     sp = sub.add_parser("list", help="list networks and their plugins",
                         description="List every configuration file, its network and plugins; exit 1 when the "
                         "directory is missing or a file is broken.")
+    add_output_argument(sp, "networks")
     common(sp)
     sp.set_defaults(fn=cmd_list)
 
@@ -557,18 +614,20 @@ def _parser() -> argparse.ArgumentParser:
     text = "run plugin TYPE in this process (CNI_COMMAND etc. from the env)"
     sp = sub.add_parser("plugin", help=text, description=text + ", reading the config on stdin, as an "
                         "installed executable would.")
-    sp.add_argument("type", metavar="TYPE")
+    sp.add_argument("type", metavar="TYPE", help="the plugin's CNI type, e.g. bridge")
     sp.set_defaults(fn=cmd_plugin)
 
-    ipam_p = sub.add_parser("ipam", help="cluster-ipam allocations in etcd: list, release, check")
+    ipam_p = sub.add_parser("ipam", help="cluster-ipam allocations in etcd: list, show, release, check",
+                            description="cluster-ipam's allocations in etcd. etcd is named by the --etcd-* flags "
+                            "(or $PYCNI_ETCD_ENDPOINTS) as for every verb, or else found in NETWORK's conflist.")
     ipam_sub = ipam_p.add_subparsers(dest="ipam_verb", metavar="ACTION")
     ipam_sub.required = True
-    for action, fn, text in (("list", cmd_ipam_list, "one JSON object per allocated address"),
+    for action, fn, text in (("list", cmd_ipam_list, "every allocated address: IP, node, container, interface"),
                              ("release", cmd_ipam_release, "free one address (--ip) or a node's all (--node)"),
-                             ("check", cmd_ipam_check, "blocks vs handles consistency; exit 1 when not"),
+                             ("check", cmd_ipam_check, "blocks vs handles consistency; exit 3 when not"),
                              ("show", cmd_ipam_show, "per pool (and block): addresses total, in use, free")):
         sp = ipam_sub.add_parser(action, help=text, description=text)
-        sp.add_argument("network", metavar="NETWORK")
+        sp.add_argument("network", metavar="NETWORK", help="the network's name (its key space in etcd)")
         if action == "show":
             sp.add_argument("--show-blocks", action="store_true", help="also every block, with its node")
         if action == "release":
@@ -576,6 +635,9 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--node", help="free everything this node holds (a node gone for good)")
         if action == "list":
             sp.add_argument("--node", help="only this node's allocations")
+        if action in ("list", "show"):
+            add_output_argument(sp, "addresses" if action == "list" else "pools and blocks")
+        add_etcd_arguments(sp)
         common(sp)
         sp.set_defaults(fn=fn)
 
@@ -644,14 +706,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"pycni {opts.verb} needs root (this is uid {os.geteuid()}): plugins change network "
                          "namespaces and keep state under /var/lib/cni and /run"]), e.cni_version)
         sys.stderr.write(f"pycni: {_error_line(e)}\n")
-        status = 1
+        status = EXIT_ERROR
     except KeyboardInterrupt:
         status = 130
     except Exception as e:  # noqa: BLE001 - one line, never a traceback (PYCNI_DEBUG=1 shows it)
         if os.environ.get("PYCNI_DEBUG"):
             raise
         sys.stderr.write(f"pycni: internal error: {type(e).__name__}: {e} (code 999)\n")
-        status = 1
+        status = EXIT_ERROR
     if argv is None:
         sys.exit(status)
     return status

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 
 FORMATS = ("wide", "json", "yaml")
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    Column = str | Callable[[dict[str, Any]], Any]
+
 
 def add_output_argument(parser: argparse.ArgumentParser, what: str = "rows") -> None:
     """``-o/--output {wide,json,yaml}`` on a list or show verb."""
@@ -46,11 +51,17 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def emit(fmt: str | None, items: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]],
-         wide: Sequence[tuple[str, str]] = (), out: TextIO | None = None) -> None:
+def emit(fmt: str | None, items: Sequence[dict[str, Any]], columns: Sequence[tuple[str, Column]],
+         wide: Sequence[tuple[str, Column]] = (), out: TextIO | None = None, empty: str = "") -> None:
     """Print ``items`` as ``fmt`` asks. ``columns`` and ``wide`` are (HEADER, field) pairs: the
-    table's columns, and those ``-o wide`` adds; json and yaml print every field of every item."""
+    table's columns, and those ``-o wide`` adds; a field is a key of the item or a function of it
+    (a cell made for people, say "3 (12%)"). json and yaml print every field of every item. With
+    no item, a table prints nothing on stdout and ``empty`` (if given) on stderr, so a script
+    reading stdout sees no rows, as with json's ``[]``."""
     out = out or sys.stdout
+    if not items and fmt in (None, "wide") and empty:
+        sys.stderr.write(empty + "\n")
+        return
     if fmt == "json":
         import json
 
@@ -62,5 +73,15 @@ def emit(fmt: str | None, items: Sequence[dict[str, Any]], columns: Sequence[tup
         out.write(yaml.safe_dump(list(items), sort_keys=True, default_flow_style=False))
         return
     cols = list(columns) + (list(wide) if fmt == "wide" else [])
-    rows = [[h for h, _ in cols]] + [[_cell(item.get(f)) for _, f in cols] for item in items]
+    rows = [[h for h, _ in cols]] + [[_cell(f(item) if callable(f) else item.get(f)) for _, f in cols]
+                                     for item in items]
     out.write(table(rows) + "\n")
+
+
+# Exit statuses, the same for every verb (docs/api.md "Exit status"): 0 done (and the answer is
+# yes), EXIT_ERROR with one line ``pycni: <msg> (code N)`` on stderr, EXIT_USAGE for a command line
+# argparse refused (with the verb's usage), EXIT_NO when the command worked and its answer is no
+# (`policy why` DENIED, `node status` not in sync, `ipam check` inconsistent).
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NO = 3

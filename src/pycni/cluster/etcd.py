@@ -76,14 +76,21 @@ class EtcdError(Exception):
 
 
 class EtcdUnavailable(EtcdError):
-    """No endpoint answered within the budget. ``errors`` maps each endpoint to its last failure."""
+    """No endpoint answered within the budget. ``errors`` maps each endpoint to its last failure;
+    ``refused``: every endpoint refused the connection (nothing listens there), so the client
+    gave up early (``refused_grace``) instead of waiting out the budget."""
 
-    def __init__(self, endpoints: Sequence[str], errors: dict[str, str], timeout: float) -> None:
+    def __init__(self, endpoints: Sequence[str], errors: dict[str, str], timeout: float,
+                 refused: bool = False) -> None:
         self.endpoints = list(endpoints)
         self.errors = dict(errors)
         self.timeout = timeout
+        self.refused = refused
         said = "; ".join(f"{ep}: {errors.get(ep, 'not tried')}" for ep in self.endpoints)
-        super().__init__(f"no etcd endpoint answered within {timeout:g}s ({said})", 14)
+        if refused:
+            super().__init__(f"every etcd endpoint refused the connection ({', '.join(self.endpoints)})", 14)
+        else:
+            super().__init__(f"no etcd endpoint answered within {timeout:g}s ({said})", 14)
 
 
 class WatchBroken(EtcdError):
@@ -432,7 +439,7 @@ class Etcd:
 
     def __init__(self, endpoints: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT,
                  attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT, ca_cert: str = "", cert: str = "",
-                 key: str = "", connect: Connect | None = None) -> None:
+                 key: str = "", connect: Connect | None = None, refused_grace: float | None = None) -> None:
         if isinstance(endpoints, str) or not endpoints:
             raise ValueError("etcd endpoints must be a non-empty list of URLs")
         for ep in endpoints:
@@ -448,6 +455,21 @@ class Etcd:
         self._good = 0
         # An absolute time.monotonic() no call may run past (a command's whole budget), or None.
         self.deadline: float | None = None
+        # Seconds after which a call gives up when every endpoint keeps refusing the connection
+        # (None: wait out the budget, as a plugin does across an etcd restart). An operator's
+        # command sets it: nothing listening is not worth a silent wait of the whole budget.
+        self.refused_grace = refused_grace
+
+    def _all_refused(self, first: float | None, refused: int) -> float | None:
+        """After a round over the endpoints: when every one refused, the time the refusals began
+        (raising once they have lasted ``refused_grace``); None when one did not refuse."""
+        if self.refused_grace is None or refused < len(self.endpoints):
+            return None
+        now = time.monotonic()
+        if first is not None and now - first >= self.refused_grace:
+            raise EtcdUnavailable(self.endpoints, {ep: "connection refused" for ep in self.endpoints},
+                                  self.timeout, refused=True)
+        return now if first is None else first
 
     def close(self) -> None:
         for c in self._conns:
@@ -487,8 +509,10 @@ class Etcd:
         errors: dict[str, str] = {}
         n = len(self._conns)
         pause = 0.05
+        refused_since: float | None = None
         while True:
             start = self._good
+            refused = 0
             for i in range(n):
                 idx = (start + i) % n
                 conn = self._conns[idx]
@@ -500,6 +524,7 @@ class Etcd:
                 except (OSError, ValueError) as e:  # refused, reset, timed out, TLS, garbage
                     conn.close()
                     errors[conn.url] = _describe(e)
+                    refused += isinstance(e, ConnectionRefusedError)
                     continue
                 if status == 200 and isinstance(obj, dict) and "code" not in obj:
                     self._good = idx
@@ -511,6 +536,7 @@ class Etcd:
                     errors[conn.url] = msg
                     continue
                 raise EtcdError(f"{conn.url}{path}: {msg}", code)
+            refused_since = self._all_refused(refused_since, refused)
             if time.monotonic() + pause >= deadline:
                 raise EtcdUnavailable(self.endpoints, errors, budget)
             time.sleep(pause)
@@ -611,8 +637,10 @@ class Etcd:
         deadline = time.monotonic() + self.timeout
         errors: dict[str, str] = {}
         n = len(self.endpoints)
+        refused_since: float | None = None
         while True:
             start = self._good
+            refused = 0
             for i in range(n):
                 idx = (start + i) % n
                 remaining = deadline - time.monotonic()
@@ -627,9 +655,11 @@ class Etcd:
                 except (OSError, ValueError, WatchBroken) as e:
                     conn.close()
                     errors[conn.url] = _describe(e)
+                    refused += isinstance(e, ConnectionRefusedError)
                     continue
                 self._good = idx
                 return w
+            refused_since = self._all_refused(refused_since, refused)
             if time.monotonic() + 0.1 >= deadline:
                 raise EtcdUnavailable(self.endpoints, errors, self.timeout)
             time.sleep(0.1)

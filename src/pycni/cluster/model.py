@@ -283,6 +283,7 @@ class NodeInfo:
     name: str
     underlay_ips: list[str] = field(default_factory=list)  # the first is "underlayIP"
     vtep_mac: str = ""
+    policy: bool = False  # its agent enforces network policy ("policy": true; absent from older agents)
 
     def underlay(self, version: int) -> str:
         """Its underlay address of IP ``version``, '' when it registered none."""
@@ -305,6 +306,8 @@ class NodeInfo:
         if self.vtep_mac:
             obj["vtepMAC"] = self.vtep_mac
             obj["vtepIP"] = self.underlay(4)
+        if self.policy:
+            obj["policy"] = True
         return json.dumps(dict(sorted(obj.items())))  # json.dumps(sort_keys=True), as ever
 
     @classmethod
@@ -315,7 +318,7 @@ class NodeInfo:
             for ip in ips:
                 ipaddr.ip_address(ip)
             return cls(name=str(obj.get("name") or name), underlay_ips=[str(i) for i in ips],
-                       vtep_mac=str(obj.get("vtepMAC") or ""))
+                       vtep_mac=str(obj.get("vtepMAC") or ""), policy=obj.get("policy") is True)
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 

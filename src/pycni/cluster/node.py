@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 RTPROT_PYCNI = 94  # our routes' protocol (``ip route show proto 94``); not one iproute2 names
 AGENT_ETCD_TIMEOUT = 5.0  # the budget of each of the agent's etcd calls (it has no command deadline)
+MAX_BACKOFF = 10.0  # seconds between the agent's attempts to reach an etcd out of reach, at most
 DEFAULT_TTL = 60
 DEFAULT_VXLAN_DEVICE = "pycni.vxlan"
 DEFAULT_VNI = 4096
@@ -344,7 +345,7 @@ class AgentOptions:
     vni: int = DEFAULT_VNI
     port: int = DEFAULT_VXLAN_PORT
     resync: float = RESYNC_SECONDS
-    policy: bool = False  # enforce network policy (pycni.cluster.policy.agent)
+    policy: bool = True  # enforce network policy (pycni.cluster.policy.agent); --no-policy opts out
 
 
 def vtep_mac(name: str) -> str:
@@ -488,7 +489,8 @@ class Agent:
                               f"{self.opts.name}`, or wait out its lease)")
 
     def info(self) -> NodeInfo:
-        return NodeInfo(name=self.opts.name, underlay_ips=list(self.opts.underlay_ips), vtep_mac=self.mac)
+        return NodeInfo(name=self.opts.name, underlay_ips=list(self.opts.underlay_ips), vtep_mac=self.mac,
+                        policy=self.policy is not None)
 
     def keepalive(self, etcd: Etcd) -> None:
         """Renew the lease; one that lapsed anyway (etcd out of reach past the TTL, or revoked)
@@ -538,7 +540,7 @@ class Agent:
 
     def run(self) -> int:
         """Until SIGTERM/SIGINT: register, then resync and watch, resyncing after any interruption."""
-        from pycni.cluster.etcd import EtcdError, WatchBroken
+        from pycni.cluster.etcd import EtcdError, EtcdUnavailable, WatchBroken
         from pycni.spec.errors import CNIError
 
         for ip in self.opts.underlay_ips:
@@ -550,6 +552,7 @@ class Agent:
         self.log(f"starting: mode {self.opts.mode}, underlay {', '.join(self.opts.underlay_ips)}, "
                  f"etcd {', '.join(self.opts.etcd.endpoints)}, prefix {self.view.prefix}")
         pause = 0.5
+        unreachable = ""  # why etcd was last out of reach, as logged ('' when it answers)
         try:
             while not self.stopping:
                 try:
@@ -562,6 +565,9 @@ class Agent:
                     elif not self.lease:
                         self._reclaim(etcd)
                     rev = self.sync(etcd)
+                    if unreachable:
+                        self.log("etcd answers again")
+                        unreachable = ""
                     self._watch(etcd, rev)
                     pause = 0.5
                 except WatchBroken as e:
@@ -573,6 +579,16 @@ class Agent:
                     self.log(f"{e.msg}: {e.details}: retrying in {pause:g}s")
                     self._sleep(pause)
                     pause = min(pause * 2, 5.0)
+                except EtcdUnavailable as e:
+                    # said once, clearly (and again only when the reason changes); retried with backoff
+                    said = "every endpoint refused the connection" if e.refused else f"no answer within " \
+                        f"{e.timeout:g}s ({'; '.join(f'{ep}: {why}' for ep, why in e.errors.items())})"
+                    if said != unreachable:
+                        self.log(f"cannot reach etcd at {', '.join(self.opts.etcd.endpoints)}: {said}; retrying "
+                                 f"with backoff (up to every {MAX_BACKOFF:g}s) until it answers")
+                        unreachable = said
+                    self._sleep(pause)
+                    pause = min(pause * 2, MAX_BACKOFF)
                 except EtcdError as e:
                     self.log(f"{e.msg + ': ' + e.details if isinstance(e, CNIError) else 'etcd: ' + str(e)}: "
                              f"retrying in {pause:g}s")
@@ -709,6 +725,35 @@ def status_lines(opts: AgentOptions, etcd: Etcd) -> tuple[list[str], bool]:
     return lines, ok
 
 
+def print_status(ns: argparse.Namespace, opts: AgentOptions, etcd: Etcd) -> int:
+    """``pycni node status``: every registered node (whether it enforces network policy among its
+    columns), then this node's routes against what etcd asks (when ``--node-name`` is given or the
+    host name is registered); EXIT_NO (3) when this node is not in sync."""
+    from pycni.output import EXIT_NO, emit
+
+    view = ClusterView(opts.etcd.prefix)
+    view.load(etcd)
+    owners: dict[str, int] = {}
+    for node in view.blocks().values():
+        owners[node] = owners.get(node, 0) + 1
+    checked = ns.node_name or (opts.name if opts.name in view.nodes else "")
+    lines, in_sync = status_lines(opts, etcd) if checked else ([], True)
+    items: list[dict[str, Any]] = []
+    for name, info in sorted(view.nodes.items()):
+        item: dict[str, Any] = {"name": name, "underlayIPs": list(info.underlay_ips),
+                                "mode": "vxlan" if info.vtep_mac else "host-gw", "policy": info.policy,
+                                "blocks": owners.get(name, 0), "vtepMAC": info.vtep_mac}
+        if name == checked:
+            item.update(status=lines, inSync=in_sync)
+        items.append(item)
+    emit(ns.output, items, [("NAME", "name"), ("UNDERLAY", "underlayIPs"), ("MODE", "mode"),
+                            ("POLICY", lambda i: "enforced" if i["policy"] else "off"), ("BLOCKS", "blocks")],
+         wide=[("VTEP-MAC", "vtepMAC")], empty=f"no node is registered under {opts.etcd.prefix}")
+    if lines and ns.output not in ("json", "yaml"):
+        print(("\n" if items else "") + "\n".join(lines))
+    return 0 if in_sync else EXIT_NO
+
+
 def remove_node(etcd: Etcd, prefix: str, name: str) -> bool:
     """Delete node ``name``'s registration and revoke its lease: every agent drops its routes."""
     key = Keys(prefix).node(name)
@@ -743,9 +788,15 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--vxlan-vni", type=int, default=DEFAULT_VNI, help=f"VNI (default {DEFAULT_VNI})")
     sp.add_argument("--vxlan-port", type=int, default=DEFAULT_VXLAN_PORT,
                     help=f"UDP port (default {DEFAULT_VXLAN_PORT})")
-    sp.add_argument("--policy", action="store_true",
-                    help="enforce network policy on this node's pods (nftables table inet pycni_policy; "
-                         "see docs/policy.md)")
+    sp.add_argument("--policy", dest="policy", action="store_true", default=True,
+                    help="enforce network policy on this node's pods (the default: nftables table inet "
+                         "pycni_policy; see docs/policy.md)")
+    sp.add_argument("--no-policy", dest="policy", action="store_false",
+                    help="do not enforce network policy here (`pycni node status` shows it; `policy apply` warns "
+                         "when no node enforces)")
+    from pycni.output import add_output_argument
+
+    add_output_argument(sp, "nodes (status)")
 
 
 def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
@@ -772,7 +823,7 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     mode = ns.mode or ("host-gw" if need_underlay else "")
     return AgentOptions(etcd=etcd, name=ns.node_name or socket.gethostname(), underlay_ips=ips, mode=mode,
                         ttl=ns.ttl, device=ns.vxlan_device, vni=ns.vxlan_vni, port=ns.vxlan_port,
-                        policy=bool(getattr(ns, "policy", False)))
+                        policy=bool(getattr(ns, "policy", True)))
 
 
 def main(ns: argparse.Namespace) -> int:
@@ -785,7 +836,7 @@ def main(ns: argparse.Namespace) -> int:
     try:
         if ns.action == "run":
             return Agent(opts).run()
-        with client(opts.etcd, one_shot=False) as etcd:
+        with client(opts.etcd, one_shot=True) as etcd:
             if ns.action == "remove":
                 if not ns.target:
                     raise invalid_config("pycni node remove needs the node's NAME")
@@ -797,8 +848,9 @@ def main(ns: argparse.Namespace) -> int:
                 print(f"node {ns.target}: removed; if its agent (`pycni node`) still runs on {ns.target} it "
                       "registers the node again within seconds: stop the agent first to remove the node for good")
                 return 0
-            lines, in_sync = status_lines(opts, etcd)
-            print("\n".join(lines))
-            return 0 if in_sync else 3
+            return print_status(ns, opts, etcd)
     except EtcdUnavailable as e:
+        from pycni.cluster.session import raise_mapped
+
+        raise_mapped(e, TRY_AGAIN, "")
         raise CNIError(TRY_AGAIN, "etcd unavailable", str(e)) from None

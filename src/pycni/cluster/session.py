@@ -118,17 +118,22 @@ class Session:
 
 
 def raise_mapped(exc: BaseException | None, unavailable_code: int = TRY_AGAIN, who: str = "cluster-ipam") -> None:
-    """Raise the CNI error for an etcd or allocation failure (nothing for any other exception)."""
+    """Raise the CNI error for an etcd or allocation failure (nothing for any other exception).
+    ``who`` starts the message (a plugin names itself); the CLI passes '' (it prints ``pycni:``)."""
+    lead = f"{who}: " if who else ""
+    if isinstance(exc, EtcdUnavailable) and exc.refused:
+        raise CNIError(unavailable_code, f"{lead}etcd unavailable: every endpoint refused the connection",
+                       f"{', '.join(exc.endpoints)} (is etcd running and listening there?)") from None
     if isinstance(exc, EtcdUnavailable):
-        raise CNIError(unavailable_code, f"{who}: etcd unavailable: no endpoint of {', '.join(exc.endpoints)} "
+        raise CNIError(unavailable_code, f"{lead}etcd unavailable: no endpoint of {', '.join(exc.endpoints)} "
                        f"answered within {exc.timeout:g}s",
                        "; ".join(f"{ep}: {err}" for ep, err in exc.errors.items())
                        + " (is etcd running, with a quorum of members?)") from None
     if isinstance(exc, EtcdError):
-        raise CNIError(INTERNAL, f"{who}: etcd refused the request: {exc}") from None
+        raise CNIError(INTERNAL, f"{lead}etcd refused the request: {exc}") from None
     if isinstance(exc, IpamError):
         code = TRY_AGAIN if exc.kind in ("contention", "deleted") else INTERNAL
-        raise CNIError(code, f"{who}: {exc.msg}", exc.details) from None
+        raise CNIError(code, f"{lead}{exc.msg}", exc.details) from None
 
 
 # ---- a failed ADD's note for its rollback DEL -------------------------------------------------------
@@ -198,6 +203,6 @@ def clear_failed_add(cfg: ClusterSettings, cid: str, ifname: str) -> None:
 
 
 def session(cfg: ClusterSettings, unavailable_code: int = TRY_AGAIN, timeout: float | None = None,
-            lock: bool = False, kv: KVStore | None = None) -> Session:
+            lock: bool = False, kv: KVStore | None = None, who: str = "cluster-ipam") -> Session:
     """See :class:`Session`."""
-    return Session(cfg, unavailable_code, timeout, lock, kv)
+    return Session(cfg, unavailable_code, timeout, lock, kv, who)

@@ -31,6 +31,12 @@ DEFAULT_BLOCK_V6 = 122
 # Where this node's ADD/DEL/GC of one network queue behind each other (see pycni.cluster.session).
 DEFAULT_LOCK_DIR = "/run/pycni/cluster-ipam"
 MAX_NODE_NAME = 253  # a DNS name, the longest Kubernetes node name
+# The one budget of a command-line verb's etcd work (seconds, all its calls together;
+# --etcd-timeout changes it): docs/cluster.md "Talking to etcd from the command line".
+CLI_ETCD_TIMEOUT = 5.0
+# When every endpoint refuses the connection (nothing listens) for this long, a command-line
+# verb or the agent gives up at once instead of waiting out its budget.
+REFUSED_GRACE = 0.3
 
 
 @record
@@ -43,6 +49,7 @@ class EtcdSettings:
     ca_cert: str = ""
     cert: str = ""
     key: str = ""
+    fail_fast: bool = False  # give up after REFUSED_GRACE when every endpoint refuses (the CLI, the agent)
 
 
 @record
@@ -159,7 +166,8 @@ def client(settings: EtcdSettings, timeout: float | None = None, *, one_shot: bo
     # after the leader died, or no quorum) must not eat the whole budget before the others are tried.
     try:
         etcd = Etcd(settings.endpoints, timeout=budget, attempt_timeout=max(0.5, min(3.0, budget / 3)),
-                    ca_cert=settings.ca_cert, cert=settings.cert, key=settings.key)
+                    ca_cert=settings.ca_cert, cert=settings.cert, key=settings.key,
+                    refused_grace=REFUSED_GRACE if settings.fail_fast else None)
     except (OSError, ValueError) as e:  # say, a file that is not PEM
         files = ", ".join(f"{what} {path}" for what, path in (("CA", settings.ca_cert), ("certificate", settings.cert),
                                                               ("key", settings.key)) if path)
@@ -171,23 +179,38 @@ def client(settings: EtcdSettings, timeout: float | None = None, *, one_shot: bo
 
 
 def add_etcd_arguments(sp: Any) -> None:
-    """The etcd flags every cluster command takes (``pycni node``, ``endpoint``, ``namespace``, ``policy``)."""
-    sp.add_argument("--etcd-endpoints", default=os.environ.get("PYCNI_ETCD_ENDPOINTS", ""),
-                    help="etcd client URLs, comma-separated (default: $PYCNI_ETCD_ENDPOINTS)")
-    sp.add_argument("--etcd-prefix", default=DEFAULT_PREFIX, help=f"key prefix (default {DEFAULT_PREFIX})")
-    sp.add_argument("--etcd-ca-cert", default="", help="CA certificate for https endpoints")
-    sp.add_argument("--etcd-cert", default="", help="client certificate")
-    sp.add_argument("--etcd-key", default="", help="client key")
+    """The etcd flags every verb that talks to etcd takes (one set, one way: docs/api.md "Conventions
+    for a verb"); :func:`etcd_settings_from_args` reads them."""
+    g = sp.add_argument_group("etcd")
+    g.add_argument("--etcd-endpoints", default=None, metavar="URL[,URL...]",
+                   help="etcd client URLs, comma-separated (default: $PYCNI_ETCD_ENDPOINTS)")
+    g.add_argument("--etcd-prefix", default=None, metavar="PREFIX", help=f"key prefix (default {DEFAULT_PREFIX})")
+    g.add_argument("--etcd-ca-cert", default="", metavar="FILE", help="CA certificate for https endpoints")
+    g.add_argument("--etcd-cert", default="", metavar="FILE", help="client certificate")
+    g.add_argument("--etcd-key", default="", metavar="FILE", help="client key")
+    g.add_argument("--etcd-timeout", type=float, default=None, metavar="SECONDS",
+                   help=f"the budget of this command's etcd work (default {CLI_ETCD_TIMEOUT:g}); when every "
+                        "endpoint refuses the connection it fails at once")
 
 
-def etcd_settings_from_args(ns: Any, timeout: float = DEFAULT_TIMEOUT) -> EtcdSettings:
-    """The settings :func:`add_etcd_arguments`' flags give; code 7 naming the flag for anything wrong."""
-    endpoints = [e.strip() for e in ns.etcd_endpoints.split(",") if e.strip()]
+def etcd_endpoints_given(ns: Any) -> str:
+    """The endpoints named by ``--etcd-endpoints`` or, failing it, ``$PYCNI_ETCD_ENDPOINTS`` ('' if neither)."""
+    flag = getattr(ns, "etcd_endpoints", None)
+    return (flag if flag is not None else os.environ.get("PYCNI_ETCD_ENDPOINTS", "")).strip()
+
+
+def etcd_settings_from_args(ns: Any, timeout: float = CLI_ETCD_TIMEOUT) -> EtcdSettings:
+    """The settings :func:`add_etcd_arguments`' flags give; code 7 naming the flag for anything wrong.
+    ``timeout`` is the verb's budget when ``--etcd-timeout`` is not given."""
+    endpoints = [e.strip() for e in etcd_endpoints_given(ns).split(",") if e.strip()]
     if not endpoints:
         raise invalid_config("--etcd-endpoints is required", "e.g. --etcd-endpoints http://10.0.0.1:2379 (or set "
                              "PYCNI_ETCD_ENDPOINTS)")
+    budget = getattr(ns, "etcd_timeout", None) or timeout
+    if not 0 < budget <= 300:
+        raise invalid_config("invalid --etcd-timeout", f"{budget:g}: a number of seconds (0 < t <= 300)")
     out = EtcdSettings(endpoints=check_endpoints(endpoints, "--etcd-endpoints"),
                        prefix=check_prefix(ns.etcd_prefix or DEFAULT_PREFIX, "--etcd-prefix"),
-                       timeout=timeout, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert, key=ns.etcd_key)
+                       timeout=budget, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert, key=ns.etcd_key, fail_fast=True)
     check_tls_files(out, ("--etcd-ca-cert", "--etcd-cert", "--etcd-key"))
     return out

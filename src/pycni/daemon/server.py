@@ -219,7 +219,15 @@ class Daemon:
         if self._claim is not None:
             return
         path = self.socket_path
-        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+        directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory):
+            # pycni's own runtime directory is made (as systemd's RuntimeDirectory would); any other
+            # must exist: a mistyped --socket must not leave directories behind on the root file system
+            if directory != os.path.dirname(protocol.DEFAULT_SOCKET):
+                raise Refused(f"the socket's directory {directory} does not exist: create it first, or give "
+                              f"--socket a path in an existing directory (only pycni's own "
+                              f"{os.path.dirname(protocol.DEFAULT_SOCKET)} is created)")
+            os.makedirs(directory, mode=0o755, exist_ok=True)
         if socket_answers(path):
             raise _already_serving(path)
         self._take_claim(self.stop_timeout + 5 if wait is None else wait, probe=True)

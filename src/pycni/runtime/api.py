@@ -21,7 +21,7 @@ from pycni.record import field, record
 from pycni.runtime import cache as _cache
 from pycni.runtime import conf as _conf
 from pycni.runtime.conf import NetworkConfig, NetworkConfigList, go_json, sorted_keys
-from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, UNKNOWN_CONTAINER, CNIError
+from pycni.spec.errors import DECODE_FAILURE, INCOMPATIBLE_VERSION, INVALID_ENV, UNKNOWN_CONTAINER, CNIError
 from pycni.spec.types import Result
 from pycni.spec.validate import validate_container_id, validate_interface_name, validate_network_name
 from pycni.spec.version import greater_than_or_equal
@@ -212,6 +212,7 @@ class CNI:
         """
         chain = _chain(net)
         self._validate_attachment(chain, rt)
+        self._refuse_cached(chain, rt)
         paths = [self._find(p) for p in chain.plugins]
         with _cache.adding(self.cache_dir, chain.name, rt.container_id, rt.ifname):
             result: Result | None = None
@@ -228,6 +229,16 @@ class CNI:
             except CNIError as e:  # an attachment nobody can find again must not stay
                 raise self._undo_add(chain, rt, result, e) from None
         return result
+
+    def _refuse_cached(self, chain: _Chain, rt: RuntimeConf) -> None:
+        """Refuse an ADD of an attachment the cache already holds, before any plugin runs: the
+        plugins would refuse it (its interface exists) and the rollback of that failure would DEL
+        the live attachment. libcni leaves this to its caller; cnitool never rolls back."""
+        path = _cache.cache_file(self.cache_dir, chain.name, rt.container_id, rt.ifname)
+        if os.path.lexists(path):
+            raise CNIError(INVALID_ENV, f"attachment {rt.container_id}:{rt.ifname} of network {chain.name!r} "
+                           "already exists", f"its result is cached in {path}; DEL it first (or use another "
+                           "container ID or interface name)")
 
     def _undo_add(self, chain: _Chain, rt: RuntimeConf, partial: Result | None, error: CNIError) -> CNIError:
         """DEL the chain after a failed ADD; the ADD's error, with the DEL's appended if it failed."""

@@ -453,13 +453,10 @@ def parse_policy(obj: Any, default_namespace: str = "default") -> NetworkPolicy:
 
 def parse_policies(text: str, default_namespace: str = "default") -> list[NetworkPolicy]:
     """Every NetworkPolicy of a YAML stream or JSON text (a ``kind: List`` or
-    ``NetworkPolicyList`` is read item by item); errors name the document."""
-    from pycni.cluster.policy.yamlite import YAMLError, load_all
-
-    try:
-        docs = load_all(text)
-    except YAMLError as e:
-        raise PolicyError(str(e)) from None
+    ``NetworkPolicyList`` is read item by item, as ``kubectl get networkpolicy -o yaml`` writes
+    it); errors name the document. YAML is PyYAML's (safe, the C loader when libyaml is there):
+    all of YAML 1.1; only our validation of the objects is ours."""
+    docs = load_yaml_documents(text)
     out: list[NetworkPolicy] = []
     for n, doc in enumerate(_items(docs), 1):
         try:
@@ -477,3 +474,55 @@ def _items(docs: Iterable[Any]) -> Iterable[Any]:
             yield from doc.get("items") or []
         else:
             yield doc
+
+
+def load_yaml_documents(text: str) -> list[Any]:
+    """The documents of a YAML stream (JSON is YAML, and is read as JSON first: tabs and all), with
+    ``yaml.safe_load_all``'s semantics plus a refusal of a key given twice in one mapping (as
+    kubectl refuses it: the second would silently win). PolicyError names the line."""
+    import json
+
+    if text.lstrip().startswith(("{", "[")):
+        try:
+            return [json.loads(text)]
+        except ValueError:
+            pass  # YAML's flow style, say: PyYAML reads it below
+    import yaml
+
+    try:
+        return [d for d in yaml.load_all(text, Loader=_unique_key_loader()) if d is not None]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise PolicyError(f"invalid YAML: {where}{problem}") from None
+
+
+_LOADER: Any = None
+
+
+def _unique_key_loader() -> Any:
+    """PyYAML's safe loader (its C one when built with libyaml) refusing duplicate keys."""
+    global _LOADER
+    if _LOADER is None:
+        import yaml
+
+        base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+        class UniqueKeyLoader(base):  # type: ignore[misc,valid-type]
+            def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+                seen: set[Any] = set()
+                for key_node, _ in node.value:
+                    key = self.construct_object(key_node, deep=deep)
+                    try:
+                        if key in seen:
+                            raise yaml.constructor.ConstructorError(
+                                "while reading a mapping", node.start_mark, f"duplicate key {key!r}",
+                                key_node.start_mark)
+                        seen.add(key)
+                    except TypeError:
+                        pass  # an unhashable key: the base class refuses it
+                return super().construct_mapping(node, deep)
+
+        _LOADER = UniqueKeyLoader
+    return _LOADER
