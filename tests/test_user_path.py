@@ -116,7 +116,9 @@ def test_refused_etcd_fails_within_a_second_naming_the_endpoints(lone_ns: Namesp
         took, proc = timed(verb, REFUSED)
         one_error_line(proc, 11, "every endpoint refused the connection", "http://127.0.0.1:1, http://127.0.0.1:2")
         slowest = max(slowest, took - startup)
-        assert took - startup < 1.0, (verb, took, startup)
+        # what is checked is the mechanism, not speed: a refusal ends the verb at once instead of
+        # waiting out the 5 s budget (the measured figure, ~0.5 s, is printed; CI's load varies)
+        assert took - startup < 3.0, (verb, took, startup)
     print(f"slowest refused verb: {slowest:.2f} s past its start-up")
 
 
@@ -135,7 +137,7 @@ def test_a_silent_etcd_costs_one_budget_for_every_verb(lone_ns: Namespace, tmp_p
                                 "--etcd-timeout", "1", *conf_dir(verb, tmp_path)], input=POLICY, check=False, env=ENV)
             took[" ".join(verb[:2])] = round(time.monotonic() - t0, 2)
             one_error_line(proc, 11, "http://127.0.0.1:2379", "timed out")
-        assert max(took.values()) < 2.0, took
+        assert max(took.values()) < 4.0, took  # one 1 s budget, not each verb's own 5-10 s (load varies)
         print(f"silent etcd, --etcd-timeout 1: {took}")
     finally:
         silent.kill()
