@@ -594,6 +594,9 @@ def _parser() -> argparse.ArgumentParser:
     from pycni.cluster.policy.cli import add_parsers as policy_parsers
 
     policy_parsers(sub)  # endpoint, namespace, policy
+    from pycni.cluster.kube.cli import add_parser as kube_parser
+
+    kube_parser(sub)  # kube-controllers
 
 
     text = "run the end-to-end demo in throwaway namespaces (needs root)"
