@@ -248,7 +248,7 @@ def test_a_deposed_leader_cannot_write(env: Env) -> None:
         new.resign()
 
 
-def _attach(etcd: Etcd, network: str, node_name: str, cid: str, ns: str, pod_name: str) -> str:
+def _attach(etcd: Etcd, network: str, node_name: str, cid: str, ns: str, pod_name: str, uid: str = "") -> str:
     """An attachment as cluster-ipam and routed leave it: a handle holding an address in the node's
     block, and its workload endpoint."""
     from pycni.cluster.ipam import ClusterStore
@@ -258,7 +258,7 @@ def _attach(etcd: Etcd, network: str, node_name: str, cid: str, ns: str, pod_nam
     got = store.assign(cid, "eth0", [parse_range_set([{"subnet": "10.77.0.0/16"}])], [])
     ip = str(got[0].ip)
     ep = WorkloadEndpoint(node=node_name, network=network, namespace=ns, pod=pod_name, container_id=cid,
-                          ifname="eth0", interface_name=f"cali{cid[:8]}", orchestrator="k8s")
+                          ifname="eth0", interface_name=f"cali{cid[:8]}", orchestrator="k8s", pod_uid=uid)
     etcd.put(KEYS.endpoint(node_name, network, cid, "eth0"), ep.to_json())
     return ip
 
@@ -270,13 +270,15 @@ def test_deleted_pods_and_nodes_are_released(env: Env) -> None:
     api.create(namespace("gc"))
     api.create(node("n1"))
     api.create(node("n2"))
-    api.create(pod("gc", "live", node="n1"))
-    _attach(env.etcd, "kn", "n1", "c-live", "gc", "live")
+    uid = api.create(pod("gc", "live", node="n1"))["metadata"]["uid"]
+    _attach(env.etcd, "kn", "n1", "c-live", "gc", "live", uid)
     _attach(env.etcd, "kn", "n1", "c-ghost", "gc", "ghost")  # its pod is gone; its DEL never came
+    _attach(env.etcd, "kn", "n1", "c-before", "gc", "live", "uid-of-a-pod-deleted-then-made-again")
     _attach(env.etcd, "kn", "n2", "c-n2", "gc", "live")
     ctl = env.start()
     n1 = ClusterStore(env.etcd, "kn", "n1", PREFIX)
     wait_for("the ghost's handle released", lambda: n1.handle("c-ghost", "eth0") is None, env=env)
+    wait_for("the re-created pod's predecessor released", lambda: n1.handle("c-before", "eth0") is None, env=env)
     assert env.etcd.get(KEYS.endpoint("n1", "kn", "c-ghost", "eth0")) is None
     time.sleep(1.5)
     assert n1.handle("c-live", "eth0") is not None, "a live pod's attachment is never released"
@@ -287,3 +289,20 @@ def test_deleted_pods_and_nodes_are_released(env: Env) -> None:
     assert not env.etcd.get_prefix(KEYS.affinities_of("n2", "kn"))[0]
     assert [b.node for b in n1.blocks()] == ["n1"], "the live node keeps its block"
     assert "never deleted: released" in env.log(ctl)
+
+
+def test_bad_configuration_is_one_line_with_code_7(tmp_path: Any) -> None:
+    """No traceback: a kubeconfig that is not there, no etcd endpoints, no in-cluster account."""
+    def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        base = {"PATH": os.environ.get("PATH", "")}
+        return subprocess.run([sys.executable, "-m", "pycni", "kube-controllers", *args], capture_output=True,
+                              text=True, timeout=60, env={**base, **(env or {})})
+
+    missing = os.path.join(str(tmp_path), "nope.kubeconfig")
+    out = cli("--kubeconfig", missing, "--etcd-endpoints", "http://10.231.132.1:2379")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "cannot reach the Kubernetes API" in out.stderr and missing in out.stderr and "(code 7)" in out.stderr
+    out = cli("--kubeconfig", missing)
+    assert out.returncode == 1 and "--etcd-endpoints is required" in out.stderr and "(code 7)" in out.stderr
+    out = cli("--etcd-endpoints", "http://10.231.132.1:2379")  # no kubeconfig: the service account, absent here
+    assert out.returncode == 1 and "service account" in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -136,15 +136,20 @@ def test_first_packet_is_judged_with_the_api_labels(node: Node) -> None:
     assert code == 0, node.logs()
     ep = _endpoint(node, "db")
     assert ep is not None and ep.labels == {"app": "db"}, "the endpoint is born with the API's labels"
+    assert ep.pod_uid == uids["db"]
     servers = EchoServers([node.pods["x/db"][0]], ports=(80,))
     try:
         for name in ("web", "other"):
             code, res = node.add(f"x/{name}", uids[name])
             assert code == 0, res
             # at once, no retry: admitted by label gets through, excluded never does
-            got = probe(node.pods, [(f"x/{name}", "x/db", 80, "TCP"), (f"x/{name}", "x/db", 80, "UDP")], retries=0)
+            flows = [(f"x/{name}", "x/db", 80, "TCP"), (f"x/{name}", "x/db", 80, "UDP")]
+            got = probe(node.pods, flows, retries=0)
             want = name == "web"
-            assert all(v == want for v in got.values()), (name, got, node.logs())
+            if not all(v == want for v in got.values()):  # say whether it was late or wrong
+                again = probe(node.pods, flows, retries=2)
+                rules = node.ns.run(["nft", "list", "table", "inet", workload.TABLE], check=False).stdout
+                raise AssertionError(f"{name}: first packets {got}, a second later {again}\n{rules}\n{node.logs()}")
         # a label changed in the API reaches the dataplane
         api.patch("pods", "x", "other", {"metadata": {"labels": {"app": "web"}}})
         deadline = time.monotonic() + 15

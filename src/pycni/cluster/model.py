@@ -351,14 +351,18 @@ class WorkloadEndpoint:
     profiles: list[str] = field(default_factory=list)
     orchestrator: str = "cni"
     default_policy: str = "allow"
+    pod_uid: str = ""  # K8S_POD_UID at ADD ("podUID", written only when known): a pod re-created
+    # under the same name is another pod, whose predecessor's attachment kube-controllers may release
 
     def to_json(self) -> str:
-        return json.dumps({"node": self.node, "network": self.network, "namespace": self.namespace,
-                           "pod": self.pod, "orchestrator": self.orchestrator, "containerID": self.container_id,
-                           "ifname": self.ifname, "interfaceName": self.interface_name, "mac": self.mac,
-                           "ipNetworks": list(self.ip_networks), "labels": dict(self.labels),
-                           "profiles": list(self.profiles), "defaultPolicy": self.default_policy},
-                          separators=_COMPACT)
+        obj = {"node": self.node, "network": self.network, "namespace": self.namespace,
+               "pod": self.pod, "orchestrator": self.orchestrator, "containerID": self.container_id,
+               "ifname": self.ifname, "interfaceName": self.interface_name, "mac": self.mac,
+               "ipNetworks": list(self.ip_networks), "labels": dict(self.labels),
+               "profiles": list(self.profiles), "defaultPolicy": self.default_policy}
+        if self.pod_uid:
+            obj["podUID"] = self.pod_uid
+        return json.dumps(obj, separators=_COMPACT)
 
     @classmethod
     def from_json(cls, text: str) -> WorkloadEndpoint | None:
@@ -372,7 +376,7 @@ class WorkloadEndpoint:
                        labels={str(k): str(v) for k, v in (d.get("labels") or {}).items()},
                        profiles=[str(p) for p in d.get("profiles", ())],
                        orchestrator=str(d.get("orchestrator", "cni")),
-                       default_policy=str(d.get("defaultPolicy", "allow")))
+                       default_policy=str(d.get("defaultPolicy", "allow")), pod_uid=str(d.get("podUID") or ""))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 

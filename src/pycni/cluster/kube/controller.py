@@ -11,9 +11,9 @@ every NetworkPolicy (with kube-controllers running, ``P/policies/`` belongs to t
 Garbage collection, both only after ``grace`` seconds of absence and a fresh GET answering 404
 (a cache can lag; the API cannot be wrong about "exists"), never while the API is unreachable:
 
-- a workload endpoint of a Kubernetes pod that no longer exists: its attachment is released as
-  cluster-ipam's DEL would (handle, addresses, endpoint, a tombstone) — a lost DEL leaks nothing
-  for ever;
+- a workload endpoint of a Kubernetes pod that no longer exists (or exists under another UID:
+  re-created with the same name): its attachment is released as cluster-ipam's DEL would
+  (handle, addresses, endpoint, a tombstone) — a lost DEL leaks nothing for ever;
 - a node that is in etcd (registration, affinities) but no longer in the API, while the API has
   Nodes: its registration is removed and its blocks and affinities released, as ``pycni ipam
   release --node`` does.
@@ -257,11 +257,11 @@ class Controller:
         kvs, _ = self.kv.get_prefix(self.keys.endpoints)
         for kv in kvs:
             ep = WorkloadEndpoint.from_json(kv.value)
-            if ep is None or ep.orchestrator != "k8s" or pods.get(ep.workload) is not None:
+            if ep is None or ep.orchestrator != "k8s" or _same_pod(ep, pods.get(ep.workload)):
                 continue
             seen.add(kv.key)
             first = self._absent.setdefault(kv.key, now)
-            if now - first >= self.grace and self._confirm_gone("Pod", ep.namespace, ep.pod):
+            if now - first >= self.grace and self._confirm_gone("Pod", ep.namespace, ep.pod, ep.pod_uid):
                 self._release_endpoint(ep)
                 self._absent.pop(kv.key, None)
         nodes = self.informers["Node"]
@@ -278,11 +278,13 @@ class Controller:
         for k in [k for k in self._absent if k not in seen]:
             del self._absent[k]
 
-    def _confirm_gone(self, kind: str, namespace: str, name: str) -> bool:
+    def _confirm_gone(self, kind: str, namespace: str, name: str, uid: str = "") -> bool:
+        """The API, asked now, has no such object (or, with ``uid``, only another of that name)."""
         if self.leader.lost.is_set():
             return False
         try:
-            return self.kube.exists(kind, namespace, name) is None
+            obj = self.kube.exists(kind, namespace, name)
+            return obj is None or bool(uid) and (obj.get("metadata") or {}).get("uid") != uid
         except KubeError as e:
             log.warning("not collecting %s %s/%s: the API did not confirm it is gone (%s)", kind, namespace, name, e)
             return False
@@ -323,3 +325,11 @@ class Controller:
             handles, blocks = handles + len(h), blocks + len(b)
         log.warning("node %s is gone from the API: released %d attachment(s) and %d block(s)", name, handles, blocks)
         return handles, blocks
+
+
+def _same_pod(ep: WorkloadEndpoint, pod: dict[str, Any] | None) -> bool:
+    """Whether ``pod`` (from the cache) is the pod the endpoint was made for: same name, and the
+    same UID when the endpoint knows it."""
+    if pod is None:
+        return False
+    return not ep.pod_uid or (pod.get("metadata") or {}).get("uid") == ep.pod_uid

@@ -328,7 +328,8 @@ def _record_workload(rc: RoutedConf, args: CmdArgs, host: str, mac: str, ips: li
     ep = WorkloadEndpoint(node=cluster.node, network=cluster.network, namespace=namespace, pod=pod,
                           container_id=args.container_id, ifname=args.ifname, interface_name=host, mac=mac,
                           ip_networks=[str(i.address) for i in ips], profiles=[cluster.network],
-                          orchestrator=orchestrator, default_policy="deny" if rc.default_deny else "allow")
+                          orchestrator=orchestrator, default_policy="deny" if rc.default_deny else "allow",
+                          pod_uid=cni_args.get("K8S_POD_UID", "") if orchestrator == "k8s" else "")
     # With "kubernetes": the pod's labels from the API first (a pod outside Kubernetes has none to wait for)
     wait = rc.setup_timeout if rc.kubernetes and orchestrator == "k8s" else 0.0
     workload.record_endpoint(cluster, ep, pod_uid=cni_args.get("K8S_POD_UID", ""), wait_labels=wait)
