@@ -111,6 +111,7 @@ class Controller:
     def _lead(self) -> None:
         from pycni.cluster.etcd import EtcdError
         from pycni.cluster.policy.records import GuardLost
+        from pycni.spec.errors import CNIError
 
         while not self._synced():  # a reconcile against half-filled caches would delete the rest
             if self.stop.wait(0.1) or self.leader.lost.is_set():
@@ -128,7 +129,8 @@ class Controller:
                 if now >= next_gc:
                     self.collect()
                     next_gc = now + max(0.5, min(self.grace, self.resync) / 4)
-                batch = self._take(max(0.05, min(next_resync, next_gc) - time.monotonic()))
+                # at most half a second: a stop (SIGTERM) is noticed within that
+                batch = self._take(min(0.5, max(0.05, min(next_resync, next_gc) - time.monotonic())))
                 for i, (kind, key) in enumerate(batch):
                     try:
                         self.sync(kind, key)
@@ -140,7 +142,7 @@ class Controller:
             except GuardLost:
                 log.warning("another replica leads now: this one stops writing")
                 self.leader.lost.set()
-            except (EtcdError, KubeError) as e:
+            except (EtcdError, KubeError, CNIError) as e:  # (CNIError: a record that kept changing)
                 pause = backoff.next()
                 log.warning("etcd or the API failed (%s); retrying in %.1fs", e, pause)
                 self.stop.wait(pause)
