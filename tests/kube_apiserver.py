@@ -330,8 +330,8 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
     def _auth(self, resource: str) -> bool:
-        h = self.headers.get("Authorization", "")
-        token = h[7:] if h.startswith("Bearer ") else ""
+        scheme, _, token = self.headers.get("Authorization", "").strip().partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else ""  # the scheme's case is free, as the real one
         allowed = self.server_api.tokens.get(token)
         if allowed is None:
             self._send(401, _status(401, "Unauthorized", "Unauthorized"))

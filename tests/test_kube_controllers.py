@@ -306,3 +306,30 @@ def test_bad_configuration_is_one_line_with_code_7(tmp_path: Any) -> None:
     assert out.returncode == 1 and "--etcd-endpoints is required" in out.stderr and "(code 7)" in out.stderr
     out = cli("--etcd-endpoints", "http://10.231.132.1:2379")  # no kubeconfig: the service account, absent here
     assert out.returncode == 1 and "service account" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_in_cluster_service_account(env: Env, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --kubeconfig the client is the pod's service account: KUBERNETES_SERVICE_HOST/PORT,
+    the token and the CA (their paths pointed at a temporary copy; the library reads them)."""
+    import kubernetes.config.incluster_config as ic
+
+    from pycni.cluster.kube.client import KubeClient
+
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text("admin-token")
+    (sa / "ca.crt").write_text(open(env.api.ca_cert).read())
+    monkeypatch.setattr(ic, "SERVICE_TOKEN_FILENAME", str(sa / "token"))
+    monkeypatch.setattr(ic, "SERVICE_CERT_FILENAME", str(sa / "ca.crt"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", env.api.host)
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(env.api.port))
+    env.api.create(namespace("incluster", {"a": "b"}))
+    assert env.cluster.underlay is not None
+    with env.cluster.underlay.enter():
+        kube = KubeClient("")
+        try:
+            items, rv = kube.list_all("Namespace", limit=1)
+        finally:
+            kube.close()
+    assert [(o["metadata"]["name"], o["metadata"]["labels"]) for o in items] == [("incluster", {"a": "b"})]
+    assert int(rv) > 0
