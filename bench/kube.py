@@ -6,11 +6,12 @@ three nodes with ``pycni node --policy`` and real routed + cluster-ipam pods.
 Everything runs in throwaway namespaces (tests/etcd_util.py, tests/kube_apiserver.py).
 
 (A) An API change enforced on every node: namespace x has a client pod on each of the three
-    nodes and a policy admitting egress only to namespaces labelled ``open=yes``; the target pod
-    is in namespace y on node1. Each trial labels namespace y ``open=yes`` through the API and
-    times, per node, the first TCP handshake from that node's client to the target (probed every
-    ~20 ms); a trial's time is the slowest node's. Then the label is removed and every client
-    denied again (not timed). p50/p99 over ``--trials``.
+    nodes and a policy admitting egress only to namespaces, or pods, labelled ``open=yes``; the
+    target pod is in namespace y on node1. Each trial makes one change through the API — label
+    namespace y, label the target pod, or create a policy allowing all of x's egress — and times,
+    per node, the first TCP handshake from that node's client to the target (probed every ~20 ms);
+    a trial's time is the slowest node's. Then the change is undone and every client denied again
+    (not timed). p50/p99 over ``--trials`` of each kind.
 (B) The controller at scale: ``--pods`` pods (labels, two named ports each) and ``--policies``
     NetworkPolicies created in the API, then the controller started: the time until etcd holds
     all of them, its CPU seconds and peak RSS for that, then CPU per API change over 100 label
@@ -142,14 +143,29 @@ class Bench:
             ns.delete()
 
 
-def enforcement(b: Bench, trials: int) -> list[float]:
+ALLOW_ALL = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+             "metadata": {"name": "allow-all", "namespace": "x"},
+             "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]}}
+# one API change of each kind that opens x's egress to the target, and its undoing
+CHANGES: dict[str, tuple[Any, Any]] = {
+    "namespace label": (lambda api: api.patch("namespaces", "", "y", {"metadata": {"labels": {"open": "yes"}}}),
+                        lambda api: api.patch("namespaces", "", "y", {"metadata": {"labels": {"open": None}}})),
+    "pod label": (lambda api: api.patch("pods", "y", "target", {"metadata": {"labels": {"open": "yes"}}}),
+                  lambda api: api.patch("pods", "y", "target", {"metadata": {"labels": {"open": None}}})),
+    "policy": (lambda api: api.create(ALLOW_ALL), lambda api: api.delete("networkpolicies", "x", "allow-all")),
+}
+
+
+def enforcement(b: Bench, trials: int) -> dict[str, list[float]]:
     api = b.api
     api.create(namespace("x"))
     api.create(namespace("y"))
     api.create({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                 "metadata": {"name": "egress-to-open", "namespace": "x"},
                 "spec": {"podSelector": {}, "policyTypes": ["Egress"],
-                         "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"open": "yes"}}}]}]}})
+                         "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"open": "yes"}}},
+                                            {"namespaceSelector": {}, "podSelector": {"matchLabels": {"open": "yes"}}}
+                                            ]}]}})
     api.create(pod("y", "target", {"app": "target"}))
     clients = [f"x/c{i}" for i in range(3)]
     for key in clients:
@@ -158,10 +174,12 @@ def enforcement(b: Bench, trials: int) -> list[float]:
     for i, key in enumerate(clients):
         b.add(key, i)
     servers = EchoServers([b.pods["y/target"][0]], ports=(80,))
-    times = []
+    times: dict[str, list[float]] = {k: [] for k in CHANGES}
     try:
         flows = {key: (key, "y/target", 80, "TCP") for key in clients}
-        for t in range(trials):
+        for t in range(trials * len(CHANGES)):
+            kind = list(CHANGES)[t % len(CHANGES)]
+            do, undo = CHANGES[kind]
             deadline = time.monotonic() + 30  # every client denied first (the policy holds)
             while any(probe(b.pods, list(flows.values()), window=0.1, retries=0).values()):
                 if time.monotonic() > deadline:
@@ -169,7 +187,7 @@ def enforcement(b: Bench, trials: int) -> list[float]:
                 time.sleep(0.05)
             time.sleep(0.2)
             t0 = time.perf_counter()
-            api.patch("namespaces", "", "y", {"metadata": {"labels": {"open": "yes"}}})
+            do(api)
             done: dict[str, float] = {}
             while len(done) < 3:
                 got = probe(b.pods, [f for k, f in flows.items() if k not in done], window=0.02, retries=0)
@@ -178,9 +196,9 @@ def enforcement(b: Bench, trials: int) -> list[float]:
                     if passed:
                         done[flow[0]] = now
                 if now > 30:
-                    raise RuntimeError(f"trial {t}: not enforced within 30 s: {done}")
-            times.append(max(done.values()))
-            api.patch("namespaces", "", "y", {"metadata": {"labels": {"open": None}}})
+                    raise RuntimeError(f"trial {t} ({kind}): not enforced within 30 s: {done}")
+            times[kind].append(max(done.values()))
+            undo(api)
     finally:
         servers.close()
     return times
@@ -270,10 +288,10 @@ def main() -> int:
                 b.controller()
                 b.agents()
             if "A" in only:
-                times = enforcement(b, opts.trials)
-                print(f"(A) namespace label -> enforced on 3 nodes: p50 {pct(times, 0.5) * 1000:.0f} ms, "
-                      f"p99 {pct(times, 0.99) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms ({len(times)} trials; "
-                      f"load {os.getloadavg()[0]:.1f})")
+                for kind, times in enforcement(b, opts.trials).items():
+                    print(f"(A) {kind} -> enforced on 3 nodes: p50 {pct(times, 0.5) * 1000:.0f} ms, "
+                          f"p99 {pct(times, 0.99) * 1000:.0f} ms, max {max(times) * 1000:.0f} ms "
+                          f"({len(times)} trials; load {os.getloadavg()[0]:.1f})")
             if "C" in only:
                 for k, v in add_latency(b, opts.adds).items():
                     print(f"(C) {k}: {v:.1f}")
