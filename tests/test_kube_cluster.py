@@ -1,7 +1,8 @@
 """Kubernetes on three nodes with real traffic: the API stand-in, ``pycni kube-controllers``, a
 3-member etcd, ``pycni node --policy`` on every node and routed + cluster-ipam pods across them.
 Changes are made with kubectl where the machine has it (else through the API directly), and
-every expectation is probed with real TCP packets between the nodes."""
+every expectation is probed with real TCP packets between the nodes; a pod deleted without its
+DEL has its address released."""
 
 from __future__ import annotations
 
@@ -180,5 +181,17 @@ def test_api_changes_reach_every_node(cluster: Cluster) -> None:
                       lambda: cluster.reaches("front/a", "data/db") and cluster.reaches("front/b", "data/db"))
         with cluster.etcd.client(timeout=5) as e:
             assert e.get(KEYS.policy("data", "db")) is None
+        # lab/c deleted from the API and its DEL never comes: its address is released after the grace
+        # period; front/b's, whose pod exists, stays
+        api.delete("pods", "lab", "c")
+
+        def handles() -> set[str]:
+            with cluster.etcd.client(timeout=5) as e:
+                return {kv.key.rsplit("/", 2)[1] for kv in e.get_prefix(KEYS.handles)[0]}
+
+        cluster.until("lab/c's address released", lambda: "pk31-lab-c" not in handles())
+        assert {"pk31-front-a", "pk31-front-b", "pk31-data-db"} <= handles()
+        with cluster.etcd.client(timeout=5) as e:
+            assert not [kv for kv in e.get_prefix(KEYS.endpoints)[0] if "pk31-lab-c" in kv.key]
     finally:
         servers.close()
