@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 
 from pycni.cluster.kube.client import Expired, KubeClient, KubeError
 
@@ -88,8 +89,11 @@ class Informer:
             try:
                 if not self.resource_version:
                     self._list()
-                self._watch()
-                self.backoff.reset()
+                began = time.monotonic()
+                if self._watch() or time.monotonic() - began >= 1.0:
+                    self.backoff.reset()
+                else:  # a server that ends every watch at once must not be asked again in a tight loop
+                    self.stop.wait(self.backoff.next())
             except Expired as e:
                 log.info("%s: %s; listing again", self.kind, e)
                 self.resource_version = ""  # relist at once: the gap's deletions come from the diff
@@ -121,11 +125,14 @@ class Informer:
             self.on_change(self.kind, k)
         self.synced.set()
 
-    def _watch(self) -> None:
+    def _watch(self) -> bool:
+        """Follow one watch stream until it ends; whether it carried any event."""
         seconds = random.randint(*self.watch_seconds)
+        got = False
         for ev in self.client.watch(self.kind, self.resource_version, seconds):
+            got = True
             if self.stop.is_set():
-                return
+                return got
             obj = ev.get("object") or {}
             rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
             typ = ev.get("type")
@@ -144,6 +151,7 @@ class Informer:
             if rv:
                 self.resource_version = rv
             self.on_change(self.kind, key)
+        return got
 
 
 def _rv(obj: dict[str, Any] | None) -> str:
