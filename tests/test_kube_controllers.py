@@ -232,7 +232,15 @@ def test_two_replicas_one_leader(env: Env) -> None:
 def test_a_deposed_leader_cannot_write(env: Env) -> None:
     """The fence itself: once another replica holds the key, the old leader's guarded write fails."""
     from pycni.cluster.kube.leader import Leadership
-    from pycni.cluster.policy.records import GuardLost, set_meta
+    from pycni.cluster.policy.model import parse_policy
+    from pycni.cluster.policy.records import (
+        GuardLost,
+        delete_meta,
+        delete_policy,
+        put_policies,
+        put_policy_status,
+        set_meta,
+    )
 
     with env.cluster.client(timeout=5) as e1, env.cluster.client(timeout=5) as e2:
         old = Leadership(e1, KEYS.kube_leader, ttl=3, identity="old")
@@ -245,6 +253,17 @@ def test_a_deposed_leader_cannot_write(env: Env) -> None:
             set_meta(e1, KEYS.pod("fence", "p"), PodMeta(labels={"by": "old"}), old.guard)
         assert set_meta(e2, KEYS.pod("fence", "p"), PodMeta(labels={"by": "new"}), new.guard)
         assert env.meta(KEYS.pod("fence", "p")) == PodMeta(labels={"by": "new"})
+        # every kind of write the mirror makes is fenced the same way
+        pol = parse_policy(policy("fence", "np", ALLOW_WEB))
+        assert put_policies(e2, KEYS, [pol], new.guard) == {"fence/np": "created"}
+        for write in (lambda: delete_meta(e1, KEYS.pod("fence", "p"), old.guard),
+                      lambda: delete_policy(e1, KEYS, "fence", "np", old.guard),
+                      lambda: put_policies(e1, KEYS, [parse_policy(policy("fence", "np2", ALLOW_WEB))], old.guard),
+                      lambda: put_policy_status(e1, KEYS, "fence", "np", PolicyStatus(error="x"), old.guard)):
+            with pytest.raises(GuardLost):
+                write()
+        assert env.meta(KEYS.pod("fence", "p")) is not None and env.policy("fence", "np") is not None
+        assert env.policy("fence", "np2") is None and env.etcd.get(KEYS.policy_status("fence", "np")) is None
         new.resign()
 
 
