@@ -352,3 +352,16 @@ def test_in_cluster_service_account(env: Env, tmp_path: Any, monkeypatch: pytest
             kube.close()
     assert [(o["metadata"]["name"], o["metadata"]["labels"]) for o in items] == [("incluster", {"a": "b"})]
     assert int(rv) > 0
+
+
+def test_backoff_is_client_gos() -> None:
+    """0.8 s doubling to 30 s (each within ±20 % jitter), back to 0.8 s after a success."""
+    from pycni.cluster.kube.informer import Backoff
+
+    b = Backoff()
+    nominal = [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
+    for want in nominal:
+        got = b.next()
+        assert want * 0.8 <= got <= want * 1.2, (want, got)
+    b.reset()
+    assert 0.64 <= b.next() <= 0.96
