@@ -661,6 +661,9 @@ def _parser() -> argparse.ArgumentParser:
     from pycni.cluster.policy.cli import add_parsers as policy_parsers
 
     policy_parsers(sub)  # endpoint, namespace, policy
+    from pycni.cluster.kube.cli import add_parser as kube_parser
+
+    kube_parser(sub)  # kube-controllers
 
     sp = sub.add_parser("install-cni", help="install pycni on this node: plugins, conflist, kubeconfig (see README)",
                         description="Calico install-cni's job for pycni: the plugin executables (daemon path), the "

@@ -13,6 +13,8 @@ layout exists once. Key layout (prefix P, default ``/pycni``; a CIDR in a key ha
     P/pods/<namespace>/<pod>                  PodMeta   {"labels": {...}, "ports": [{"name", "port", "protocol"}]}
     P/namespaces/<namespace>                  PodMeta   {"labels": {...}}
     P/policies/<namespace>/<name>             a NetworkPolicy manifest as JSON (pycni.cluster.policy.model)
+    P/kube/leader                             the kube-controllers leader's identity, on its lease
+    P/kube/policystatus/<namespace>/<name>    PolicyStatus: a NetworkPolicy of the API pycni refused (why)
 
 Values are compact JSON (``separators=(",", ":")``) except a node's, which is ``json.dumps``'s
 default spacing with sorted keys; both byte-identical to what earlier releases wrote, so a
@@ -79,6 +81,10 @@ class Keys:
         self.pods = f"{p}/pods/"
         self.namespaces = f"{p}/namespaces/"
         self.policies = f"{p}/policies/"
+        # pycni.cluster.kube's own records: read by no agent (outside what the engine watches)
+        self.kube = f"{p}/kube/"
+        self.kube_leader = f"{p}/kube/leader"
+        self.policy_statuses = f"{p}/kube/policystatus/"
 
     # -- builders --
 
@@ -120,6 +126,9 @@ class Keys:
 
     def policy(self, namespace: str, name: str) -> str:
         return f"{self.policies}{namespace}/{name}"
+
+    def policy_status(self, namespace: str, name: str) -> str:
+        return f"{self.policy_statuses}{namespace}/{name}"
 
     # -- parser --
 
@@ -345,14 +354,18 @@ class WorkloadEndpoint:
     profiles: list[str] = field(default_factory=list)
     orchestrator: str = "cni"
     default_policy: str = "allow"
+    pod_uid: str = ""  # K8S_POD_UID at ADD ("podUID", written only when known): a pod re-created
+    # under the same name is another pod, whose predecessor's attachment kube-controllers may release
 
     def to_json(self) -> str:
-        return json.dumps({"node": self.node, "network": self.network, "namespace": self.namespace,
-                           "pod": self.pod, "orchestrator": self.orchestrator, "containerID": self.container_id,
-                           "ifname": self.ifname, "interfaceName": self.interface_name, "mac": self.mac,
-                           "ipNetworks": list(self.ip_networks), "labels": dict(self.labels),
-                           "profiles": list(self.profiles), "defaultPolicy": self.default_policy},
-                          separators=_COMPACT)
+        obj = {"node": self.node, "network": self.network, "namespace": self.namespace,
+               "pod": self.pod, "orchestrator": self.orchestrator, "containerID": self.container_id,
+               "ifname": self.ifname, "interfaceName": self.interface_name, "mac": self.mac,
+               "ipNetworks": list(self.ip_networks), "labels": dict(self.labels),
+               "profiles": list(self.profiles), "defaultPolicy": self.default_policy}
+        if self.pod_uid:
+            obj["podUID"] = self.pod_uid
+        return json.dumps(obj, separators=_COMPACT)
 
     @classmethod
     def from_json(cls, text: str) -> WorkloadEndpoint | None:
@@ -366,7 +379,7 @@ class WorkloadEndpoint:
                        labels={str(k): str(v) for k, v in (d.get("labels") or {}).items()},
                        profiles=[str(p) for p in d.get("profiles", ())],
                        orchestrator=str(d.get("orchestrator", "cni")),
-                       default_policy=str(d.get("defaultPolicy", "allow")))
+                       default_policy=str(d.get("defaultPolicy", "allow")), pod_uid=str(d.get("podUID") or ""))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -378,15 +391,24 @@ class WorkloadEndpoint:
 @record
 class PodMeta:
     """What an operator (or a Kubernetes sync) keeps about a pod or a namespace: its labels, and a
-    pod's named ports (name, port, protocol)."""
+    pod's named ports (name, port, protocol). ``source`` says who wrote it ("k8s": the mirror of
+    ``pycni kube-controllers``, which owns such records and removes them with the API object;
+    "" : an operator's verb) and ``uid`` the API object's UID (a pod re-created under the same
+    name is another pod). Both are written only when set, so older records keep their bytes."""
 
     labels: dict[str, str] = field(default_factory=dict)
     ports: list[tuple[str, int, str]] = field(default_factory=list)
+    uid: str = ""
+    source: str = ""
 
     def to_json(self) -> str:
         obj: dict[str, Any] = {"labels": dict(sorted(self.labels.items()))}
         if self.ports:
             obj["ports"] = [{"name": n, "port": p, "protocol": proto} for n, p, proto in sorted(self.ports)]
+        if self.uid:
+            obj["uid"] = self.uid
+        if self.source:
+            obj["source"] = self.source
         return json.dumps(obj, separators=_COMPACT)
 
     @classmethod
@@ -396,6 +418,31 @@ class PodMeta:
             d = json.loads(text)
             labels = {str(k): str(v) for k, v in (d.get("labels") or {}).items()}
             ports = [(str(p["name"]), int(p["port"]), str(p.get("protocol", "TCP"))) for p in d.get("ports") or ()]
-            return cls(labels=labels, ports=ports)
+            return cls(labels=labels, ports=ports, uid=str(d.get("uid") or ""), source=str(d.get("source") or ""))
         except (ValueError, KeyError, TypeError, AttributeError):
             return cls()
+
+
+@record
+class PolicyStatus:
+    """Why pycni refused a NetworkPolicy the Kubernetes API accepted (``P/kube/policystatus/NS/NAME``,
+    written by ``pycni kube-controllers``, removed once the object is valid or gone): the object's
+    resourceVersion and UID, and the validation error. The policy itself is then absent from
+    ``P/policies/``: what is enforced is what was there before it (nothing, for a new one)."""
+
+    error: str
+    resource_version: str = ""
+    uid: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({"error": self.error, "resourceVersion": self.resource_version, "uid": self.uid},
+                          separators=_COMPACT)
+
+    @classmethod
+    def from_json(cls, text: str) -> PolicyStatus:
+        try:
+            d = json.loads(text)
+            return cls(error=str(d["error"]), resource_version=str(d.get("resourceVersion", "")),
+                       uid=str(d.get("uid", "")))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return cls(error="unreadable status record")

@@ -130,8 +130,9 @@ def parse_cluster_settings(conf: Mapping[str, Any]) -> ClusterSettings:
                              "handles live under <etcdPrefix>/ipam/.../<name>")
     validate_network_name(name)
     etcd = parse_etcd_settings(ipam)
-    node = check_node_name(netconf.get_str(ipam, "nodeName", label="ipam.nodeName") or os.uname().nodename,
-                           "ipam.nodeName")
+    # ipam.nodeName, else Calico's top-level "nodename" (routed and cluster-ipam then agree), else the host's
+    node = check_node_name(netconf.get_str(ipam, "nodeName", label="ipam.nodeName")
+                           or netconf.get_str(conf, "nodename") or os.uname().nodename, "ipam.nodeName")
     lock_dir = netconf.get_str(ipam, "lockDir", DEFAULT_LOCK_DIR, label="ipam.lockDir")
     # The node lock and block hint are files named <network>.<node>.*: refuse what cannot name one.
     if len(lock_dir) > 1024 or len(f"{name}.{node}.blocks".encode()) > 255:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 
-from pycni.cluster.model import WorkloadEndpoint
+from pycni.cluster.model import PodMeta, WorkloadEndpoint
 from pycni.spec.errors import TRY_AGAIN, CNIError
 
 TYPE_CHECKING = False  # not typing's (see pycni.record)
@@ -40,8 +40,10 @@ TABLE = "pycni_policy"  # pycni.cluster.policy.compile.TABLE (not imported: it l
 def cluster_settings(conf: Mapping[str, Any]) -> ClusterSettings | None:
     """The cluster settings of a network whose IPAM is cluster-ipam; None for any other IPAM
     (no etcd, so no endpoint record)."""
-    ipam = conf.get("ipam")
-    if not isinstance(ipam, dict) or ipam.get("type") != "cluster-ipam":
+    from pycni.spec.gokeys import lookup
+
+    ipam = lookup(conf, "ipam")  # Go's key rules, as cluster-ipam reads it: "IPAM" names it too
+    if not isinstance(ipam, dict) or lookup(ipam, "type") != "cluster-ipam":
         return None
     from pycni.cluster.settings import parse_cluster_settings
 
@@ -57,13 +59,24 @@ def workload_of(args: Mapping[str, str], container_id: str) -> tuple[str, str, s
     return "cni", DEFAULT_NAMESPACE, container_id
 
 
-def record_endpoint(cfg: ClusterSettings, ep: WorkloadEndpoint, kv: KVStore | None = None) -> None:
-    """Write ``ep``, requiring its IPAM handle; CNIError (11 when etcd does not answer) otherwise."""
+def record_endpoint(cfg: ClusterSettings, ep: WorkloadEndpoint, kv: KVStore | None = None, *,
+                    pod_uid: str = "", wait_labels: float = 0.0) -> None:
+    """Write ``ep``, requiring its IPAM handle; CNIError (11 when etcd does not answer) otherwise.
+
+    With ``wait_labels`` (seconds): first wait for the pod's :class:`PodMeta` that ``pycni
+    kube-controllers`` mirrors from the API (of UID ``pod_uid`` when given: a record left by an
+    earlier pod of the same name is not this pod's), and write the endpoint with its labels. The
+    agent reads etcd in revision order, so it learns the labels before it learns the endpoint:
+    there is no moment at which it sees this pod unlabelled. Code 11 when they do not come in time.
+    """
     from pycni.cluster.kv import if_absent, op_put
     from pycni.cluster.session import Session
 
-    with Session(cfg, kv=kv, who="routed") as store:
+    with Session(cfg, kv=kv, who="routed", timeout=cfg.etcd.timeout + wait_labels) as store:
         keys = store.keys
+        if wait_labels > 0:
+            meta = _wait_pod_meta(store.kv, keys.pod(ep.namespace, ep.pod), pod_uid, wait_labels)
+            ep.labels = {**ep.labels, **meta.labels}
         handle = keys.handle(ep.network, ep.container_id, ep.ifname)
         # etcd compares only for equality: "handle absent" failing is "handle present", and the
         # failure branch writes the endpoint
@@ -149,5 +162,26 @@ def wait_covered(iface: str, timeout: float, required: bool) -> bool:
                            f"within {timeout:g}s (policySetupTimeout)",
                            "is pycni node running on this node and reaching etcd? Until it programs the "
                            "interface the pod's traffic is dropped (fail closed)")
+        time.sleep(min(pause, deadline - now))
+        pause = min(pause * 2, 0.1)
+
+
+def _wait_pod_meta(kv: KVStore, key: str, uid: str, timeout: float) -> PodMeta:
+    """The pod's record once it is there (and is the pod of ``uid``); code 11 past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        cur = kv.get(key)
+        if cur is not None:
+            meta = PodMeta.from_json(cur.value)
+            if not uid or not meta.uid or meta.uid == uid:
+                return meta
+        now = time.monotonic()
+        if now >= deadline:
+            what = "an earlier pod's (another UID)" if cur is not None else "absent"
+            raise CNIError(TRY_AGAIN, f"routed: the pod's labels from the Kubernetes API were not recorded within "
+                           f"{timeout:g}s (policySetupTimeout)",
+                           f"{key} is {what}: is pycni kube-controllers running and reaching the API and etcd? "
+                           "Until it records them the pod cannot be judged by its labels, so it is not started")
         time.sleep(min(pause, deadline - now))
         pause = min(pause * 2, 0.1)

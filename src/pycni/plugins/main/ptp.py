@@ -47,7 +47,7 @@ def parse_conf(args: CmdArgs) -> PtpConf:
                 mtu=netconf.get_int(raw, "mtu", minimum=0, maximum=netconf.MAX_MTU),
                 ip_masq=netconf.get_bool(raw, "ipMasq"), ip_masq_backend=netconf.get_str(raw, "ipMasqBackend"),
                 dns=DNS.from_dict(netconf.get_dict(raw, "dns")))
-    n.dns_set = DNS.is_set(raw.get("dns"))
+    n.dns_set = DNS.is_set(netconf.lookup(raw, "dns"))  # Go's key rules, as every other key here
     return n
 
 

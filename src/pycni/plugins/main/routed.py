@@ -11,6 +11,16 @@ the node enforces network policy ADD returns only once the agent has programmed 
 interface (``policySetupTimeout``; ``defaultPolicy``: see pycni.cluster.policy.workload and
 docs/policy.md).
 
+Calico's keys are accepted, so a Calico conflist with ``"type": "routed"`` and cluster-ipam works:
+``nodename`` (the node's name, as cluster-ipam's ``nodeName``), ``mtu``, ``policy``
+(``{"type": "k8s"}``), ``log_level`` and ``log_file_path`` (one line per ADD/DEL, appended), and
+``kubernetes`` (``{"kubeconfig": PATH}``). With ``kubernetes`` set, a Kubernetes pod's ADD waits
+(within ``policySetupTimeout``) for the pod's labels and named ports, mirrored from the API by
+``pycni kube-controllers``, before it records the endpoint, so the endpoint is born labelled and
+no agent ever judges the pod unlabelled; past the timeout: code 11 and a full rollback. The
+plugin reads etcd only: the kubeconfig is not opened (no API credentials on the node's plugin
+path, none to expire). See docs/kubernetes.md.
+
 The host end is named from the container ID and interface (``rtd`` + 12 hex digits of BLAKE2b),
 so DEL finds it without any state; its alias records the owner, which tells a stale link of
 ours (removed and made again) from an unlikely hash collision (the next name is tried).
@@ -47,6 +57,13 @@ class RoutedConf:
     dns: DNS = field(default_factory=DNS)
     default_deny: bool = False     # "defaultPolicy": "deny"
     setup_timeout: float = 10.0    # "policySetupTimeout": seconds ADD waits for the node agent
+    kubernetes: bool = False       # Calico's "kubernetes" section: wait for the pod's API labels
+    log_level: int = 0             # Calico's "log_level" (LOG_LEVELS index); "log_file_path" below
+    log_file: str = ""
+
+
+# Calico's log_level values (case-insensitive), quietest last
+LOG_LEVELS = ("debug", "info", "warning", "error", "fatal", "panic")
 
 
 def parse_conf(args: CmdArgs) -> RoutedConf:
@@ -59,7 +76,7 @@ def parse_conf(args: CmdArgs) -> RoutedConf:
     if 0 < mtu < 68:
         raise netconf.invalid("mtu", f"0 (the default) or from 68 to {netconf.MAX_MTU}", mtu)
     default = netconf.get_str(raw, "defaultPolicy", "allow", choices=("allow", "deny"))
-    timeout = raw.get("policySetupTimeout", 10.0)
+    timeout = netconf.lookup(raw, "policySetupTimeout", 10.0)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 300:
         raise netconf.invalid("policySetupTimeout", "a number of seconds (0 < t <= 300)", timeout)
     ipam_type = ipam.require_ipam(raw, "routed")
@@ -67,8 +84,47 @@ def parse_conf(args: CmdArgs) -> RoutedConf:
         raise invalid_config('routed: "defaultPolicy": "deny" needs cluster-ipam',
                                "the node agent learns of pods from their workload endpoints in etcd, which only "
                                "a cluster-ipam network records")
+    kube = netconf.lookup(raw, "kubernetes")
+    if kube is not None:
+        if not isinstance(kube, dict):
+            raise netconf.invalid("kubernetes", 'an object such as {"kubeconfig": "/etc/cni/net.d/kubeconfig"}', kube)
+        netconf.get_str(kube, "kubeconfig", label="kubernetes.kubeconfig")  # accepted, never opened (see above)
+        if ipam_type != "cluster-ipam":
+            raise invalid_config('routed: "kubernetes" needs cluster-ipam',
+                                 "the pod's labels reach the node through etcd, which only a cluster-ipam network "
+                                 "names")
+    nodename = netconf.get_str(raw, "nodename")
+    if nodename:
+        from pycni.cluster.settings import check_node_name
+
+        check_node_name(nodename, "nodename")
+    netconf.get_str(netconf.get_dict(raw, "policy"), "type", "k8s", choices=("k8s",), label="policy.type")
+    level = netconf.get_str(raw, "log_level", "info").lower()
+    if level not in LOG_LEVELS:
+        raise netconf.invalid("log_level", f"one of {', '.join(LOG_LEVELS)}", level)
     return RoutedConf(conf=raw, ipam_type=ipam_type, mtu=mtu, dns=DNS.from_dict(netconf.get_dict(raw, "dns")),
-                      default_deny=default == "deny", setup_timeout=float(timeout))
+                      default_deny=default == "deny", setup_timeout=float(timeout), kubernetes=kube is not None,
+                      log_level=LOG_LEVELS.index(level), log_file=netconf.get_str(raw, "log_file_path"))
+
+
+def log(rc: RoutedConf, level: str, message: str) -> None:
+    """Append one line to ``log_file_path`` when ``level`` is at or above ``log_level`` (Calico's
+    keys); a log that cannot be written never fails the call."""
+    if not rc.log_file or LOG_LEVELS.index(level) < rc.log_level:
+        return
+    import os
+    import time
+
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    line = f"{stamp}Z [{level.upper()}] routed[{os.getpid()}]: {message}\n".encode()
+    try:
+        fd = os.open(rc.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 def check_for_add(rc: RoutedConf, args: CmdArgs) -> None:
@@ -213,9 +269,19 @@ def _setup_pod(netns_path: str, ifname: str, ips: list[IPConfig], routes: list[R
 
 
 def cmd_add(args: CmdArgs) -> Result:
+    rc = parse_conf(args)
+    try:
+        out = _add(rc, args)
+    except CNIError as e:
+        log(rc, "error", f"ADD {args.container_id}/{args.ifname} failed: {e.msg} ({e.details}) code {e.code}")
+        raise
+    log(rc, "info", f"ADD {args.container_id}/{args.ifname}: {', '.join(str(i.address) for i in out.ips)}")
+    return out
+
+
+def _add(rc: RoutedConf, args: CmdArgs) -> Result:
     from pycni.net import link, neigh, route, veth
 
-    rc = parse_conf(args)
     check_for_add(rc, args)
     with Rollback() as undo:
         result = ipam.add(rc.conf, args)
@@ -257,12 +323,17 @@ def _record_workload(rc: RoutedConf, args: CmdArgs, host: str, mac: str, ips: li
     from pycni.cluster.model import WorkloadEndpoint
     from pycni.cniargs import parse_cni_args
 
-    orchestrator, namespace, pod = workload.workload_of(parse_cni_args(args.args), args.container_id)
+    cni_args = parse_cni_args(args.args)
+    orchestrator, namespace, pod = workload.workload_of(cni_args, args.container_id)
     ep = WorkloadEndpoint(node=cluster.node, network=cluster.network, namespace=namespace, pod=pod,
                           container_id=args.container_id, ifname=args.ifname, interface_name=host, mac=mac,
                           ip_networks=[str(i.address) for i in ips], profiles=[cluster.network],
-                          orchestrator=orchestrator, default_policy="deny" if rc.default_deny else "allow")
-    workload.record_endpoint(cluster, ep)
+                          orchestrator=orchestrator, default_policy="deny" if rc.default_deny else "allow",
+                          pod_uid=cni_args.get("K8S_POD_UID", "") if orchestrator == "k8s" else "")
+    # With "kubernetes": the pod's labels from the API first (a pod outside Kubernetes has none to wait for)
+    wait = rc.setup_timeout if rc.kubernetes and orchestrator == "k8s" else 0.0
+    workload.record_endpoint(cluster, ep, pod_uid=cni_args.get("K8S_POD_UID", ""), wait_labels=wait)
+    log(rc, "debug", f"endpoint {namespace}/{pod} recorded with labels {ep.labels}")
     undo.push(workload.delete_endpoint, cluster, args.container_id, args.ifname)
     workload.wait_covered(host, rc.setup_timeout, rc.default_deny)
 
@@ -271,6 +342,11 @@ def cmd_del(args: CmdArgs) -> None:
     from pycni.net import link, netns
 
     conf = load_conf(args.stdin_data)
+    if netconf.lookup(conf, "log_file_path"):
+        try:
+            log(parse_conf(args), "info", f"DEL {args.container_id}/{args.ifname}")
+        except CNIError:
+            pass  # DEL cleans up after any config, even one ADD would refuse
     ipam.delete(conf, args)
     host = find_host_end(args.container_id, args.ifname)
     if host is not None:
