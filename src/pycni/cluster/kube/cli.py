@@ -28,7 +28,8 @@ def add_parser(sub: Any) -> None:
     sp.add_argument("--lease-ttl", type=int, default=DEFAULT_TTL,
                     help=f"leader lease in seconds: how long a dead leader blocks a standby (default {DEFAULT_TTL})")
     sp.add_argument("--identity", default="", help="this replica's name in the leader key (default host/pid)")
-    sp.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    sp.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                    help="how much to log on stderr (default: %(default)s)")
     sp.set_defaults(fn=main)
 
 
