@@ -409,3 +409,106 @@ for i in range(20000):
         assert agent.metric("pycni_policy_dropped_packets_total", namespace="prod", pod="b",
                             policy="default deny") == read  # every denied packet read is counted
         assert len(list(query(sock, {"verdict": "denied"}))) == 300
+
+
+@needs_root
+def test_the_documented_rule_layout_logs_without_changing_verdicts(net: Trio, sock: str) -> None:
+    """docs/flows.md's layout for the engine, with prefixes from log_prefix: a policy chain's accept
+    goes through a chain that logs under a `limit rate` then accepts, an endpoint chain logs then
+    drops, and pods no policy selects fall through the vmap to an `na` log rule. Past the limits
+    nothing is logged, yet every connection is still accepted and every datagram still dropped."""
+    allow, deny, na = log_prefix("A", "p_0123456789_in"), log_prefix("D", "ep_fb0_in"), log_prefix("A", "na_in")
+    lim = "limit rate 1/minute burst 2 packets"
+    net.r.run(["nft", "delete", "table", "inet", "pf36_flows"])
+    net.nft(f"""
+table inet pf36_layout {{
+  map ingress {{ type inet_service : verdict; elements = {{ 8080 : jump ep_fb0_in, 5353 : jump ep_fb0_in }} }}
+  chain wl_ingress {{
+    type filter hook forward priority filter - 1; policy accept;
+    ct state established,related accept
+    oifname "fb0" th dport vmap @ingress
+    oifname "fb0" {lim} log group {GROUP} prefix "{na}"
+  }}
+  chain ep_fb0_in {{
+    jump p_0123456789_in
+    {lim} log group {GROUP} prefix "{deny}"
+    drop
+  }}
+  chain p_0123456789_in {{
+    tcp dport 8080 goto a_0123456789_in
+  }}
+  chain a_0123456789_in {{
+    {lim} log group {GROUP} prefix "{allow}"
+    accept
+  }}
+}}
+""")
+    server = serve_tcp(net.b)
+    udp = subprocess.Popen(["ip", "netns", "exec", net.b.name, sys.executable, "-c",
+                            "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.bind(('', 5353))\n"
+                            "s.settimeout(3)\nn = 0\nprint('up', flush=True)\ntry:\n    while True:\n"
+                            "        s.recv(10); n += 1\nexcept OSError:\n    print(n)\n"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert udp.stdout is not None and udp.stdout.readline().strip() == "up"
+        with Agent(net, sock) as agent:
+            net.send(net.a, f"""
+for i in range(5):
+    socket.create_connection(("{B4}", 8080), timeout=5).close()   # all accepted (or this raises)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(5):
+    u.sendto(b"x", ("{B4}", 5353))
+""")
+            for _ in range(3):  # not in the map: falls through, allowed (three pings: three ICMP ids, three flows)
+                net.a.run(["ping", "-c1", "-W2", B4])
+            agent.wait_for(6)
+            time.sleep(0.5)
+            flows = list(query(sock, {}))
+        assert udp.wait(10) == 0 and udp.stdout.read().strip() == "0"  # every datagram dropped
+    finally:
+        server.kill()
+        server.wait()
+        udp.kill()
+        udp.wait()
+    seen = sorted((f["verdict"], f["policy"] or f["reason"], f["proto"]) for f in flows)
+    assert seen == [("allowed", "no policy selects this pod", "ICMP")] * 2 + [
+        ("allowed", "prod/allow-web", "TCP")] * 2 + [("denied", "default deny", "UDP")] * 2  # the bursts of 2
+
+
+@needs_root
+def test_the_agents_plug_in_path(net: Trio, sock: str) -> None:
+    """What `pycni node` will call (docs/flows.md, "For the policy engine"): its flags, from_args, start, stop."""
+    import argparse
+
+    from prometheus_client import CollectorRegistry
+
+    from pycni.cluster.flows.service import FlowService, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert FlowService.from_args(parser.parse_args(["--flows-socket", ""]), resolver()) is None
+    args = parser.parse_args(["--flows-socket", sock, "--flows-group", str(GROUP), "--flows-capacity", "2",
+                              "--flows-rate", "100"])
+    registry = CollectorRegistry()
+    svc = FlowService.from_args(args, resolver(), registry, metrics=True)
+    assert svc is not None and svc.ring.capacity == 2 and svc.ring.rate == 100
+    svc.collector.netns = net.r.path  # the test's router namespace stands in for the node's own
+    svc.start()
+    try:
+        send = f'u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nu.sendto(b"x", ("{B4}", 5353))'
+        net.send(net.a, send)
+        follower = subprocess.Popen([*PYCNI, "flows", "--socket", sock, "-f", "-o", "json"],
+                                    stdout=subprocess.PIPE, text=True)
+        assert follower.stdout is not None and json.loads(follower.stdout.readline())["seq"] == 0  # streaming now
+        net.send(net.a, send)
+        net.send(net.a, send)
+        deadline = time.monotonic() + 10
+        while svc.ring.dropped < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(svc.ring) == 2 and svc.ring.dropped == 1  # capacity 2: the oldest went
+        assert registry.get_sample_value("pycni_flows_logged_total") == 3
+    finally:
+        svc.stop()
+    assert follower.wait(10) == 0  # the agent stopping ends a follower's stream: exit 0
+    assert [json.loads(x)["seq"] for x in follower.stdout.read().splitlines()] == [1, 2]
+    assert not os.path.exists(sock)
