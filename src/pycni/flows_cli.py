@@ -44,7 +44,7 @@ def _namespace(text: str) -> str:
 
 def add_parser(sub: Any) -> None:
     """Register ``flows`` on the ``pycni`` sub-parsers."""
-    from pycni.cluster.flows.server import DEFAULT_SOCKET
+    from pycni.cluster.flows import DEFAULT_SOCKET
     from pycni.output import add_output_argument
 
     text = "recent connections of this node's pods: who, to which port, allowed or denied, and by which policy"

@@ -4,3 +4,5 @@
 :mod:`.collector` (the NFLOG reader thread and the flow metrics), :mod:`.server` (the query
 socket and its client). docs/flows.md is the reference.
 """
+
+DEFAULT_SOCKET = "/run/pycni/flows.sock"  # here, importing nothing: `pycni`'s parser names it at every start

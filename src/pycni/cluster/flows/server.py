@@ -20,6 +20,7 @@ import json
 import socket
 import threading
 
+from pycni.cluster.flows import DEFAULT_SOCKET
 from pycni.cluster.flows.model import QueryError, Ring, parse_query
 
 TYPE_CHECKING = False
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
-DEFAULT_SOCKET = "/run/pycni/flows.sock"
+__all__ = ["DEFAULT_SOCKET", "FlowServer", "NoAgent", "query"]
 MAX_REQUEST = 4096
 REQUEST_TIMEOUT = 5.0
 MAX_CLIENTS = 16
