@@ -267,6 +267,10 @@ def test_flows_end_to_end_table_json_and_filters(net: Trio, sock: str) -> None:
                                         (A4, B4, 5353, "UDP", "denied", "", "default deny")]
             assert all(f["endpoint"] == "prod/b" and f["direction"] == "ingress" for f in flows)
 
+            wide = pycni("flows", "--socket", sock, "-o", "wide").stdout.splitlines()
+            assert wide[0].split()[-4:] == ["SRC-ADDR", "SPORT", "DST-ADDR", "ENDPOINT"]
+            assert wide[3].split()[-4:-2] == [A4, wide[3].split()[-4:-2][1]] and wide[3].split()[-2:] == [B4, "prod/b"]
+
             def count(*flags: str) -> int:
                 res = pycni("flows", "--socket", sock, "-o", "json", *flags)
                 assert res.returncode == 0, res.stderr
@@ -344,6 +348,22 @@ def test_socket_serves_requests_and_refuses_the_rest(net: Trio, sock: str, tmp_p
             assert len(answer) == 1 and why in str(answer[0].get("error")), (bad[:20], answer)
         with pytest.raises(QueryError, match="verdict"):
             list(query(sock, {"verdict": "maybe"}))
+        # 16 followers at once at most; one that leaves frees its place
+        followers = []
+        for _ in range(16):
+            c = socket.socket(socket.AF_UNIX)
+            c.connect(sock)
+            c.sendall(b'{"follow": true}\n')
+            followers.append(c)
+        time.sleep(0.3)
+        assert "busy" in str(raw(b"{}\n")[0].get("error"))
+        followers.pop().close()
+        deadline = time.monotonic() + 5
+        while (answer := raw(b"{}\n")) != [{"end": 0}] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert answer == [{"end": 0}]
+        for c in followers:
+            c.close()
         # a second agent on the same path is refused; on its own path it serves
         with pytest.raises(AlreadyServing):
             FlowServer(sock, Ring()).start()

@@ -11,7 +11,8 @@ field optional — and the server answers JSON lines: one flow each (:meth:`Flow
 ``{"end": N}`` (N flows sent) unless following; a refused request gets one ``{"error": "..."}``
 line. A follower gets the recent flows, then each new one, until it closes the connection or
 the agent stops. A request is at most 4 KiB and must arrive within 5 s; at most 16 connections
-are served at once (the next gets ``{"error": "busy..."}``).
+are served at once (the next gets ``{"error": "busy..."}``); a client that reads nothing for
+30 s while flows wait for it is dropped.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = ["DEFAULT_SOCKET", "FlowServer", "NoAgent", "query"]
 MAX_REQUEST = 4096
 REQUEST_TIMEOUT = 5.0
 MAX_CLIENTS = 16
+SEND_TIMEOUT = 30.0
 
 
 class NoAgent(Exception):
@@ -44,25 +46,30 @@ def _send(conn: socket.socket, doc: dict[str, Any]) -> None:
 
 def _gone(conn: socket.socket) -> bool:
     """True when the client closed its end (a follower that went away)."""
+    import select
+
     try:
-        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
+        if not select.select([conn], [], [], 0)[0]:
+            return False  # nothing to read: still there (a socket timeout would make recv wait)
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
         return True
 
 
 def _drain(conn: socket.socket) -> None:
     """End our side and read (a little of) what the client still sends, so closing does not reset
     the connection before the client has read the error line."""
-    conn.shutdown(socket.SHUT_WR)
-    conn.settimeout(1.0)
-    for _ in range(16):
-        try:
+    import time
+
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + 1.0
+        while (left := deadline - time.monotonic()) > 0:
+            conn.settimeout(left)
             if not conn.recv(65536):
                 return
-        except OSError:
-            return
+    except OSError:
+        return
 
 
 class FlowServer:
@@ -101,13 +108,19 @@ class FlowServer:
             except OSError:
                 return  # closed by stop()
             if not self._clients.acquire(blocking=False):
-                try:
-                    _send(conn, {"error": f"busy: {MAX_CLIENTS} requests are being served; try again"})
-                except OSError:
-                    pass
-                conn.close()
+                threading.Thread(target=self._busy, args=(conn,), name="flows-busy", daemon=True).start()
                 continue
             threading.Thread(target=self._serve, args=(conn,), name="flows-client", daemon=True).start()
+
+    @staticmethod
+    def _busy(conn: socket.socket) -> None:
+        """Turn a connection away (at most a second of this thread's time)."""
+        with conn:
+            try:
+                _send(conn, {"error": f"busy: {MAX_CLIENTS} requests are being served; try again"})
+            except OSError:
+                return
+            _drain(conn)
 
     def _serve(self, conn: socket.socket) -> None:
         try:
@@ -119,7 +132,7 @@ class FlowServer:
                     _send(conn, {"error": f"bad request: {e}"})
                     _drain(conn)
                     return
-                conn.settimeout(None)
+                conn.settimeout(SEND_TIMEOUT)  # a client that stops reading is dropped, not waited for
                 sent = 0
                 for flow in self.ring.follow(query, stop=lambda: self._stop.is_set() or _gone(conn)):
                     _send(conn, flow.to_json())
