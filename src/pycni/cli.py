@@ -664,6 +664,9 @@ def _parser() -> argparse.ArgumentParser:
     from pycni.cluster.kube.cli import add_parser as kube_parser
 
     kube_parser(sub)  # kube-controllers
+    from pycni.flows_cli import add_parser as flows_parser
+
+    flows_parser(sub)  # flows (docs/flows.md)
 
     sp = sub.add_parser("install-cni", help="install pycni on this node: plugins, conflist, kubeconfig (see README)",
                         description="Calico install-cni's job for pycni: the plugin executables (daemon path), the "

@@ -13,7 +13,7 @@ import sys
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
     from typing import Any, TextIO
 
 FORMATS = ("wide", "json", "yaml")
@@ -76,6 +76,37 @@ def emit(fmt: str | None, items: Sequence[dict[str, Any]], columns: Sequence[tup
     rows = [[h for h, _ in cols]] + [[_cell(f(item) if callable(f) else item.get(f)) for _, f in cols]
                                      for item in items]
     out.write(table(rows) + "\n")
+
+
+def emit_stream(fmt: str | None, items: Iterable[dict[str, Any]], columns: Sequence[tuple[str, str]],
+                widths: Sequence[int], wide: Sequence[tuple[str, str]] = (), wide_widths: Sequence[int] = (),
+                out: TextIO | None = None) -> None:
+    """Print ``items`` as they come (a verb that follows, e.g. ``pycni flows --follow``): a table
+    with a header and fixed column ``widths`` (a longer cell pushes its line only), one JSON
+    object a line for json (JSON Lines: a stream has no end to close an array with), one YAML
+    document each for yaml. Each line is flushed as it is printed."""
+    out = out or sys.stdout
+    cols = list(columns) + (list(wide) if fmt == "wide" else [])
+    sizes = list(widths) + (list(wide_widths) if fmt == "wide" else [])
+
+    def line(cells: Sequence[str]) -> str:
+        return "   ".join(c.ljust(w) for c, w in zip(cells, sizes, strict=True)).rstrip() + "\n"
+
+    if fmt not in ("json", "yaml"):
+        out.write(line([h for h, _ in cols]))
+        out.flush()
+    for item in items:
+        if fmt == "json":
+            import json
+
+            out.write(json.dumps(item, sort_keys=True) + "\n")
+        elif fmt == "yaml":
+            import yaml
+
+            out.write("---\n" + yaml.safe_dump(item, sort_keys=True, default_flow_style=False))
+        else:
+            out.write(line([_cell(item.get(f)) for _, f in cols]))
+        out.flush()
 
 
 # Exit statuses, the same for every verb (docs/api.md "Exit status"): 0 done (and the answer is

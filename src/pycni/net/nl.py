@@ -555,6 +555,26 @@ class NetlinkSocket:
     def settimeout(self, seconds: float | None) -> None:
         self._sock.settimeout(seconds)
 
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def receive(self, bufsize: int = 1 << 18) -> list[tuple[int, bytes]]:
+        """(type, body) of each message in the next datagram the kernel sends unasked (NFLOG's
+        packets, a group's events), DONE and ERROR frames left out. TimeoutError when the
+        :meth:`settimeout` time passes first; OSError(ENOBUFS) when the kernel dropped messages
+        because the receive buffer was full (the socket stays usable)."""
+        data = self._sock.recv(bufsize)
+        out: list[tuple[int, bytes]] = []
+        offset = 0
+        while offset + _HDR.size <= len(data):
+            length, mtype, _flags, _seq, _pid = _HDR.unpack_from(data, offset)
+            if length < _HDR.size:
+                break
+            if mtype not in (NLMSG_DONE, NLMSG_ERROR):
+                out.append((mtype, data[offset + _HDR.size:offset + length]))
+            offset += (length + 3) & ~3
+        return out
+
     def exchange(self, mtype: int, body: bytes, flags: int = 0) -> list[tuple[int, bytes]]:
         """Send one request; (type, body) of each reply until the ACK (or DONE, for a dump)."""
         self._seq += 1
