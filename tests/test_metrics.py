@@ -8,12 +8,7 @@ Prometheus' query API, so what is checked is what an operator's dashboard would 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,16 +17,15 @@ import pytest
 from daemon_proc import DaemonProc, needs_privileges, request
 from netns_util import Namespace, new_namespace
 from plugin_util import env
+from prom_util import Prometheus, http, query, wait_value
 
 from pycni.metrics import AddressError, parse_address
 
 PREFIX = "pm36"
 METRICS_PORT = 9464
-PROM_PORT = 9090
 NO_NETNS = "/var/run/netns/none"  # static IPAM never enters it
 STATIC_CONF = {"cniVersion": "1.0.0", "name": "m", "type": "static",
                "ipam": {"type": "static", "addresses": [{"address": "10.9.0.5/24"}]}}
-WAIT = 60.0
 
 
 @pytest.mark.parametrize(("text", "want"), [
@@ -64,69 +58,6 @@ def host() -> Iterator[Namespace]:
         ns.delete()
 
 
-def _http(ns: Namespace, url: str, method: str = "GET") -> tuple[int, str]:
-    with ns.enter():
-        req = urllib.request.Request(url, method=method)
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-
-
-def _query(ns: Namespace, promql: str) -> float | None:
-    """The single value of an instant query, None when it has no sample yet."""
-    status, body = _http(ns, f"http://127.0.0.1:{PROM_PORT}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
-    if status != 200:
-        return None
-    result = json.loads(body)["data"]["result"]
-    return float(result[0]["value"][1]) if result else None
-
-
-def _wait_value(ns: Namespace, promql: str, want: float) -> None:
-    deadline = time.monotonic() + WAIT
-    got: float | None = None
-    while time.monotonic() < deadline:
-        got = _query(ns, promql)
-        if got == want:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{promql} = {got}, want {want}")
-
-
-class Prometheus:
-    """Debian's prometheus in ``ns``, scraping ``targets`` every second, its data in ``tmp``."""
-
-    def __init__(self, ns: Namespace, tmp: Path, targets: list[str]) -> None:
-        binary = shutil.which("prometheus")
-        if binary is None:
-            raise AssertionError("prometheus is not installed: scripts/setup --test installs it")
-        conf = tmp / "prometheus.yml"
-        conf.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-                        "scrape_configs:\n"
-                        f"  - job_name: pycni\n    static_configs: [{{targets: {json.dumps(targets)}}}]\n")
-        self.log = tmp / "prometheus.log"
-        self.proc = subprocess.Popen(["ip", "netns", "exec", ns.name, binary, f"--config.file={conf}",
-                                      f"--storage.tsdb.path={tmp / 'data'}",
-                                      f"--web.listen-address=127.0.0.1:{PROM_PORT}"],
-                                     stdout=subprocess.DEVNULL, stderr=self.log.open("w"), start_new_session=True)
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"prometheus exited: {self.log.read_text()[-2000:]}")
-            try:
-                if _http(ns, f"http://127.0.0.1:{PROM_PORT}/-/ready")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("prometheus did not become ready")
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
 def _call(ns: Namespace, sock: str, conf: dict[str, Any]) -> int:
     """One static ADD through the daemon, asked from inside ``ns`` (the daemon works in the
     caller's namespace; static IPAM changes nothing there)."""
@@ -148,17 +79,17 @@ def test_prometheus_scrapes_the_daemons_plugin_calls(host: Namespace, tmp_path: 
         prom = Prometheus(host, tmp_path, [f"127.0.0.1:{METRICS_PORT}"])
         ok = 'sum(pycni_daemon_plugin_calls_total{plugin="static",command="ADD",result="success"})'
         bad = 'sum(pycni_daemon_plugin_calls_total{plugin="static",command="ADD",result="error"})'
-        _wait_value(host, "up", 1)
+        wait_value(host, "up", 1)
         for _ in range(3):
             assert _call(host, sock, STATIC_CONF) == 0
         assert _call(host, sock, {**STATIC_CONF, "ipam": {"type": "static", "addresses": "not a list"}}) != 0
-        _wait_value(host, ok, 3)
-        _wait_value(host, bad, 1)
+        wait_value(host, ok, 3)
+        wait_value(host, bad, 1)
         assert _call(host, sock, STATIC_CONF) == 0
-        _wait_value(host, ok, 4)  # the query moves with the calls
-        _wait_value(host, 'sum(pycni_daemon_plugin_call_duration_seconds_count{plugin="static"})', 5)
-        _wait_value(host, "sum(pycni_daemon_plugin_calls_in_flight)", 0)
-        assert (_query(host, "max(process_resident_memory_bytes)") or 0) > 0  # the library's process collector
+        wait_value(host, ok, 4)  # the query moves with the calls
+        wait_value(host, 'sum(pycni_daemon_plugin_call_duration_seconds_count{plugin="static"})', 5)
+        wait_value(host, "sum(pycni_daemon_plugin_calls_in_flight)", 0)
+        assert (query(host, "max(process_resident_memory_bytes)") or 0) > 0  # the library's process collector
     finally:
         if prom is not None:
             prom.stop()
@@ -174,13 +105,13 @@ def test_metrics_endpoint_serves_metrics_only(host: Namespace, tmp_path: Path) -
     try:
         daemon.ready(workers=2)
         base = f"http://127.0.0.1:{METRICS_PORT}"
-        status, body = _http(host, base + "/metrics")
+        status, body = http(host, base + "/metrics")
         assert status == 200 and "# TYPE pycni_daemon_plugin_calls_total counter" in body
-        assert _http(host, base + "/metrics", "HEAD")[0] == 200
+        assert http(host, base + "/metrics", "HEAD")[0] == 200
         for path in ("/", "/metrics/", "/favicon.ico", "/debug", "/metrics/../etc/passwd"):
-            assert _http(host, base + path)[0] == 404, path
+            assert http(host, base + path)[0] == 404, path
         for method in ("POST", "PUT", "DELETE", "PATCH"):
-            assert _http(host, base + "/metrics", method)[0] == 405, method
+            assert http(host, base + "/metrics", method)[0] == 405, method
         # a bare port listens on loopback only
         local = [line.split()[3] for line in host.run(["ss", "-Hltn", f"sport = :{METRICS_PORT}"]).stdout.splitlines()]
         assert local == [f"127.0.0.1:{METRICS_PORT}"]

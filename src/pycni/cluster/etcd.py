@@ -429,6 +429,20 @@ def tls_context(ca_cert: str = "", cert: str = "", key: str = "") -> ssl.SSLCont
     return ctx
 
 
+# Who is told of every request (verb, outcome, seconds): the long-running processes' metrics
+# (pycni.cluster.metrics); None in a plugin, which pays nothing for it.
+_observer: Callable[[str, str, float], None] | None = None
+
+
+def observe(fn: Callable[[str, str, float], None] | None) -> None:
+    """Have ``fn(verb, outcome, seconds)`` called after every request of every client in this
+    process: verb as etcd's gRPC gateway names it (range, put, txn, deleterange, grant,
+    keepalive, revoke), outcome ``success``, ``unavailable`` (no endpoint answered in time) or
+    ``error`` (etcd refused it)."""
+    global _observer
+    _observer = fn
+
+
 class Etcd:
     """A client for one etcd cluster (see the module docstring for the API and failure model).
 
@@ -501,6 +515,21 @@ class Etcd:
 
     def call(self, path: str, payload: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """POST ``payload`` to ``path`` on the first endpoint that answers; see the failure model."""
+        if _observer is None:
+            return self._call(path, payload, timeout)
+        started = time.monotonic()
+        outcome = "error"
+        try:
+            obj = self._call(path, payload, timeout)
+            outcome = "success"
+            return obj
+        except EtcdUnavailable:
+            outcome = "unavailable"
+            raise
+        finally:
+            _observer(path.rsplit("/", 1)[-1], outcome, time.monotonic() - started)
+
+    def _call(self, path: str, payload: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         budget = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         if self.deadline is not None and self.deadline < deadline:

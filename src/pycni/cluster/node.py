@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from pycni.cluster.kv import KVStore as Etcd
+    from pycni.cluster.metrics import AgentMetrics
 
 RTPROT_PYCNI = 94  # our routes' protocol (``ip route show proto 94``); not one iproute2 names
 AGENT_ETCD_TIMEOUT = 5.0  # the budget of each of the agent's etcd calls (it has no command deadline)
@@ -346,6 +347,7 @@ class AgentOptions:
     port: int = DEFAULT_VXLAN_PORT
     resync: float = RESYNC_SECONDS
     policy: bool = True  # enforce network policy (pycni.cluster.policy.agent); --no-policy opts out
+    metrics_address: tuple[str, int] | None = None  # --metrics-address (pycni.cluster.metrics)
 
 
 def vtep_mac(name: str) -> str:
@@ -419,6 +421,7 @@ class Agent:
         self.applied: Plan | None = None
         self.conflict = ""  # the last NameTaken logged while running
         self.registered = False  # once: a name taken at start is a refusal, later a logged conflict
+        self.metrics: AgentMetrics | None = None  # with --metrics-address (serve_metrics)
         self.policy: Any = None
         if opts.policy:
             from pycni.cluster.policy.agent import PolicyEnforcer
@@ -515,6 +518,8 @@ class Agent:
         """A full read, then converge (the kernel is read whatever the last plan was); returns
         the revision read."""
         rev = self.view.load(etcd)
+        if self.metrics is not None:
+            self.metrics.resyncs.inc()
         if self.policy is not None:
             self.policy.load(etcd)  # (a later revision: the watch from ``rev`` replays onto it, converging)
         self.setup_device()  # (again: someone may have deleted it)
@@ -548,6 +553,8 @@ class Agent:
         self.setup_device()
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
+        if self.opts.metrics_address is not None:
+            self.serve_metrics(self.opts.metrics_address)
         etcd = self._client()
         self.log(f"starting: mode {self.opts.mode}, underlay {', '.join(self.opts.underlay_ips)}, "
                  f"etcd {', '.join(self.opts.etcd.endpoints)}, prefix {self.view.prefix}")
@@ -571,15 +578,18 @@ class Agent:
                     self._watch(etcd, rev)
                     pause = 0.5
                 except WatchBroken as e:
+                    self._count_error("watch")
                     self.log(f"watch interrupted ({e}): resyncing")
                     self._sleep(0.1)
                 except CNIError as e:
                     if not self.registered and e.code == 7:
                         raise
+                    self._count_error("config" if e.code == 7 else "etcd")
                     self.log(f"{e.msg}: {e.details}: retrying in {pause:g}s")
                     self._sleep(pause)
                     pause = min(pause * 2, 5.0)
                 except EtcdUnavailable as e:
+                    self._count_error("etcd_unavailable")
                     # said once, clearly (and again only when the reason changes); retried with backoff
                     said = "every endpoint refused the connection" if e.refused else f"no answer within " \
                         f"{e.timeout:g}s ({'; '.join(f'{ep}: {why}' for ep, why in e.errors.items())})"
@@ -590,6 +600,7 @@ class Agent:
                     self._sleep(pause)
                     pause = min(pause * 2, MAX_BACKOFF)
                 except EtcdError as e:
+                    self._count_error("etcd")
                     self.log(f"{e.msg + ': ' + e.details if isinstance(e, CNIError) else 'etcd: ' + str(e)}: "
                              f"retrying in {pause:g}s")
                     self._sleep(pause)
@@ -598,6 +609,25 @@ class Agent:
             etcd.close()
         self.log("stopped (routes left in place)")
         return 0
+
+    def serve_metrics(self, address: tuple[str, int]) -> None:
+        """Count what the agent does and serve it at http://ADDRESS/metrics (pycni.cluster.metrics);
+        an address that cannot be bound refuses the start (code 7, one line)."""
+        from pycni import metrics
+        from pycni.cluster.metrics import AgentMetrics
+
+        reg = metrics.registry()
+        self.metrics = AgentMetrics(self, reg)
+        try:
+            metrics.serve(address, reg)
+        except OSError as e:
+            raise invalid_config(f"cannot serve metrics on {address[0]}:{address[1]}",
+                                 e.strerror or str(e)) from None
+        self.log(f"metrics at http://{address[0]}:{address[1]}/metrics")
+
+    def _count_error(self, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.errors.labels(kind).inc()
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -654,7 +684,11 @@ class Agent:
                                  "the other nodes route our blocks there")
                     drained = time.monotonic()
                     cpu, queued = _sched()
-                    if self.apply():
+                    changes = self.apply()
+                    if changes and self.metrics is not None:
+                        self.metrics.route_changes.inc(changes)
+                        self.metrics.convergence.observe(time.monotonic() - arrived)
+                    if changes:
                         # the agent's own share of a convergence (its wall time from the watch's
                         # answer to the last change), split: CPU time it used converging, time it
                         # waited for a CPU (the host's load), and the rest, blocked in the kernel
@@ -797,6 +831,9 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     from pycni.output import add_output_argument
 
     add_output_argument(sp, "nodes (status)")
+    from pycni.metrics import add_argument as add_metrics_argument
+
+    add_metrics_argument(sp)
 
 
 def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
@@ -823,7 +860,8 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     mode = ns.mode or ("host-gw" if need_underlay else "")
     return AgentOptions(etcd=etcd, name=ns.node_name or socket.gethostname(), underlay_ips=ips, mode=mode,
                         ttl=ns.ttl, device=ns.vxlan_device, vni=ns.vxlan_vni, port=ns.vxlan_port,
-                        policy=bool(getattr(ns, "policy", True)))
+                        policy=bool(getattr(ns, "policy", True)),
+                        metrics_address=getattr(ns, "metrics_address", None))
 
 
 def main(ns: argparse.Namespace) -> int:

@@ -30,6 +30,9 @@ def add_parser(sub: Any) -> None:
     sp.add_argument("--identity", default="", help="this replica's name in the leader key (default host/pid)")
     sp.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                     help="how much to log on stderr (default: %(default)s)")
+    from pycni.metrics import add_argument as add_metrics_argument
+
+    add_metrics_argument(sp)
     sp.set_defaults(fn=main)
 
 
@@ -56,6 +59,17 @@ def main(opts: argparse.Namespace) -> int:
         raise invalid_config("cannot reach the Kubernetes API", str(e)) from None
     ctl = Controller(kube, etcd, resync=opts.resync, grace=opts.gc_grace, lease_ttl=opts.lease_ttl,
                      identity=opts.identity)
+    if opts.metrics_address is not None:
+        from pycni import metrics
+        from pycni.cluster.metrics import KubeMetrics
+
+        reg = metrics.registry()
+        KubeMetrics(ctl, reg)
+        try:
+            metrics.serve(opts.metrics_address, reg)
+        except OSError as e:
+            raise invalid_config(f"cannot serve metrics on {opts.metrics_address[0]}:{opts.metrics_address[1]}",
+                                 e.strerror or str(e)) from None
 
     def stop(_sig: int, _frame: Any) -> None:
         ctl.stop.set()
