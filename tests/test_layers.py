@@ -23,7 +23,8 @@ ALLOWED = {"net": ("pycni.net", "pycni.spec", "pycni.record", "pycni.lockfile", 
            "ipaddr.py": ("pycni.ipaddr",),  # a leaf: IP values, importing nothing
            "spec": ("pycni.spec", "pycni.record", "pycni.jsonlite", "pycni.ipaddr"),
            "cluster": ("pycni.cluster", "pycni.spec", "pycni.net", "pycni.record", "pycni.jsonlite", "pycni.lockfile",
-                       "pycni.netconf", "pycni.ipranges", "pycni.statefile", "pycni.ipaddr")}
+                       "pycni.netconf", "pycni.ipranges", "pycni.statefile", "pycni.ipaddr",
+                       "pycni.output")}  # (output: the -o formats of the cluster's CLI verbs, a leaf)
 
 
 def _package(path: Path) -> str:
