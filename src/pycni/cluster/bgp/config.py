@@ -188,6 +188,11 @@ def desired(view: ClusterView, state: BgpState, me: str, as_number: int = 0) -> 
         pairs = [(n, "reflector") for n in bgp_nodes if n in reflectors]
     for name, kind in pairs:
         other = view.nodes[name]
+        if kind == "client" and state.node_as[name] != my_as:
+            # route reflection is within one AS: a node of another AS gets a plain session
+            out.skipped.append(f"node {name} (AS {state.node_as[name]}) cannot be a route-reflector client of "
+                               f"AS {my_as}: peering with it as an ordinary eBGP neighbour")
+            kind = "mesh"
         for version in (4, 6):
             if underlay[version] and other.underlay(version):
                 out.sessions.append(Session(name=protocol_name(kind, name, version), kind=kind, peer=name,

@@ -1,0 +1,63 @@
+"""BGP mode with the mesh off and node1 reflecting routes (tests/bgp_util.py's lab: three nodes
+with BIRD, FRR as the top-of-rack, an external host): node2 and node3 peer only with node1 and
+still reach each other's pods (node1 reflects their blocks, next hop the originating node);
+the mesh turned back on live."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bgp_util import ROUTER_AS, Lab, frr_available, wait
+from etcd_util import EtcdCluster, etcd_available
+
+pytestmark = pytest.mark.skipif(not (etcd_available() and frr_available()),
+                                reason="needs root, etcd, bird2 and frr (scripts/setup --test)")
+
+
+@pytest.fixture
+def lab(tmp_path: Path, plugin_dir: str) -> Iterator[Lab]:
+    with EtcdCluster(size=3, subnet="10.233.0.0/24", prefix="pb35") as cluster:
+        lab = Lab(cluster, tmp_path, plugin_dir, prefix=f"/pb35rr-{os.getpid()}")
+        try:
+            yield lab
+        finally:
+            lab.close()
+
+
+def _kinds(rows: list[dict[str, object]]) -> dict[str, object]:
+    return {str(r["name"]): r["kind"] for r in rows}
+
+
+def test_route_reflector_topology(lab: Lab) -> None:
+    n1, n2, n3 = lab.nodes
+    out = lab.pycni("bgp", "config", "--mesh", "off", "--route-reflectors", "node1", "-o", "json")
+    assert json.loads(out.stdout) == [{"asNumber": 64512, "nodeToNodeMesh": False, "routeReflectors": ["node1"]}]
+    lab.pycni("bgp", "peer", "add", "tor", "--peer-ip", lab.tor.ip, "--as-number", str(ROUTER_AS))
+    for n in lab.nodes:
+        n.start_agent()
+    for n in lab.nodes:
+        n.add_pod(f"{n.name}-a")
+    wait(lambda: len(n1.established()) == 3, "node1: two clients and the router", timeout=40)
+    for n in (n2, n3):
+        wait(lambda n=n: len(n.established()) == 2, f"{n.name}: the reflector and the router", timeout=40)
+    assert _kinds(n1.status()) == {"node2": "client", "node3": "client", "tor": "external"}
+    assert _kinds(n2.status()) == {"node1": "reflector", "tor": "external"}
+    # node3's block reaches node2 through node1, with node3 as the next hop (not node1)
+    for n, other in ((n2, n3), (n3, n2)):
+        wait(lambda n=n, other=other: f"via {other.etcd.ip}" in n.bird_routes(),
+             f"{n.name} routes {other.name}'s block to {other.name}")
+    wait(lambda: all(n.bird_routes().count("10.90.") == 2 for n in lab.nodes), "every node: both other blocks")
+    assert lab.ping_pods() == 6
+    for _, _, _, ip in lab.pods():
+        assert lab.ext_ping(ip), f"external host -> pod {ip}"
+
+    # the mesh back on, live: node2 and node3 now peer directly, node1 is an ordinary peer
+    lab.pycni("bgp", "config", "--mesh", "on", "--route-reflectors", "")
+    wait(lambda: _kinds(n2.status()) == {"node1": "mesh", "node3": "mesh", "tor": "external"}, "node2 meshed")
+    wait(lambda: len(n2.established()) == 3 and len(n3.established()) == 3, "mesh sessions up", timeout=40)
+    wait(lambda: all(n.bird_routes().count("10.90.") == 2 for n in lab.nodes), "every node: both other blocks")
+    assert lab.ping_pods() == 6
