@@ -83,7 +83,7 @@ class Router:
         conf.write_text(
             "frr defaults datacenter\nhostname pb35-tor\n"
             f"router bgp {ROUTER_AS}\n bgp router-id {self.ip}\n no bgp ebgp-requires-policy\n"
-            " bgp graceful-restart\n timers bgp 1 3\n"
+            " timers bgp 1 3\n"
             " neighbor NODES peer-group\n neighbor NODES remote-as 64512\n"
             " neighbor NODES timers connect 1\n"
             f" bgp listen range {lab.net_base}.0/24 peer-group NODES\n"
@@ -140,9 +140,9 @@ class Node:
     def pycni(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.ns.run([sys.executable, "-m", "pycni", *args], check=check)
 
-    def start_agent(self) -> None:
+    def start_agent(self, mode: str = "bgp") -> None:
         cmd = ["ip", "netns", "exec", self.ns.name, sys.executable, "-m", "pycni", "node", *self.lab.etcd_flags(),
-               "--node-name", self.name, "--underlay-ip", self.etcd.ip, "--mode", "bgp", "--ttl", "30",
+               "--node-name", self.name, "--underlay-ip", self.etcd.ip, "--mode", mode, "--ttl", "30",
                "--bgp-state-dir", str(self.lab.tmp / "bgp"), "--bgp-hold-time", str(HOLD),
                "--bgp-restart-time", "20"]
         with open(self.log, "ab") as log:
@@ -186,13 +186,13 @@ class Node:
         except AssertionError:
             return {}
 
-    def add_pod(self, name: str) -> str:
+    def add_pod(self, name: str, block: int = 26) -> str:
         ns = new_namespace(PREFIX)
         self.lab.namespaces.append(ns)
         conf = {"cniVersion": "1.1.0", "name": "podnet", "type": "routed",
                 "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.lab.cluster.endpoints,
                          "etcdPrefix": self.lab.prefix, "nodeName": self.name,
-                         "ranges": [[{"subnet": "10.90.0.0/16"}]], "blockSize": 26, "etcdTimeout": 10,
+                         "ranges": [[{"subnet": "10.90.0.0/16"}]], "blockSize": block, "etcdTimeout": 10,
                          "lockDir": str(self.lab.tmp / "locks")}}
         result = ok(call(routed.PLUGIN, self.ns, "ADD", conf, ns, self.lab.plugin_dir, container_id=name))
         ip = result["ips"][0]["address"].split("/")[0]

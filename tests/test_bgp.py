@@ -95,6 +95,11 @@ def test_mesh_external_peer_and_faults(lab: Lab) -> None:
     time.sleep(1)
     sent, got = pinger.stop()
     assert "graceful restart recovery" in n1.log_text()
+    # the agent held the old BIRD's routes (proto 95, metric 33) while the new one recovered, and
+    # drops the copies once every session has been back for a hold time
+    assert "bgp: holding" in n1.log_text()
+    wait(lambda: "bgp: released" in n1.log_text(), "held routes released", timeout=20)
+    assert n1.ns.run(["ip", "route", "show", "proto", "95"]).stdout == ""
     assert sent - got <= 1, f"BIRD restart: {sent - got} of {sent} lost"
     print(f"BIRD SIGKILL + restart (graceful restart): {sent - got} of {sent} pings lost")
     assert lab.ping_pods() == 6

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bgp_util import ROUTER_AS, Lab, frr_available, wait
+from bgp_util import EXT_NET, ROUTER_AS, Lab, frr_available, wait
 from etcd_util import EtcdCluster, etcd_available
 
 pytestmark = pytest.mark.skipif(not (etcd_available() and frr_available()),
@@ -52,6 +52,8 @@ def test_route_reflector_topology(lab: Lab) -> None:
              f"{n.name} routes {other.name}'s block to {other.name}")
     wait(lambda: all(n.bird_routes().count("10.90.") == 2 for n in lab.nodes), "every node: both other blocks")
     assert lab.ping_pods() == 6
+    wait(lambda: lab.tor.routes().count("10.90.") == 3, "the router learned every node's block")
+    wait(lambda: all(EXT_NET in n.bird_routes() for n in lab.nodes), f"every node learned {EXT_NET}")
     for _, _, _, ip in lab.pods():
         assert lab.ext_ping(ip), f"external host -> pod {ip}"
 
