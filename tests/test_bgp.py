@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,8 +72,17 @@ def test_mesh_external_peer_and_faults(lab: Lab) -> None:
         assert lab.ext_ping(ip), f"external host -> pod {ip}"
         pns.run(["ping", "-c", "1", "-W", "2", EXT_IP])
 
-    # a borrowed-looking second block: a new pod whose node claims another block is announced
-    _, target = n1.pods["node1-a"]
+    # no masquerade anywhere on the way: the external host sees the pod's own address
+    pod_ns, target = n1.pods["node1-a"]
+    listener = subprocess.Popen(
+        ["ip", "netns", "exec", lab.tor.ext.name, sys.executable, "-c",
+         "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', 9999)); "
+         "s.settimeout(10); print(s.recvfrom(100)[1][0])"], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    pod_ns.run([sys.executable, "-c", "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                f".sendto(b'hi', ('{EXT_IP}', 9999))"])
+    seen, _ = listener.communicate(timeout=15)
+    assert seen.strip() == target, f"the external host saw {seen.strip()!r}, the pod is {target}"
     # An agent SIGKILLed, then started again, under a continuous ping from outside: BIRD goes on.
     pinger = Pinger(lab, target)
     time.sleep(1)
