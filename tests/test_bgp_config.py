@@ -159,3 +159,28 @@ def test_unreachable_etcd_and_bird(capsys: pytest.CaptureFixture[str], tmp_path:
     assert cli.main(["bgp", "status", "--node", "n1", "--bgp-state-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "BIRD of node n1 does not answer" in err and "(code 11)" in err, err
+
+
+@pytest.mark.skipif(shutil.which("bird") is None, reason="needs bird2 (scripts/setup --test)")
+def test_dual_stack_configuration(tmp_path: Path) -> None:
+    """Nodes with an IPv6 underlay address: one session per family, IPv6 blocks in their own
+    static and kernel protocols, next hop this node's IPv6 address — and BIRD accepts it."""
+    v = ClusterView("/p")
+    for i in (1, 2):
+        v.nodes[f"node{i}"] = NodeInfo(name=f"node{i}", underlay_ips=[f"10.0.0.{i}", f"fd31::{i}"])
+    keys = Keys("/p")
+    for cidr in ("10.90.0.0/26", "fd90::/122"):
+        v.put(keys.affinity("node1", "podnet", ipaddr.ip_network(cidr)), f'{{"cidr":"{cidr}","node":"node1"}}')
+    st = BgpState("/p")
+    st.node_as = {"node1": 64512, "node2": 64512}
+    st.peers = {"tor6": BgpPeer("tor6", "fd31::fe", 65000)}
+    want = desired(v, st, "node1")
+    assert [(s.name, s.address, s.local) for s in want.sessions] == [
+        ("node_node2_v4", "10.0.0.2", "10.0.0.1"), ("node_node2_v6", "fd31::2", "fd31::1"),
+        ("peer_tor6_v6", "fd31::fe", "fd31::1")]
+    text = render(want, Timers(), str(tmp_path / "bird.log"))
+    assert "route fd90::/122 blackhole;" in text and "bgp_next_hop = fd31::1;" in text
+    conf = tmp_path / "bird.conf"
+    conf.write_text(text)
+    proc = subprocess.run(["bird", "-p", "-c", str(conf)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr + text
