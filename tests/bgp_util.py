@@ -140,11 +140,11 @@ class Node:
     def pycni(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.ns.run([sys.executable, "-m", "pycni", *args], check=check)
 
-    def start_agent(self, mode: str = "bgp") -> None:
+    def start_agent(self, mode: str = "bgp", *extra: str) -> None:
         cmd = ["ip", "netns", "exec", self.ns.name, sys.executable, "-m", "pycni", "node", *self.lab.etcd_flags(),
                "--node-name", self.name, "--underlay-ip", self.etcd.ip, "--mode", mode, "--ttl", "30",
                "--bgp-state-dir", str(self.lab.tmp / "bgp"), "--bgp-hold-time", str(HOLD),
-               "--bgp-restart-time", "20"]
+               "--bgp-restart-time", "20", *extra]
         with open(self.log, "ab") as log:
             self.agent = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         wait(lambda: f"registered {self.lab.prefix}/nodes/{self.name}" in self.log_text(),

@@ -1,7 +1,7 @@
 """BGP mode with the mesh off and node1 reflecting routes (tests/bgp_util.py's lab: three nodes
 with BIRD, FRR as the top-of-rack, an external host): node2 and node3 peer only with node1 and
 still reach each other's pods (node1 reflects their blocks, next hop the originating node);
-the mesh turned back on live."""
+the mesh turned back on live; node3's BIRD run by the operator (``--bird external``)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,14 @@ def test_route_reflector_topology(lab: Lab) -> None:
     out = lab.pycni("bgp", "config", "--mesh", "off", "--route-reflectors", "node1", "-o", "json")
     assert json.loads(out.stdout) == [{"asNumber": 64512, "nodeToNodeMesh": False, "routeReflectors": ["node1"]}]
     lab.pycni("bgp", "peer", "add", "tor", "--peer-ip", lab.tor.ip, "--as-number", str(ROUTER_AS))
-    for n in lab.nodes:
-        n.start_agent()
+    n1.start_agent()
+    n2.start_agent()
+    # node3's BIRD is the operator's: its agent only writes the configuration and reloads it
+    n3.start_agent("bgp", "--bird", "external")
+    conf = n3.state / "bird.conf"
+    wait(conf.exists, "node3's agent writes BIRD's configuration")
+    assert n3.bird_pid() == 0 and "bgp: BIRD started" not in n3.log_text()
+    n3.ns.run(["bird", "-c", str(conf), "-s", str(n3.state / "bird.ctl"), "-P", str(n3.state / "bird.pid")])
     for n in lab.nodes:
         n.add_pod(f"{n.name}-a")
     wait(lambda: len(n1.established()) == 3, "node1: two clients and the router", timeout=40)
@@ -56,6 +62,8 @@ def test_route_reflector_topology(lab: Lab) -> None:
     wait(lambda: all(EXT_NET in n.bird_routes() for n in lab.nodes), f"every node learned {EXT_NET}")
     for _, _, _, ip in lab.pods():
         assert lab.ext_ping(ip), f"external host -> pod {ip}"
+
+    assert "bgp: birdc configure: Reconfigured" in n3.log_text()  # the operator's BIRD, reloaded
 
     # the mesh back on, live: node2 and node3 now peer directly, node1 is an ordinary peer
     lab.pycni("bgp", "config", "--mesh", "on", "--route-reflectors", "")
