@@ -186,13 +186,13 @@ class Node:
         except AssertionError:
             return {}
 
-    def add_pod(self, name: str, block: int = 26) -> str:
+    def add_pod(self, name: str, block: int = 26, network: str = "podnet", subnet: str = "10.90.0.0/16") -> str:
         ns = new_namespace(PREFIX)
         self.lab.namespaces.append(ns)
-        conf = {"cniVersion": "1.1.0", "name": "podnet", "type": "routed",
+        conf = {"cniVersion": "1.1.0", "name": network, "type": "routed",
                 "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.lab.cluster.endpoints,
                          "etcdPrefix": self.lab.prefix, "nodeName": self.name,
-                         "ranges": [[{"subnet": "10.90.0.0/16"}]], "blockSize": block, "etcdTimeout": 10,
+                         "ranges": [[{"subnet": subnet}]], "blockSize": block, "etcdTimeout": 10,
                          "lockDir": str(self.lab.tmp / "locks")}}
         result = ok(call(routed.PLUGIN, self.ns, "ADD", conf, ns, self.lab.plugin_dir, container_id=name))
         ip = result["ips"][0]["address"].split("/")[0]

@@ -65,6 +65,22 @@ def test_route_reflector_topology(lab: Lab) -> None:
 
     assert "bgp: birdc configure: Reconfigured" in n3.log_text()  # the operator's BIRD, reloaded
 
+    # A borrowed address: a pool of two blocks, one claimed by node1 and one by node2; node3 gets
+    # an address of one of theirs and announces that /32 alone — reflected to node2 by node1.
+    lab.nodes[0].add_pod("small-1", block=30, network="small", subnet="10.91.0.0/29")
+    n2.add_pod("small-2", block=30, network="small", subnet="10.91.0.0/29")
+    borrowed = n3.add_pod("small-3", block=30, network="small", subnet="10.91.0.0/29")
+    wait(lambda: f"{borrowed} via {n3.etcd.ip}" in n2.bird_routes() and
+         f"{borrowed} via {n3.etcd.ip}" in n1.bird_routes(), f"node1 and node2 route {borrowed}/32 to node3")
+    wait(lambda: f"via {n3.etcd.ip} " in lab.tor.ns.run(["ip", "route", "get", borrowed], check=False).stdout,
+         f"the router routes {borrowed} to node3")
+    assert lab.ext_ping(borrowed), f"external host -> borrowed address {borrowed}"
+    small2_ns = n2.pods["small-2"][0]
+    small2_ns.run(["ping", "-c", "1", "-W", "2", borrowed])
+
+    for name in ("small-1", "small-2", "small-3"):  # (the pod-to-pod checks below are podnet's)
+        next(n for n in lab.nodes if name in n.pods).pods.pop(name)
+
     # the mesh back on, live: node2 and node3 now peer directly, node1 is an ordinary peer
     lab.pycni("bgp", "config", "--mesh", "on", "--route-reflectors", "")
     wait(lambda: _kinds(n2.status()) == {"node1": "mesh", "node3": "mesh", "tor": "external"}, "node2 meshed")
