@@ -34,6 +34,8 @@ PREFIX = "pb35"
 ROUTER_AS = 65000
 EXT_NET = "10.250.0.0/24"
 EXT_IP = "10.250.0.2"
+EXT_NET6 = "fd50::/64"
+EXT_IP6 = "fd50::2"
 HOLD = 3
 FRR_DIR = "/usr/lib/frr"
 
@@ -79,6 +81,17 @@ class Router:
         self.ext.run(["ip", "addr", "add", f"{EXT_IP}/24", "dev", "eth0"])
         self.ext.run(["ip", "link", "set", "eth0", "up"])
         self.ext.run(["ip", "route", "add", "default", "via", "10.250.0.1"])
+        self.ip6 = "fd32::fa"
+        if lab.dual:
+            self.ns.run(["ip", "addr", "add", f"{self.ip6}/64", "dev", "ul0", "nodad"])
+            self.ns.run(["ip", "addr", "add", "fd50::1/64", "dev", "ext0", "nodad"])
+            self.ns.run(["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])
+            self.ext.run(["ip", "addr", "add", f"{EXT_IP6}/64", "dev", "eth0", "nodad"])
+            self.ext.run(["ip", "-6", "route", "add", "default", "via", "fd50::1"])
+        v6 = ("neighbor NODES6 peer-group\n neighbor NODES6 remote-as 64512\n neighbor NODES6 timers connect 1\n"
+              " bgp listen range fd32::/64 peer-group NODES6\n") if lab.dual else ""
+        v6af = (" address-family ipv6 unicast\n  network fd50::/64\n  neighbor NODES6 activate\n"
+                " exit-address-family\n") if lab.dual else ""
         conf = self.dir / "frr.conf"
         conf.write_text(
             "frr defaults datacenter\nhostname pb35-tor\n"
@@ -86,8 +99,8 @@ class Router:
             " timers bgp 1 3\n"
             " neighbor NODES peer-group\n neighbor NODES remote-as 64512\n"
             " neighbor NODES timers connect 1\n"
-            f" bgp listen range {lab.net_base}.0/24 peer-group NODES\n"
-            f" address-family ipv4 unicast\n  network {EXT_NET}\n exit-address-family\n")
+            f" bgp listen range {lab.net_base}.0/24 peer-group NODES\n {v6}"
+            f" address-family ipv4 unicast\n  network {EXT_NET}\n exit-address-family\n{v6af}")
         d = str(self.dir)
         for daemon in ("zebra", "bgpd"):
             self.ns.run([f"{FRR_DIR}/{daemon}", "-d", "-f", str(conf), "-i", f"{d}/{daemon}.pid",
@@ -132,6 +145,11 @@ class Node:
         self.agent: subprocess.Popen[bytes] | None = None
         self.log = lab.tmp / f"agent-{self.name}.log"
         self.pods: dict[str, tuple[Namespace, str]] = {}
+        self.pods6: dict[str, str] = {}  # pod name -> its IPv6 address (a dual-stack lab)
+        self.ip6 = f"fd32::{node.name[-1]}"
+        if lab.dual:
+            self.ns.run(["ip", "addr", "add", f"{self.ip6}/64", "dev", node.ifname, "nodad"])
+            self.ns.run(["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])
 
     @property
     def state(self) -> Path:
@@ -142,7 +160,8 @@ class Node:
 
     def start_agent(self, mode: str = "bgp", *extra: str) -> None:
         cmd = ["ip", "netns", "exec", self.ns.name, sys.executable, "-m", "pycni", "node", *self.lab.etcd_flags(),
-               "--node-name", self.name, "--underlay-ip", self.etcd.ip, "--mode", mode, "--ttl", "30",
+               "--node-name", self.name, "--underlay-ip",
+               f"{self.etcd.ip},{self.ip6}" if self.lab.dual else self.etcd.ip, "--mode", mode, "--ttl", "30",
                "--bgp-state-dir", str(self.lab.tmp / "bgp"), "--bgp-hold-time", str(HOLD),
                "--bgp-restart-time", "20", *extra]
         with open(self.log, "ab") as log:
@@ -192,20 +211,26 @@ class Node:
         conf = {"cniVersion": "1.1.0", "name": network, "type": "routed",
                 "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.lab.cluster.endpoints,
                          "etcdPrefix": self.lab.prefix, "nodeName": self.name,
-                         "ranges": [[{"subnet": subnet}]], "blockSize": block, "etcdTimeout": 10,
+                         "ranges": [[{"subnet": subnet}]] + ([[{"subnet": "fd90::/112"}]] if self.lab.dual else []),
+                         "blockSize": block, "etcdTimeout": 10,
                          "lockDir": str(self.lab.tmp / "locks")}}
         result = ok(call(routed.PLUGIN, self.ns, "ADD", conf, ns, self.lab.plugin_dir, container_id=name))
         ip = result["ips"][0]["address"].split("/")[0]
         self.pods[name] = (ns, ip)
+        self.pods6[name] = next((i["address"].split("/")[0] for i in result["ips"] if ":" in i["address"]), "")
         return ip
 
     def bird_routes(self) -> str:
         return self.ns.run(["ip", "-4", "route", "show", "proto", "bird"]).stdout
 
+    def bird_routes6(self) -> str:
+        return self.ns.run(["ip", "-6", "route", "show", "proto", "bird"]).stdout
+
 
 class Lab:
-    def __init__(self, cluster: EtcdCluster, tmp: Path, plugin_dir: str, prefix: str) -> None:
+    def __init__(self, cluster: EtcdCluster, tmp: Path, plugin_dir: str, prefix: str, dual: bool = False) -> None:
         self.cluster, self.tmp, self.plugin_dir, self.prefix = cluster, tmp, plugin_dir, prefix
+        self.dual = dual  # IPv6 too: nodes fd32::N, the router fd32::fa, the external host fd50::2
         self.net_base = ".".join(cluster.nodes[0].ip.split(".")[:3])
         self.namespaces: list[Namespace] = []
         self.nodes = [Node(self, n) for n in cluster.nodes]
@@ -247,8 +272,9 @@ class Lab:
         for n in self.nodes:
             n.stop_agent(signal.SIGKILL)
             n.kill_bird()
-            for proto in ("bird", "94"):
-                n.ns.run(["ip", "-4", "route", "flush", "proto", proto], check=False)
+            for proto in ("bird", "94", "95"):
+                for fam in ("-4", "-6"):
+                    n.ns.run(["ip", fam, "route", "flush", "proto", proto], check=False)
             n.ns.run(["sh", "-c", "for l in $(ls /sys/class/net | grep ^rtd); do ip link del $l; done"], check=False)
             n.ns.run(["ip", "link", "set", n.etcd.ifname, "up"], check=False)
         if self.router is not None:
