@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import time
 
-from pycni.cluster.bgp.bird import Bird, BirdError
-from pycni.cluster.bgp.config import BgpState, Timers, desired, render
 from pycni.cluster.model import bgp_node_as, bgp_node_json
 from pycni.record import record
 from pycni.spec.errors import invalid_config
@@ -26,6 +24,9 @@ if TYPE_CHECKING:
 
     from pycni.cluster.kv import KVStore
     from pycni.cluster.node import ClusterView
+
+# (the BIRD and configuration modules are imported by the driver, not at `pycni`'s parser build:
+# ``subprocess`` alone costs every pycni command some 4 ms)
 
 DEFAULT_STATE_DIR = "/run/pycni/bgp"  # BIRD's files go in <this>/<node name>/
 DEFAULT_HOLD = 90
@@ -91,6 +92,9 @@ class BgpDriver:
     def __init__(self, opts: BgpOptions, prefix: str, node: str, log: Any) -> None:
         import shutil
 
+        from pycni.cluster.bgp.bird import Bird
+        from pycni.cluster.bgp.config import BgpState, Timers
+
         if shutil.which("bird") is None or shutil.which("birdc") is None:
             raise invalid_config("bgp mode needs BIRD 2 (bird and birdc on PATH)", "install Debian's bird2")
         self.opts, self.node, self.log = opts, node, log
@@ -119,6 +123,9 @@ class BgpDriver:
     def update(self, view: ClusterView) -> None:
         """Render; when the text changed, write it and reload (or start) BIRD. A BIRD refusal is
         logged and retried at the next update."""
+        from pycni.cluster.bgp.bird import BirdError
+        from pycni.cluster.bgp.config import desired, render
+
         want = desired(view, self.state, self.node, self.opts.as_number)
         self._publish(want.as_number)
         text = render(want, self.timers, self.bird.log)
@@ -145,6 +152,8 @@ class BgpDriver:
         if not self.bird.own or now < self.next_check or not self.text:
             return
         self.next_check = now + SUPERVISE_SECONDS
+        from pycni.cluster.bgp.bird import BirdError
+
         try:
             self._ensure_running()
         except BirdError as e:
@@ -186,6 +195,8 @@ class BgpDriver:
     def _release(self, now: float) -> None:
         """Drop the held copies once every session has been back for a hold time (the peers have
         re-sent their routes by then), or after the restart time."""
+        from pycni.cluster.bgp.bird import BirdError
+
         if not self.hold_settled:
             try:
                 if all(p.state == "Established" for p in self.bird.status()):
