@@ -732,6 +732,7 @@ def remove_node(etcd: Etcd, prefix: str, name: str) -> bool:
     if kv.lease:
         etcd.lease_revoke(kv.lease)
     etcd.delete(key)
+    etcd.delete(Keys(prefix).bgp_node(name))  # (bgp mode: it no longer speaks BGP either)
     return True
 
 
