@@ -138,7 +138,7 @@ def cmd_config(opts: argparse.Namespace) -> int:
             raise CNIError(TRY_AGAIN, "pycni bgp config: the settings kept changing under this update; try again")
     if not cfg.mesh and not cfg.route_reflectors:
         sys.stderr.write("pycni: note: the mesh is off and no node reflects routes: nodes exchange no routes "
-                         "(only external peers carry them)\n")
+                         "(nodes of one AS then reach each other only by a default route from the routers)\n")
     emit(opts.output, [{"asNumber": cfg.as_number, "nodeToNodeMesh": cfg.mesh,
                         "routeReflectors": cfg.route_reflectors}],
          [("AS", "asNumber"), ("MESH", "nodeToNodeMesh"), ("ROUTE-REFLECTORS", "routeReflectors")])
