@@ -12,6 +12,7 @@
     pycni ipam release NETWORK --ip IP      free one cluster-ipam address (--node N: all of a dead node's)
     pycni ipam show [--show-blocks] NETWORK  pools and blocks: addresses total, in use, free
     pycni endpoint|namespace|policy ...     workload endpoints, labels, NetworkPolicy (docs/policy.md)
+    pycni bgp config|peer|status ...        BGP mode's settings, external peers, sessions (docs/cluster.md)
     pycni demo                              the end-to-end demo, in throwaway namespaces
 
 Environment as cnitool: NETCONFPATH (default /etc/cni/net.d), CNI_PATH, CNI_IFNAME (default
@@ -677,6 +678,9 @@ def _parser() -> argparse.ArgumentParser:
 
     install_cni_arguments(sp)
     sp.set_defaults(fn=install_cni_main)
+    from pycni.cluster.bgp.cli import add_parsers as bgp_parsers
+
+    bgp_parsers(sub)  # bgp config|peer|status (docs/cluster.md)
 
 
     text = "run the end-to-end demo in throwaway namespaces (needs root)"

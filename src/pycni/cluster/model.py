@@ -15,6 +15,9 @@ layout exists once. Key layout (prefix P, default ``/pycni``; a CIDR in a key ha
     P/policies/<namespace>/<name>             a NetworkPolicy manifest as JSON (pycni.cluster.policy.model)
     P/kube/leader                             the kube-controllers leader's identity, on its lease
     P/kube/policystatus/<namespace>/<name>    PolicyStatus: a NetworkPolicy of the API pycni refused (why)
+    P/bgp/config                              BgpConfig {"asNumber", "nodeToNodeMesh", "routeReflectors"}
+    P/bgp/peers/<name>                        BgpPeer   {"name", "peerIP", "asNumber", "node"} (node "": every node)
+    P/bgp/nodes/<name>                        BgpNode   {"asNumber"}: the AS a node's agent runs with
 
 Values are compact JSON (``separators=(",", ":")``) except a node's, which is ``json.dumps``'s
 default spacing with sorted keys; both byte-identical to what earlier releases wrote, so a
@@ -53,7 +56,8 @@ def key_cidr(text: str) -> IPNetwork:
 @record
 class ParsedKey:
     """What a key names: ``kind`` is "block", "affinity", "handle", "tombstone", "node", "endpoint",
-    "pod", "namespace" or "policy"; the other fields are those the kind has ('' / None otherwise)."""
+    "pod", "namespace", "policy", "bgpconfig", "bgppeer" or "bgpnode"; the other fields are those the
+    kind has ('' / None otherwise)."""
 
     kind: str
     network: str = ""
@@ -85,6 +89,10 @@ class Keys:
         self.kube = f"{p}/kube/"
         self.kube_leader = f"{p}/kube/leader"
         self.policy_statuses = f"{p}/kube/policystatus/"
+        self.bgp = f"{p}/bgp/"
+        self.bgp_config = f"{p}/bgp/config"
+        self.bgp_peers = f"{p}/bgp/peers/"
+        self.bgp_nodes = f"{p}/bgp/nodes/"
 
     # -- builders --
 
@@ -129,6 +137,11 @@ class Keys:
 
     def policy_status(self, namespace: str, name: str) -> str:
         return f"{self.policy_statuses}{namespace}/{name}"
+    def bgp_peer(self, name: str) -> str:
+        return f"{self.bgp_peers}{name}"
+
+    def bgp_node(self, name: str) -> str:
+        return f"{self.bgp_nodes}{name}"
 
     # -- parser --
 
@@ -166,6 +179,12 @@ class Keys:
             if key.startswith(self.namespaces):
                 name = key[len(self.namespaces):]
                 return ParsedKey("namespace", namespace=name) if name and "/" not in name else None
+            if key == self.bgp_config:
+                return ParsedKey("bgpconfig")
+            for kind, prefix in (("bgppeer", self.bgp_peers), ("bgpnode", self.bgp_nodes)):
+                if key.startswith(prefix):
+                    name = key[len(prefix):]
+                    return ParsedKey(kind, name=name) if name and "/" not in name else None
         except ValueError:
             return None
         return None
@@ -446,3 +465,77 @@ class PolicyStatus:
                        uid=str(d.get("uid", "")))
         except (ValueError, KeyError, TypeError, AttributeError):
             return cls(error="unreadable status record")
+
+
+# ---- BGP (pycni.cluster.bgp) --------------------------------------------------------------------
+
+DEFAULT_AS = 64512  # the first private AS number, Calico's default too
+
+
+def _as_number(value: Any) -> int:
+    """An AS number (1..4294967295, 4-byte ASes included); ValueError otherwise."""
+    n = int(value)
+    if isinstance(value, bool) or not 0 < n < 1 << 32:
+        raise ValueError(f"AS number {value!r} out of range")
+    return n
+
+
+@record
+class BgpConfig:
+    """The cluster's BGP settings: the default AS of the nodes, the node-to-node mesh (on unless
+    turned off) and the nodes that reflect routes when it is off."""
+
+    as_number: int = DEFAULT_AS
+    mesh: bool = True
+    route_reflectors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps({"asNumber": self.as_number, "nodeToNodeMesh": self.mesh,
+                           "routeReflectors": list(self.route_reflectors)}, separators=_COMPACT)
+
+    @classmethod
+    def from_json(cls, text: str) -> BgpConfig:
+        """The record; an unreadable one reads as the defaults."""
+        try:
+            d = json.loads(text)
+            return cls(as_number=_as_number(d.get("asNumber", DEFAULT_AS)), mesh=bool(d.get("nodeToNodeMesh", True)),
+                       route_reflectors=[str(n) for n in d.get("routeReflectors") or ()])
+        except (ValueError, TypeError, AttributeError):
+            return cls()
+
+
+@record
+class BgpPeer:
+    """A BGP peer outside the cluster (a top-of-rack router): every node's (``node`` '') or one node's."""
+
+    name: str
+    peer_ip: str
+    as_number: int
+    node: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({"name": self.name, "peerIP": self.peer_ip, "asNumber": self.as_number,
+                           "node": self.node}, separators=_COMPACT)
+
+    @classmethod
+    def from_json(cls, name: str, text: str) -> BgpPeer | None:
+        """The peer, None when ``text`` is not one."""
+        try:
+            d = json.loads(text)
+            return cls(name=str(d.get("name") or name), peer_ip=str(ipaddr.ip_address(d["peerIP"])),
+                       as_number=_as_number(d["asNumber"]), node=str(d.get("node") or ""))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+def bgp_node_json(as_number: int) -> str:
+    """A node's BGP record: the AS its agent runs with (its mesh peers need it)."""
+    return json.dumps({"asNumber": as_number}, separators=_COMPACT)
+
+
+def bgp_node_as(text: str) -> int:
+    """The AS of a node's BGP record, 0 when unreadable."""
+    try:
+        return _as_number(json.loads(text)["asNumber"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return 0

@@ -165,9 +165,9 @@ def plan(view: ClusterView, me: str, mode: str, device: str) -> Plan:
             # Our pods have their /32 routes from the plugin; an address of our block without a
             # pod is dropped here rather than sent on by a default route (and back: a loop).
             out.routes[cidr] = Hop(gw="", node=me, blackhole=True)
-        else:
+        elif mode != "bgp":  # (bgp: BIRD routes the other nodes' blocks, pycni.cluster.bgp)
             _route_to(out, view, cidr, owner, mode, device)
-    if view.handles:
+    if view.handles and mode != "bgp":
         nets = [(ipaddr.ip_network(c), o) for c, o in blocks.items()]
         for node, ips in sorted(view.handles.values()):
             if node == me:
@@ -348,6 +348,7 @@ class AgentOptions:
     resync: float = RESYNC_SECONDS
     policy: bool = True  # enforce network policy (pycni.cluster.policy.agent); --no-policy opts out
     metrics_address: tuple[str, int] | None = None  # --metrics-address (pycni.cluster.metrics)
+    bgp: Any = None  # bgp mode's pycni.cluster.bgp.agent.BgpOptions
 
 
 def vtep_mac(name: str) -> str:
@@ -429,6 +430,11 @@ class Agent:
 
             nft.use_library()  # long-lived: libnftables in-process, no nft exec per update
             self.policy = PolicyEnforcer(self.view.keys, opts.name, self.log)
+        self.bgp: Any = None
+        if opts.mode == "bgp":
+            from pycni.cluster.bgp.agent import BgpDriver
+
+            self.bgp = BgpDriver(opts.bgp, self.view.prefix, opts.name, self.log)
 
     def log(self, msg: str) -> None:
         now = time.time()
@@ -522,6 +528,8 @@ class Agent:
             self.metrics.resyncs.inc()
         if self.policy is not None:
             self.policy.load(etcd)  # (a later revision: the watch from ``rev`` replays onto it, converging)
+        if self.bgp is not None:
+            self.bgp.load(etcd)
         self.setup_device()  # (again: someone may have deleted it)
         self.apply(force=True)
         return rev
@@ -531,6 +539,8 @@ class Agent:
         events — a pod's handle — change nothing the kernel holds). Returns the changes made."""
         self.apply_policy()  # first: a new pod waits on it (routed's policySetupTimeout)
         want = plan(self.view, self.opts.name, self.opts.mode, self.device)
+        if self.bgp is not None:
+            self.bgp.update(self.view)
         if not force and want == self.applied:
             return 0
         # the peers as last applied (a full sync reads and repairs them, every resync period)
@@ -647,6 +657,8 @@ class Agent:
                     next_keepalive = now + interval
                 if now >= next_resync:
                     return  # the caller reads everything again
+                if self.bgp is not None:
+                    self.bgp.tick()
                 batch = w.next(timeout=min(1.0, max(0.05, next_keepalive - now)))
                 touched = policy_touched = False
                 arrived = time.monotonic()
@@ -659,6 +671,8 @@ class Agent:
                     for ev in batch.events:
                         if self.policy is not None:
                             policy_touched |= self.policy.event(ev.type, ev.kv.key, ev.kv.value)
+                        if self.bgp is not None:
+                            touched |= self.bgp.event(ev.type, ev.kv.key, ev.kv.value)
                         if ev.type == "DELETE":
                             touched |= self.view.delete(ev.kv.key)
                         else:
@@ -797,6 +811,7 @@ def remove_node(etcd: Etcd, prefix: str, name: str) -> bool:
     if kv.lease:
         etcd.lease_revoke(kv.lease)
     etcd.delete(key)
+    etcd.delete(Keys(prefix).bgp_node(name))  # (bgp mode: it no longer speaks BGP either)
     return True
 
 
@@ -813,7 +828,7 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--node-name", default="", help="this node's name (default: the host name)")
     sp.add_argument("--underlay-ip", default="",
                     help="the address other nodes reach this one on; IPv4 and IPv6 comma-separated")
-    sp.add_argument("--mode", choices=("host-gw", "vxlan"),
+    sp.add_argument("--mode", choices=("host-gw", "vxlan", "bgp"),
                     help="how blocks reach nodes (default host-gw; for status: the mode the node registered)")
     sp.add_argument("--ttl", type=int, default=DEFAULT_TTL,
                     help=f"registration lease in seconds: how long a silent node keeps its routes "
@@ -834,6 +849,9 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     from pycni.metrics import add_argument as add_metrics_argument
 
     add_metrics_argument(sp)
+    from pycni.cluster.bgp.agent import add_arguments as bgp_arguments
+
+    bgp_arguments(sp)  # --as-number, --bgp-state-dir, ... (bgp mode: docs/cluster.md)
 
 
 def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
@@ -861,7 +879,13 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     return AgentOptions(etcd=etcd, name=ns.node_name or socket.gethostname(), underlay_ips=ips, mode=mode,
                         ttl=ns.ttl, device=ns.vxlan_device, vni=ns.vxlan_vni, port=ns.vxlan_port,
                         policy=bool(getattr(ns, "policy", True)),
-                        metrics_address=getattr(ns, "metrics_address", None))
+                        metrics_address=getattr(ns, "metrics_address", None), bgp=_bgp_options(ns, mode))
+
+
+def _bgp_options(ns: argparse.Namespace, mode: str) -> Any:
+    from pycni.cluster.bgp.agent import options as bgp_options
+
+    return bgp_options(ns) if mode == "bgp" else None
 
 
 def main(ns: argparse.Namespace) -> int:

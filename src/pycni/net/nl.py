@@ -62,6 +62,7 @@ RTN_UNICAST, RTN_BLACKHOLE = 1, 6
 RTPROT_KERNEL = 2  # routes the kernel made itself (e.g. for an address's subnet)
 RTPROT_BOOT = 3    # what vishvananda/netlink (and so the Go plugins) stamp on routes they add
 RTPROT_STATIC = 4
+RTPROT_BIRD = 12   # routes BIRD installs (BIRD 2 stamps every kernel route with it)
 RTNH_F_ONLINK = 4
 FR_ACT_TO_TBL = 1
 NUD_PERMANENT = 0x80
