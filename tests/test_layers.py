@@ -23,8 +23,8 @@ ALLOWED = {"net": ("pycni.net", "pycni.spec", "pycni.record", "pycni.lockfile", 
            "ipaddr.py": ("pycni.ipaddr",),  # a leaf: IP values, importing nothing
            "spec": ("pycni.spec", "pycni.record", "pycni.jsonlite", "pycni.ipaddr"),
            "cluster": ("pycni.cluster", "pycni.spec", "pycni.net", "pycni.record", "pycni.jsonlite", "pycni.lockfile",
-                       "pycni.netconf", "pycni.ipranges", "pycni.statefile", "pycni.ipaddr", "pycni.output", "pycni.metrics",
-                       "pycni.unixsock"),  # the one listener: the flows socket (cluster/flows/server.py)
+                       "pycni.netconf", "pycni.ipranges", "pycni.statefile", "pycni.ipaddr", "pycni.output",
+                       "pycni.metrics", "pycni.unixsock"),  # the one listener: the flows socket (cluster/flows/server.py)
            "output.py": ("pycni.output",)}  # a leaf: how every verb prints, and its exit statuses
 
 

@@ -50,7 +50,7 @@ def add_parsers(sub: Any) -> None:
     psub = peer.add_subparsers(dest="peer_verb", metavar="ACTION")
     psub.required = True
     sp = psub.add_parser("add", help="add (or change) a peer: every node's, or one node's with --node")
-    sp.add_argument("name", metavar="NAME")
+    sp.add_argument("name", metavar="NAME", help="the peer's name (its key in etcd)")
     sp.add_argument("--peer-ip", required=True, help="the router's address")
     sp.add_argument("--as-number", type=int, required=True, help="the router's AS")
     sp.add_argument("--node", default="", help="only this node peers with it (default: every node)")
@@ -61,7 +61,7 @@ def add_parsers(sub: Any) -> None:
     add_etcd_arguments(sp)
     sp.set_defaults(fn=_mapped(cmd_peer_list))
     sp = psub.add_parser("delete", help="remove a peer: every node closes its session")
-    sp.add_argument("name", metavar="NAME")
+    sp.add_argument("name", metavar="NAME", help="the peer to delete (`pycni bgp peer list` names them)")
     add_etcd_arguments(sp)
     sp.set_defaults(fn=_mapped(cmd_peer_delete))
 
