@@ -24,7 +24,7 @@ ALLOWED = {"net": ("pycni.net", "pycni.spec", "pycni.record", "pycni.lockfile", 
            "spec": ("pycni.spec", "pycni.record", "pycni.jsonlite", "pycni.ipaddr"),
            "cluster": ("pycni.cluster", "pycni.spec", "pycni.net", "pycni.record", "pycni.jsonlite", "pycni.lockfile",
                        "pycni.netconf", "pycni.ipranges", "pycni.statefile", "pycni.ipaddr", "pycni.output",
-                       "pycni.metrics", "pycni.unixsock"),  # the one listener: the flows socket (cluster/flows/server.py)
+                       "pycni.metrics", "pycni.unixsock"),  # unixsock: the flows socket (cluster/flows/server.py)
            "output.py": ("pycni.output",)}  # a leaf: how every verb prints, and its exit statuses
 
 
