@@ -110,6 +110,8 @@ def test_daemonset_shape() -> None:
     assert init["command"][:2] == ["pycni", "install-cni"]
     containers = {c["name"]: c for c in spec["containers"]}
     assert containers["daemon"]["command"][:2] == ["pycni", "daemon"]
+    # metrics on the host's loopback only (the pod has the host's network)
+    assert _parser().parse_args(containers["daemon"]["command"][1:]).metrics_address == ("127.0.0.1", 9464)
     assert containers["node"]["command"][:2] == ["pycni", "node"]
     assert "--no-policy" not in containers["node"]["command"]  # policy enforced (the agent's default)
     cfg = containers["cni-config"]["command"]
