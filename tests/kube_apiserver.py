@@ -348,6 +348,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _drain(self) -> None:
+        """Read a refused request's body, so the next request on this connection parses."""
+        n = int(self.headers.get("Content-Length") or 0)
+        if n:
+            self.rfile.read(n)
+
     def _body(self) -> Any:
         n = int(self.headers.get("Content-Length") or 0)
         data = self.rfile.read(n) if n else b""
@@ -375,6 +381,8 @@ class _Handler(BaseHTTPRequestHandler):
         scheme, _, token = self.headers.get("Authorization", "").strip().partition(" ")
         token = token.strip() if scheme.lower() == "bearer" else ""  # the scheme's case is free, as the real one
         allowed = self.server_api.tokens.get(token)
+        if allowed is None or not isinstance(allowed, Grants) and FULL not in allowed and resource not in allowed:
+            self._drain()
         if allowed is None:
             self._send(401, _status(401, "Unauthorized", "Unauthorized"))
             return False
@@ -385,6 +393,7 @@ class _Handler(BaseHTTPRequestHandler):
                 verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
             group = API_VERSION[RESOURCES[resource][0]].rpartition("/")[0]  # "v1" -> "" (the core group)
             if not allowed.allows(verb, group, resource, name):
+                self._drain()
                 self._send(403, _status(403, "Forbidden", allowed.forbidden(verb, group, resource, name, ns)))
                 return False
             return True

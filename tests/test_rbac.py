@@ -11,6 +11,7 @@ controller logs one line naming the kind, the verb and the resource.
 from __future__ import annotations
 
 import copy
+import json
 import signal
 import subprocess
 import sys
@@ -205,3 +206,42 @@ def test_each_verb_is_needed(runs: Callable[[list[dict[str, Any]]], Run], group:
         assert ghost is not None, "released without the API confirming it is gone"
     assert run.proc.poll() is None, "a missing permission is retried, not fatal"
     assert "Traceback" not in run.log()
+
+
+def test_the_stand_in_checks_verbs_groups_and_names(stack: tuple[EtcdCluster, KubeAPI], tmp_path: Path) -> None:
+    """The token model the tests above rely on, through the kubernetes client: a verb, a group or
+    an object name outside the rules is 403 with the real server's message; inside, served."""
+    from kubernetes import client, config
+    from kubernetes.client import ApiException
+
+    cluster, api = stack
+    api.tokens["reader"] = Grants([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+                                   {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"],
+                                    "resourceNames": ["n1"]}], "reader-user")
+    core = client.CoreV1Api(config.new_client_from_config(
+        config_file=api.kubeconfig(str(tmp_path / "reader.kc"), "reader")))
+    net = client.NetworkingV1Api(core.api_client)
+
+    def refused(call: Callable[[], Any], verb: str, what: str, group: str = "") -> None:
+        with pytest.raises(ApiException) as e:
+            call()
+        assert e.value.status == 403, (e.value.status, e.value.body)
+        msg = json.loads(str(e.value.body))["message"]
+        assert msg.startswith(f'{what} is forbidden: User "reader-user" cannot {verb} resource '), msg
+        assert f'in API group "{group}"' in msg, msg
+
+    assert cluster.underlay is not None
+    with cluster.underlay.enter():
+        assert [p.metadata.name for p in core.list_pod_for_all_namespaces().items  # type: ignore[union-attr]
+                ] == ["web"]
+        refused(lambda: core.read_namespaced_pod("web", "shop"), "get", 'pods "web"')
+        new_pod: Any = pod("shop", "new")
+        refused(lambda: core.create_namespaced_pod("shop", new_pod), "create", "pods")
+        refused(lambda: core.patch_namespaced_pod("web", "shop", {"metadata": {"labels": {"x": "1"}}}), "patch",
+                'pods "web"')
+        refused(lambda: core.delete_namespaced_pod("web", "shop"), "delete", 'pods "web"')
+        assert core.read_node("n1").metadata.name == "n1"  # type: ignore[union-attr] # its resourceNames
+        refused(lambda: core.read_node("n2"), "get", 'nodes "n2"')
+        refused(core.list_node, "list", "nodes")  # resourceNames never grant a list
+        refused(net.list_network_policy_for_all_namespaces, "list", "networkpolicies", "networking.k8s.io")
+    assert api.get("pods", "shop", "web") is not None and api.get("pods", "shop", "new") is None
