@@ -18,12 +18,15 @@ What it is:
   when stale: one etcd transaction comparing the mod revision), merge patch (JSON merge patch;
   a strategic merge patch is applied the same way — equal for labels, which is what the tests
   change), delete;
-- HTTPS with a throwaway CA, bearer tokens: an unknown token is 401, a token without the
-  resource is 403; :meth:`KubeAPI.kubeconfig` writes a kubeconfig for a token;
+- HTTPS with a throwaway CA, bearer tokens: an unknown token is 401; a token is given either a
+  set of resources (every verb on them) or :class:`Grants`, RBAC rules as a ClusterRole holds
+  them (apiGroups, resources, verbs, resourceNames; "*" in any), and a request outside them is
+  403 with the real server's message; :meth:`KubeAPI.kubeconfig` writes a kubeconfig for a token;
 - discovery (/api, /apis, /api/v1, /apis/networking.k8s.io/v1, /version) enough for kubectl.
 
 What it is not: no admission, no defaulting or validation of specs beyond JSON, no graceful
-deletion (a DELETE removes the object at once), no label or field selectors, no cascading
+deletion (a DELETE removes the object at once), no label or field selectors, no RBAC objects served (rules
+are given to the stand-in, not read from the API), no namespaced Roles, no cascading
 namespace deletion, no aggregated discovery, no protobuf, no watch cache (every watch is its own
 etcd watch). It listens inside a network namespace (the etcd cluster's underlay), never in the
 machine's own.
@@ -40,6 +43,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -57,6 +61,43 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
 }
 API_VERSION = {"api/v1": "v1", "apis/networking.k8s.io/v1": "networking.k8s.io/v1"}
 FULL = "*"
+
+
+class Grants:
+    """RBAC rules as a ClusterRole's ``rules`` (dicts with apiGroups, resources, verbs and optional
+    resourceNames), and the user they are bound to, named in a 403 as the real server does.
+
+    A request's verb is the API server's: GET of a collection is ``list`` (``watch`` with
+    ``?watch=true``), GET of an object ``get``, POST ``create``, PUT ``update``, PATCH ``patch``,
+    DELETE ``delete``. ``resourceNames`` limits a rule to requests naming one of those objects (so
+    never list, watch or create), as RBAC does. Non-resource URLs (discovery) are open to every
+    authenticated token, as the system:discovery role makes them."""
+
+    def __init__(self, rules: list[dict[str, Any]], user: str = "system:serviceaccount:test:test") -> None:
+        for r in rules:
+            if set(r) - {"apiGroups", "resources", "verbs", "resourceNames"} or not r.get("verbs"):
+                raise ValueError(f"a rule the stand-in does not model: {r}")
+        self.rules, self.user = rules, user
+        self.asked: set[tuple[str, str, str]] = set()  # (group, resource, verb) of every request, for tests
+
+    def allows(self, verb: str, group: str, resource: str, name: str) -> bool:
+        def has(values: list[str], v: str) -> bool:
+            return FULL in values or v in values
+
+        self.asked.add((group, resource, verb))
+        for r in self.rules:
+            names = r.get("resourceNames") or []
+            if (has(r["verbs"], verb) and has(r.get("apiGroups") or [], group)
+                    and has(r.get("resources") or [], resource) and (not names or name in names)):
+                return True
+        return False
+
+    def forbidden(self, verb: str, group: str, resource: str, name: str, namespace: str) -> str:
+        """The real server's message for a refused request."""
+        what = f'{resource} "{name}"' if name else resource
+        scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+        return f'{what} is forbidden: User "{self.user}" cannot {verb} resource "{resource}" in API group ' \
+            f'"{group}" {scope}'
 
 
 class Gone(Exception):
@@ -81,12 +122,13 @@ def _compacted(e: EtcdError) -> bool:
 
 
 class KubeAPI:
-    """The stand-in. ``tokens`` maps a bearer token to the resources it may use (``{"*"}``: all)."""
+    """The stand-in. ``tokens`` maps a bearer token to the resources it may use with any verb
+    (``{"*"}``: all), or to :class:`Grants`."""
 
-    def __init__(self, cluster: EtcdCluster, tokens: dict[str, set[str]] | None = None,
+    def __init__(self, cluster: EtcdCluster, tokens: Mapping[str, set[str] | Grants] | None = None,
                  prefix: str = "/registry", bookmark_interval: float = 1.0, port: int = 6443) -> None:
         self.cluster = cluster
-        self.tokens = tokens if tokens is not None else {"admin-token": {FULL}}
+        self.tokens: dict[str, set[str] | Grants] = dict(tokens) if tokens is not None else {"admin-token": {FULL}}
         self.prefix = prefix.rstrip("/")
         self.bookmark_interval = bookmark_interval
         self.port = port
@@ -306,6 +348,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _drain(self) -> None:
+        """Read a refused request's body, so the next request on this connection parses."""
+        n = int(self.headers.get("Content-Length") or 0)
+        if n:
+            self.rfile.read(n)
+
     def _body(self) -> Any:
         n = int(self.headers.get("Content-Length") or 0)
         data = self.rfile.read(n) if n else b""
@@ -329,13 +377,26 @@ class _Handler(BaseHTTPRequestHandler):
             return rest[0], ns, rest[1] if len(rest) == 2 else "", q
         return None
 
-    def _auth(self, resource: str) -> bool:
+    def _auth(self, method: str, resource: str, ns: str, name: str, q: dict[str, list[str]]) -> bool:
         scheme, _, token = self.headers.get("Authorization", "").strip().partition(" ")
         token = token.strip() if scheme.lower() == "bearer" else ""  # the scheme's case is free, as the real one
         allowed = self.server_api.tokens.get(token)
+        if allowed is None or not isinstance(allowed, Grants) and FULL not in allowed and resource not in allowed:
+            self._drain()
         if allowed is None:
             self._send(401, _status(401, "Unauthorized", "Unauthorized"))
             return False
+        if isinstance(allowed, Grants):
+            if method == "GET" and not name:
+                verb = "watch" if q.get("watch", [""])[0] in ("true", "1") else "list"
+            else:
+                verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+            group = API_VERSION[RESOURCES[resource][0]].rpartition("/")[0]  # "v1" -> "" (the core group)
+            if not allowed.allows(verb, group, resource, name):
+                self._drain()
+                self._send(403, _status(403, "Forbidden", allowed.forbidden(verb, group, resource, name, ns)))
+                return False
+            return True
         if FULL not in allowed and resource not in allowed:
             self._send(403, _status(403, "Forbidden", f'{resource} is forbidden: this token may not access '
                                     f'resource "{resource}"'))
@@ -375,7 +436,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, _status(404, "NotFound", f"the server could not find the requested resource ({self.path})"))
             return
         resource, ns, name, q = route
-        if not self._auth(resource):
+        if not self._auth(method, resource, ns, name, q):
             return
         try:
             with api.etcd() as e:

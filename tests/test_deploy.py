@@ -1,6 +1,7 @@
 """deploy/: the manifests validate offline against the Kubernetes schemas, their `pycni` command
 lines parse with our own CLI parser, the ConfigMap's template renders to a conflist our parsers
-accept, and the RBAC grants what the issue allows and nothing more."""
+accept, and the RBAC grants what the code calls and nothing more (docs/kubernetes.md showing
+the same rules)."""
 
 from __future__ import annotations
 
@@ -109,6 +110,8 @@ def test_daemonset_shape() -> None:
     assert init["command"][:2] == ["pycni", "install-cni"]
     containers = {c["name"]: c for c in spec["containers"]}
     assert containers["daemon"]["command"][:2] == ["pycni", "daemon"]
+    # metrics on the host's loopback only (the pod has the host's network)
+    assert _parser().parse_args(containers["daemon"]["command"][1:]).metrics_address == ("127.0.0.1", 9464)
     assert containers["node"]["command"][:2] == ["pycni", "node"]
     assert "--no-policy" not in containers["node"]["command"]  # policy enforced (the agent's default)
     cfg = containers["cni-config"]["command"]
@@ -138,36 +141,60 @@ def test_kube_controllers_shape() -> None:
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]} and c["securityContext"]["runAsNonRoot"]
 
 
-READ = {"get", "list", "watch"}
+DOCS_MD = DEPLOY.parent / "docs" / "kubernetes.md"
+
+# What pycni calls in the API, from the code (src/pycni/cluster/kube/): the informers list and
+# watch four kinds (client.KINDS), the garbage collection GETs a Pod or a Node (Controller.
+# _confirm_gone). tests/test_rbac.py shows each of these is needed and enough.
+CALLED = {("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
+          ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"),
+          ("", "namespaces", "list"), ("", "namespaces", "watch"),
+          ("networking.k8s.io", "networkpolicies", "list"), ("networking.k8s.io", "networkpolicies", "watch")}
 
 
-def _rules(kind: str, name: str) -> list[tuple[str, str, frozenset[str], tuple[str, ...]]]:
-    out = []
-    for rule in by_kind(kind, name)["rules"]:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                out.append((group, resource, frozenset(rule["verbs"]), tuple(rule.get("resourceNames", ()))))
-    return out
+def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
 
 
-def test_controller_rbac_is_least_privilege() -> None:
-    rules = _rules("ClusterRole", "pycni-kube-controllers") + _rules("Role", "pycni-kube-controllers")
-    reads = {(g, r) for g, r, verbs, _ in rules if verbs == READ}
-    assert reads == {("", "pods"), ("", "namespaces"), ("", "nodes"), ("networking.k8s.io", "networkpolicies")}
-    writes = {(g, r) for g, r, verbs, _ in rules if verbs - READ}
-    assert writes == {("", "events"), ("events.k8s.io", "events"), ("coordination.k8s.io", "leases")}
-    for g, r, verbs, names in rules:
-        assert "*" not in verbs and r != "*" and g != "*"
-        if r == "leases" and verbs & {"update", "patch", "delete"}:
-            assert names == ("pycni-kube-controllers",)  # its own Lease only
-        assert "delete" not in verbs
-    # the Role is namespaced (kube-system): leases elsewhere are out of reach
-    assert by_kind("Role", "pycni-kube-controllers")["metadata"]["namespace"] == "kube-system"
+def test_controller_rbac_is_exactly_what_it_calls() -> None:
+    rules = by_kind("ClusterRole", "pycni-kube-controllers")["rules"]
+    assert _grants(rules) == CALLED
+    for rule in rules:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no wildcards by name, no resourceNames
+    # nothing else is bound: no Role (no Lease), no role for the node's account
+    kinds = {(d["kind"], d["metadata"]["name"]) for _, d in DOCS if "rbac.authorization.k8s.io" in d["apiVersion"]}
+    assert kinds == {("ClusterRole", "pycni-kube-controllers"), ("ClusterRoleBinding", "pycni-kube-controllers")}
+    binding = by_kind("ClusterRoleBinding", "pycni-kube-controllers")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pycni-kube-controllers",
+                                    "namespace": "kube-system"}]
 
 
-def test_node_rbac_reads_only() -> None:
-    for _, _, verbs, _ in _rules("ClusterRole", "pycni-node"):
-        assert verbs <= READ
+def test_nothing_on_a_node_holds_a_token() -> None:
+    """Nothing on a node calls the API, so its account has no role and its pods mount no token."""
+    assert by_kind("ServiceAccount", "pycni-node")["automountServiceAccountToken"] is False
+    spec = by_kind("DaemonSet", "pycni-node")["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "pycni-node" and spec["automountServiceAccountToken"] is False
+    for _, d in DOCS:
+        for subject in d.get("subjects", []):
+            assert subject["name"] != "pycni-node", d["metadata"]["name"]
+
+
+def _docs_rbac() -> list[dict[str, Any]]:
+    text = DOCS_MD.read_text()
+    section = text[text.index("\n## RBAC\n"):]
+    section = section[:section.index("\n## ", 1)]
+    (block,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    return [d for d in yaml.safe_load_all(block) if d]
+
+
+def test_docs_rbac_is_the_deployed_one() -> None:
+    """One source: docs/kubernetes.md's RBAC section shows deploy/rbac.yaml's role and binding."""
+    shown = {(d["kind"], d["metadata"]["name"]): d for d in _docs_rbac()}
+    assert set(shown) == {("ClusterRole", "pycni-kube-controllers"), ("ClusterRoleBinding", "pycni-kube-controllers")}
+    for (kind, name), doc in shown.items():
+        deployed = copy.deepcopy(by_kind(kind, name))
+        deployed["metadata"].pop("labels", None)
+        assert doc == deployed, kind
 
 
 def test_configmap_template_renders_to_a_valid_conflist(tmp_path: Path) -> None:

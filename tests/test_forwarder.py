@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -155,3 +157,71 @@ def test_daemon_gone_mid_request_is_error_json(bins: dict[str, str], tmp_path: P
         assert proc.exit_code == 1, (kind, proc.exit_code, proc.stderr)
         doc = json.loads(proc.stdout)
         assert doc["code"] == 11 and doc["msg"] == "pycni daemon failed while serving the request", (kind, doc)
+
+
+# Run a command in a private mount namespace with a tmpfs over "$0": the directory of the
+# interpreter baked in at install is empty there, as on a node whose host has no such Python.
+_NO_PYTHON = 'mount -t tmpfs pn32-nopy "$0" && exec "$@"'
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a private mount namespace)")
+def test_a_host_without_the_interpreter_is_served_by_the_daemon(tmp_path: Path,
+                                                                netns_factory: Callable[[], Namespace]) -> None:
+    """Executables with the forwarder on a host whose baked interpreter is gone (a Kubernetes node
+    without python3; the daemon runs in its container): the daemon serves ADD and DEL; with the
+    daemon down the answer is one CNI error, code 11, naming its socket and the interpreter;
+    VERSION is answered by sh either way."""
+    from plugin_util import env
+
+    pydir = tmp_path / "hostpy"
+    pydir.mkdir()
+    python = pydir / "python3"
+    python.symlink_to(sys.executable)
+    sock = str(tmp_path / "d.sock")
+    (exe,) = install(str(tmp_path / "bin"), ["host-local"], python=str(python), daemon=True, socket=sock)
+    assert os.access(os.path.join(tmp_path, "bin", forwarder.NAME), os.X_OK)
+    host = netns_factory()
+
+    def call(command: str, stdin: bytes) -> tuple[int, bytes, bytes]:
+        e = env(command, "nopy1", "/nonexistent", cni_path=str(tmp_path / "bin"))
+        del e["PYCNI_SOCKET"]  # as kubelet calls it: the socket baked in at install
+        if command == "VERSION":
+            e = {k: v for k, v in e.items() if k in ("CNI_COMMAND", "CNI_PATH", "PATH")}
+        proc = subprocess.run(["ip", "netns", "exec", host.name, "unshare", "--mount", "--propagation", "private",
+                               "sh", "-c", _NO_PYTHON, str(pydir), exe], input=stdin, env=e, capture_output=True,
+                              timeout=60)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", _NO_PYTHON, str(pydir),
+                            "test", "-e", str(python)], capture_output=True, timeout=30)
+    assert probe.returncode == 1, probe  # the interpreter is not there for the calls below
+    conf = _conf(tmp_path)
+
+    def version_works() -> None:
+        code, out, err = call("VERSION", b'{"cniVersion":"1.0.0"}')
+        assert code == 0 and json.loads(out)["cniVersion"] == "1.0.0", (out, err)
+        assert "1.1.0" in json.loads(out)["supportedVersions"]
+
+    def try_again(command: str) -> None:
+        code, out, err = call(command, conf)
+        assert code == 1 and err == b"", (out, err)
+        doc = json.loads(out)  # one CNI error, nothing else on stdout
+        assert doc["code"] == 11, doc
+        assert sock in doc["msg"] and str(python) in doc["msg"] and "daemon" in doc["msg"], doc
+        assert "try again" in doc["details"], doc
+
+    version_works()
+    try_again("ADD")  # no socket at all
+    with daemon_in_thread(sock):
+        code, out, err = call("ADD", conf)
+        assert code == 0, (out, err)
+        assert json.loads(out)["ips"][0]["address"] == "10.68.0.2/24"
+        version_works()
+        code, out, err = call("DEL", conf)
+        assert (code, out) == (0, b""), err
+    assert not (tmp_path / "ipam" / "fwd" / "10.68.0.2").exists()  # the DEL released it
+    try_again("DEL")  # the daemon gone
+    version_works()
+    # with the interpreter there (outside the private mount), the same executable runs one-shot
+    code, out, err = _run(host, exe, conf, sock)
+    assert code == 0 and json.loads(out)["ips"][0]["address"].startswith("10.68.0."), err

@@ -13,6 +13,12 @@
  * has been read or sent yet), it execs the Python command line unchanged, so the result is
  * the Python shim's in every case. The daemon learns the caller's network namespace from the
  * socket's peer credentials: this process runs where the runtime started the plugin.
+ *
+ * With the forwarder the sh front checks nothing before running it (a node's host may have no
+ * Python at all while the daemon's container serves), so when the Python command line cannot be
+ * exec'd a runtime's call gets one CNI error JSON here: code 11 (try again) naming the daemon's
+ * socket and the interpreter when no daemon accepted the call (kubelet retries; the daemon comes
+ * back), else code 50 naming the interpreter, as the front's own check would.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,11 +36,56 @@ extern char **environ;
 #define MAX_FRAME (64u * 1024u * 1024u)
 
 static char **fallback;
+static const char *plugin_type;
 
-static void run_python(void) {
+static void json_string(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
+/* One CNI error on stdout (the spec's error JSON), exit 1. */
+static void cni_error(int code, const char *msg, const char *details) {
+    printf("{\"code\": %d, \"msg\": ", code);
+    json_string(msg);
+    printf(", \"details\": ");
+    json_string(details);
+    printf("}\n");
+    fflush(stdout);
+    _exit(1);
+}
+
+/* The fallback: the Python command line. ``unreached`` is the daemon's socket when no daemon
+ * accepted the call (``conn_err`` its connect errno), NULL when the call is not the daemon's
+ * (PYCNI_SOCKET=off, arguments, VERSION). */
+static void run_python(const char *unreached, int conn_err) {
     execv(fallback[0], fallback);
-    fprintf(stderr, "pycni-forward: cannot run %s: %s\n", fallback[0], strerror(errno));
-    _exit(127);
+    int err = errno;
+    const char *command = getenv("CNI_COMMAND");
+    if (!command || !*command) { /* run by hand: a line for a person */
+        fprintf(stderr, "pycni-forward: cannot run %s: %s\n", fallback[0], strerror(err));
+        _exit(127);
+    }
+    char msg[1536], details[1536];
+    if (unreached) {
+        snprintf(msg, sizeof msg, "pycni plugin %s: no pycni daemon accepts calls on %s (%s) and its Python "
+                 "interpreter %s cannot run (%s) for the one-shot fallback", plugin_type, unreached,
+                 strerror(conn_err), fallback[0], strerror(err));
+        snprintf(details, sizeof details, "try again: the call is served once the pycni daemon (the DaemonSet's "
+                 "daemon container, or `pycni daemon`) listens on %s again; or install Python 3.11 or newer at %s "
+                 "and run `pycni install-plugins` again for calls without the daemon", unreached, fallback[0]);
+        cni_error(11, msg, details);
+    }
+    snprintf(msg, sizeof msg, "pycni plugin %s: its Python interpreter %s is missing or not executable by this user",
+             plugin_type, fallback[0]);
+    snprintf(details, sizeof details, "%s; run `pycni install-plugins` again (as root, with the Python that has "
+             "pycni installed) to rewrite the plugins", strerror(err));
+    cni_error(50, msg, details);
 }
 
 /* After the request was (maybe partly) sent: retrying could double an ADD; say so as the shim does. */
@@ -42,14 +93,7 @@ static void fail(const char *what, int err) {
     char msg[512];
     snprintf(msg, sizeof msg, "%s: %s; retry, or set PYCNI_SOCKET=off to run without the daemon",
              what, err ? strerror(err) : "malformed reply");
-    printf("{\"code\": 11, \"msg\": \"pycni daemon failed while serving the request\", \"details\": \"");
-    for (const char *p = msg; *p; p++) {
-        if (*p == '"' || *p == '\\') putchar('\\');
-        putchar(*p);
-    }
-    printf("\"}\n");
-    fflush(stdout);
-    _exit(1);
+    cni_error(11, "pycni daemon failed while serving the request", msg);
 }
 
 struct buf { char *p; size_t n, cap; };
@@ -113,20 +157,22 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *type = argv[1], *baked = argv[2];
+    plugin_type = type;
     fallback = argv + 3;
     /* The Python shim's own cases: run by hand or with arguments (`dhcp daemon`), VERSION. */
     const char *command = getenv("CNI_COMMAND");
-    if (argc > 6 || !command || !*command || !strcmp(command, "VERSION")) run_python();
+    if (argc > 6 || !command || !*command || !strcmp(command, "VERSION")) run_python(NULL, 0);
     const char *path = getenv("PYCNI_SOCKET");
     if (!path || !*path) path = *baked ? baked : "/run/pycni/pycni.sock";
-    if (!strcmp(path, "off")) run_python();
+    if (!strcmp(path, "off")) run_python(NULL, 0);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof addr.sun_path) run_python();
+    if (strlen(path) >= sizeof addr.sun_path) run_python(NULL, 0);
     strcpy(addr.sun_path, path);
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0 || connect(s, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        int conn_err = errno;
         if (s >= 0) close(s);
-        run_python(); /* no daemon: the plugin runs in Python, stdin untouched */
+        run_python(path, conn_err); /* no daemon: the plugin runs in Python, stdin untouched */
     }
 
     struct buf body = {0}, in = {0};
