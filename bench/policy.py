@@ -139,22 +139,23 @@ def policy(name: str, namespace: str, selector: dict[str, str], from_labels: dic
 def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
     """(D): the agent's compute and the nftables transaction, each timed alone."""
     from pycni.cluster.policy.agent import PolicyEnforcer
-    from pycni.cluster.policy.nftsync import Programmer
+    from pycni.cluster.policy.nftsync import Kernel, Writer, _commit, diff_script
     from pycni.net import nft
 
     scripts: list[str] = []
 
-    class Recorder(Programmer):
-        def apply(self, want: Any) -> str:  # the script only: it is timed in the kernel below
-            from pycni.cluster.policy.nftsync import diff_script, full_script
-
-            script = full_script(want) if self.applied is None else diff_script(self.applied, want)
-            self.applied = want
+    class Recorder(Writer):
+        def write(self, want: Any, dirty: Any) -> tuple[str, bool]:  # the script only: timed in the kernel below
+            have = self.mirror
+            script = diff_script(have, want, dirty if have is not None else None)
+            k = have if have is not None else Kernel()
+            _commit(k, want, dirty if have is not None else None)
+            self.mirror = k
             scripts.append(script)
-            return script
+            return script, False
 
-    enf = PolicyEnforcer(KEYS, "node1", lambda m: None)
-    enf.programmer = Recorder()
+    enf = PolicyEnforcer(KEYS, "node1", lambda m: None, strict=True)
+    enf.writer = Recorder()
     for k in range(opts.endpoints):
         node, ns = f"node{k % 3 + 1}", f"ns{k % 20}"
         ep = WorkloadEndpoint(node=node, network="podnet", namespace=ns, pod=f"p{k}", container_id=f"fake{k}",
@@ -192,8 +193,7 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
         enf.event("PUT", KEYS.endpoint("node1", "podnet", f"new{t}", "eth0"), ep.to_json())
         enf.apply()
         pod_cpu.append(time.perf_counter() - t0)
-    full = enf.compiled - 1  # (every change after the first should take a patch path)
-    ns = new_namespace("po-bench-nft")
+    ns = new_namespace("pe34-bench-nft")
     times: list[float] = []
     try:
         with ns.enter():
@@ -203,6 +203,7 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
                 t0 = time.perf_counter()
                 nft.run(script)
                 times.append(time.perf_counter() - t0)
+        listing_lines = ns.run(["nft", "list", "table", "inet", "pycni_policy"]).stdout.count("\n")
     finally:
         ns.delete()
     n = opts.trials
@@ -211,7 +212,7 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
             ("(D) agent compute per new pod, p50", statistics.median(pod_cpu), "s"),
             ("(D) nft transaction per policy change, p50", statistics.median(times[:n]), "s"),
             ("(D) nft transaction per new pod, p50", statistics.median(times[n:]), "s"),
-            ("(D) changes that compiled the node in full (of 2 x trials)", full, "n")]
+            ("(D) ruleset of node1: lines of nft list table", float(listing_lines), "n")]
 
 
 def main() -> int:
@@ -221,7 +222,32 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--iperf", type=int, default=100)
     ap.add_argument("--in-process-only", action="store_true", help="(D) only")
+    ap.add_argument("--load", type=int, default=0,
+                    help="start this many busy-looping processes first (a loaded machine: load average ~ N + the rest)")
     opts = ap.parse_args()
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opts.load)]
+    try:
+        if spinners:
+            time.sleep(20)  # (the 1-minute load average follows slowly)
+        return run(opts)
+    finally:
+        for sp in spinners:
+            sp.kill()
+            sp.wait()
+
+
+def rss_mb(procs: list[subprocess.Popen[bytes]]) -> float:
+    """The largest resident set of ``procs`` (``ip netns exec`` execs the agent in place: same pid)."""
+    most = 0
+    for p in procs:
+        with open(f"/proc/{p.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    most = max(most, int(line.split()[1]))
+    return most / 1024
+
+
+def run(opts: argparse.Namespace) -> int:
     if opts.in_process_only:
         for name, value, unit in in_process(opts):
             print(f"{name:60s} {value:.0f}" if unit == "n" else f"{name:60s} {value * 1000:.2f} ms")
@@ -237,7 +263,7 @@ def main() -> int:
     namespaces: list[Namespace] = []
     agents: list[subprocess.Popen[bytes]] = []
     monitors: list[Monitor] = []
-    with EtcdCluster(size=3, subnet="10.233.0.0/24", prefix="po-bench") as cluster:
+    with EtcdCluster(size=3, subnet="10.233.0.0/24", prefix="pe34-bench") as cluster:
         try:
             etcd = cluster.client(timeout=30)
             for node in cluster.nodes:
@@ -261,7 +287,7 @@ def main() -> int:
             for i, node in enumerate(cluster.nodes):
                 etcd.put(KEYS.pod("bench", f"real{i}"), PodMeta(labels={"bench": "all", "role": f"real{i}"},
                                                                 ports=[("http", 80, "TCP")]).to_json())
-                pns = new_namespace("po-bench-pod")
+                pns = new_namespace("pe34-bench-pod")
                 namespaces.append(pns)
                 c = {"cniVersion": "1.1.0", "name": "podnet", "type": "routed", "policySetupTimeout": 30,
                      "ipam": {"type": "cluster-ipam", "etcdEndpoints": cluster.endpoints, "etcdPrefix": PREFIX,
@@ -328,6 +354,7 @@ def main() -> int:
                 etcd.put(KEYS.endpoint(node.name, "podnet", f"new{t}", "eth0"), ep.to_json())
                 puts.append(time.perf_counter() - start)
                 new.append(monitors[0].wait_for(f'covered {{ "{iface}" }}') - start)
+            rows += [("(E) agent memory, largest VmRSS of the 3", rss_mb(agents), "MB")]
             rows += [("(B) new pod's rules, p50", statistics.median(new), "s"),
                      ("(B) new pod's rules, p99", pct(new, 0.99), "s"),
                      ("(B) of which the etcd write itself, p50", statistics.median(puts), "s"),

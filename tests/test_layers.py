@@ -125,7 +125,7 @@ def _run_time_imports(nodes: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom
 # plugin's start path (routed imports pycni.cluster.policy.workload, which is held to the rule).
 AGENT_ONLY = {"cluster/policy/agent.py", "cluster/policy/compile.py", "cluster/policy/evaluate.py",
               "cluster/policy/model.py", "cluster/policy/cli.py", "cluster/policy/nftsync.py",
-              "cluster/policy/yamlite.py"}
+              "cluster/policy/yamlite.py", "cluster/policy/index.py"}
 
 
 def test_no_typing_at_run_time() -> None:

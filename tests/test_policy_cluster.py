@@ -12,6 +12,7 @@ returns, and through an agent's restart, and must never get a single packet thro
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -38,7 +39,7 @@ from policy_cases import (
     policies_text,
     render,
 )
-from policy_probe import EchoServers, probe
+from policy_probe import EchoServers, PacketWatch, probe
 
 from pycni import ipaddr
 from pycni.cluster.model import Keys, PodMeta
@@ -67,16 +68,20 @@ class Env:
     def log(self, i: int) -> Path:
         return self.tmp / f"agent-{self.nodes[i].name}.log"
 
-    def start_agent(self, i: int, mode: str = "host-gw") -> None:
+    def start_agent(self, i: int, mode: str = "host-gw", endpoints: list[str] | None = None,
+                    ready: bool = True) -> None:
+        """Start node ``i``'s agent; with ``ready``, wait until it has reconciled its table."""
         node = self.nodes[i]
         cmd = ["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node", "--policy",
-               "--etcd-endpoints", ",".join(self.cluster.endpoints), "--etcd-prefix", self.prefix,
+               "--etcd-endpoints", ",".join(endpoints or self.cluster.endpoints), "--etcd-prefix", self.prefix,
                "--node-name", node.name, "--underlay-ip", node.ip, "--ttl", "30", "--mode", mode]
-        before = self.log(i).read_text().count("policy: table rebuilt") if self.log(i).exists() else 0
+        before = self.log(i).read_text().count("policy: reconciled with the kernel") if self.log(i).exists() else 0
         with open(self.log(i), "ab") as log:
-            self.agents[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self.wait(lambda: self.log(i).read_text().count("policy: table rebuilt") > before,
-                  f"agent {node.name} programmed its policy table")
+            self.agents[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              env={**os.environ, "PYCNI_POLICY_STRICT": "1"})
+        if ready:
+            self.wait(lambda: self.log(i).read_text().count("policy: reconciled with the kernel") > before,
+                      f"agent {node.name} programmed its policy table")
 
     def stop_agent(self, i: int, sig: int = signal.SIGTERM) -> None:
         proc = self.agents.pop(i, None)
@@ -103,7 +108,7 @@ class Env:
 
     def add(self, key: str, i: int, **conf: Any) -> tuple[Namespace, dict[str, Any]]:
         ns_name, pod = key.split("/")
-        pns = new_namespace("po-pod")
+        pns = new_namespace("pe34-pod")
         self.namespaces.append(pns)
         outcome = call(routed.PLUGIN, self.nodes[i].ns, "ADD", self.conf(i, **conf), pns, self.plugin_dir,
                        container_id=f"po-{ns_name}-{pod}",
@@ -176,7 +181,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     bindir = tmp / "bin"
     bindir.mkdir()
     install(str(bindir))
-    with EtcdCluster(size=3, subnet="10.232.0.0/24", prefix="po-etcd") as cluster:
+    with EtcdCluster(size=3, subnet="10.232.0.0/24", prefix="pe34-etcd") as cluster:
         e = Env(cluster, tmp, str(bindir))
         try:
             for i in range(3):
@@ -335,6 +340,83 @@ def test_agent_restart_keeps_rules_and_opens_no_window(env: Env) -> None:
     env.matrix(case)
 
 
+DENY_BOTH_X = """
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-all, namespace: x}
+spec: {podSelector: {}, policyTypes: [Ingress, Egress]}
+"""
+
+
+def _churn(env: Env, n: int) -> None:
+    """Policies of namespaces y and z written one by one (each a transaction of the agents'):
+    they select y's and z's pods and open nothing to or from x."""
+    with env.cluster.client() as etcd:
+        for j in range(n):
+            ns = "yz"[j % 2]
+            doc = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                   "metadata": {"name": f"churn{j}", "namespace": ns},
+                   "spec": {"podSelector": {"matchLabels": {"pod": "abc"[j % 3]}},
+                            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": ns}}}],
+                                         "ports": [{"port": 80 + j % 2, "protocol": "UDP"}]}]}}
+            etcd.put(env.keys.policy(ns, f"churn{j}"), json.dumps(doc))
+
+
+def test_restart_window_with_a_packet_watch(env: Env) -> None:
+    """Deny-all both ways on namespace x; every flow to and from x's pods hammered, and every
+    TCP/UDP packet arriving in any pod watched, while the agent of x/b's node is SIGKILLed and
+    restarted, SIGTERMed and restarted, SIGKILLed three times in the middle of a burst of policy
+    transactions (between two of them), and started once with etcd out of reach (then stopped).
+    Not one packet of a denied pair may arrive."""
+    env.clear_policies()
+    env.cli("policy", "apply", "-f", "-", stdin=DENY_BOTH_X)
+
+    def denied(s: str, d: str) -> bool:
+        return s != d and (s.startswith("x/") or d.startswith("x/"))
+
+    env.matrix(want={(s, d): not denied(s, d) for s in KEYS for d in KEYS})
+    flows = [(s, d, port, proto) for s in KEYS for d in KEYS if denied(s, d) for port, proto in PORTS]
+    watch = PacketWatch(env.pods, denied)
+    assert all(probe(env.pods, [("y/a", "z/b", 80, "TCP"), ("z/c", "y/b", 81, "UDP")]).values())
+    env.wait(lambda: watch.seen >= 2, "the watch sees allowed packets arrive", timeout=5)
+    hammer = Hammer(env, flows)
+    i = env.where["x/b"]
+    try:
+        env.stop_agent(i, signal.SIGKILL)
+        time.sleep(1.0)
+        env.start_agent(i)
+        env.stop_agent(i, signal.SIGTERM)
+        env.start_agent(i)
+        for _ in range(3):  # killed between two transactions
+            before = env.log(i).read_text().count("policy: updated")
+            worker = threading.Thread(target=_churn, args=(env, 30))
+            worker.start()
+            env.wait(lambda b=before: env.log(i).read_text().count("policy: updated") > b + 2,  # type: ignore[misc]
+                     "the agent is applying the burst")
+            env.stop_agent(i, signal.SIGKILL)
+            worker.join(60)
+            env.start_agent(i)
+        # etcd out of reach while it starts: it waits, changes nothing, and stops
+        before = env.log(i).read_text().count("retrying in")
+        env.stop_agent(i, signal.SIGTERM)
+        env.start_agent(i, endpoints=["http://10.232.0.250:2379"], ready=False)
+        env.wait(lambda: env.log(i).read_text().count("retrying in") > before, "the agent waits for etcd")
+        time.sleep(2.0)
+        env.stop_agent(i, signal.SIGTERM)
+        env.start_agent(i)
+        time.sleep(1.0)
+    finally:
+        hammer.stop()
+        watch.close()
+        with env.cluster.client() as etcd:
+            for j in range(30):
+                etcd.delete(env.keys.policy("yz"[j % 2], f"churn{j}"))
+    assert hammer.rounds >= 5, hammer.rounds
+    assert not watch.crossed, f"{len(watch.crossed)} packets crossed: {watch.crossed[:5]}"
+    assert not hammer.passed, f"{len(hammer.passed)} probes got through: {hammer.passed[:5]}"
+    env.matrix(want={(s, d): not denied(s, d) for s in KEYS for d in KEYS})
+
+
 def test_no_window_for_a_new_pod(env: Env) -> None:
     """A pod under deny-all gets no packet through, from the first moment after ADD; a pod under no
     policy reaches others at once (ADD waited for its agent)."""
@@ -381,7 +463,7 @@ def test_add_fails_closed_when_the_agent_does_not_answer(env: Env) -> None:
     i = 2
     env.stop_agent(i, signal.SIGKILL)
     try:
-        pns = new_namespace("po-pod")
+        pns = new_namespace("pe34-pod")
         env.namespaces.append(pns)
         out = err(call(routed.PLUGIN, env.nodes[i].ns, "ADD", env.conf(i, policySetupTimeout=1.5), pns,
                        env.plugin_dir, container_id="po-late", args="IgnoreUnknown=1;K8S_POD_NAMESPACE=w;"
@@ -517,7 +599,7 @@ spec: {podSelector: {}, policyTypes: [Ingress, Egress]}
     sock = str(env.tmp / "po-daemon.sock")
     i = 1
     node = env.nodes[i]
-    pns = new_namespace("po-pod")
+    pns = new_namespace("pe34-pod")
     env.namespaces.append(pns)
     base = {"CNI_CONTAINERID": "po-daemon", "CNI_NETNS": pns.path, "CNI_IFNAME": "eth0", "CNI_PATH": env.plugin_dir,
             "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=w;K8S_POD_NAME=daemon", "PYCNI_SOCKET": sock,
