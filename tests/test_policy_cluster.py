@@ -348,7 +348,7 @@ spec: {podSelector: {}, policyTypes: [Ingress, Egress]}
 """
 
 
-def _churn(env: Env, n: int) -> None:
+def _churn(env: Env, n: int, burst: int) -> None:
     """Policies of namespaces y and z written one by one (each a transaction of the agents'):
     they select y's and z's pods and open nothing to or from x."""
     with env.cluster.client() as etcd:
@@ -356,9 +356,9 @@ def _churn(env: Env, n: int) -> None:
             ns = "yz"[j % 2]
             doc = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                    "metadata": {"name": f"churn{j}", "namespace": ns},
-                   "spec": {"podSelector": {"matchLabels": {"pod": "abc"[j % 3]}},
+                   "spec": {"podSelector": {},
                             "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": ns}}}],
-                                         "ports": [{"port": 80 + j % 2, "protocol": "UDP"}]}]}}
+                                         "ports": [{"port": 1000 + 100 * burst + j, "protocol": "UDP"}]}]}}
             etcd.put(env.keys.policy(ns, f"churn{j}"), json.dumps(doc))
 
 
@@ -387,9 +387,9 @@ def test_restart_window_with_a_packet_watch(env: Env) -> None:
         env.start_agent(i)
         env.stop_agent(i, signal.SIGTERM)
         env.start_agent(i)
-        for _ in range(3):  # killed between two transactions
+        for burst in range(3):  # killed between two transactions
             before = env.log(i).read_text().count("policy: updated")
-            worker = threading.Thread(target=_churn, args=(env, 30))
+            worker = threading.Thread(target=_churn, args=(env, 30, burst))
             worker.start()
             env.wait(lambda b=before: env.log(i).read_text().count("policy: updated") > b + 2,  # type: ignore[misc]
                      "the agent is applying the burst")
