@@ -385,8 +385,11 @@ def test_restart_window_with_a_packet_watch(env: Env) -> None:
         env.stop_agent(i, signal.SIGKILL)
         time.sleep(1.0)
         env.start_agent(i)
+        # a restart over an unchanged cluster finds the kernel as wanted and changes nothing
+        assert "reconciled with the kernel (0 commands" in env.log(i).read_text().splitlines()[-1]
         env.stop_agent(i, signal.SIGTERM)
         env.start_agent(i)
+        assert "reconciled with the kernel (0 commands" in env.log(i).read_text().splitlines()[-1]
         for burst in range(3):  # killed between two transactions
             before = env.log(i).read_text().count("policy: updated")
             worker = threading.Thread(target=_churn, args=(env, 30, burst))
