@@ -189,3 +189,19 @@ def test_registry_shim_no_cycle() -> None:
     pycni's when it is imported (install() takes the executable format from the shim when called)."""
     assert not _imports_at_import_time(SRC / "plugins" / "registry.py")
     assert "pycni.plugins.registry" not in _imports_at_import_time(SRC / "shim.py")
+
+
+def test_forwarder_constants_are_the_protocols() -> None:
+    """The native forwarder (forward.c) speaks daemon/protocol.py's frame: its magic, its size
+    limit and the default socket are the Python side's (one home: protocol.py; the C copy is
+    checked against it)."""
+    import re
+
+    from pycni.daemon import protocol
+
+    text = (SRC / "forward.c").read_text()
+    magic = re.search(r'#define MAGIC "([^"]*)"', text)
+    assert magic is not None and magic.group(1).encode() == protocol.MAGIC
+    size = re.search(r"#define MAX_FRAME \((\d+)u \* (\d+)u \* (\d+)u\)", text)
+    assert size is not None and int(size.group(1)) * int(size.group(2)) * int(size.group(3)) == protocol.MAX_FRAME
+    assert re.search(r'path = \*baked \? baked : "([^"]*)"', text).group(1) == protocol.DEFAULT_SOCKET  # type: ignore[union-attr]

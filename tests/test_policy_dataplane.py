@@ -17,11 +17,11 @@ from policy_cases import CASES, KEYS, NAMED_PORTS, PORTS, expected, policies_tex
 from policy_probe import EchoServers, probe
 
 from pycni import ipaddr
-from pycni.cluster.policy.compile import TABLE
 from pycni.cluster.policy.evaluate import Workload
 from pycni.cluster.policy.index import PolicyIndex
 from pycni.cluster.policy.model import parse_policies
 from pycni.cluster.policy.nftsync import Kernel, Writer, read_table
+from pycni.cluster.policy.workload import TABLE
 from pycni.plugins.main import routed
 
 NODE = "n1"

@@ -35,7 +35,6 @@ from functools import lru_cache
 from pycni.cluster.policy.evaluate import EGRESS, INGRESS, Workload
 from pycni.cluster.policy.model import NetworkPolicy, Peer, PeerSelector, PolicyPort, namespace_labels
 
-TABLE = "pycni_policy"
 HOST_PREFIX = "rtd"  # routed's host interfaces (pycni.plugins.main.routed.HOST_PREFIX)
 ND_TYPES = "nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, nd-router-advert"
 SET_TYPES = {4: "ipv4_addr", 6: "ipv6_addr"}

@@ -22,7 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pycni.cluster.policy.compile import BASE_CHAINS, BASE_OBJECTS, BASE_PRIORITY, TABLE, Desired, rule_tag
+from pycni.cluster.policy.compile import BASE_CHAINS, BASE_OBJECTS, BASE_PRIORITY, Desired, rule_tag
+from pycni.cluster.policy.workload import TABLE
 
 
 @dataclass

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_SETUP_TIMEOUT = 10.0
-TABLE = "pycni_policy"  # pycni.cluster.policy.compile.TABLE (not imported: it loads dataclasses)
+TABLE = "pycni_policy"  # our nftables table (inet): its one home; compile.py and the agent import it
 
 
 def cluster_settings(conf: Mapping[str, Any]) -> ClusterSettings | None:
