@@ -3,7 +3,8 @@ in one nftables transaction, touching only what differs — reconciled against t
 
 What the writer compares with is what the kernel holds, not what this process once sent: on
 start, on every resync and after a refused transaction it reads the table back
-(:func:`read_table`) and diffs the wanted state against that. It never deletes or empties the
+(:func:`read_table`: the kernel's netlink dumps, :mod:`pycni.net.nftdump`) and diffs the wanted
+state against that. It never deletes or empties the
 table: a restarted agent takes the kernel's state over as it finds it and moves it towards the
 wanted one, so the rules in force hold until the transaction that replaces them commits (the
 kernel applies all of it or none). Between reads it keeps a mirror of what it committed and
@@ -20,10 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-from pycni.cluster.policy.compile import BASE_CHAINS, BASE_OBJECTS, BASE_PRIORITY, Desired, rule_tag
+from pycni.cluster.policy.compile import (
+    BASE_CHAINS,
+    BASE_OBJECTS,
+    BASE_PRIORITY,
+    PORT_SET_TYPES,
+    SET_TYPES,
+    Desired,
+    rule_tag,
+)
 from pycni.cluster.policy.workload import TABLE
+
+NF_INET_FORWARD, NF_ACCEPT = 2, 1
 
 
 @dataclass
@@ -53,72 +63,60 @@ class Dirty:
         return bool(self.sets or self.chains or self.ingress or self.egress or self.covered)
 
 
-def _element(e: Any) -> str:
-    if isinstance(e, dict) and "concat" in e:
-        return " . ".join(str(x) for x in e["concat"])
-    if isinstance(e, dict) and "elem" in e:
-        return _element(e["elem"].get("val"))
-    return str(e)
+_PROTOS = {6: "tcp", 17: "udp", 132: "sctp"}
 
 
-def _verdict(v: Any) -> str:
-    if isinstance(v, dict):
-        for word in ("jump", "goto"):
-            if word in v:
-                return f"{word} {v[word]['target']}"
-        return next(iter(v), "")
-    return str(v)
+def _key_text(set_name: str, key: bytes) -> str | None:
+    """A set element's key as the text the index writes it in (by what the set's name says it
+    holds); None for a set of ours we do not know (deleted as stale)."""
+    import socket
 
-
-def parse_table(listing: dict[str, Any]) -> Kernel:
-    """A ``nft -j list table`` listing of our table as a :class:`Kernel`."""
-    from pycni.net import nft
-
-    k = Kernel()
-    for s in nft.objects(listing, "set"):
-        name = s.get("name", "")
-        if name in BASE_OBJECTS:
-            k.base.add(name)
-            if name == "covered":
-                k.covered = {_element(e) for e in s.get("elem", ())}
-            continue
-        typ = s.get("type")
-        typ = " . ".join(typ) if isinstance(typ, list) else str(typ)
-        k.sets[name] = (typ, frozenset(_element(e) for e in s.get("elem", ())))
-    for m in nft.objects(listing, "map"):
-        name = m.get("name", "")
-        if name in ("ingress", "egress"):
-            k.base.add(name)
-            getattr(k, name).update({str(key): _verdict(v) for key, v in m.get("elem", ())})
-        else:
-            k.sets[name] = ("?", frozenset())  # not ours to keep: deleted as stale
-    order: list[str] = []
-    for c in nft.objects(listing, "chain"):
-        order.append(c["name"])
-        if c["name"] in BASE_CHAINS:
-            prio = c.get("prio") if c.get("hook") == "forward" and c.get("policy") == "accept" else None
-            k.base_chains[c["name"]] = (prio if isinstance(prio, int) else None, ())
-        else:
-            k.chains[c["name"]] = ()
-    for r in nft.rules(listing):
-        chain = r.get("chain", "")
-        tag = r.get("comment")
-        if chain in k.base_chains:
-            prio, tags = k.base_chains[chain]
-            k.base_chains[chain] = (prio, (*tags, tag))
-        elif chain in k.chains:
-            k.chains[chain] = (*k.chains[chain], tag)
-    return k
+    if set_name in ("covered", "ingress", "egress"):
+        return key.split(b"\0", 1)[0].decode(errors="replace")
+    fam = socket.AF_INET if set_name.endswith("_4") else socket.AF_INET6 if set_name.endswith("_6") else None
+    if fam is None:
+        return None
+    size = 4 if fam == socket.AF_INET else 16
+    if set_name.startswith("s_") and len(key) == size:
+        return socket.inet_ntop(fam, key)
+    if set_name.startswith("np_") and len(key) == size + 8:  # addr . proto (padded to 4) . port (padded)
+        proto = _PROTOS.get(key[size], str(key[size]))
+        port = int.from_bytes(key[size + 4:size + 6], "big")
+        return f"{socket.inet_ntop(fam, key[:size])} . {proto} . {port}"
+    return None
 
 
 def read_table(table: str = TABLE) -> Kernel | None:
-    """Our table as the kernel holds it now; None when there is none."""
-    from pycni.net import nft
+    """Our table as the kernel holds it now (netlink dumps, :mod:`pycni.net.nftdump`); None when
+    there is none."""
+    from pycni.net import nftdump
 
-    listing = nft.list_json("table", "inet", table, missing_ok=True)
-    if not nft.objects(listing, "table"):
+    dumped = nftdump.read_table("inet", table)
+    if dumped is None:
         return None
-    return parse_table(listing)
+    k = Kernel()
+    for s in dumped.sets.values():
+        if s.name in BASE_OBJECTS:
+            k.base.add(s.name)
+        texts = [(_key_text(s.name, key), verdict) for key, verdict in s.elements]
+        if s.name == "covered":
+            k.covered = {t for t, _ in texts if t is not None}
+        elif s.name in ("ingress", "egress"):
+            getattr(k, s.name).update({t: v or "" for t, v in texts if t is not None})
+        elif s.is_map or any(t is None for t, _ in texts) or not (s.name.startswith(("s_", "np_"))):
+            k.sets[s.name] = ("?", frozenset())  # not ours to keep: deleted as stale
+        else:
+            typ = "" if not s.name.endswith(("_4", "_6")) else (
+                SET_TYPES if s.name.startswith("s_") else PORT_SET_TYPES)[int(s.name[-1])]
+            k.sets[s.name] = (typ, frozenset(t for t, _ in texts if t is not None))
+    for c in dumped.chains.values():
+        tags = tuple(c.rules)
+        if c.name in BASE_CHAINS:
+            good = c.hook == NF_INET_FORWARD and c.policy == NF_ACCEPT
+            k.base_chains[c.name] = (c.priority if good else None, tags)
+        else:
+            k.chains[c.name] = tags
+    return k
 
 
 def _elements(items: Iterable[str]) -> str:
