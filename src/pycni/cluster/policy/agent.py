@@ -179,12 +179,54 @@ class PolicyEnforcer:
         self.index = PolicyIndex(me)
         self.writer = Writer()
         self.rebuilds = 0  # full rebuilds of the index after an error in an incremental update
+        self.loaded = False  # the index was built from a full read
 
     def load(self, kv: Any) -> None:
-        """A full read of etcd: the index rebuilt from it, the kernel read back at the next apply."""
-        self.view.load(kv)
-        for key, why in sorted(self.view.errors.items()):
+        """A full read of etcd (start, a broken watch, the periodic resync): the first builds the
+        index; a later one feeds it only the records that differ from what the watch had said.
+        Either way the next apply reads the kernel's table back and writes the difference."""
+        v = self.view
+        old = (v.endpoints, v.pods, v.namespaces, v.policies)
+        v.load(kv)
+        for key, why in sorted(v.errors.items()):
             self.log(f"policy: ignoring {key}: {why}")
+        if not self.loaded:
+            self.loaded = True
+            self.rebuild()
+            return
+        try:
+            self._index_changes(*old)
+        except Exception as e:
+            if self.strict:
+                raise
+            self._bug(f"a full read's changes ({type(e).__name__}: {e})")
+        self.writer.reconcile_next()
+
+    def _index_changes(self, endpoints: dict[str, WorkloadEndpoint], pods: dict[tuple[str, str], PodMeta],
+                       namespaces: dict[str, PodMeta], policies: dict[tuple[str, str], NetworkPolicy]) -> None:
+        """Feed the index what a full read found different from the records it had."""
+        v, ix = self.view, self.index
+        for ns in namespaces.keys() | v.namespaces.keys():
+            if namespaces.get(ns) != v.namespaces.get(ns):
+                meta = v.namespaces.get(ns)
+                ix.set_namespace(ns, meta.labels if meta is not None else None)
+        for (ns, name) in policies.keys() | v.policies.keys():
+            if policies.get((ns, name)) != v.policies.get((ns, name)):
+                ix.set_policy(f"{ns}/{name}", v.policies.get((ns, name)))
+        changed = {k for k in endpoints.keys() | v.endpoints.keys() if endpoints.get(k) != v.endpoints.get(k)}
+        for pod in pods.keys() | v.pods.keys():
+            if pods.get(pod) != v.pods.get(pod):
+                changed.update(v.endpoints_of(*pod))
+        for key in sorted(changed):
+            ep = v.endpoints.get(key)
+            ix.set_workload(key, v.workload(ep) if ep is not None else None)
+
+    def _bug(self, what: str) -> None:
+        import traceback
+
+        self.log(f"policy: BUG: updating the index for {what} failed; rebuilding it and reconciling with the "
+                 f"kernel\n{traceback.format_exc()}")
+        self.rebuilds += 1
         self.rebuild()
 
     def rebuild(self) -> None:
@@ -214,12 +256,7 @@ class PolicyEnforcer:
         except Exception as e:
             if self.strict:
                 raise
-            import traceback
-
-            self.log(f"policy: BUG: updating the index for {key} failed ({type(e).__name__}: {e}); rebuilding it "
-                     f"and reconciling with the kernel\n{traceback.format_exc()}")
-            self.rebuilds += 1
-            self.rebuild()
+            self._bug(f"{key} ({type(e).__name__}: {e})")
         return True
 
     def _index_event(self, kind: str, key: str, namespace: str, name: str) -> None:
