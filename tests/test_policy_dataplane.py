@@ -260,3 +260,31 @@ def test_netlink_reading_equals_nft_json(node: Node) -> None:
     got = node.kernel()
     assert any(name.startswith("np_") for name in got.sets) and got.ingress and got.covered
     assert got == _json_kernel(listing)
+
+
+def test_a_foreign_or_older_table_is_reconciled_in_place(node: Node) -> None:
+    """A table the writer did not make (an older version's: rules without tags, a base chain at
+    another priority, a chain and a set nobody wants) is brought to the wanted state in one
+    transaction that never deletes the table; the pods stay covered throughout (the writer's
+    script only ever adds to ``covered`` here)."""
+    from pycni.net import nft
+
+    case = next(c for c in CASES if c["name"] == "deny-all ingress in x")
+    node.program(str(case["policies"]))
+    want = node.kernel()
+    with node.host.enter():
+        nft.run(f"flush chain inet {TABLE} wl_ingress\n"
+                f"add rule inet {TABLE} wl_ingress ct state established,related accept\n"
+                f"delete chain inet {TABLE} wl_egress\n"
+                f"add chain inet {TABLE} wl_egress {{ type filter hook forward priority 0; policy accept; }}\n"
+                f"add chain inet {TABLE} junk\nadd rule inet {TABLE} junk accept\n"
+                f"add set inet {TABLE} s_junk_4 {{ type ipv4_addr; }}\n"
+                f"add element inet {TABLE} s_junk_4 {{ 10.9.9.9 }}\n")
+    script = node.program(str(case["policies"]), writer=Writer())
+    lines = script.splitlines()
+    assert not any(ln.startswith(("add table", "delete table", "delete element inet pycni_policy covered"))
+                   for ln in lines), script
+    assert f"delete chain inet {TABLE} junk" in lines and f"delete set inet {TABLE} s_junk_4" in lines, script
+    assert node.kernel() == want
+    failures = _matrix_check(node, case, 4)
+    assert not failures, "\n\n".join(failures)

@@ -152,7 +152,7 @@ def diff_script(have: Kernel | None, want: Desired, dirty: Dirty | None = None, 
             prio, tags = k.base_chains.get(name, (None, ()))
             if name in k.base_chains and prio != BASE_PRIORITY[name]:
                 # (made by something else: replace it in this same transaction)
-                lines += [f"delete chain {t} {name}"]
+                lines += [f"flush chain {t} {name}", f"delete chain {t} {name}"]
                 tags = ()
             if name not in k.base_chains or prio != BASE_PRIORITY[name]:
                 lines.append(f"add chain {t} {name} {decl}")
