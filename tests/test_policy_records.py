@@ -183,3 +183,18 @@ def _coverage_in(ns: Any, monkeypatch: pytest.MonkeyPatch, no_exec: Any) -> None
         assert workload._covered("rtdaaaa") is True
         assert workload._covered("rtdbbbb") is False
         assert workload.wait_covered("rtdaaaa", 1.0, required=True) is True
+
+
+def test_a_full_read_comes_in_pages_at_one_revision() -> None:
+    """PolicyView.load reads every prefix in pages (a 10,000-endpoint read in one request is
+    megabytes), all at the first page's revision, and misses nothing at a page's edge."""
+    kv = MemKV()
+    keys = Keys("/t")
+    for i in range(7):
+        kv.put(keys.endpoint("n1", "net", f"c{i}", "eth0"), endpoint(f"c{i}", f"10.90.0.{i + 1}").to_json())
+        kv.put(keys.pod("default", f"c{i}"), PodMeta(labels={"i": str(i)}).to_json())
+    view = PolicyView(keys)
+    view.PAGE = 3
+    rev = view.load(kv)
+    assert rev == kv.revision and len(view.endpoints) == 7 and len(view.pods) == 7
+    assert view.workload(view.endpoints[keys.endpoint("n1", "net", "c6", "eth0")]).labels["i"] == "6"

@@ -48,18 +48,30 @@ class PolicyView:
         k = self.keys
         return (k.endpoints, k.pods, k.namespaces, k.policies, k.nodes)
 
-    def load(self, kv: Any) -> int:
-        """A full read of every prefix at one revision; returns it."""
-        from pycni.cluster.kv import op_get
+    PAGE = 1000  # keys per request of a full read
 
-        res = kv.txn([], [op_get(p, prefix=True) for p in self.prefixes])
+    def load(self, kv: Any) -> int:
+        """A full read of every prefix at one revision (the first page's), in pages of
+        :attr:`PAGE` keys: at 10,000 endpoints one request for everything is megabytes that a
+        loaded etcd and agent cannot always move within a request's time budget; returns the
+        revision."""
+        items: list[Any] = []
+        rev = 0
+        for prefix in self.prefixes:
+            start, end = prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
+            while True:
+                kvs, at = kv.range(start, range_end=end, limit=self.PAGE, revision=rev)
+                rev = rev or at
+                items += kvs
+                if len(kvs) < self.PAGE:
+                    break
+                start = kvs[-1].key + "\0"
         self.endpoints, self.pods, self.namespaces, self.policies, self.nodes = {}, {}, {}, {}, {}
         self.errors, self._by_pod = {}, {}
-        for kvs in res.responses:
-            for item in kvs:
-                self.put(item.key, item.value)
+        for item in items:
+            self.put(item.key, item.value)
         self._ns_labels = None
-        return int(res.revision)
+        return int(rev)
 
     def _endpoint_gone(self, key: str) -> None:
         old = self.endpoints.pop(key, None)
