@@ -179,7 +179,7 @@ def test_conflicting_updates_are_one_transaction(node: Node) -> None:
     lines = script.splitlines()
     assert lines, "an edit must change something"
     assert not any(ln.startswith(("add table", "delete table")) for ln in lines), script
-    assert all("ep_" not in ln for ln in lines), script  # the endpoints' chains stay as they are
+    assert all(" v_" not in ln for ln in lines), script  # the verdict chains stay as they are
     assert any(ln.startswith("add element") and "s_" in ln for ln in lines), script
     assert any(ln.startswith("delete set") for ln in lines), script
 

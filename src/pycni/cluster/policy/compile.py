@@ -10,9 +10,10 @@ The layout (table ``inet pycni_policy``; docs/policy.md draws it):
   programmed yet (just made, or the agent is down) sends and receives nothing; then a
   ``vmap`` keyed by the host-side interface name jumps to the endpoint's verdict chain. Traffic
   between a pod and its own node never crosses forward: always allowed, as Kubernetes wants.
-- per local endpoint selected for a direction, ``ep_<iface>_in`` / ``ep_<iface>_eg``: a jump to
-  each selecting policy's chain, then ``drop``; an endpoint selected by nothing gets no map
-  element (allow), or ``drop`` when its network's ``defaultPolicy`` is deny.
+- per distinct set of policies selecting some local endpoint for a direction, a verdict chain
+  ``v_<hash>_in`` / ``v_<hash>_eg``: a jump to each of those policies' chains, then ``drop``,
+  shared by every endpoint they select (its map element jumps there); an endpoint selected by
+  nothing gets no map element (allow), or ``drop`` when its network's ``defaultPolicy`` is deny.
 - per policy that selects some local endpoint, ``p_<hash>_in`` / ``p_<hash>_eg``: one rule per
   (peer, port) of each of its rules, ending in ``accept``; shared by every endpoint it selects.
 - named sets of pod addresses per selector (``s_<hash>_4`` / ``_6``) and per named port
@@ -78,8 +79,11 @@ def policy_comment(policy: NetworkPolicy, direction: str) -> str:
     return f"{policy.key} {direction.lower()}"
 
 
-def endpoint_chain(iface: str, direction: str) -> str:
-    return f"ep_{iface}_{'in' if direction == INGRESS else 'eg'}"
+def verdict_chain_name(policy_keys: tuple[str, ...], direction: str) -> str:
+    """The verdict chain shared by every local pod these policies (NS/NAME, in key order) select
+    for ``direction``: one per distinct selection, so the ruleset grows with endpoints (map
+    elements) plus rules, not endpoints times the policies selecting each."""
+    return f"v_{_h(direction + ':' + ','.join(policy_keys))}_{'in' if direction == INGRESS else 'eg'}"
 
 
 def selector_set(key: tuple[object, ...], version: int) -> str:
@@ -188,7 +192,7 @@ def compile_full(me: str, workloads: Iterable[Workload], policies: Iterable[Netw
         for direction, table in ((INGRESS, out.ingress), (EGRESS, out.egress)):
             sel = selecting(pols, w, direction)
             if sel:
-                chain = endpoint_chain(w.iface, direction)
+                chain = verdict_chain_name(tuple(p.key for p in sel), direction)
                 out.chains[chain] = verdict_chain(sel, direction)
                 table[w.iface] = f"jump {chain}"
                 for p in sel:

@@ -12,7 +12,8 @@ can change it:
   namespace's attachments when that namespace's labels change.
 - per port name that some used policy names: the address . protocol . port elements;
 - per local attachment: the policies selecting it in each direction (a policy selects pods of
-  its own namespace only, so a policy event judges again only that namespace's local pods);
+  its own namespace only, so a policy event judges again only that namespace's local pods),
+  and the verdict chain of that selection, shared by the attachments with the same one;
   per (policy, direction): the local attachments it selects. A policy's chain exists while it
   selects some local attachment; its selectors and port names are acquired and released with it
   (reference counts), their member sets made and deleted with them.
@@ -33,7 +34,6 @@ from pycni.cluster.policy.compile import (
     Desired,
     Rendered,
     address_elements,
-    endpoint_chain,
     policy_chain,
     policy_comment,
     port_elements,
@@ -42,6 +42,7 @@ from pycni.cluster.policy.compile import (
     selecting,
     selector_set,
     verdict_chain,
+    verdict_chain_name,
 )
 from pycni.cluster.policy.evaluate import EGRESS, INGRESS, Workload
 from pycni.cluster.policy.model import NetworkPolicy, PeerSelector, namespace_labels
@@ -81,6 +82,7 @@ class PolicyIndex:
         self.local_in_ns: dict[str, set[str]] = {}                     # namespace -> this node's
         self.named: dict[str, set[str]] = {}                           # port name -> attachment keys
         self.selection: dict[str, dict[str, tuple[str, ...]]] = {}     # local key -> direction -> NS/NAMEs
+        self.vusers: dict[str, set[str]] = {}                          # verdict chain -> local keys using it
         self.users: dict[tuple[str, str], set[str]] = {}               # (NS/NAME, direction) -> local keys
         self.rendered: dict[tuple[str, str], tuple[NetworkPolicy, Rendered]] = {}
         self.selectors: dict[Key, _Selector] = {}
@@ -234,22 +236,31 @@ class PolicyIndex:
         moved = was_local and old is not None and (not is_local or new is None or new.iface != old.iface)
         if moved and old is not None:
             for d, table in ((INGRESS, self.state.ingress), (EGRESS, self.state.egress)):
-                self._chain(endpoint_chain(old.iface, d), None)
                 self._map(d, table, old.iface, None)
             self._covered.discard(old.iface)
             self.dirty.covered.add(old.iface)
         if is_local and new is not None:
             for d, table in ((INGRESS, self.state.ingress), (EGRESS, self.state.egress)):
-                chain = endpoint_chain(new.iface, d)
                 if after[d]:
-                    self._chain(chain, verdict_chain((self.policies[k] for k in after[d]), d))
+                    chain = verdict_chain_name(after[d], d)
+                    users = self.vusers.setdefault(chain, set())
+                    if not users:
+                        self._chain(chain, verdict_chain((self.policies[k] for k in after[d]), d))
+                    users.add(key)
                     self._map(d, table, new.iface, f"jump {chain}")
                 else:
-                    self._chain(chain, None)
                     self._map(d, table, new.iface, "drop" if new.default_deny else None)
             if new.iface not in self._covered:
                 self._covered.add(new.iface)
                 self.dirty.covered.add(new.iface)
+        for d in DIRECTIONS:  # (after the new ones are in: a chain kept by this pod is never dropped)
+            if before[d] and before[d] != after[d]:
+                chain = verdict_chain_name(before[d], d)
+                users = self.vusers[chain]
+                users.discard(key)
+                if not users:
+                    del self.vusers[chain]
+                    self._chain(chain, None)
         touched: set[tuple[str, str]] = set()
         for d in DIRECTIONS:
             for pk in set(before[d]) - set(after[d]):
