@@ -41,6 +41,7 @@ class PolicyView:
         self.nodes: dict[str, NodeInfo] = {}
         self.errors: dict[str, str] = {}  # key -> why its value was ignored
         self._by_pod: dict[tuple[str, str], set[str]] = {}  # each pod's endpoint keys
+        self.raw: dict[str, str] = {}  # key -> the value last decoded from it
         self._ns_labels: dict[str, dict[str, str]] | None = None  # namespace_labels(), until it changes
 
     @property
@@ -66,10 +67,13 @@ class PolicyView:
                 if len(kvs) < self.PAGE:
                     break
                 start = kvs[-1].key + "\0"
-        self.endpoints, self.pods, self.namespaces, self.policies, self.nodes = {}, {}, {}, {}, {}
-        self.errors, self._by_pod = {}, {}
-        for item in items:
-            self.put(item.key, item.value)
+        seen = set()
+        for item in items:  # (a value as it was read before is not decoded again)
+            seen.add(item.key)
+            if self.raw.get(item.key) != item.value:
+                self.put(item.key, item.value)
+        for key in [k for k in self.raw if k not in seen]:
+            self.delete(key)
         self._ns_labels = None
         return int(rev)
 
@@ -85,6 +89,7 @@ class PolicyView:
         if parsed is None:
             return False
         self.errors.pop(key, None)
+        self.raw[key] = value
         if parsed.kind == "endpoint":
             ep = WorkloadEndpoint.from_json(value)
             self._endpoint_gone(key)
@@ -122,6 +127,7 @@ class PolicyView:
         if parsed is None:
             return False
         self.errors.pop(key, None)
+        self.raw.pop(key, None)
         if parsed.kind == "endpoint":
             self._endpoint_gone(key)
         elif parsed.kind == "pod":
@@ -198,7 +204,7 @@ class PolicyEnforcer:
         index; a later one feeds it only the records that differ from what the watch had said.
         Either way the next apply reads the kernel's table back and writes the difference."""
         v = self.view
-        old = (v.endpoints, v.pods, v.namespaces, v.policies)
+        old = (dict(v.endpoints), dict(v.pods), dict(v.namespaces), dict(v.policies))
         v.load(kv)
         for key, why in sorted(v.errors.items()):
             self.log(f"policy: ignoring {key}: {why}")
@@ -218,16 +224,20 @@ class PolicyEnforcer:
                        namespaces: dict[str, PodMeta], policies: dict[tuple[str, str], NetworkPolicy]) -> None:
         """Feed the index what a full read found different from the records it had."""
         v, ix = self.view, self.index
+
+        def differ(a: object, b: object) -> bool:
+            return a is not b and a != b  # (a record not read again is the same object)
+
         for ns in namespaces.keys() | v.namespaces.keys():
-            if namespaces.get(ns) != v.namespaces.get(ns):
+            if differ(namespaces.get(ns), v.namespaces.get(ns)):
                 meta = v.namespaces.get(ns)
                 ix.set_namespace(ns, meta.labels if meta is not None else None)
         for (ns, name) in policies.keys() | v.policies.keys():
-            if policies.get((ns, name)) != v.policies.get((ns, name)):
+            if differ(policies.get((ns, name)), v.policies.get((ns, name))):
                 ix.set_policy(f"{ns}/{name}", v.policies.get((ns, name)))
-        changed = {k for k in endpoints.keys() | v.endpoints.keys() if endpoints.get(k) != v.endpoints.get(k)}
+        changed = {k for k in endpoints.keys() | v.endpoints.keys() if differ(endpoints.get(k), v.endpoints.get(k))}
         for pod in pods.keys() | v.pods.keys():
-            if pods.get(pod) != v.pods.get(pod):
+            if differ(pods.get(pod), v.pods.get(pod)):
                 changed.update(v.endpoints_of(*pod))
         for key in sorted(changed):
             ep = v.endpoints.get(key)
