@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 from policy_cases import CASES, policies_text
 from policy_nftsim import allowed
 
@@ -249,3 +250,21 @@ def test_agent_updates_equal_a_fresh_compile() -> None:
             assert rec.held == want, step
             checked += 1
     assert enf.rebuilds == 0 and checked > 150, checked
+
+
+def test_a_kernel_that_cannot_be_read_fails_the_update_not_the_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reconcile's read-back refused (no permission, say): the update fails with one logged
+    line, the agent goes on, and the next apply reads again."""
+    from pycni.net import nftdump
+    from pycni.net.nl import NetlinkError
+
+    def refused(*a: object) -> None:
+        raise NetlinkError(1, "Operation not permitted")
+
+    monkeypatch.setattr(nftdump, "read_table", refused)
+    logged: list[str] = []
+    enf = PolicyEnforcer(Keys("/t"), "n1", logged.append, strict=True)
+    enf.load(MemKV())
+    assert enf.apply() is False and enf.apply() is False
+    assert enf.writer.reads == 2 and enf.writer.mirror is None
+    assert logged and all("cannot read the nftables table inet pycni_policy back" in m for m in logged), logged

@@ -90,8 +90,10 @@ def read_table(table: str = TABLE) -> Kernel | None:
     """Our table as the kernel holds it now (netlink dumps, :mod:`pycni.net.nftdump`); None when
     there is none."""
     from pycni.net import nftdump
+    from pycni.net.errors import kernel_errors
 
-    dumped = nftdump.read_table("inet", table)
+    with kernel_errors(f"cannot read the nftables table inet {table} back from the kernel"):
+        dumped = nftdump.read_table("inet", table)
     if dumped is None:
         return None
     k = Kernel()
