@@ -43,13 +43,12 @@ sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")]
 
 from etcd_util import EtcdCluster, EtcdNode  # noqa: E402
 from netns_util import Namespace, new_namespace  # noqa: E402
-from plugin_util import call, ok  # noqa: E402
+from plugin_util import ok, run  # noqa: E402
 
 from pycni import ipaddr  # noqa: E402
 from pycni.cluster.model import Keys, PodMeta, WorkloadEndpoint  # noqa: E402
 from pycni.cluster.policy.compile import policy_chain  # noqa: E402
 from pycni.cluster.policy.model import parse_policy  # noqa: E402
-from pycni.plugins.main import routed  # noqa: E402
 
 PREFIX = "/po-bench"
 KEYS = Keys(PREFIX)
@@ -240,7 +239,7 @@ def main() -> int:
     try:
         if spinners:
             time.sleep(20)  # (the 1-minute load average follows slowly)
-        return run(opts)
+        return run_bench(opts)
     finally:
         for sp in spinners:
             sp.kill()
@@ -258,7 +257,7 @@ def rss_mb(procs: list[subprocess.Popen[bytes]]) -> float:
     return most / 1024
 
 
-def run(opts: argparse.Namespace) -> int:
+def run_bench(opts: argparse.Namespace) -> int:
     if opts.in_process_only:
         for name, value, unit in in_process(opts):
             print(f"{name:60s} {value:.0f}" if unit == "n" else f"{name:60s} {value * 1000:.2f} ms")
@@ -304,7 +303,7 @@ def run(opts: argparse.Namespace) -> int:
                      "ipam": {"type": "cluster-ipam", "etcdEndpoints": cluster.endpoints, "etcdPrefix": PREFIX,
                               "nodeName": node.name, "ranges": [[{"subnet": "10.94.0.0/16"}]],
                               "lockDir": os.path.join(tmp, "locks")}}
-                res = ok(call(routed.PLUGIN, node.ns, "ADD", c, pns, bindir, container_id=f"real{i}",
+                res = ok(run("routed", "ADD", c, host=node.ns, netns=pns, cni_path=bindir, container_id=f"real{i}",
                               args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=real{i}"))
                 pods.append((pns, res["ips"][0]["address"].split("/")[0]))
             log("3 agents, 3 real pods")

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from etcd_util import EtcdCluster, EtcdNode, etcd_available
 from netns_util import Namespace, new_namespace
-from plugin_util import call, err, ok
+from plugin_util import err, ok, run
 from policy_cases import (
     CASES,
     DENY_INGRESS_X,
@@ -44,7 +44,6 @@ from policy_probe import EchoServers, PacketWatch, probe
 from pycni import ipaddr
 from pycni.cluster.model import Keys, PodMeta
 from pycni.cluster.node import DEFAULT_VXLAN_DEVICE, RTPROT_PYCNI
-from pycni.plugins.main import routed
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs root and etcd (Debian's etcd-server)")
 
@@ -110,7 +109,8 @@ class Env:
         ns_name, pod = key.split("/")
         pns = new_namespace("pe34-pod")
         self.namespaces.append(pns)
-        outcome = call(routed.PLUGIN, self.nodes[i].ns, "ADD", self.conf(i, **conf), pns, self.plugin_dir,
+        outcome = run("routed", "ADD", self.conf(i, **conf), host=self.nodes[i].ns, netns=pns,
+                      cni_path=self.plugin_dir,
                        container_id=f"po-{ns_name}-{pod}",
                        args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns_name};K8S_POD_NAME={pod}")
         if outcome.exit_code != 0:  # say what the agents were doing
@@ -126,8 +126,8 @@ class Env:
     def delete(self, key: str, **conf: Any) -> None:
         pns, _ = self.pods.pop(key)
         ns_name, pod = key.split("/")
-        ok(call(routed.PLUGIN, self.nodes[self.where[key]].ns, "DEL", self.conf(self.where[key], **conf), pns,
-                self.plugin_dir, container_id=f"po-{ns_name}-{pod}"))
+        ok(run("routed", "DEL", self.conf(self.where[key], **conf), host=self.nodes[self.where[key]].ns, netns=pns,
+               cni_path=self.plugin_dir, container_id=f"po-{ns_name}-{pod}"))
 
     def cli(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         node = self.nodes[0]
@@ -468,8 +468,8 @@ def test_add_fails_closed_when_the_agent_does_not_answer(env: Env) -> None:
     try:
         pns = new_namespace("pe34-pod")
         env.namespaces.append(pns)
-        out = err(call(routed.PLUGIN, env.nodes[i].ns, "ADD", env.conf(i, policySetupTimeout=1.5), pns,
-                       env.plugin_dir, container_id="po-late", args="IgnoreUnknown=1;K8S_POD_NAMESPACE=w;"
+        out = err(run("routed", "ADD", env.conf(i, policySetupTimeout=1.5), host=env.nodes[i].ns, netns=pns,
+                      cni_path=env.plugin_dir, container_id="po-late", args="IgnoreUnknown=1;K8S_POD_NAMESPACE=w;"
                        "K8S_POD_NAME=late"))
         assert out["code"] == 11 and "did not program network policy" in out["msg"], out
         assert "pycni node" in out["details"]
@@ -562,9 +562,9 @@ def test_default_policy_deny_needs_cluster_ipam(netns_factory: Any, plugin_dir: 
     host, pod = netns_factory(), netns_factory()
     conf = {"cniVersion": "1.1.0", "name": "n", "type": "routed", "defaultPolicy": "deny",
             "ipam": {"type": "host-local", "dataDir": str(tmp_path), "ranges": [[{"subnet": "10.93.0.0/24"}]]}}
-    out = err(call(routed.PLUGIN, host, "ADD", conf, pod, plugin_dir))
+    out = err(run("routed", "ADD", conf, host=host, netns=pod, cni_path=plugin_dir))
     assert out["code"] == 7 and "needs cluster-ipam" in out["msg"]
-    out = err(call(routed.PLUGIN, host, "ADD", {**conf, "defaultPolicy": "closed"}, pod, plugin_dir))
+    out = err(run("routed", "ADD", {**conf, "defaultPolicy": "closed"}, host=host, netns=pod, cni_path=plugin_dir))
     assert out["code"] == 7 and "defaultPolicy" in out["msg"]
     assert "eth0" not in pod.run(["ip", "link"]).stdout
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import call, ok
+from plugin_util import ok, run
 from policy_cases import CASES, KEYS, NAMED_PORTS, PORTS, expected, policies_text, render
 from policy_probe import EchoServers, probe
 
@@ -22,7 +22,6 @@ from pycni.cluster.policy.index import PolicyIndex
 from pycni.cluster.policy.model import parse_policies
 from pycni.cluster.policy.nftsync import Kernel, Writer, read_table
 from pycni.cluster.policy.workload import TABLE
-from pycni.plugins.main import routed
 
 NODE = "n1"
 
@@ -92,7 +91,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
             ns_name, pod = key.split("/")
             pns = new_namespace("pe34-pod")
             made.append(pns)
-            res = ok(call(routed.PLUGIN, host, "ADD", cfg, pns, str(bindir), container_id=f"po-{ns_name}-{pod}"))
+            res = ok(run("routed", "ADD", cfg, host=host, netns=pns, cni_path=str(bindir),
+                         container_id=f"po-{ns_name}-{pod}"))
             addrs = {ipaddr.ip_interface(i["address"]).version: i["address"].split("/")[0] for i in res["ips"]}
             pods[key] = (pns, addrs)
             endpoints.append(Workload(ns_name, pod, {"pod": pod}, tuple(ipaddr.ip_address(a) for a in addrs.values()),
