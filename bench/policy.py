@@ -1,6 +1,9 @@
 """Network policy enforcement on a real 3-member etcd with ``pycni node --policy`` on each node.
 
-    .venv/bin/python bench/policy.py [--policies 1000] [--endpoints 1000] [--trials 50] [--iperf 100]
+    .venv/bin/python bench/policy.py [--policies 1000] [--endpoints 1000] [--trials 50] [--iperf 100] [--load N]
+
+``--load N`` starts N busy-looping processes for the run (a loaded machine; the load average at
+the start and the end is printed). docs/policy.md has the numbers at 10,000 x 1,000.
 
 Everything runs in throwaway namespaces (tests/etcd_util.py): three node namespaces with an
 etcd member and an agent each, one real routed + cluster-ipam pod per node, and
@@ -18,6 +21,7 @@ kernel side is observed with ``nft monitor`` in each node (lines timestamped as 
     same records (node1's share), fed the same kinds of change; the agent's computation per policy
     change and per new pod (the patch paths), and the nftables transaction that follows, applied
     in a throwaway namespace holding the whole table.
+(E) Memory: the largest resident set of the three agents after (A).
 (C) Throughput: iperf3 TCP from the pod on node2 to the pod on node1 (2 s), with no policy
     and with ``--iperf`` policies selecting the destination (one of which admits the source).
     Target: >= 95 % of the no-policy rate.
