@@ -514,7 +514,7 @@ class Agent:
         the revision read."""
         rev = self.view.load(etcd)
         if self.policy is not None:
-            self.policy.load(etcd)  # (a later revision: the watch from ``rev`` replays onto it, converging)
+            self.policy.load(etcd, rev)  # (at rev: the watch from rev + 1 never replays an older state onto it)
         self.setup_device()  # (again: someone may have deleted it)
         self.apply(force=True)
         return rev

@@ -51,13 +51,13 @@ class PolicyView:
 
     PAGE = 1000  # keys per request of a full read
 
-    def load(self, kv: Any) -> int:
-        """A full read of every prefix at one revision (the first page's), in pages of
+    def load(self, kv: Any, revision: int = 0) -> int:
+        """A full read of every prefix at one revision (``revision``, else the first page's), in pages of
         :attr:`PAGE` keys: at 10,000 endpoints one request for everything is megabytes that a
         loaded etcd and agent cannot always move within a request's time budget; returns the
         revision."""
         items: list[Any] = []
-        rev = 0
+        rev = revision
         for prefix in self.prefixes:
             start, end = prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
             while True:
@@ -199,13 +199,15 @@ class PolicyEnforcer:
         self.rebuilds = 0  # full rebuilds of the index after an error in an incremental update
         self.loaded = False  # the index was built from a full read
 
-    def load(self, kv: Any) -> None:
-        """A full read of etcd (start, a broken watch, the periodic resync): the first builds the
-        index; a later one feeds it only the records that differ from what the watch had said.
-        Either way the next apply reads the kernel's table back and writes the difference."""
+    def load(self, kv: Any, revision: int = 0) -> None:
+        """A full read of etcd (start, a broken watch, the periodic resync) — at ``revision`` when
+        given: the one the caller's watch continues from, so the watch never replays an older
+        state over a newer one — the first builds the index; a later one feeds it only the
+        records that differ from what the watch had said. Either way the next apply reads the
+        kernel's table back and writes the difference."""
         v = self.view
         old = (dict(v.endpoints), dict(v.pods), dict(v.namespaces), dict(v.policies))
-        v.load(kv)
+        v.load(kv, revision)
         for key, why in sorted(v.errors.items()):
             self.log(f"policy: ignoring {key}: {why}")
         if not self.loaded:

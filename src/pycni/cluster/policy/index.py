@@ -170,8 +170,16 @@ class PolicyIndex:
             self.by_ns.setdefault(ns, {})[pkey] = new
         touched = {(pkey, d) for d in DIRECTIONS}
         for key in list(self.local_in_ns.get(ns, ())):
+            # only this policy's membership in the pod's selection can change: no other is asked
             w = self.workloads[key]
-            touched |= self._judge(key, w, w)
+            cur = self.selection[key]
+            after = {}
+            for d in DIRECTIONS:
+                has = pkey in cur[d]
+                want = new is not None and new.applies_to(w.namespace, w.labels, d)
+                after[d] = cur[d] if has == want else tuple(sorted({*cur[d], pkey} if want else set(cur[d]) - {pkey}))
+            if after != cur:
+                touched |= self._judge(key, w, w, after)
         self._settle(touched)
 
     # -- output --
@@ -220,9 +228,10 @@ class PolicyIndex:
                 self._stale.add(m.names[v])
                 self.dirty.sets.add(m.names[v])
 
-    def _judge(self, key: str, old: Workload | None, new: Workload | None) -> set[tuple[str, str]]:
-        """Which policies select local attachment ``key`` now, and its verdict objects; returns the
-        (policy, direction) pairs whose users changed."""
+    def _judge(self, key: str, old: Workload | None, new: Workload | None,
+               known: dict[str, tuple[str, ...]] | None = None) -> set[tuple[str, str]]:
+        """Which policies select local attachment ``key`` now (``known``: already worked out), and
+        its verdict objects; returns the (policy, direction) pairs whose users changed."""
         was_local = old is not None and old.node == self.me
         is_local = new is not None and new.node == self.me
         if not was_local and not is_local:
@@ -230,8 +239,11 @@ class PolicyIndex:
         before = self.selection.pop(key, {d: () for d in DIRECTIONS})
         after: dict[str, tuple[str, ...]] = {d: () for d in DIRECTIONS}
         if is_local and new is not None:
-            pols = self.by_ns.get(new.namespace, {}).values()
-            after = {d: tuple(p.key for p in selecting(pols, new, d)) for d in DIRECTIONS}
+            if known is not None:
+                after = known
+            else:
+                pols = self.by_ns.get(new.namespace, {}).values()
+                after = {d: tuple(p.key for p in selecting(pols, new, d)) for d in DIRECTIONS}
             self.selection[key] = after
         moved = was_local and old is not None and (not is_local or new is None or new.iface != old.iface)
         if moved and old is not None:
