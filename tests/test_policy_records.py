@@ -198,3 +198,19 @@ def test_a_full_read_comes_in_pages_at_one_revision() -> None:
     rev = view.load(kv)
     assert rev == kv.revision and len(view.endpoints) == 7 and len(view.pods) == 7
     assert view.workload(view.endpoints[keys.endpoint("n1", "net", "c6", "eth0")]).labels["i"] == "6"
+    # the next full read lists keys and revisions, and fetches only what moved
+    kv.put(keys.pod("default", "c6"), PodMeta(labels={"i": "six"}).to_json())
+    kv.delete(keys.endpoint("n1", "net", "c0", "eth0"))
+    fetched: list[str] = []
+    real_range = kv.range
+
+    def counting(key: str, **kw: object) -> object:
+        if not kw.get("keys_only") and not kw.get("range_end"):
+            fetched.append(key)
+        return real_range(key, **kw)  # type: ignore[arg-type]
+
+    kv.range = counting  # type: ignore[method-assign]
+    assert view.load(kv) == kv.revision
+    assert fetched == [keys.pod("default", "c6")]
+    assert len(view.endpoints) == 6
+    assert view.workload(view.endpoints[keys.endpoint("n1", "net", "c6", "eth0")]).labels["i"] == "six"

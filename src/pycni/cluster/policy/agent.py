@@ -42,6 +42,7 @@ class PolicyView:
         self.errors: dict[str, str] = {}  # key -> why its value was ignored
         self._by_pod: dict[tuple[str, str], set[str]] = {}  # each pod's endpoint keys
         self.raw: dict[str, str] = {}  # key -> the value last decoded from it
+        self.mods: dict[str, int] = {}  # key -> its mod revision at the last full read
         self._ns_labels: dict[str, dict[str, str]] | None = None  # namespace_labels(), until it changes
 
     @property
@@ -50,32 +51,51 @@ class PolicyView:
         return (k.endpoints, k.pods, k.namespaces, k.policies, k.nodes)
 
     PAGE = 1000  # keys per request of a full read
+    FEW = 200  # at most this many changed keys since the last full read: fetch them one by one
 
     def load(self, kv: Any, revision: int = 0) -> int:
-        """A full read of every prefix at one revision (``revision``, else the first page's), in pages of
-        :attr:`PAGE` keys: at 10,000 endpoints one request for everything is megabytes that a
-        loaded etcd and agent cannot always move within a request's time budget; returns the
-        revision."""
-        items: list[Any] = []
+        """A full read of every prefix at one revision (``revision``, else the first page's), in
+        pages of :attr:`PAGE` keys: at 10,000 endpoints one request for everything is megabytes
+        that a loaded etcd and agent cannot always move within a request's time budget. After
+        the first, a read lists keys and revisions only and fetches the values of the keys whose
+        revision moved (all values again when more than :attr:`FEW` did); a value as it was
+        decoded before is not decoded again. Returns the revision."""
         rev = revision
+        if self.mods:
+            listed, rev = self._pages(kv, rev, keys_only=True)
+            changed = [item.key for item in listed if self.mods.get(item.key) != item.mod_revision]
+            if len(changed) <= self.FEW:
+                items = []
+                for key in changed:
+                    items += kv.range(key, revision=rev)[0]
+                self._merge(items, {item.key for item in listed})
+                return int(rev)
+        items, rev = self._pages(kv, rev, keys_only=False)
+        self._merge(items, {item.key for item in items})
+        return int(rev)
+
+    def _pages(self, kv: Any, rev: int, keys_only: bool) -> tuple[list[Any], int]:
+        items: list[Any] = []
         for prefix in self.prefixes:
             start, end = prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
             while True:
-                kvs, at = kv.range(start, range_end=end, limit=self.PAGE, revision=rev)
+                kvs, at = kv.range(start, range_end=end, limit=self.PAGE, revision=rev, keys_only=keys_only)
                 rev = rev or at
                 items += kvs
                 if len(kvs) < self.PAGE:
                     break
                 start = kvs[-1].key + "\0"
-        seen = set()
-        for item in items:  # (a value as it was read before is not decoded again)
-            seen.add(item.key)
+        return items, rev
+
+    def _merge(self, items: list[Any], present: set[str]) -> None:
+        """Take a full read's values (``items``) and forget what is no longer ``present``."""
+        for item in items:
             if self.raw.get(item.key) != item.value:
                 self.put(item.key, item.value)
-        for key in [k for k in self.raw if k not in seen]:
+            self.mods[item.key] = item.mod_revision
+        for key in [k for k in self.raw if k not in present]:
             self.delete(key)
         self._ns_labels = None
-        return int(rev)
 
     def _endpoint_gone(self, key: str) -> None:
         old = self.endpoints.pop(key, None)
@@ -128,6 +148,7 @@ class PolicyView:
             return False
         self.errors.pop(key, None)
         self.raw.pop(key, None)
+        self.mods.pop(key, None)
         if parsed.kind == "endpoint":
             self._endpoint_gone(key)
         elif parsed.kind == "pod":
