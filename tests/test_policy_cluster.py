@@ -366,7 +366,8 @@ def test_restart_window_with_a_packet_watch(env: Env) -> None:
     """Deny-all both ways on namespace x; every flow to and from x's pods hammered, and every
     TCP/UDP packet arriving in any pod watched, while the agent of x/b's node is SIGKILLed and
     restarted, SIGTERMed and restarted, SIGKILLed three times in the middle of a burst of policy
-    transactions (between two of them), and started once with etcd out of reach (then stopped).
+    transactions (between two of them), SIGKILLed during its start (after registering, while it
+    reads etcd and reconciles), and started once with etcd out of reach (then stopped).
     Not one packet of a denied pair may arrive."""
     env.clear_policies()
     env.cli("policy", "apply", "-f", "-", stdin=DENY_BOTH_X)
@@ -399,6 +400,13 @@ def test_restart_window_with_a_packet_watch(env: Env) -> None:
             env.stop_agent(i, signal.SIGKILL)
             worker.join(60)
             env.start_agent(i)
+        # killed while it starts: after registering, in the middle of its first full read and reconcile
+        before = env.log(i).read_text().count("registered ")
+        env.stop_agent(i, signal.SIGTERM)
+        env.start_agent(i, ready=False)
+        env.wait(lambda b=before: env.log(i).read_text().count("registered ") > b, "the agent registers")  # type: ignore[misc]
+        env.stop_agent(i, signal.SIGKILL)
+        env.start_agent(i)
         # etcd out of reach while it starts: it waits, changes nothing, and stops
         before = env.log(i).read_text().count("retrying in")
         env.stop_agent(i, signal.SIGTERM)
