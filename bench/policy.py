@@ -1,6 +1,9 @@
 """Network policy enforcement on a real 3-member etcd with ``pycni node --policy`` on each node.
 
-    .venv/bin/python bench/policy.py [--policies 1000] [--endpoints 1000] [--trials 50] [--iperf 100]
+    .venv/bin/python bench/policy.py [--policies 1000] [--endpoints 1000] [--trials 50] [--iperf 100] [--load N]
+
+``--load N`` starts N busy-looping processes for the run (a loaded machine; the load average at
+the start and the end is printed). docs/policy.md has the numbers at 10,000 x 1,000.
 
 Everything runs in throwaway namespaces (tests/etcd_util.py): three node namespaces with an
 etcd member and an agent each, one real routed + cluster-ipam pod per node, and
@@ -18,6 +21,7 @@ kernel side is observed with ``nft monitor`` in each node (lines timestamped as 
     same records (node1's share), fed the same kinds of change; the agent's computation per policy
     change and per new pod (the patch paths), and the nftables transaction that follows, applied
     in a throwaway namespace holding the whole table.
+(E) Memory: the largest resident set of the three agents after (A).
 (C) Throughput: iperf3 TCP from the pod on node2 to the pod on node1 (2 s), with no policy
     and with ``--iperf`` policies selecting the destination (one of which admits the source).
     Target: >= 95 % of the no-policy rate.
@@ -43,13 +47,12 @@ sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")]
 
 from etcd_util import EtcdCluster, EtcdNode  # noqa: E402
 from netns_util import Namespace, new_namespace  # noqa: E402
-from plugin_util import call, ok  # noqa: E402
+from plugin_util import ok, run  # noqa: E402
 
 from pycni import ipaddr  # noqa: E402
 from pycni.cluster.model import Keys, PodMeta, WorkloadEndpoint  # noqa: E402
 from pycni.cluster.policy.compile import policy_chain  # noqa: E402
 from pycni.cluster.policy.model import parse_policy  # noqa: E402
-from pycni.plugins.main import routed  # noqa: E402
 
 PREFIX = "/po-bench"
 KEYS = Keys(PREFIX)
@@ -139,22 +142,23 @@ def policy(name: str, namespace: str, selector: dict[str, str], from_labels: dic
 def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
     """(D): the agent's compute and the nftables transaction, each timed alone."""
     from pycni.cluster.policy.agent import PolicyEnforcer
-    from pycni.cluster.policy.nftsync import Programmer
+    from pycni.cluster.policy.nftsync import Kernel, Writer, _commit, diff_script
     from pycni.net import nft
 
     scripts: list[str] = []
 
-    class Recorder(Programmer):
-        def apply(self, want: Any) -> str:  # the script only: it is timed in the kernel below
-            from pycni.cluster.policy.nftsync import diff_script, full_script
-
-            script = full_script(want) if self.applied is None else diff_script(self.applied, want)
-            self.applied = want
+    class Recorder(Writer):
+        def write(self, want: Any, dirty: Any) -> tuple[str, bool]:  # the script only: timed in the kernel below
+            have = self.mirror
+            script = diff_script(have, want, dirty if have is not None else None)
+            k = have if have is not None else Kernel()
+            _commit(k, want, dirty if have is not None else None)
+            self.mirror = k
             scripts.append(script)
-            return script
+            return script, False
 
-    enf = PolicyEnforcer(KEYS, "node1", lambda m: None)
-    enf.programmer = Recorder()
+    enf = PolicyEnforcer(KEYS, "node1", lambda m: None, strict=True)
+    enf.writer = Recorder()
     for k in range(opts.endpoints):
         node, ns = f"node{k % 3 + 1}", f"ns{k % 20}"
         ep = WorkloadEndpoint(node=node, network="podnet", namespace=ns, pod=f"p{k}", container_id=f"fake{k}",
@@ -192,8 +196,7 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
         enf.event("PUT", KEYS.endpoint("node1", "podnet", f"new{t}", "eth0"), ep.to_json())
         enf.apply()
         pod_cpu.append(time.perf_counter() - t0)
-    full = enf.compiled - 1  # (every change after the first should take a patch path)
-    ns = new_namespace("po-bench-nft")
+    ns = new_namespace("pe34-bench-nft")
     times: list[float] = []
     try:
         with ns.enter():
@@ -203,6 +206,16 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
                 t0 = time.perf_counter()
                 nft.run(script)
                 times.append(time.perf_counter() - t0)
+            from pycni.cluster.policy.nftsync import read_table
+
+            t0 = time.perf_counter()
+            kernel = read_table()
+            readback = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            leftover = diff_script(kernel, enf.index.desired())
+            rediff = time.perf_counter() - t0
+            assert leftover == "", leftover[:500]
+        listing_lines = ns.run(["nft", "list", "table", "inet", "pycni_policy"]).stdout.count("\n")
     finally:
         ns.delete()
     n = opts.trials
@@ -211,7 +224,9 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
             ("(D) agent compute per new pod, p50", statistics.median(pod_cpu), "s"),
             ("(D) nft transaction per policy change, p50", statistics.median(times[:n]), "s"),
             ("(D) nft transaction per new pod, p50", statistics.median(times[n:]), "s"),
-            ("(D) changes that compiled the node in full (of 2 x trials)", full, "n")]
+            ("(D) reconcile: node1's table read back from the kernel", readback, "s"),
+            ("(D) reconcile: compared with the index (nothing to write)", rediff, "s"),
+            ("(D) ruleset of node1: lines of nft list table", float(listing_lines), "n")]
 
 
 def main() -> int:
@@ -221,7 +236,32 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--iperf", type=int, default=100)
     ap.add_argument("--in-process-only", action="store_true", help="(D) only")
+    ap.add_argument("--load", type=int, default=0,
+                    help="start this many busy-looping processes first (a loaded machine: load average ~ N + the rest)")
     opts = ap.parse_args()
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opts.load)]
+    try:
+        if spinners:
+            time.sleep(20)  # (the 1-minute load average follows slowly)
+        return run_bench(opts)
+    finally:
+        for sp in spinners:
+            sp.kill()
+            sp.wait()
+
+
+def rss_mb(procs: list[subprocess.Popen[bytes]]) -> float:
+    """The largest resident set of ``procs`` (``ip netns exec`` execs the agent in place: same pid)."""
+    most = 0
+    for p in procs:
+        with open(f"/proc/{p.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    most = max(most, int(line.split()[1]))
+    return most / 1024
+
+
+def run_bench(opts: argparse.Namespace) -> int:
     if opts.in_process_only:
         for name, value, unit in in_process(opts):
             print(f"{name:60s} {value:.0f}" if unit == "n" else f"{name:60s} {value * 1000:.2f} ms")
@@ -237,7 +277,7 @@ def main() -> int:
     namespaces: list[Namespace] = []
     agents: list[subprocess.Popen[bytes]] = []
     monitors: list[Monitor] = []
-    with EtcdCluster(size=3, subnet="10.233.0.0/24", prefix="po-bench") as cluster:
+    with EtcdCluster(size=3, subnet="10.233.0.0/24", prefix="pe34-bench") as cluster:
         try:
             etcd = cluster.client(timeout=30)
             for node in cluster.nodes:
@@ -261,13 +301,13 @@ def main() -> int:
             for i, node in enumerate(cluster.nodes):
                 etcd.put(KEYS.pod("bench", f"real{i}"), PodMeta(labels={"bench": "all", "role": f"real{i}"},
                                                                 ports=[("http", 80, "TCP")]).to_json())
-                pns = new_namespace("po-bench-pod")
+                pns = new_namespace("pe34-bench-pod")
                 namespaces.append(pns)
                 c = {"cniVersion": "1.1.0", "name": "podnet", "type": "routed", "policySetupTimeout": 30,
                      "ipam": {"type": "cluster-ipam", "etcdEndpoints": cluster.endpoints, "etcdPrefix": PREFIX,
                               "nodeName": node.name, "ranges": [[{"subnet": "10.94.0.0/16"}]],
                               "lockDir": os.path.join(tmp, "locks")}}
-                res = ok(call(routed.PLUGIN, node.ns, "ADD", c, pns, bindir, container_id=f"real{i}",
+                res = ok(run("routed", "ADD", c, host=node.ns, netns=pns, cni_path=bindir, container_id=f"real{i}",
                               args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=real{i}"))
                 pods.append((pns, res["ips"][0]["address"].split("/")[0]))
             log("3 agents, 3 real pods")
@@ -328,6 +368,7 @@ def main() -> int:
                 etcd.put(KEYS.endpoint(node.name, "podnet", f"new{t}", "eth0"), ep.to_json())
                 puts.append(time.perf_counter() - start)
                 new.append(monitors[0].wait_for(f'covered {{ "{iface}" }}') - start)
+            rows += [("(E) agent memory, largest VmRSS of the 3", rss_mb(agents), "MB")]
             rows += [("(B) new pod's rules, p50", statistics.median(new), "s"),
                      ("(B) new pod's rules, p99", pct(new, 0.99), "s"),
                      ("(B) of which the etcd write itself, p50", statistics.median(puts), "s"),

@@ -129,3 +129,67 @@ def probe(pods: dict[str, tuple[Namespace, dict[int, str]]], flows: Iterable[tup
         sel.close()
         todo = [f for f in todo if not result[f] and (expect is None or expect(f))]
     return result
+
+
+class PacketWatch:
+    """Every TCP and UDP packet that arrives in the given pods, seen by an AF_PACKET socket in each
+    pod's namespace (one thread): ``crossed`` lists those of a pair ``denied(src key, dst key)``
+    says must not pass — a packet that reached its destination pod, whether or not an answer came
+    back. A probe's outcome says whether an exchange succeeded; this says whether a single packet
+    got through."""
+
+    ETH_P_ALL = 0x0003
+    PACKET_OUTGOING = 4
+
+    def __init__(self, pods: dict[str, tuple[Namespace, dict[int, str]]],
+                 denied: Callable[[str, str], bool]) -> None:
+        self.owner = {addr: key for key, (_, addrs) in pods.items() for addr in addrs.values()}
+        self.denied = denied
+        self.crossed: list[tuple[float, str, str, int]] = []  # (time, src, dst, IP protocol)
+        self.seen = 0  # TCP/UDP packets between pods, allowed or not
+        self.sel = selectors.DefaultSelector()
+        self.socks: list[socket.socket] = []
+        for _, (ns, _) in pods.items():
+            with ns.enter():
+                s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(self.ETH_P_ALL))
+            s.setblocking(False)
+            self.sel.register(s, selectors.EVENT_READ)
+            self.socks.append(s)
+        self.stopping = False
+        self.thread = threading.Thread(target=self._watch, daemon=True, name="po-watch")
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stopping:
+            for key, _ in self.sel.select(0.2):
+                s: socket.socket = key.fileobj  # type: ignore[assignment]
+                while True:
+                    try:
+                        data, addr = s.recvfrom(128)
+                    except BlockingIOError:
+                        break
+                    if addr[0] == "lo" or addr[2] == self.PACKET_OUTGOING:
+                        continue
+                    self._packet(data, addr[1])
+
+    def _packet(self, data: bytes, ethertype: int) -> None:
+        if ethertype == 0x0800 and len(data) >= 20:
+            proto, src, dst = data[9], socket.inet_ntop(socket.AF_INET, data[12:16]), \
+                socket.inet_ntop(socket.AF_INET, data[16:20])
+        elif ethertype == 0x86DD and len(data) >= 40:
+            proto, src, dst = data[6], socket.inet_ntop(socket.AF_INET6, data[8:24]), \
+                socket.inet_ntop(socket.AF_INET6, data[24:40])
+        else:
+            return
+        s, d = self.owner.get(src), self.owner.get(dst)
+        if proto not in (6, 17) or s is None or d is None:
+            return
+        self.seen += 1
+        if self.denied(s, d):
+            self.crossed.append((time.time(), s, d, proto))
+
+    def close(self) -> None:
+        self.stopping = True
+        self.thread.join(5)
+        for s in self.socks:
+            s.close()

@@ -4,8 +4,10 @@ only spec/ and the leaf utilities record.py, lockfile.py, jsonlite.py, ipaddr.py
 plugin, the runtime or the CLI (the plugins use it, not the other way round); cli.py no plugin
 module but the registry; unixsock.py, daemon/protocol.py and ipaddr.py import nothing of pycni's,
 and no module imports the stdlib's ipaddress; plugins never decode netlink; no module imports
-typing or dataclasses at run time; plugins are loaded by type in one place; registry and shim
-form no import cycle."""
+typing or dataclasses at run time (the policy engine's agent-only modules excepted, as the doc
+says); plugins are loaded by type in one place; registry and shim form no import cycle; plugins
+import the SDK, net/ and the leaves only; code 7 is raised one way; unixsock.py is the only
+listener; forward.c's frame constants are daemon/protocol.py's."""
 
 from __future__ import annotations
 
@@ -126,7 +128,8 @@ def _run_time_imports(nodes: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom
 # The policy engine runs in the node agent and the CLI only, long-lived or interactive, never on a
 # plugin's start path (routed imports pycni.cluster.policy.workload, which is held to the rule).
 AGENT_ONLY = {"cluster/policy/agent.py", "cluster/policy/compile.py", "cluster/policy/evaluate.py",
-              "cluster/policy/model.py", "cluster/policy/cli.py", "cluster/policy/nftsync.py"}
+              "cluster/policy/model.py", "cluster/policy/cli.py", "cluster/policy/nftsync.py",
+              "cluster/policy/index.py"}
 
 
 def test_no_typing_at_run_time() -> None:
@@ -190,3 +193,73 @@ def test_registry_shim_no_cycle() -> None:
     pycni's when it is imported (install() takes the executable format from the shim when called)."""
     assert not _imports_at_import_time(SRC / "plugins" / "registry.py")
     assert "pycni.plugins.registry" not in _imports_at_import_time(SRC / "shim.py")
+
+
+def test_forwarder_constants_are_the_protocols() -> None:
+    """The native forwarder (forward.c) speaks daemon/protocol.py's frame: its magic, its size
+    limit and the default socket are the Python side's (one home: protocol.py; the C copy is
+    checked against it)."""
+    import re
+
+    from pycni.daemon import protocol
+
+    text = (SRC / "forward.c").read_text()
+    magic = re.search(r'#define MAGIC "([^"]*)"', text)
+    assert magic is not None and magic.group(1).encode() == protocol.MAGIC
+    size = re.search(r"#define MAX_FRAME \((\d+)u \* (\d+)u \* (\d+)u\)", text)
+    assert size is not None and int(size.group(1)) * int(size.group(2)) * int(size.group(3)) == protocol.MAX_FRAME
+    assert re.search(r'path = \*baked \? baked : "([^"]*)"', text).group(1) == protocol.DEFAULT_SOCKET  # type: ignore[union-attr]
+
+
+# What a plugin may import (docs/architecture.md "A plugin uses the SDK ... and net/"): the SDK,
+# net/, spec/, the leaf utilities, the cluster library (cluster-ipam, routed), other plugin
+# modules, the frame and listener the dhcp daemon shares with the main daemon.
+PLUGIN_ALLOWED = ("pycni.skel", "pycni.netconf", "pycni.rollback", "pycni.ipam", "pycni.statefile", "pycni.invoke",
+                  "pycni.net", "pycni.spec", "pycni.record", "pycni.jsonlite", "pycni.ipaddr", "pycni.ipranges",
+                  "pycni.cniargs", "pycni.lockfile", "pycni.callscope", "pycni.cluster", "pycni.plugins",
+                  "pycni.daemon.protocol", "pycni.unixsock")
+
+
+def test_what_plugins_import() -> None:
+    """Plugins use the SDK and net/ (and the rest of PLUGIN_ALLOWED), never the CLI, the runtime,
+    the daemon's server, the shim or the forwarder (the registry and ``-m pycni.plugins`` are
+    the loader, not plugins)."""
+    bad = set()
+    for path in (SRC / "plugins").rglob("*.py"):
+        if path.name in ("registry.py", "__main__.py") and path.parent == SRC / "plugins":
+            continue
+        for mod in _pycni_imports(path):
+            if mod != "pycni" and not any(mod == a or mod.startswith(a + ".") for a in PLUGIN_ALLOWED):
+                bad.add(f"{path.relative_to(SRC)}: {mod}")
+    assert not bad, sorted(bad)
+
+
+def test_code_7_one_way() -> None:
+    """A bad configuration is raised one way: spec.errors.invalid_config (docs/architecture.md); no
+    module builds ``CNIError(7, ...)`` / ``CNIError(INVALID_CONFIG, ...)`` itself."""
+    bad = []
+    for path in SRC.rglob("*.py"):
+        if path == SRC / "spec" / "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "CNIError" \
+                    and node.args:
+                first = node.args[0]
+                if (isinstance(first, ast.Constant) and first.value == 7) or \
+                        getattr(first, "id", getattr(first, "attr", "")) == "INVALID_CONFIG":
+                    bad.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not bad, bad
+
+
+def test_unixsock_is_the_only_listener() -> None:
+    """unixsock.py is the one Unix-socket listener (docs/architecture.md): no other module calls
+    ``listen`` on a socket."""
+    bad = []
+    for path in SRC.rglob("*.py"):
+        if path == SRC / "unixsock.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "listen" \
+                    and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "unixsock"):
+                bad.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not bad, bad

@@ -12,6 +12,7 @@ returns, and through an agent's restart, and must never get a single packet thro
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from typing import Any
 import pytest
 from etcd_util import EtcdCluster, EtcdNode, etcd_available
 from netns_util import Namespace, new_namespace
-from plugin_util import call, err, ok
+from plugin_util import err, ok, run
 from policy_cases import (
     CASES,
     DENY_INGRESS_X,
@@ -38,12 +39,11 @@ from policy_cases import (
     policies_text,
     render,
 )
-from policy_probe import EchoServers, probe
+from policy_probe import EchoServers, PacketWatch, probe
 
 from pycni import ipaddr
 from pycni.cluster.model import Keys, PodMeta
 from pycni.cluster.node import DEFAULT_VXLAN_DEVICE, RTPROT_PYCNI
-from pycni.plugins.main import routed
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs root and etcd (Debian's etcd-server)")
 
@@ -67,16 +67,20 @@ class Env:
     def log(self, i: int) -> Path:
         return self.tmp / f"agent-{self.nodes[i].name}.log"
 
-    def start_agent(self, i: int, mode: str = "host-gw") -> None:
+    def start_agent(self, i: int, mode: str = "host-gw", endpoints: list[str] | None = None,
+                    ready: bool = True) -> None:
+        """Start node ``i``'s agent; with ``ready``, wait until it has reconciled its table."""
         node = self.nodes[i]
         cmd = ["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node", "--policy",
-               "--etcd-endpoints", ",".join(self.cluster.endpoints), "--etcd-prefix", self.prefix,
+               "--etcd-endpoints", ",".join(endpoints or self.cluster.endpoints), "--etcd-prefix", self.prefix,
                "--node-name", node.name, "--underlay-ip", node.ip, "--ttl", "30", "--mode", mode]
-        before = self.log(i).read_text().count("policy: table rebuilt") if self.log(i).exists() else 0
+        before = self.log(i).read_text().count("policy: reconciled with the kernel") if self.log(i).exists() else 0
         with open(self.log(i), "ab") as log:
-            self.agents[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self.wait(lambda: self.log(i).read_text().count("policy: table rebuilt") > before,
-                  f"agent {node.name} programmed its policy table")
+            self.agents[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              env={**os.environ, "PYCNI_POLICY_STRICT": "1"})
+        if ready:
+            self.wait(lambda: self.log(i).read_text().count("policy: reconciled with the kernel") > before,
+                      f"agent {node.name} programmed its policy table")
 
     def stop_agent(self, i: int, sig: int = signal.SIGTERM) -> None:
         proc = self.agents.pop(i, None)
@@ -103,9 +107,10 @@ class Env:
 
     def add(self, key: str, i: int, **conf: Any) -> tuple[Namespace, dict[str, Any]]:
         ns_name, pod = key.split("/")
-        pns = new_namespace("po-pod")
+        pns = new_namespace("pe34-pod")
         self.namespaces.append(pns)
-        outcome = call(routed.PLUGIN, self.nodes[i].ns, "ADD", self.conf(i, **conf), pns, self.plugin_dir,
+        outcome = run("routed", "ADD", self.conf(i, **conf), host=self.nodes[i].ns, netns=pns,
+                      cni_path=self.plugin_dir,
                        container_id=f"po-{ns_name}-{pod}",
                        args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns_name};K8S_POD_NAME={pod}")
         if outcome.exit_code != 0:  # say what the agents were doing
@@ -121,8 +126,8 @@ class Env:
     def delete(self, key: str, **conf: Any) -> None:
         pns, _ = self.pods.pop(key)
         ns_name, pod = key.split("/")
-        ok(call(routed.PLUGIN, self.nodes[self.where[key]].ns, "DEL", self.conf(self.where[key], **conf), pns,
-                self.plugin_dir, container_id=f"po-{ns_name}-{pod}"))
+        ok(run("routed", "DEL", self.conf(self.where[key], **conf), host=self.nodes[self.where[key]].ns, netns=pns,
+               cni_path=self.plugin_dir, container_id=f"po-{ns_name}-{pod}"))
 
     def cli(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         node = self.nodes[0]
@@ -176,7 +181,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     bindir = tmp / "bin"
     bindir.mkdir()
     install(str(bindir))
-    with EtcdCluster(size=3, subnet="10.232.0.0/24", prefix="po-etcd") as cluster:
+    with EtcdCluster(size=3, subnet="10.232.0.0/24", prefix="pe34-etcd") as cluster:
         e = Env(cluster, tmp, str(bindir))
         try:
             for i in range(3):
@@ -335,6 +340,94 @@ def test_agent_restart_keeps_rules_and_opens_no_window(env: Env) -> None:
     env.matrix(case)
 
 
+DENY_BOTH_X = """
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-all, namespace: x}
+spec: {podSelector: {}, policyTypes: [Ingress, Egress]}
+"""
+
+
+def _churn(env: Env, n: int, burst: int) -> None:
+    """Policies of namespaces y and z written one by one (each a transaction of the agents'):
+    they select y's and z's pods and open nothing to or from x."""
+    with env.cluster.client() as etcd:
+        for j in range(n):
+            ns = "yz"[j % 2]
+            doc = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                   "metadata": {"name": f"churn{j}", "namespace": ns},
+                   "spec": {"podSelector": {},
+                            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": ns}}}],
+                                         "ports": [{"port": 1000 + 100 * burst + j, "protocol": "UDP"}]}]}}
+            etcd.put(env.keys.policy(ns, f"churn{j}"), json.dumps(doc))
+
+
+def test_restart_window_with_a_packet_watch(env: Env) -> None:
+    """Deny-all both ways on namespace x; every flow to and from x's pods hammered, and every
+    TCP/UDP packet arriving in any pod watched, while the agent of x/b's node is SIGKILLed and
+    restarted, SIGTERMed and restarted, SIGKILLed three times in the middle of a burst of policy
+    transactions (between two of them), SIGKILLed during its start (after registering, while it
+    reads etcd and reconciles), and started once with etcd out of reach (then stopped).
+    Not one packet of a denied pair may arrive."""
+    env.clear_policies()
+    env.cli("policy", "apply", "-f", "-", stdin=DENY_BOTH_X)
+
+    def denied(s: str, d: str) -> bool:
+        return s != d and (s.startswith("x/") or d.startswith("x/"))
+
+    env.matrix(want={(s, d): not denied(s, d) for s in KEYS for d in KEYS})
+    flows = [(s, d, port, proto) for s in KEYS for d in KEYS if denied(s, d) for port, proto in PORTS]
+    watch = PacketWatch(env.pods, denied)
+    assert all(probe(env.pods, [("y/a", "z/b", 80, "TCP"), ("z/c", "y/b", 81, "UDP")]).values())
+    env.wait(lambda: watch.seen >= 2, "the watch sees allowed packets arrive", timeout=5)
+    hammer = Hammer(env, flows)
+    i = env.where["x/b"]
+    try:
+        env.stop_agent(i, signal.SIGKILL)
+        time.sleep(1.0)
+        env.start_agent(i)
+        # a restart over an unchanged cluster finds the kernel as wanted and changes nothing
+        assert "reconciled with the kernel (0 commands" in env.log(i).read_text().splitlines()[-1]
+        env.stop_agent(i, signal.SIGTERM)
+        env.start_agent(i)
+        assert "reconciled with the kernel (0 commands" in env.log(i).read_text().splitlines()[-1]
+        for burst in range(3):  # killed between two transactions
+            before = env.log(i).read_text().count("policy: updated")
+            worker = threading.Thread(target=_churn, args=(env, 30, burst))
+            worker.start()
+            env.wait(lambda b=before: env.log(i).read_text().count("policy: updated") > b + 2,  # type: ignore[misc]
+                     "the agent is applying the burst")
+            env.stop_agent(i, signal.SIGKILL)
+            worker.join(60)
+            env.start_agent(i)
+        # killed while it starts: after registering, in the middle of its first full read and reconcile
+        before = env.log(i).read_text().count("registered ")
+        env.stop_agent(i, signal.SIGTERM)
+        env.start_agent(i, ready=False)
+        env.wait(lambda b=before: env.log(i).read_text().count("registered ") > b, "the agent registers")  # type: ignore[misc]
+        env.stop_agent(i, signal.SIGKILL)
+        env.start_agent(i)
+        # etcd out of reach while it starts: it waits, changes nothing, and stops
+        before = env.log(i).read_text().count("retrying in")
+        env.stop_agent(i, signal.SIGTERM)
+        env.start_agent(i, endpoints=["http://10.232.0.250:2379"], ready=False)
+        env.wait(lambda: env.log(i).read_text().count("retrying in") > before, "the agent waits for etcd")
+        time.sleep(2.0)
+        env.stop_agent(i, signal.SIGTERM)
+        env.start_agent(i)
+        time.sleep(1.0)
+    finally:
+        hammer.stop()
+        watch.close()
+        with env.cluster.client() as etcd:
+            for j in range(30):
+                etcd.delete(env.keys.policy("yz"[j % 2], f"churn{j}"))
+    assert hammer.rounds >= 5, hammer.rounds
+    assert not watch.crossed, f"{len(watch.crossed)} packets crossed: {watch.crossed[:5]}"
+    assert not hammer.passed, f"{len(hammer.passed)} probes got through: {hammer.passed[:5]}"
+    env.matrix(want={(s, d): not denied(s, d) for s in KEYS for d in KEYS})
+
+
 def test_no_window_for_a_new_pod(env: Env) -> None:
     """A pod under deny-all gets no packet through, from the first moment after ADD; a pod under no
     policy reaches others at once (ADD waited for its agent)."""
@@ -381,10 +474,10 @@ def test_add_fails_closed_when_the_agent_does_not_answer(env: Env) -> None:
     i = 2
     env.stop_agent(i, signal.SIGKILL)
     try:
-        pns = new_namespace("po-pod")
+        pns = new_namespace("pe34-pod")
         env.namespaces.append(pns)
-        out = err(call(routed.PLUGIN, env.nodes[i].ns, "ADD", env.conf(i, policySetupTimeout=1.5), pns,
-                       env.plugin_dir, container_id="po-late", args="IgnoreUnknown=1;K8S_POD_NAMESPACE=w;"
+        out = err(run("routed", "ADD", env.conf(i, policySetupTimeout=1.5), host=env.nodes[i].ns, netns=pns,
+                      cni_path=env.plugin_dir, container_id="po-late", args="IgnoreUnknown=1;K8S_POD_NAMESPACE=w;"
                        "K8S_POD_NAME=late"))
         assert out["code"] == 11 and "did not program network policy" in out["msg"], out
         assert "pycni node" in out["details"]
@@ -477,9 +570,9 @@ def test_default_policy_deny_needs_cluster_ipam(netns_factory: Any, plugin_dir: 
     host, pod = netns_factory(), netns_factory()
     conf = {"cniVersion": "1.1.0", "name": "n", "type": "routed", "defaultPolicy": "deny",
             "ipam": {"type": "host-local", "dataDir": str(tmp_path), "ranges": [[{"subnet": "10.93.0.0/24"}]]}}
-    out = err(call(routed.PLUGIN, host, "ADD", conf, pod, plugin_dir))
+    out = err(run("routed", "ADD", conf, host=host, netns=pod, cni_path=plugin_dir))
     assert out["code"] == 7 and "needs cluster-ipam" in out["msg"]
-    out = err(call(routed.PLUGIN, host, "ADD", {**conf, "defaultPolicy": "closed"}, pod, plugin_dir))
+    out = err(run("routed", "ADD", {**conf, "defaultPolicy": "closed"}, host=host, netns=pod, cni_path=plugin_dir))
     assert out["code"] == 7 and "defaultPolicy" in out["msg"]
     assert "eth0" not in pod.run(["ip", "link"]).stdout
 
@@ -517,7 +610,7 @@ spec: {podSelector: {}, policyTypes: [Ingress, Egress]}
     sock = str(env.tmp / "po-daemon.sock")
     i = 1
     node = env.nodes[i]
-    pns = new_namespace("po-pod")
+    pns = new_namespace("pe34-pod")
     env.namespaces.append(pns)
     base = {"CNI_CONTAINERID": "po-daemon", "CNI_NETNS": pns.path, "CNI_IFNAME": "eth0", "CNI_PATH": env.plugin_dir,
             "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=w;K8S_POD_NAME=daemon", "PYCNI_SOCKET": sock,

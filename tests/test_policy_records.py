@@ -5,6 +5,7 @@ merges pod labels and named ports; the CLI's label and port edits."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -130,222 +131,12 @@ def test_label_and_port_edits() -> None:
     assert "PORT 1-65535" in e.value.details
 
 
-def test_incremental_patch_equals_full_compile() -> None:
-    """patch_node (the agent's fast path for endpoint and pod changes) gives exactly what a full
-    compile gives, over a random walk of pods appearing, leaving, relabelled and renumbered."""
-    import random
-
-    from policy_cases import CASES, policies_text
-
-    from pycni import ipaddr
-    from pycni.cluster.policy.compile import Endpoint, compile_node, patch_node
-    from pycni.cluster.policy.evaluate import Workload
-    from pycni.cluster.policy.model import parse_policies
-
-    rnd = random.Random(7)
-    texts = [policies_text(c, {f"{n}/{p}": f"10.90.{i}.{j}" for i, n in enumerate("xyz") for j, p in enumerate("abc")})
-             for c in CASES]
-    policies = [p for t in texts for p in parse_policies(t)]
-    policies = list({p.key: p for p in policies}.values())
-    namespaces = {ns: {"ns": ns} for ns in "xyz"}
-    eps: dict[str, Endpoint] = {}
-
-    def make(i: int) -> Endpoint:
-        ns = rnd.choice("xyz")
-        labels = {"pod": rnd.choice("abcq")} | ({"other": "1"} if rnd.random() < 0.2 else {})
-        ips = (ipaddr.ip_address("10.90.0.1") + i, ipaddr.ip_address("fd90::1") + i)
-        ports = {(f"serve-{p}-{pr.lower()}", pr): p for p in (80, 81) for pr in ("TCP", "UDP") if rnd.random() < 0.7}
-        w = Workload(ns, f"p{i}", labels, ips, ports, node=rnd.choice(["n1", "n2"]))
-        return Endpoint(w, f"rtd{i:012x}", "net", rnd.random() < 0.1)
-
-    for i in range(30):
-        eps[f"k{i}"] = make(i)
-    have = compile_node("n1", eps.values(), policies, namespaces)
-    patched = 0
-    for step in range(400):
-        key = f"k{rnd.randrange(45)}"
-        old = eps.get(key)
-        if old is not None and rnd.random() < 0.3:
-            del eps[key]
-            new = None
-        else:
-            new = make(int(key[1:]) + 1000 * step)
-            if old is not None and rnd.random() < 0.5:  # same pod, same place: only labels or ports move
-                new = Endpoint(Workload(old.workload.namespace, old.workload.name, new.workload.labels,
-                                        old.workload.ips, new.workload.named_ports, old.workload.node),
-                               old.iface, "net", old.default_deny)
-            eps[key] = new
-        full = compile_node("n1", eps.values(), policies, namespaces)
-        got = patch_node("n1", have, [(old, new)], policies, namespaces)
-        if got is not None:
-            patched += 1
-            assert got == full, f"step {step}: {key} {old} -> {new}"
-        have = full
-    assert patched > 100, patched  # the fast path is the common one here
-
-
-def test_member_sets_reused_when_only_policies_change() -> None:
-    """compile_node(members_from=...) after policy changes alone equals a compile from nothing."""
-    import random
-
-    from policy_cases import CASES, NAMED_PORTS, policies_text
-
-    from pycni import ipaddr
-    from pycni.cluster.policy.compile import Endpoint, Memo, compile_node
-    from pycni.cluster.policy.evaluate import Workload
-    from pycni.cluster.policy.model import parse_policies
-
-    rnd = random.Random(11)
-    eps = [Endpoint(Workload(rnd.choice("xyz"), f"p{i}", {"pod": rnd.choice("abc")},
-                             (ipaddr.ip_address("10.90.0.1") + i,), dict(NAMED_PORTS),
-                             node=rnd.choice(["n1", "n2"])), f"rtd{i:012x}") for i in range(40)]
-    namespaces = {ns: {"ns": ns} for ns in "xyz"}
-    addrs = {f"{n}/{p}": "10.90.0.9" for n in "xyz" for p in "abc"}
-    memo = Memo()
-    have = compile_node("n1", eps, [], namespaces, memo)
-    for step in range(60):
-        pols = [p for c in rnd.sample(CASES, 3) for p in parse_policies(policies_text(c, addrs))]
-        pols = list({p.key: p for p in pols}.values())
-        got = compile_node("n1", eps, pols, namespaces, memo, members_from=have)
-        assert got == compile_node("n1", eps, pols, namespaces), step
-        have = got
-
-
-def test_policy_patch_equals_full_compile() -> None:
-    """patch_policies (the agent's path for policy changes) gives exactly what a compile from
-    nothing gives, over a random walk of policies created, replaced and deleted — one or several
-    at a time, interleaved with pods appearing (patch_node) as the agent interleaves them, each
-    step starting from the previous step's patched result and memo."""
-    import random
-
-    from policy_cases import CASES, policies_text
-
-    from pycni import ipaddr
-    from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_node, patch_policies
-    from pycni.cluster.policy.evaluate import Workload
-    from pycni.cluster.policy.model import NetworkPolicy, parse_policies
-
-    rnd = random.Random(25)
-    addrs = {f"{n}/{p}": f"10.90.{i}.{j}" for i, n in enumerate("xyz") for j, p in enumerate("abc")}
-    pool: list[NetworkPolicy] = [p for c in CASES for p in parse_policies(policies_text(c, addrs))]
-    namespaces = {ns: {"ns": ns} for ns in "xyz"}
-
-    def make(i: int) -> Endpoint:
-        labels = {"pod": rnd.choice("abcq")} | ({"other": "1"} if rnd.random() < 0.2 else {})
-        ips = (ipaddr.ip_address("10.90.0.1") + i, ipaddr.ip_address("fd90::1") + i)
-        ports = {(f"serve-{p}-{pr.lower()}", pr): p for p in (80, 81) for pr in ("TCP", "UDP") if rnd.random() < 0.7}
-        w = Workload(rnd.choice("xyz"), f"p{i}", labels, ips, ports, node=rnd.choice(["n1", "n2"]))
-        return Endpoint(w, f"rtd{i:012x}", "net", rnd.random() < 0.1)
-
-    eps = [make(i) for i in range(40)]
-    policies: dict[str, NetworkPolicy] = {}
-    memo = Memo()
-    have = compile_node("n1", eps, [], namespaces, memo)
-    patched = 0
-    for step in range(300):
-        if rnd.random() < 0.1:  # a pod appears, as the agent's endpoint fast path adds it
-            new = make(100 + step)
-            got = patch_node("n1", have, [(None, new)], policies.values(), namespaces)
-            eps.append(new)
-            have = got if got is not None else compile_node("n1", eps, policies.values(), namespaces, memo)
-            continue
-        spaces = set()
-        for _ in range(rnd.choice((1, 1, 1, 2, 5))):
-            p = rnd.choice(pool)
-            if p.key in policies and rnd.random() < 0.4:
-                del policies[p.key]
-            else:
-                policies[p.key] = p
-            spaces.add(p.namespace)
-        got = patch_policies("n1", have, spaces, eps, policies.values(), namespaces, memo)
-        assert got == compile_node("n1", eps, policies.values(), namespaces), f"step {step}: {sorted(spaces)}"
-        assert set(got.sets) == set(compile_node("n1", eps, policies.values(), namespaces).sets)
-        patched += 1
-        have = got
-    assert patched > 200 and len(have.chains) > 10, (patched, len(have.chains))
-
-
-def test_agent_updates_equal_a_fresh_compile() -> None:
-    """The agent as it runs: random batches of watch events (endpoints and pod records, namespace
-    labels, policies; each batch of one kind — a patch path — or mixed) through PolicyEnforcer, whose fast paths
-    look only at what the events touched; after every batch what it would program equals a
-    compile of a fresh read of the same records."""
-    import random
-
-    from policy_cases import CASES, policies_text
-
-    from pycni.cluster.policy.agent import PolicyEnforcer
-    from pycni.cluster.policy.compile import compile_node
-    from pycni.cluster.policy.model import parse_policies
-    from pycni.cluster.policy.nftsync import Programmer
-
-    class Recorder(Programmer):  # the kernel side is test_policy_dataplane's; here: what it is asked to hold
-        def apply(self, want):  # type: ignore[no-untyped-def]
-            self.applied = want
-            return "x"
-
-    rnd = random.Random(5)
-    keys = Keys("/t")
-    addrs = {f"{n}/{p}": f"10.90.{i}.{j}" for i, n in enumerate("xyz") for j, p in enumerate("abc")}
-    docs = [dict(p.source) for c in CASES for p in parse_policies(policies_text(c, addrs))]
-    enf = PolicyEnforcer(keys, "n1", lambda m: None)
-    enf.programmer = Recorder()
-    kv = MemKV()
-
-    def event() -> tuple[str, str, str]:
-        r = rnd.random()
-        if r < 0.4:
-            i = rnd.randrange(30)
-            key = keys.endpoint("n2" if i % 3 else "n1", "net", f"c{i}", "eth0")  # (one address, one key)
-            if rnd.random() < 0.2:
-                return "DELETE", key, ""
-            ep = endpoint(f"c{i}", f"10.90.0.{i + 1}", rnd.choice("xyz"), f"p{i % 12}")
-            ep.node = key.split("/")[3]
-            ep.labels = {"pod": rnd.choice("abc")}
-            return "PUT", key, ep.to_json()
-        if r < 0.65:
-            key = keys.pod(rnd.choice("xyz"), f"p{rnd.randrange(12)}")
-            meta = PodMeta(labels={"pod": rnd.choice("abcq")},
-                           ports=[("serve-81-tcp", 81, "TCP")] if rnd.random() < 0.5 else [])
-            return ("DELETE", key, "") if rnd.random() < 0.2 else ("PUT", key, meta.to_json())
-        if r < 0.75:
-            ns = rnd.choice("xyz")
-            return "PUT", keys.namespace(ns), PodMeta(labels={"ns": rnd.choice("xyz")}).to_json()
-        doc = rnd.choice(docs)
-        key = keys.policy(doc["metadata"]["namespace"], doc["metadata"]["name"])
-        return ("DELETE", key, "") if rnd.random() < 0.3 else ("PUT", key, json.dumps(doc))
-
-    enf.load(kv)
-    enf.apply()
-    LOG: list[object] = []  # the last batches, for the failure message
-    for step in range(300):
-        kinds = rnd.choice(["policies", "endpoints", "namespaces", "any"])
-        for _ in range(rnd.choice((1, 1, 2, 4))):
-            kind, key, value = event()
-            while kinds != "any" and (kinds == "endpoints") != ("/endpoints/" in key or "/pods/" in key) or \
-                    kinds in ("policies", "namespaces") and f"/{kinds}/" not in key:
-                kind, key, value = event()
-            if kind == "DELETE":
-                kv.delete(key)
-            else:
-                kv.put(key, value)
-            enf.event(kind, key, value)
-            LOG.append((step, kind, key, value[:200]))
-        before = (enf.patched, enf.compiled, enf.policy_spaces, enf.only_endpoints, enf.members_changed)
-        assert enf.apply()
-        LOG.append(before)
-        fresh = PolicyEnforcer(keys, "n1", lambda m: None)
-        fresh.view.load(kv)
-        want = compile_node("n1", fresh.view.compiled_endpoints(), fresh.view.policies.values(),
-                            fresh.view.namespace_labels())
-        assert enf.programmer.applied == want, "\n".join(map(str, LOG[-12:]))
-    assert enf.patched > 100 and enf.compiled > 20, (enf.patched, enf.compiled)
-
-
 def test_coverage_check_asks_again_when_the_kernel_cut_its_answer_short(monkeypatch: pytest.MonkeyPatch) -> None:
     """``nft get element`` while the agent rewrites the table can fail with EINTR (the kernel's
     NLM_F_DUMP_INTR): that is "not yet", not a failed ADD; anything else still fails."""
-    from pycni.net import nft
+    from pycni.net import nft, probe
+
+    monkeypatch.setattr(probe, "nft_set_has_ifname", lambda *a: None)  # (a kernel that does not answer)
 
     def interrupted(script: str, what: str = "") -> str:
         raise nft.NftError(5, "nft failed", "Error: Could not process rule: Interrupted system call\n")
@@ -359,3 +150,67 @@ def test_coverage_check_asks_again_when_the_kernel_cut_its_answer_short(monkeypa
     monkeypatch.setattr(nft, "run", refused)
     with pytest.raises(nft.NftError):
         workload._covered("rtdx")
+
+
+def test_coverage_is_asked_of_the_kernel_by_netlink(monkeypatch: pytest.MonkeyPatch) -> None:
+    """routed's wait asks the kernel whether its interface is in ``covered`` with one netlink
+    set-element query (no nft process): absent table, absent element, present element."""
+
+    def no_exec(*a: object, **k: object) -> None:
+        raise AssertionError("nft was run")
+
+    from netns_util import have_root, new_namespace
+
+    if not have_root():
+        pytest.skip("network namespaces need root")
+    ns = new_namespace("pe34-cov")
+    try:
+        _coverage_in(ns, monkeypatch, no_exec)
+    finally:
+        ns.delete()
+
+
+def _coverage_in(ns: Any, monkeypatch: pytest.MonkeyPatch, no_exec: Any) -> None:
+    from pycni.net import nft
+
+    with ns.enter():
+        monkeypatch.setattr(nft, "run", no_exec)
+        assert workload._covered("rtdaaaa") is False
+        monkeypatch.undo()
+        nft.run(f"add table inet {workload.TABLE}\nadd set inet {workload.TABLE} covered {{ type ifname; }}\n"
+                f'add element inet {workload.TABLE} covered {{ "rtdaaaa" }}\n')
+        monkeypatch.setattr(nft, "run", no_exec)
+        assert workload._covered("rtdaaaa") is True
+        assert workload._covered("rtdbbbb") is False
+        assert workload.wait_covered("rtdaaaa", 1.0, required=True) is True
+
+
+def test_a_full_read_comes_in_pages_at_one_revision() -> None:
+    """PolicyView.load reads every prefix in pages (a 10,000-endpoint read in one request is
+    megabytes), all at the first page's revision, and misses nothing at a page's edge."""
+    kv = MemKV()
+    keys = Keys("/t")
+    for i in range(7):
+        kv.put(keys.endpoint("n1", "net", f"c{i}", "eth0"), endpoint(f"c{i}", f"10.90.0.{i + 1}").to_json())
+        kv.put(keys.pod("default", f"c{i}"), PodMeta(labels={"i": str(i)}).to_json())
+    view = PolicyView(keys)
+    view.PAGE = 3
+    rev = view.load(kv)
+    assert rev == kv.revision and len(view.endpoints) == 7 and len(view.pods) == 7
+    assert view.workload(view.endpoints[keys.endpoint("n1", "net", "c6", "eth0")]).labels["i"] == "6"
+    # the next full read lists keys and revisions, and fetches only what moved
+    kv.put(keys.pod("default", "c6"), PodMeta(labels={"i": "six"}).to_json())
+    kv.delete(keys.endpoint("n1", "net", "c0", "eth0"))
+    fetched: list[str] = []
+    real_range = kv.range
+
+    def counting(key: str, **kw: object) -> object:
+        if not kw.get("keys_only") and not kw.get("range_end"):
+            fetched.append(key)
+        return real_range(key, **kw)  # type: ignore[arg-type]
+
+    kv.range = counting  # type: ignore[method-assign]
+    assert view.load(kv) == kv.revision
+    assert fetched == [keys.pod("default", "c6")]
+    assert len(view.endpoints) == 6
+    assert view.workload(view.endpoints[keys.endpoint("n1", "net", "c6", "eth0")]).labels["i"] == "six"

@@ -527,7 +527,7 @@ class Agent:
         if self.metrics is not None:
             self.metrics.resyncs.inc()
         if self.policy is not None:
-            self.policy.load(etcd)  # (a later revision: the watch from ``rev`` replays onto it, converging)
+            self.policy.load(etcd, rev)  # (at rev: the watch from rev + 1 never replays an older state onto it)
         if self.bgp is not None:
             self.bgp.load(etcd)
         self.setup_device()  # (again: someone may have deleted it)

@@ -9,7 +9,10 @@ reference answers such DELs in 1–5 ms. These probes ask the kernel directly:
 * :func:`link_exists` — one SIOCGIFINDEX ioctl;
 * :func:`nft_object_exists` — one nf_tables GETTABLE or GETCHAIN over netlink;
 * :func:`iptables_chain_exists` — the same, where ``iptables`` is iptables-nft (its chains
-  are nf_tables chains of table ``ip nat`` / ``ip6 nat``).
+  are nf_tables chains of table ``ip nat`` / ``ip6 nat``);
+* :func:`nft_set_has_ifname` — one nf_tables GETSETELEM: whether an interface name is an
+  element of a set (routed asks it of the policy agent's ``covered`` set until its pod is
+  programmed, instead of running ``nft get element`` per try).
 
 Each answers for the calling thread's network namespace and returns None when it cannot tell
 (no permission, nf_tables not loaded, legacy iptables): the caller then asks the tool as
@@ -22,9 +25,12 @@ import os
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_NFTABLES = 10
-NFT_MSG_GETTABLE, NFT_MSG_GETCHAIN = 1, 4
+NFT_MSG_GETTABLE, NFT_MSG_GETCHAIN, NFT_MSG_GETSETELEM = 1, 4, 13
 NFTA_TABLE_NAME = 1
 NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME = 1, 3
+NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_ELEMENTS = 1, 2, 3
+NFTA_LIST_ELEM, NFTA_SET_ELEM_KEY, NFTA_DATA_VALUE = 1, 1, 1
+IFNAMSIZ = 16  # an ifname set's key: the name, NUL-padded
 # nft's family names -> NFPROTO_*
 FAMILIES = {"inet": 1, "ip": 2, "arp": 3, "netdev": 5, "bridge": 7, "ip6": 10}
 _ENOENT, _ENODEV = 2, 19
@@ -61,18 +67,23 @@ def link_exists(name: str) -> bool | None:
 def nft_object_exists(family: str, table: str, chain: str | None = None) -> bool | None:
     """Whether nf_tables table ``family table`` (with ``chain``: that chain of it) exists; None
     when the kernel does not say (unknown family, no permission, nf_tables unavailable)."""
+    from pycni.net.nl import nla
+
+    if chain is None:
+        return _nft_ask(family, NFT_MSG_GETTABLE, nla(NFTA_TABLE_NAME, table.encode() + b"\0"))
+    return _nft_ask(family, NFT_MSG_GETCHAIN,
+                    nla(NFTA_CHAIN_TABLE, table.encode() + b"\0") + nla(NFTA_CHAIN_NAME, chain.encode() + b"\0"))
+
+
+def _nft_ask(family: str, mtype: int, attrs: bytes) -> bool | None:
+    """One nf_tables request: True when the kernel answers it, False on ENOENT, None otherwise."""
     import struct
 
-    from pycni.net.nl import NetlinkError, NetlinkSocket, nla
+    from pycni.net.nl import NetlinkError, NetlinkSocket
 
     fam = FAMILIES.get(family)
     if fam is None:
         return None
-    if chain is None:
-        mtype, attrs = NFT_MSG_GETTABLE, nla(NFTA_TABLE_NAME, table.encode() + b"\0")
-    else:
-        mtype = NFT_MSG_GETCHAIN
-        attrs = nla(NFTA_CHAIN_TABLE, table.encode() + b"\0") + nla(NFTA_CHAIN_NAME, chain.encode() + b"\0")
     try:
         with NetlinkSocket(NETLINK_NETFILTER) as sock:
             sock.settimeout(5)
@@ -82,6 +93,23 @@ def nft_object_exists(family: str, table: str, chain: str | None = None) -> bool
     except OSError:
         return None
     return True
+
+
+def nft_set_has_ifname(family: str, table: str, set_name: str, ifname: str) -> bool | None:
+    """Whether ``ifname`` is an element of the ifname set ``set_name`` of nf_tables table
+    ``family table``; False also when the table or set is absent; None when the kernel does
+    not say (no permission, nf_tables unavailable, interrupted by a concurrent commit)."""
+    from pycni.net.nl import nla
+
+    raw = ifname.encode()
+    if not raw or len(raw) >= IFNAMSIZ:
+        return False
+    key = nla(NFTA_DATA_VALUE, raw.ljust(IFNAMSIZ, b"\0"))
+    elem = nla(NFTA_LIST_ELEM, nla(NFTA_SET_ELEM_KEY, key, nested=True), nested=True)
+    attrs = (nla(NFTA_SET_ELEM_LIST_TABLE, table.encode() + b"\0")
+             + nla(NFTA_SET_ELEM_LIST_SET, set_name.encode() + b"\0")
+             + nla(NFTA_SET_ELEM_LIST_ELEMENTS, elem, nested=True))
+    return _nft_ask(family, NFT_MSG_GETSETELEM, attrs)
 
 
 def xtables_is_nft(path: str) -> bool | None:

@@ -1,30 +1,32 @@
-"""The node agent's policy half: a view of endpoints, pod and namespace metadata and policies
-kept from etcd, and the nftables it programs from them (``pycni node --policy``).
+"""The node agent's policy half (``pycni node --policy``): the records policy reads from etcd,
+fed event by event into the one index, written to the kernel by the reconciling writer.
 
-The agent (:mod:`pycni.cluster.node`) hands every watch event here; a batch of events that
-changes what this node enforces gives the desired objects — patched into the last state when the
-batch is endpoints and pod records only (:func:`compile.patch_node`), policies only
-(:func:`compile.patch_policies`) or namespace labels only (:func:`compile.patch_namespaces`),
-compiled otherwise (:func:`compile.compile_node`) — and the
-difference goes out as one transaction (:class:`nftsync.Programmer`). A full read (a broken watch,
-the periodic resync) is diffed the same way; only the agent's start (and a transaction the
-kernel refused) rebuilds the table, atomically: the old rules hold until the new ones replace
-them, so a restarted agent never opens a window, and one that is down leaves its rules — and
-the fail-closed drop of pods it has not seen — in place.
+Inputs (the contract with whatever writes them: ``pycni policy``/``endpoint``/``namespace``, routed,
+``pycni kube-controllers``; :mod:`pycni.cluster.policy.records`): workload endpoints, pods' and
+namespaces' :class:`~pycni.cluster.model.PodMeta`, NetworkPolicy manifests, nodes. The agent
+(:mod:`pycni.cluster.node`) hands every watch event to :meth:`PolicyEnforcer.event`, which updates
+:class:`PolicyView` (the decoded records, also what ``pycni policy why`` reads) and the
+:class:`~pycni.cluster.policy.index.PolicyIndex`; after a batch :meth:`PolicyEnforcer.apply` sends
+what the index marked dirty as one transaction (:class:`~pycni.cluster.policy.nftsync.Writer`).
+A full read (start, a broken watch, the periodic resync) rebuilds the index from the records and
+has the writer read the kernel's table back and write only the difference: nothing on start or
+stop removes or empties the table, so a restart never opens what a policy closes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from pycni import ipaddr
 from pycni.cluster.model import Keys, NodeInfo, PodMeta, WorkloadEndpoint
-from pycni.cluster.policy.compile import Endpoint, Memo, compile_node, patch_namespaces, patch_node, patch_policies
 from pycni.cluster.policy.evaluate import Cluster, Workload
+from pycni.cluster.policy.index import PolicyIndex
 from pycni.cluster.policy.model import NetworkPolicy, PolicyError, parse_policy
-from pycni.cluster.policy.nftsync import Programmer
+from pycni.cluster.policy.nftsync import Writer
 
 
 class PolicyView:
@@ -38,12 +40,9 @@ class PolicyView:
         self.policies: dict[tuple[str, str], NetworkPolicy] = {}
         self.nodes: dict[str, NodeInfo] = {}
         self.errors: dict[str, str] = {}  # key -> why its value was ignored
-        # endpoint key -> (record, pod record, compiled) while neither record object is replaced
-        self._compiled: dict[str, tuple[WorkloadEndpoint, PodMeta | None, Endpoint]] = {}
-        # what to look at again in refresh(): endpoint keys whose record or pod record changed
-        # (None: all of them, after a full read); and each pod's endpoint keys, to find them
-        self._dirty: set[str] | None = None
-        self._by_pod: dict[tuple[str, str], set[str]] = {}
+        self._by_pod: dict[tuple[str, str], set[str]] = {}  # each pod's endpoint keys
+        self.raw: dict[str, str] = {}  # key -> the value last decoded from it
+        self.mods: dict[str, int] = {}  # key -> its mod revision at the last full read
         self._ns_labels: dict[str, dict[str, str]] | None = None  # namespace_labels(), until it changes
 
     @property
@@ -51,29 +50,58 @@ class PolicyView:
         k = self.keys
         return (k.endpoints, k.pods, k.namespaces, k.policies, k.nodes)
 
-    def load(self, kv: Any) -> int:
-        """A full read of every prefix at one revision; returns it."""
-        from pycni.cluster.kv import op_get
+    PAGE = 1000  # keys per request of a full read
+    FEW = 200  # at most this many changed keys since the last full read: fetch them one by one
 
-        res = kv.txn([], [op_get(p, prefix=True) for p in self.prefixes])
-        self.endpoints, self.pods, self.namespaces, self.policies, self.nodes = {}, {}, {}, {}, {}
-        self.errors, self._by_pod = {}, {}
-        for kvs in res.responses:
-            for item in kvs:
+    def load(self, kv: Any, revision: int = 0) -> int:
+        """A full read of every prefix at one revision (``revision``, else the first page's), in
+        pages of :attr:`PAGE` keys: at 10,000 endpoints one request for everything is megabytes
+        that a loaded etcd and agent cannot always move within a request's time budget. After
+        the first, a read lists keys and revisions only and fetches the values of the keys whose
+        revision moved (all values again when more than :attr:`FEW` did); a value as it was
+        decoded before is not decoded again. Returns the revision."""
+        rev = revision
+        if self.mods:
+            listed, rev = self._pages(kv, rev, keys_only=True)
+            changed = [item.key for item in listed if self.mods.get(item.key) != item.mod_revision]
+            if len(changed) <= self.FEW:
+                items = []
+                for key in changed:
+                    items += kv.range(key, revision=rev)[0]
+                self._merge(items, {item.key for item in listed})
+                return int(rev)
+        items, rev = self._pages(kv, rev, keys_only=False)
+        self._merge(items, {item.key for item in items})
+        return int(rev)
+
+    def _pages(self, kv: Any, rev: int, keys_only: bool) -> tuple[list[Any], int]:
+        items: list[Any] = []
+        for prefix in self.prefixes:
+            start, end = prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
+            while True:
+                kvs, at = kv.range(start, range_end=end, limit=self.PAGE, revision=rev, keys_only=keys_only)
+                rev = rev or at
+                items += kvs
+                if len(kvs) < self.PAGE:
+                    break
+                start = kvs[-1].key + "\0"
+        return items, rev
+
+    def _merge(self, items: list[Any], present: set[str]) -> None:
+        """Take a full read's values (``items``) and forget what is no longer ``present``."""
+        for item in items:
+            if self.raw.get(item.key) != item.value:
                 self.put(item.key, item.value)
-        self._dirty = self._ns_labels = None
-        return int(res.revision)
+            self.mods[item.key] = item.mod_revision
+        for key in [k for k in self.raw if k not in present]:
+            self.delete(key)
+        self._ns_labels = None
 
     def _endpoint_gone(self, key: str) -> None:
         old = self.endpoints.pop(key, None)
         if old is not None:
             self._by_pod.get((old.namespace, old.pod), set()).discard(key)
             self._ns_labels = None
-        self._touch([key])
-
-    def _touch(self, keys: Any) -> None:
-        if self._dirty is not None:
-            self._dirty.update(keys)
 
     def put(self, key: str, value: str) -> bool:
         """Apply a key's new value; True when it is one policy reads."""
@@ -81,6 +109,7 @@ class PolicyView:
         if parsed is None:
             return False
         self.errors.pop(key, None)
+        self.raw[key] = value
         if parsed.kind == "endpoint":
             ep = WorkloadEndpoint.from_json(value)
             self._endpoint_gone(key)
@@ -93,7 +122,6 @@ class PolicyView:
                     self._ns_labels = None
         elif parsed.kind == "pod":
             self.pods[(parsed.namespace, parsed.name)] = PodMeta.from_json(value)
-            self._touch(self._by_pod.get((parsed.namespace, parsed.name), ()))
         elif parsed.kind == "namespace":
             self.namespaces[parsed.namespace] = PodMeta.from_json(value)
             self._ns_labels = None
@@ -119,11 +147,12 @@ class PolicyView:
         if parsed is None:
             return False
         self.errors.pop(key, None)
+        self.raw.pop(key, None)
+        self.mods.pop(key, None)
         if parsed.kind == "endpoint":
             self._endpoint_gone(key)
         elif parsed.kind == "pod":
             self.pods.pop((parsed.namespace, parsed.name), None)
-            self._touch(self._by_pod.get((parsed.namespace, parsed.name), ()))
         elif parsed.kind == "namespace":
             self.namespaces.pop(parsed.namespace, None)
             self._ns_labels = None
@@ -143,35 +172,12 @@ class PolicyView:
         labels = {**ep.labels, **(meta.labels if meta else {})}
         ports = {(name, proto): port for name, port, proto in (meta.ports if meta else ())}
         ips = tuple(ipaddr.ip_interface(n).ip for n in ep.ip_networks)
-        return Workload(ep.namespace, ep.pod, labels, ips, ports, node=ep.node)
+        return Workload(ep.namespace, ep.pod, labels, ips, ports, node=ep.node,
+                        default_deny=ep.default_policy == "deny", iface=ep.interface_name)
 
-    def refresh(self) -> list[tuple[Endpoint | None, Endpoint | None]]:
-        """Bring the compiled endpoints up to date with the records; the (old, new) pairs that
-        changed. Only the endpoints whose record or pod record changed are looked at (all of
-        them after a full read), so a new pod costs the same among ten or ten thousand."""
-        keys = self.endpoints.keys() | self._compiled.keys() if self._dirty is None else self._dirty
-        changes: list[tuple[Endpoint | None, Endpoint | None]] = []
-        for key in keys:
-            hit = self._compiled.get(key)
-            ep = self.endpoints.get(key)
-            if ep is None:
-                if hit is not None:
-                    del self._compiled[key]
-                    changes.append((hit[2], None))
-                continue
-            meta = self.pods.get((ep.namespace, ep.pod))
-            if hit is None or hit[0] is not ep or hit[1] is not meta:
-                new = (ep, meta, Endpoint(self.workload(ep), ep.interface_name, ep.network,
-                                          ep.default_policy == "deny"))
-                self._compiled[key] = new
-                changes.append((hit[2] if hit is not None else None, new[2]))
-        self._dirty = set()
-        return changes
-
-    def compiled_endpoints(self) -> list[Endpoint]:
-        """Every endpoint as the compiler takes it (rebuilt only for records that changed)."""
-        self.refresh()
-        return [hit[2] for hit in self._compiled.values()]
+    def endpoints_of(self, namespace: str, pod: str) -> list[str]:
+        """The endpoint keys of a pod (its attachments)."""
+        return sorted(self._by_pod.get((namespace, pod), ()))
 
     def namespace_labels(self) -> dict[str, dict[str, str]]:
         if self._ns_labels is None:
@@ -192,109 +198,141 @@ class PolicyView:
         nodes = {name: tuple(ipaddr.ip_address(i) for i in info.underlay_ips) for name, info in self.nodes.items()}
         cluster = Cluster(policies=list(self.policies.values()), namespaces=self.namespace_labels(), nodes=nodes)
         for key in deny:
-            pods[key] = _with_default_deny(pods[key])
+            pods[key] = replace(pods[key], default_deny=True)
         return cluster, pods
 
 
-def _with_default_deny(w: Workload) -> Workload:
-    from dataclasses import replace
-
-    return replace(w, default_deny=True)
-
-
 class PolicyEnforcer:
-    """This node's share: the view, the compiler and what was programmed."""
+    """This node's share: the records, the index and the writer.
 
-    def __init__(self, keys: Keys, me: str, log: Callable[[str], None]) -> None:
+    ``strict``: an exception while updating the index propagates (the tests, and
+    ``PYCNI_POLICY_STRICT=1``); otherwise it is logged with its traceback and the index is
+    rebuilt from the records and reconciled against the kernel — a bug costs a full reconcile,
+    never the agent, and is never hidden."""
+
+    def __init__(self, keys: Keys, me: str, log: Callable[[str], None], strict: bool | None = None) -> None:
         self.view = PolicyView(keys)
         self.me = me
         self.log = log
-        self.programmer = Programmer()
-        self.memo = Memo()  # what compile_node may reuse across updates
-        self.dirty = True
-        self.only_endpoints = False  # every change since the last apply was an endpoint's or a pod's
-        self.members_changed = True  # an endpoint, pod or namespace changed since the last apply
-        self.policy_spaces: set[str] | None = set()  # namespaces of the policies changed since, when only those
-        self.label_spaces: set[str] | None = set()  # namespaces whose labels changed since, when only those
-        self.patched = self.compiled = 0  # how updates were computed (incrementally / in full)
+        self.strict = os.environ.get("PYCNI_POLICY_STRICT") == "1" if strict is None else strict
+        self.index = PolicyIndex(me)
+        self.writer = Writer()
+        self.rebuilds = 0  # full rebuilds of the index after an error in an incremental update
+        self.loaded = False  # the index was built from a full read
 
-    def load(self, kv: Any) -> None:
-        self.view.load(kv)
-        for key, why in sorted(self.view.errors.items()):
+    def load(self, kv: Any, revision: int = 0) -> None:
+        """A full read of etcd (start, a broken watch, the periodic resync) — at ``revision`` when
+        given: the one the caller's watch continues from, so the watch never replays an older
+        state over a newer one — the first builds the index; a later one feeds it only the
+        records that differ from what the watch had said. Either way the next apply reads the
+        kernel's table back and writes the difference."""
+        v = self.view
+        old = (dict(v.endpoints), dict(v.pods), dict(v.namespaces), dict(v.policies))
+        v.load(kv, revision)
+        for key, why in sorted(v.errors.items()):
             self.log(f"policy: ignoring {key}: {why}")
-        # The kernel still holds what was last applied: the fresh view is diffed against it (the
-        # first load, or one after a refused update, rebuilds the table, atomically).
-        self.dirty = True
-        self.only_endpoints = False
-        self.members_changed = True
-        self.policy_spaces = self.label_spaces = None
+        if not self.loaded:
+            self.loaded = True
+            self.rebuild()
+            return
+        try:
+            self._index_changes(*old)
+        except Exception as e:
+            if self.strict:
+                raise
+            self._bug(f"a full read's changes ({type(e).__name__}: {e})")
+        self.writer.reconcile_next()
+
+    def _index_changes(self, endpoints: dict[str, WorkloadEndpoint], pods: dict[tuple[str, str], PodMeta],
+                       namespaces: dict[str, PodMeta], policies: dict[tuple[str, str], NetworkPolicy]) -> None:
+        """Feed the index what a full read found different from the records it had."""
+        v, ix = self.view, self.index
+
+        def differ(a: object, b: object) -> bool:
+            return a is not b and a != b  # (a record not read again is the same object)
+
+        for ns in namespaces.keys() | v.namespaces.keys():
+            if differ(namespaces.get(ns), v.namespaces.get(ns)):
+                meta = v.namespaces.get(ns)
+                ix.set_namespace(ns, meta.labels if meta is not None else None)
+        for (ns, name) in policies.keys() | v.policies.keys():
+            if differ(policies.get((ns, name)), v.policies.get((ns, name))):
+                ix.set_policy(f"{ns}/{name}", v.policies.get((ns, name)))
+        changed = {k for k in endpoints.keys() | v.endpoints.keys() if differ(endpoints.get(k), v.endpoints.get(k))}
+        for pod in pods.keys() | v.pods.keys():
+            if differ(pods.get(pod), v.pods.get(pod)):
+                changed.update(v.endpoints_of(*pod))
+        for key in sorted(changed):
+            ep = v.endpoints.get(key)
+            ix.set_workload(key, v.workload(ep) if ep is not None else None)
+
+    def _bug(self, what: str) -> None:
+        import traceback
+
+        self.log(f"policy: BUG: updating the index for {what} failed; rebuilding it and reconciling with the "
+                 f"kernel\n{traceback.format_exc()}")
+        self.rebuilds += 1
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        """The index from the records, from nothing; the next write compares with the kernel."""
+        index = PolicyIndex(self.me)
+        for ns, meta in self.view.namespaces.items():
+            index.set_namespace(ns, meta.labels)
+        for (ns, name), pol in sorted(self.view.policies.items()):
+            index.set_policy(f"{ns}/{name}", pol)
+        for key, ep in sorted(self.view.endpoints.items()):
+            index.set_workload(key, self.view.workload(ep))
+        self.index = index
+        self.writer.reconcile_next()
 
     def event(self, kind: str, key: str, value: str) -> bool:
+        """One watch event; True when it is a record policy reads."""
         touched = self.view.delete(key) if kind == "DELETE" else self.view.put(key, value)
-        if touched and key in self.view.errors:
+        if not touched:
+            return False
+        if key in self.view.errors:
             self.log(f"policy: ignoring {key}: {self.view.errors[key]}")
-        if touched:
-            parsed = self.view.keys.parse(key)
-            kind_of = parsed.kind if parsed is not None else ""
-            if kind_of == "node":
-                return False  # (nodes matter to `policy why`, not to the dataplane)
-            self.only_endpoints = (self.only_endpoints or not self.dirty) and kind_of in ("endpoint", "pod")
-            for kind_, spaces in (("policy", "policy_spaces"), ("namespace", "label_spaces")):
-                if kind_of == kind_ and parsed is not None and (getattr(self, spaces) is not None or not self.dirty):
-                    setattr(self, spaces, {*(getattr(self, spaces) or ()), parsed.namespace})
-                else:
-                    setattr(self, spaces, None)
-            self.members_changed |= kind_of != "policy"
-            self.dirty = True
-        return touched
+        parsed = self.view.keys.parse(key)
+        if parsed is None or parsed.kind == "node":
+            return False  # (nodes matter to `policy why`, not to the dataplane)
+        try:
+            self._index_event(parsed.kind, key, parsed.namespace, parsed.name)
+        except Exception as e:
+            if self.strict:
+                raise
+            self._bug(f"{key} ({type(e).__name__}: {e})")
+        return True
+
+    def _index_event(self, kind: str, key: str, namespace: str, name: str) -> None:
+        v = self.view
+        if kind == "endpoint":
+            ep = v.endpoints.get(key)
+            self.index.set_workload(key, v.workload(ep) if ep is not None else None)
+        elif kind == "pod":
+            for k in v.endpoints_of(namespace, name):
+                self.index.set_workload(k, v.workload(v.endpoints[k]))
+        elif kind == "namespace":
+            meta = v.namespaces.get(namespace)
+            self.index.set_namespace(namespace, meta.labels if meta is not None else None)
+        elif kind == "policy":
+            self.index.set_policy(f"{namespace}/{name}", v.policies.get((namespace, name)))
 
     def apply(self) -> bool:
-        """Program what the view asks, if anything changed; False when the kernel refused (logged;
-        the next call rebuilds everything)."""
+        """Program what the index asks, if anything changed; False when the kernel refused
+        (logged; the next call reads the kernel back and writes the difference)."""
         from pycni.spec.errors import CNIError
 
-        if not self.dirty:
+        want, dirty = self.index.collect()
+        if not dirty and self.writer.mirror is not None:
             return True
-        want = None
-        have = self.programmer.applied
-        changes = self.view.refresh()
-        if self.policy_spaces is not None and have is not None:
-            try:  # policies alone changed: judge again only the local pods of their namespaces
-                want = patch_policies(self.me, have, self.policy_spaces, self.view.compiled_endpoints(),
-                                      self.view.policies.values(), self.view.namespace_labels(), self.memo)
-            except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
-                self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
-                want = None
-        if self.label_spaces is not None and have is not None and want is None:
-            try:  # namespace labels alone changed: only namespaceSelector member sets move
-                want = patch_namespaces(have, self.label_spaces, self.view.compiled_endpoints(),
-                                        self.view.namespace_labels())
-            except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
-                self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
-                want = None
-        if self.only_endpoints and have is not None and want is None:
-            try:
-                want = patch_node(self.me, have, changes, self.view.policies.values(), self.view.namespace_labels())
-            except Exception as e:  # noqa: BLE001 - a fast-path bug must cost a full compile, not the agent
-                self.log(f"policy: incremental update failed ({type(e).__name__}: {e}); compiling in full")
-                want = None
-        if want is None:
-            want = compile_node(self.me, self.view.compiled_endpoints(), self.view.policies.values(),
-                                self.view.namespace_labels(), self.memo,
-                                members_from=None if self.members_changed else have)
-            self.compiled += 1
-        else:
-            self.patched += 1
-        rebuilding = self.programmer.applied is None
         try:
-            script = self.programmer.apply(want)
+            script, read = self.writer.write(want, dirty)
         except CNIError as e:
             self.log(f"FAILED policy update: {e.msg}: {e.details}")
             return False
-        self.dirty = self.only_endpoints = self.members_changed = False
-        self.policy_spaces, self.label_spaces = set(), set()
-        if script:
+        if script or read:
             n = script.count("\n")
-            self.log(f"policy: {'table rebuilt' if rebuilding else 'updated'} ({n} commands; "
+            self.log(f"policy: {'reconciled with the kernel' if read else 'updated'} ({n} commands; "
                      f"{len(want.covered)} local endpoints, {len(self.view.policies)} policies)")
         return True

@@ -23,7 +23,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pycni import ipaddr
-from pycni.cluster.policy.model import NS_NAME_LABEL, IPAddress, NetworkPolicy, Peer, PolicyPort, Rule
+from pycni.cluster.policy.model import (
+    IPAddress,
+    NetworkPolicy,
+    Peer,
+    PeerSelector,
+    PolicyPort,
+    Rule,
+    namespace_labels,
+)
 
 INGRESS = "Ingress"
 EGRESS = "Egress"
@@ -31,7 +39,9 @@ EGRESS = "Egress"
 
 @dataclass(frozen=True)
 class Workload:
-    """A pod as policy sees it: where it lives, its labels, addresses and named ports."""
+    """A pod as policy sees it: where it lives, its labels, addresses and named ports; built from
+    one attachment's record (:class:`pycni.cluster.model.WorkloadEndpoint`, the one record of an
+    attachment) under its pod record, with that attachment's host interface (``iface``)."""
 
     namespace: str
     name: str
@@ -40,6 +50,7 @@ class Workload:
     named_ports: Mapping[tuple[str, str], int] = field(default_factory=dict, hash=False)  # (name, proto) -> port
     node: str = ""
     default_deny: bool = False  # its network's "defaultPolicy": "deny"
+    iface: str = ""  # the attachment's host-side interface (routed's rtd…), where the dataplane judges it
 
     @property
     def key(self) -> str:
@@ -60,7 +71,7 @@ class Cluster:
 
     def namespace_labels(self, namespace: str) -> dict[str, str]:
         """A namespace's labels with ``kubernetes.io/metadata.name`` (always there, as Kubernetes)."""
-        return {**self.namespaces.get(namespace, {}), NS_NAME_LABEL: namespace}
+        return namespace_labels(namespace, self.namespaces.get(namespace))
 
     def selecting(self, pod: Workload, direction: str) -> list[NetworkPolicy]:
         """The policies that select ``pod`` for ``direction``, in name order."""
@@ -95,12 +106,8 @@ def peer_matches(cluster: Cluster, policy: NetworkPolicy, peer: Peer, other: Par
         return ip is not None and peer.ip_block.contains(ip)
     if not isinstance(other, Workload):
         return False  # selectors match pods only
-    if peer.namespace_selector is None:
-        if other.namespace != policy.namespace:
-            return False
-    elif not peer.namespace_selector.matches(cluster.namespace_labels(other.namespace)):
-        return False
-    return peer.pod_selector is None or peer.pod_selector.matches(other.labels)
+    return PeerSelector.of(policy.namespace, peer).matches(other.namespace, other.labels,
+                                                           cluster.namespace_labels(other.namespace))
 
 
 def port_matches(pp: PolicyPort, dst: Party, port: int, proto: str) -> bool:

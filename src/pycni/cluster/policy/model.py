@@ -268,6 +268,53 @@ class Peer:
         return " and ".join(parts)
 
 
+def namespace_labels(namespace: str, labels: Mapping[str, str] | None) -> dict[str, str]:
+    """A namespace's labels as selectors see them: with ``kubernetes.io/metadata.name`` (always
+    there, as in Kubernetes). The one place that rule is written."""
+    return {**(labels or {}), NS_NAME_LABEL: namespace}
+
+
+@dataclass(frozen=True)
+class PeerSelector:
+    """Which pods a peer (or a whole policy's podSelector) picks: a namespace by name (``namespace``,
+    a peer without ``namespaceSelector``) or by labels (``ns_selector``), and a podSelector (None:
+    every pod there). The one selector implementation: :func:`evaluate.decide` and the index that
+    fills the dataplane's member sets both call :meth:`matches`, so they cannot disagree."""
+
+    namespace: str | None
+    ns_selector: LabelSelector | None
+    pod_selector: LabelSelector | None
+
+    @classmethod
+    def of(cls, policy_namespace: str, peer: Peer) -> PeerSelector:
+        """A pod peer of a policy of ``policy_namespace`` (not an ipBlock)."""
+        if peer.namespace_selector is None:
+            return cls(policy_namespace, None, peer.pod_selector)
+        return cls(None, peer.namespace_selector, peer.pod_selector)
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """Equal for selectors that pick the same pods (its member sets are shared by that key)."""
+        ns: object = ("ns", self.namespace) if self.ns_selector is None else \
+            ("nssel", self.ns_selector.match_labels, self.ns_selector.match_expressions)
+        pod = None if self.pod_selector is None else (self.pod_selector.match_labels,
+                                                      self.pod_selector.match_expressions)
+        return (ns, pod)
+
+    def matches_namespace(self, namespace: str, ns_labels: Mapping[str, str]) -> bool:
+        """The namespace half (``ns_labels`` as :func:`namespace_labels` gives them)."""
+        if self.ns_selector is None:
+            return namespace == self.namespace
+        return self.ns_selector.matches(ns_labels)
+
+    def matches_pod(self, labels: Mapping[str, str]) -> bool:
+        return self.pod_selector is None or self.pod_selector.matches(labels)
+
+    def matches(self, namespace: str, labels: Mapping[str, str], ns_labels: Mapping[str, str]) -> bool:
+        """Whether a pod of ``namespace`` with ``labels`` is picked (``ns_labels``: its namespace's)."""
+        return self.matches_namespace(namespace, ns_labels) and self.matches_pod(labels)
+
+
 @dataclass(frozen=True)
 class PolicyPort:
     """One ``ports`` entry: protocol, and a number, a range (``endPort``), a name, or every port."""
