@@ -408,10 +408,10 @@ def test_restart_window_with_a_packet_watch(env: Env) -> None:
         env.stop_agent(i, signal.SIGKILL)
         env.start_agent(i)
         # etcd out of reach while it starts: it waits, changes nothing, and stops
-        before = env.log(i).read_text().count("retrying in")
+        before = env.log(i).read_text().count("cannot reach etcd")
         env.stop_agent(i, signal.SIGTERM)
         env.start_agent(i, endpoints=["http://10.232.0.250:2379"], ready=False)
-        env.wait(lambda: env.log(i).read_text().count("retrying in") > before, "the agent waits for etcd")
+        env.wait(lambda: env.log(i).read_text().count("cannot reach etcd") > before, "the agent waits for etcd")
         time.sleep(2.0)
         env.stop_agent(i, signal.SIGTERM)
         env.start_agent(i)
