@@ -1,10 +1,12 @@
 """A reading of the policy table as the kernel would judge a new flow, for the index's oracle test.
 
 It understands exactly the rule forms :mod:`pycni.cluster.policy.compile` renders (set lookups,
-ipBlock with except, protocols, ports and ranges, named-port concatenations, jumps, accept,
-drop) and refuses anything else, so a form it does not know fails the test instead of passing
-silently. The real kernel is exercised by tests/test_policy_dataplane.py and
-tests/test_policy_cluster.py; this lets thousands of random states be checked in seconds.
+ipBlock with except, protocols, ports and ranges, named-port concatenations, jumps (a match's
+jump to a policy's logging accept chain too), accept, drop, and the flow-log rules, which judge
+nothing: a ``limit rate ... log ...`` rule never ends a chain) and refuses anything else, so a
+form it does not know fails the test instead of passing silently. The real kernel is exercised
+by tests/test_policy_dataplane.py and tests/test_policy_cluster.py; this lets thousands of random
+states be checked in seconds.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ _BLOCK = re.compile(r"^(ip6?) (saddr|daddr) (\S+)(?: \1 \2 != \{ ([^}]*) \})?$")
 _PROTO = re.compile(r"^meta l4proto (\w+)(?: (.*))?$")
 _NAMED = re.compile(r"^(ip6?) daddr \. meta l4proto \. th dport @(\S+)$")
 _PORT = re.compile(r"^th dport (\d+)(?:-(\d+))?$")
+_LOG = re.compile(r'^limit rate \d+/second burst \d+ packets log group \d+ prefix "pycni:[AD]:\w+"$')
+_JUMP = re.compile(r"^(.+) jump (pa_\w+)$")
 
 
 def _match(desired: Desired, text: str, remote: ipaddr.IPv4Address | ipaddr.IPv6Address,
@@ -75,10 +79,19 @@ def _chain(desired: Desired, name: str, remote: ipaddr.IPv4Address | ipaddr.IPv6
     for rule in desired.chains[name]:
         if rule == "drop":
             return "drop"
+        if _LOG.match(rule):
+            continue  # (a log rule: whether its limit matches or not, the next rule judges)
         if rule.startswith("jump "):
             v = _chain(desired, rule[5:], remote, dst, port, proto)
             if v is not None:
                 return v
+            continue
+        j = _JUMP.match(rule)
+        if j:
+            if _match(desired, j.group(1), remote, dst, port, proto):
+                v = _chain(desired, j.group(2), remote, dst, port, proto)
+                if v is not None:
+                    return v
             continue
         assert rule.endswith("accept"), rule
         if _match(desired, rule[: -len("accept")].strip(), remote, dst, port, proto):
@@ -96,9 +109,11 @@ def side(desired: Desired, pod: Workload, other: Workload, direction: str, port:
         return True
     if verdict == "drop":
         return False
-    assert verdict.startswith("jump v_"), verdict
     remote, dst = other.address(version), (pod if direction == INGRESS else other).address(version)
     assert remote is not None and dst is not None
+    if verdict.startswith("jump dd_"):  # (the default deny, through its log rule)
+        return _chain(desired, verdict[5:], remote, dst, port, proto) == "accept"
+    assert verdict.startswith("jump v_"), verdict
     return _chain(desired, verdict[5:], remote, dst, port, proto) == "accept"
 
 

@@ -189,7 +189,7 @@ def test_agent_updates_equal_a_fresh_compile() -> None:
     class Recorder(Writer):  # the kernel side is test_policy_dataplane's; here: what it is asked to hold
         def write(self, want: Desired, dirty: Dirty | None) -> tuple[str, bool]:
             self.held = Desired(sets=dict(want.sets), chains=dict(want.chains), ingress=dict(want.ingress),
-                                egress=dict(want.egress), covered=want.covered)
+                                egress=dict(want.egress), covered=want.covered, log=want.log)
             self.mirror = Kernel()
             return "x", False
 

@@ -16,6 +16,14 @@ The layout (table ``inet pycni_policy``; docs/policy.md draws it):
   nothing gets no map element (allow), or ``drop`` when its network's ``defaultPolicy`` is deny.
 - per policy that selects some local endpoint, ``p_<hash>_in`` / ``p_<hash>_eg``: one rule per
   (peer, port) of each of its rules, ending in ``accept``; shared by every endpoint it selects.
+- flow logging (docs/flows.md; :class:`LogSpec`, on unless the agent runs with flows off): each
+  decision's first packet is logged to NFLOG with a ``pycni:<A|D>:<token>`` prefix, behind its
+  own ``limit rate`` (a rule whose limit fails just does not match: the verdict is the next
+  rule's, never changed). A verdict chain's final ``drop`` is preceded by its log rule (token:
+  the verdict chain); a policy chain's rules ``jump`` to ``pa_<hash>_<dir>`` (log, accept; token:
+  the policy chain) instead of accepting; the fail-closed rule and a default-deny map element
+  jump to ``fc_<dir>`` / ``dd_<dir>`` (log, drop); after the vmap rule, a routed interface that
+  fell through (no policy selects the pod) is logged as ``na_<dir>``.
 - named sets of pod addresses per selector (``s_<hash>_4`` / ``_6``) and per named port
   (``np_<name>_4`` / ``_6``: address . protocol . port of every pod naming a port so), so an
   endpoint or label change is a set element change, not a rule change.
@@ -33,6 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from pycni.cluster.flows.model import ALLOW, DENY, log_prefix
 from pycni.cluster.policy.evaluate import EGRESS, INGRESS, Workload
 from pycni.cluster.policy.model import NetworkPolicy, Peer, PeerSelector, PolicyPort, namespace_labels
 
@@ -41,6 +50,24 @@ ND_TYPES = "nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, nd-route
 SET_TYPES = {4: "ipv4_addr", 6: "ipv6_addr"}
 PORT_SET_TYPES = {4: "ipv4_addr . inet_proto . inet_service", 6: "ipv6_addr . inet_proto . inet_service"}
 _FAM = {4: "ip", 6: "ip6"}
+
+
+@dataclass(frozen=True)
+class LogSpec:
+    """Where and how fast the rules log (docs/flows.md): NFLOG ``group``, at most ``rate`` packets
+    a second per log rule with a ``burst`` (past it a packet is judged as before, only not logged)."""
+
+    group: int = 36  # (pycni.cluster.flows.collector.DEFAULT_GROUP)
+    rate: int = 100
+    burst: int = 50
+
+    def rule(self, verdict: str, token: str) -> str:
+        """The log rule for ``token``'s decision: ``limit rate ... log group G prefix "pycni:V:token"``."""
+        return (f"limit rate {self.rate}/second burst {self.burst} packets log group {self.group} "
+                f'prefix "{log_prefix(verdict, token)}"')
+
+
+LOG = LogSpec()  # the default: log (the agent passes None when flows are off)
 
 
 @dataclass
@@ -55,6 +82,7 @@ class Desired:
     # a chain's comment, given when it is made (a policy chain's says NS/NAME and the direction:
     # what a verdict is attributed to); not compared, a chain's name fixes it
     comments: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    log: LogSpec | None = None  # the log rules' spec (None: no log rules), base chains included
 
 
 @lru_cache(maxsize=1 << 16)
@@ -77,6 +105,31 @@ def policy_chain(policy: NetworkPolicy, direction: str) -> str:
 def policy_comment(policy: NetworkPolicy, direction: str) -> str:
     """A policy chain's comment: NAMESPACE/NAME and the direction, naming it back."""
     return f"{policy.key} {direction.lower()}"
+
+
+def _dir(direction: str) -> str:
+    return "in" if direction == INGRESS else "eg"
+
+
+def accept_chain(policy: NetworkPolicy, direction: str) -> str:
+    """With logging, where a policy chain's matches jump: log (token: the policy chain), accept."""
+    return f"pa_{_h(policy.key)}_{_dir(direction)}"
+
+
+def accept_rules(policy: NetworkPolicy, direction: str, log: LogSpec) -> tuple[str, ...]:
+    return (log.rule(ALLOW, policy_chain(policy, direction)), "accept")
+
+
+def fixed_chains(log: LogSpec | None) -> dict[str, tuple[str, ...]]:
+    """With logging, the chains the fail-closed rule and default-deny map elements jump to."""
+    if log is None:
+        return {}
+    return {f"{kind}_{d}": (log.rule(DENY, f"{kind}_{d}"), "drop") for kind in ("fc", "dd") for d in ("in", "eg")}
+
+
+def default_deny(direction: str, log: LogSpec | None) -> str:
+    """A default-deny map element's verdict."""
+    return "drop" if log is None else f"jump dd_{_dir(direction)}"
 
 
 def verdict_chain_name(policy_keys: tuple[str, ...], direction: str) -> str:
@@ -130,9 +183,11 @@ class Rendered:
     names: tuple[str, ...]
 
 
-def render(policy: NetworkPolicy, direction: str) -> Rendered:
-    """The rules of a policy's chain for ``direction``: each (peer, port) of each rule, accepting."""
+def render(policy: NetworkPolicy, direction: str, log: LogSpec | None = None) -> Rendered:
+    """The rules of a policy's chain for ``direction``: each (peer, port) of each rule, accepting
+    (with ``log``: through its :func:`accept_chain`, which logs)."""
     out: list[str] = []
+    verdict = "accept" if log is None else f"jump {accept_chain(policy, direction)}"
     sels: dict[tuple[object, ...], PeerSelector] = {}
     names: list[str] = []
     rules = policy.ingress if direction == INGRESS else policy.egress
@@ -150,7 +205,7 @@ def render(policy: NetworkPolicy, direction: str) -> Rendered:
             for qv, qtext in ports:
                 if pv and qv and pv != qv:
                     continue
-                text = " ".join(t for t in (ptext, qtext, "accept") if t)
+                text = " ".join(t for t in (ptext, qtext, verdict) if t)
                 if text not in out:
                     out.append(text)
     return Rendered(tuple(out), tuple(sels.values()), tuple(names))
@@ -162,9 +217,13 @@ def selecting(policies: Iterable[NetworkPolicy], w: Workload, direction: str) ->
                         key=lambda p: p.key))
 
 
-def verdict_chain(selected: Iterable[NetworkPolicy], direction: str) -> tuple[str, ...]:
-    """An endpoint's verdict chain: a jump to each selecting policy's chain, then drop."""
-    return (*(f"jump {policy_chain(p, direction)}" for p in selected), "drop")
+def verdict_chain(selected: Iterable[NetworkPolicy], direction: str, log: LogSpec | None = None
+                  ) -> tuple[str, ...]:
+    """An endpoint's verdict chain: a jump to each selecting policy's chain, then (``log``: log
+    with the verdict chain as token) drop."""
+    sel = tuple(selected)
+    tail = () if log is None else (log.rule(DENY, verdict_chain_name(tuple(p.key for p in sel), direction)),)
+    return (*(f"jump {policy_chain(p, direction)}" for p in sel), *tail, "drop")
 
 
 def address_elements(w: Workload) -> list[tuple[int, str]]:
@@ -178,12 +237,12 @@ def port_elements(w: Workload, name: str) -> list[tuple[int, str]]:
 
 
 def compile_full(me: str, workloads: Iterable[Workload], policies: Iterable[NetworkPolicy],
-                 namespaces: Mapping[str, Mapping[str, str]]) -> Desired:
+                 namespaces: Mapping[str, Mapping[str, str]], log: LogSpec | None = LOG) -> Desired:
     """What node ``me`` must hold, from nothing: the tests' oracle for the incremental index
     (``workloads``: every node's attachments; ``namespaces``: labels by namespace)."""
     ws = list(workloads)
     pols = list(policies)
-    out = Desired()
+    out = Desired(chains=dict(fixed_chains(log)), log=log)
     used: dict[str, tuple[NetworkPolicy, str]] = {}
     for w in ws:
         if w.node != me:
@@ -193,18 +252,20 @@ def compile_full(me: str, workloads: Iterable[Workload], policies: Iterable[Netw
             sel = selecting(pols, w, direction)
             if sel:
                 chain = verdict_chain_name(tuple(p.key for p in sel), direction)
-                out.chains[chain] = verdict_chain(sel, direction)
+                out.chains[chain] = verdict_chain(sel, direction, log)
                 table[w.iface] = f"jump {chain}"
                 for p in sel:
                     used[policy_chain(p, direction)] = (p, direction)
             elif w.default_deny:
-                table[w.iface] = "drop"
+                table[w.iface] = default_deny(direction, log)
     sels: dict[tuple[object, ...], PeerSelector] = {}
     names: set[str] = set()
     for chain, (p, direction) in used.items():
-        r = render(p, direction)
+        r = render(p, direction, log)
         out.chains[chain] = r.rules
         out.comments[chain] = policy_comment(p, direction)
+        if log is not None:
+            out.chains[accept_chain(p, direction)] = accept_rules(p, direction, log)
         sels.update((s.key, s) for s in r.selectors)
         names.update(r.names)
     for key, peer in sels.items():
@@ -232,13 +293,24 @@ BASE_OBJECTS = {"covered": "set {t} covered { type ifname; }",
                 "egress": "map {t} egress { type ifname : verdict; }"}
 
 
-def _base_chain(prio: int, dev: str, mapname: str) -> tuple[str, tuple[str, ...]]:
+def _base_chain(prio: int, dev: str, mapname: str, log: LogSpec | None) -> tuple[str, tuple[str, ...]]:
+    d = "in" if mapname == "ingress" else "eg"
+    closed = "drop" if log is None else f"jump fc_{d}"
+    tail = () if log is None else (f'{dev} "{HOST_PREFIX}*" {log.rule(ALLOW, f"na_{d}")}',)
     return (f"{{ type filter hook forward priority filter - {prio}; policy accept; }}",
             ("ct state established,related accept",
              f"icmpv6 type {{ {ND_TYPES} }} accept",
-             f'{dev} "{HOST_PREFIX}*" {dev} != @covered drop',
-             f"{dev} vmap @{mapname}"))
+             f'{dev} "{HOST_PREFIX}*" {dev} != @covered {closed}',
+             f"{dev} vmap @{mapname}",
+             *tail))
 
 
-BASE_CHAINS = {"wl_egress": _base_chain(2, "iifname", "egress"), "wl_ingress": _base_chain(1, "oifname", "ingress")}
+def base_chains(log: LogSpec | None) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The two base chains (name -> (hook declaration, rules)); with ``log``, their log rules:
+    the fail-closed jump to ``fc_<dir>`` and, after the vmap, the unselected pods' ``na_<dir>``."""
+    return {"wl_egress": _base_chain(2, "iifname", "egress", log),
+            "wl_ingress": _base_chain(1, "oifname", "ingress", log)}
+
+
+BASE_CHAINS = base_chains(None)  # (their names and declarations; the rules depend on the LogSpec)
 BASE_PRIORITY = {"wl_egress": -2, "wl_ingress": -1}  # (as the kernel reports them back)

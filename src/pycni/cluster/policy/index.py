@@ -29,11 +29,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pycni.cluster.policy.compile import (
+    LOG,
     PORT_SET_TYPES,
     SET_TYPES,
     Desired,
+    LogSpec,
     Rendered,
+    accept_chain,
+    accept_rules,
     address_elements,
+    default_deny,
+    fixed_chains,
     policy_chain,
     policy_comment,
     port_elements,
@@ -72,8 +78,9 @@ class _Selector(_Members):
 class PolicyIndex:
     """Node ``me``'s share of policy, kept up to date event by event (see the module docstring)."""
 
-    def __init__(self, me: str) -> None:
+    def __init__(self, me: str, log: LogSpec | None = LOG) -> None:
         self.me = me
+        self.log = log  # the log rules' spec (None: none)
         self.policies: dict[str, NetworkPolicy] = {}                  # NS/NAME -> policy
         self.by_ns: dict[str, dict[str, NetworkPolicy]] = {}           # namespace -> NS/NAME -> policy
         self.ns_labels: dict[str, dict[str, str]] = {}                 # namespace -> labels (with its name)
@@ -89,11 +96,11 @@ class PolicyIndex:
         self.sel_by_ns: dict[str, set[Key]] = {}                       # namespace -> selectors bound to it
         self.sel_any: set[Key] = set()                                 # namespaceSelector ones
         self.ports: dict[str, _Members] = {}                           # port name -> its sets
-        self.state = Desired()
+        self.state = Desired(chains=dict(fixed_chains(log)), log=log)
         self._covered: set[str] = set()
         self._sources: dict[str, tuple[str, dict[str, int]]] = {}      # set name -> (type, counted elements)
         self._stale: set[str] = set()                                  # set names to materialize
-        self.dirty = Dirty()
+        self.dirty = Dirty(chains=set(self.state.chains))
 
     # -- inputs --
 
@@ -195,7 +202,7 @@ class PolicyIndex:
         self._materialize()
         s = self.state
         return Desired(sets=dict(s.sets), chains=dict(s.chains), ingress=dict(s.ingress), egress=dict(s.egress),
-                       covered=frozenset(self._covered), comments=dict(s.comments))
+                       covered=frozenset(self._covered), comments=dict(s.comments), log=s.log)
 
     # -- inner workings --
 
@@ -257,11 +264,11 @@ class PolicyIndex:
                     chain = verdict_chain_name(after[d], d)
                     users = self.vusers.setdefault(chain, set())
                     if not users:
-                        self._chain(chain, verdict_chain((self.policies[k] for k in after[d]), d))
+                        self._chain(chain, verdict_chain((self.policies[k] for k in after[d]), d, self.log))
                     users.add(key)
                     self._map(d, table, new.iface, f"jump {chain}")
                 else:
-                    self._map(d, table, new.iface, "drop" if new.default_deny else None)
+                    self._map(d, table, new.iface, default_deny(d, self.log) if new.default_deny else None)
             if new.iface not in self._covered:
                 self._covered.add(new.iface)
                 self.dirty.covered.add(new.iface)
@@ -314,7 +321,7 @@ class PolicyIndex:
             if users and policy is not None:
                 if cur is not None and cur[0] is policy:
                     continue
-                r = render(policy, d)
+                r = render(policy, d, self.log)
                 for sel in r.selectors:
                     self._acquire(sel)
                 for name in r.names:
@@ -322,6 +329,8 @@ class PolicyIndex:
                 if cur is not None:
                     self._release(cur[1])
                 self.rendered[(pk, d)] = (policy, r)
+                if self.log is not None:
+                    self._chain(accept_chain(policy, d), accept_rules(policy, d, self.log))
                 self._chain(policy_chain(policy, d), r.rules, policy_comment(policy, d))
             else:
                 if not users:
@@ -330,6 +339,7 @@ class PolicyIndex:
                     self._release(cur[1])
                     del self.rendered[(pk, d)]
                     self._chain(policy_chain(cur[0], d), None)
+                    self._chain(accept_chain(cur[0], d), None)
 
     def _release(self, r: Rendered) -> None:
         for sel in r.selectors:

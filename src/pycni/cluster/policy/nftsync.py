@@ -29,6 +29,7 @@ from pycni.cluster.policy.compile import (
     PORT_SET_TYPES,
     SET_TYPES,
     Desired,
+    base_chains,
     rule_tag,
 )
 from pycni.cluster.policy.workload import TABLE
@@ -150,18 +151,6 @@ def diff_script(have: Kernel | None, want: Desired, dirty: Dirty | None = None, 
         for name, decl in BASE_OBJECTS.items():
             if name not in k.base:
                 lines.append("add " + decl.replace("{t}", t))
-        for name, (decl, rules) in BASE_CHAINS.items():
-            prio, tags = k.base_chains.get(name, (None, ()))
-            if name in k.base_chains and prio != BASE_PRIORITY[name]:
-                # (made by something else: replace it in this same transaction)
-                lines += [f"flush chain {t} {name}", f"delete chain {t} {name}"]
-                tags = ()
-            if name not in k.base_chains or prio != BASE_PRIORITY[name]:
-                lines.append(f"add chain {t} {name} {decl}")
-            if tags != _tags(rules):
-                if tags:
-                    lines.append(f"flush chain {t} {name}")
-                lines += [f"add rule {t} {name} {_tagged(r)}" for r in rules]
     set_names = set(want.sets) | set(k.sets) if dirty is None else dirty.sets
     chain_names = set(want.chains) | set(k.chains) if dirty is None else dirty.chains
     stale_sets: list[str] = []
@@ -202,6 +191,20 @@ def diff_script(have: Kernel | None, want: Desired, dirty: Dirty | None = None, 
             fills.append(f"flush chain {t} {name}")
         fills += [f"add rule {t} {name} {_tagged(r)}" for r in rules]
     lines += fills
+    if dirty is None:
+        # (after the other chains: the base chains' rules may jump to the fail-closed ones)
+        for name, (decl, rules) in base_chains(want.log).items():
+            prio, tags = k.base_chains.get(name, (None, ()))
+            if name in k.base_chains and prio != BASE_PRIORITY[name]:
+                # (made by something else: replace it in this same transaction)
+                lines += [f"flush chain {t} {name}", f"delete chain {t} {name}"]
+                tags = ()
+            if name not in k.base_chains or prio != BASE_PRIORITY[name]:
+                lines.append(f"add chain {t} {name} {decl}")
+            if tags != _tags(rules):
+                if tags:
+                    lines.append(f"flush chain {t} {name}")
+                lines += [f"add rule {t} {name} {_tagged(r)}" for r in rules]
     for mapname in ("ingress", "egress"):
         old_map, new_map = getattr(k, mapname), getattr(want, mapname)
         keys = set(old_map) | set(new_map) if dirty is None else getattr(dirty, mapname)
@@ -256,7 +259,8 @@ def _commit(k: Kernel, want: Desired, dirty: Dirty | None) -> None:
             k.covered.discard(i)
     if dirty is None:
         k.base = set(BASE_OBJECTS)
-        k.base_chains = {name: (BASE_PRIORITY[name], _tags(rules)) for name, (_, rules) in BASE_CHAINS.items()}
+        k.base_chains = {name: (BASE_PRIORITY[name], _tags(rules))
+                         for name, (_, rules) in base_chains(want.log).items()}
 
 
 class Writer:
