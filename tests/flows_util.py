@@ -85,7 +85,7 @@ table inet {TABLE} {{
     ct state established,related accept
     tcp dport 8080 {lim} log group {group} prefix "pycni:A:p_0123456789_in"
     tcp dport 8080 accept
-    udp dport 5353 {lim} log group {group} prefix "pycni:D:ep_fb0_in"
+    udp dport 5353 {lim} log group {group} prefix "pycni:D:v_fb0_in"
     udp dport 5353 drop
     icmp type echo-request {lim} log group {group} prefix "pycni:A:na_in"
     icmpv6 type echo-request {lim} log group {group} prefix "pycni:A:na_in"

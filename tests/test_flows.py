@@ -64,8 +64,8 @@ def packet(prefix: str, src: str = A4, dst: str = B4, proto: str = "TCP", sport:
 
 def test_prefix_convention() -> None:
     assert log_prefix("A", "p_0123456789_in") == "pycni:A:p_0123456789_in"
-    assert log_prefix("D", "ep_rtd0123456789ab_eg") == "pycni:D:ep_rtd0123456789ab_eg"  # longest endpoint token
-    assert parse_prefix("pycni:D:ep_rtd1_in") == ("denied", "ep_rtd1_in", "ingress")
+    assert log_prefix("D", "v_0123456789_eg") == "pycni:D:v_0123456789_eg"  # a verdict chain's token
+    assert parse_prefix("pycni:D:v_0a1b2c3d4e_in") == ("denied", "v_0a1b2c3d4e_in", "ingress")
     assert parse_prefix("pycni:A:na_eg") == ("allowed", "na_eg", "egress")
     for foreign in ("", "ulogd: x", "pycni:X:p_1_in", "pycni:A:p_1", "pycni:A"):
         assert parse_prefix(foreign) is None
@@ -80,7 +80,7 @@ def test_to_flow_names_policy_pods_and_reasons() -> None:
     assert f == Flow(seq=7, time=1.5, source="client/a", destination="prod/b", src_addr=A4, dst_addr=B4,
                      sport=40000, port=8080, proto="TCP", direction="ingress", verdict="allowed",
                      policy="prod/allow-web", reason="", endpoint="prod/b")
-    cases = {"pycni:D:ep_rtd1_in": DEFAULT_DENY, "pycni:D:dd_eg": NETWORK_DEFAULT_DENY,
+    cases = {"pycni:D:v_0a1b2c3d4e_in": DEFAULT_DENY, "pycni:D:dd_eg": NETWORK_DEFAULT_DENY,
              "pycni:A:na_in": NO_POLICY, "pycni:D:fc_eg": NOT_PROGRAMMED,
              "pycni:A:p_ffffffffff_in": "unknown chain p_ffffffffff_in", "pycni:D:zz_in": "unknown chain zz_in"}
     for prefix, reason in cases.items():
@@ -92,8 +92,9 @@ def test_to_flow_names_policy_pods_and_reasons() -> None:
     icmp = to_flow(packet("pycni:A:na_in", proto="ICMP", sport=8, dport=0), r)
     assert icmp is not None and (icmp.port, icmp.sport, icmp.icmp_type, icmp.icmp_code) == (None, None, 8, 0)
     assert to_flow(packet("someone-else"), r) is None
-    # the engine may name an endpoint chain's meaning itself
-    named = to_flow(packet("pycni:D:ep_rtd1_in"), Resolver(policy={"ep_rtd1_in": "default deny (prod/x)"}.get))
+    # the engine may name a verdict chain's meaning itself
+    names = {"v_0a1b2c3d4e_in": "default deny (prod/x)"}
+    named = to_flow(packet("pycni:D:v_0a1b2c3d4e_in"), Resolver(policy=names.get))
     assert named is not None and named.reason == "default deny (prod/x)"
 
 
@@ -116,7 +117,7 @@ def test_query_filters_and_refusals() -> None:
 # ---- the ring ------------------------------------------------------------------------------------
 
 def _flow(seq: int) -> Flow:
-    f = to_flow(packet("pycni:D:ep_x_in", sport=seq % 65536), Resolver(), seq)
+    f = to_flow(packet("pycni:D:v_x_in", sport=seq % 65536), Resolver(), seq)
     assert f is not None
     return f
 
@@ -402,7 +403,7 @@ def test_flood_stays_within_the_bounds(net: Trio, sock: str) -> None:
 table inet pf36_flood {{
   chain flood {{
     type filter hook forward priority filter - 10; policy accept;
-    udp dport 9999 limit rate 100000/second burst 100000 packets log group {GROUP} prefix "pycni:D:ep_fb0_in"
+    udp dport 9999 limit rate 100000/second burst 100000 packets log group {GROUP} prefix "pycni:D:v_fb0_in"
     udp dport 9999 drop
   }}
 }}
@@ -437,19 +438,19 @@ def test_the_documented_rule_layout_logs_without_changing_verdicts(net: Trio, so
     goes through a chain that logs under a `limit rate` then accepts, an endpoint chain logs then
     drops, and pods no policy selects fall through the vmap to an `na` log rule. Past the limits
     nothing is logged, yet every connection is still accepted and every datagram still dropped."""
-    allow, deny, na = log_prefix("A", "p_0123456789_in"), log_prefix("D", "ep_fb0_in"), log_prefix("A", "na_in")
+    allow, deny, na = log_prefix("A", "p_0123456789_in"), log_prefix("D", "v_fb0_in"), log_prefix("A", "na_in")
     lim = "limit rate 1/minute burst 2 packets"
     net.r.run(["nft", "delete", "table", "inet", "pf36_flows"])
     net.nft(f"""
 table inet pf36_layout {{
-  map ingress {{ type inet_service : verdict; elements = {{ 8080 : jump ep_fb0_in, 5353 : jump ep_fb0_in }} }}
+  map ingress {{ type inet_service : verdict; elements = {{ 8080 : jump v_fb0_in, 5353 : jump v_fb0_in }} }}
   chain wl_ingress {{
     type filter hook forward priority filter - 1; policy accept;
     ct state established,related accept
     oifname "fb0" th dport vmap @ingress
     oifname "fb0" {lim} log group {GROUP} prefix "{na}"
   }}
-  chain ep_fb0_in {{
+  chain v_fb0_in {{
     jump p_0123456789_in
     {lim} log group {GROUP} prefix "{deny}"
     drop
@@ -502,6 +503,7 @@ def test_the_agents_plug_in_path(net: Trio, sock: str) -> None:
 
     from prometheus_client import CollectorRegistry
 
+    from pycni.cluster.flows.collector import FlowMetrics
     from pycni.cluster.flows.service import FlowService, add_arguments
 
     parser = argparse.ArgumentParser()
@@ -510,7 +512,7 @@ def test_the_agents_plug_in_path(net: Trio, sock: str) -> None:
     args = parser.parse_args(["--flows-socket", sock, "--flows-group", str(GROUP), "--flows-capacity", "2",
                               "--flows-rate", "100"])
     registry = CollectorRegistry()
-    svc = FlowService.from_args(args, resolver(), registry, metrics=True)
+    svc = FlowService.from_args(args, resolver(), FlowMetrics(registry))
     assert svc is not None and svc.ring.capacity == 2 and svc.ring.rate == 100
     svc.collector.netns = net.r.path  # the test's router namespace stands in for the node's own
     svc.start()
@@ -532,3 +534,13 @@ def test_the_agents_plug_in_path(net: Trio, sock: str) -> None:
     assert follower.wait(10) == 0  # the agent stopping ends a follower's stream: exit 0
     assert [json.loads(x)["seq"] for x in follower.stdout.read().splitlines()] == [1, 2]
     assert not os.path.exists(sock)
+
+
+@pytest.mark.parametrize("flag", [["--flows-group", "70000"], ["--flows-capacity", "0"], ["--flows-rate", "0"]])
+def test_the_agent_refuses_bad_flows_flags_in_one_line(flag: list[str]) -> None:
+    """A group the kernel cannot take would make every policy update fail: refused at start (code 7)."""
+    out = subprocess.run([*PYCNI, "node", "--underlay-ip", "192.0.2.1", "--etcd-endpoints", "http://127.0.0.1:1",
+                          *flag], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.splitlines() == ["pycni: invalid flows settings: --flows-group 0..65535, --flows-capacity at "
+                                       "least 1, --flows-rate above 0 (code 7)"], out.stderr

@@ -56,8 +56,8 @@ for dst in ("{B4}", "{B6}"):
     assert seen == {
         ("pycni:A:p_0123456789_in", 4, A4, B4, "TCP", 40001, 8080, "fa0", "fb0"),
         ("pycni:A:p_0123456789_in", 6, A6, B6, "TCP", 40001, 8080, "fa0", "fb0"),
-        ("pycni:D:ep_fb0_in", 4, A4, B4, "UDP", 40002, 5353, "fa0", "fb0"),
-        ("pycni:D:ep_fb0_in", 6, A6, B6, "UDP", 40002, 5353, "fa0", "fb0"),
+        ("pycni:D:v_fb0_in", 4, A4, B4, "UDP", 40002, 5353, "fa0", "fb0"),
+        ("pycni:D:v_fb0_in", 6, A6, B6, "UDP", 40002, 5353, "fa0", "fb0"),
         ("pycni:A:na_in", 4, A4, B4, "ICMP", 8, 0, "fa0", "fb0"),  # echo request: type 8, code 0
         ("pycni:A:na_in", 6, A6, B6, "ICMPv6", 128, 0, "fa0", "fb0"),
     }, got

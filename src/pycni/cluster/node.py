@@ -348,6 +348,7 @@ class AgentOptions:
     resync: float = RESYNC_SECONDS
     policy: bool = True  # enforce network policy (pycni.cluster.policy.agent); --no-policy opts out
     metrics_address: tuple[str, int] | None = None  # --metrics-address (pycni.cluster.metrics)
+    flows: Any = None  # the --flows-* flags (an argparse.Namespace; None or --flows-socket '': flows off)
     bgp: Any = None  # bgp mode's pycni.cluster.bgp.agent.BgpOptions
 
 
@@ -426,10 +427,14 @@ class Agent:
         self.policy: Any = None
         if opts.policy:
             from pycni.cluster.policy.agent import PolicyEnforcer
+            from pycni.cluster.policy.compile import LogSpec
             from pycni.net import nft
 
             nft.use_library()  # long-lived: libnftables in-process, no nft exec per update
-            self.policy = PolicyEnforcer(self.view.keys, opts.name, self.log)
+            flows = opts.flows is not None and bool(opts.flows.flows_socket)
+            self.policy = PolicyEnforcer(self.view.keys, opts.name, self.log,
+                                         logspec=LogSpec(group=opts.flows.flows_group) if flows else None)
+        self.flows: Any = None  # the FlowService (pycni.cluster.flows), while running
         self.bgp: Any = None
         if opts.mode == "bgp":
             from pycni.cluster.bgp.agent import BgpDriver
@@ -549,9 +554,33 @@ class Agent:
         self.applied = None if failed else want  # a refusal is tried again at the next event
         return changes
 
-    def apply_policy(self) -> None:
+    def apply_policy(self, arrived: float = 0.0) -> None:
+        """Program policy; ``arrived``: when the watch batch asking for it came (its latency is
+        observed when the kernel took a change)."""
         if self.policy is not None:
+            writes = self.policy.writes
             self.policy.apply()
+            if arrived and self.metrics is not None and self.policy.writes != writes:
+                self.metrics.policy_programming.observe(time.monotonic() - arrived)
+
+    def start_flows(self) -> None:
+        """With policy enforced and --flows-socket: the flow collector and its socket (docs/flows.md).
+        Observability never stops enforcement: a failure to start is one logged line."""
+        if self.policy is None or self.policy.logspec is None or self.opts.flows is None:
+            return
+        from pycni.cluster.flows.service import FlowService
+        from pycni.unixsock import Refused
+
+        try:
+            self.flows = FlowService.from_args(self.opts.flows, self.policy.resolver(),
+                                               metrics=None if self.metrics is None else self.metrics.flows)
+            if self.flows is not None:
+                self.flows.start()
+        except (OSError, ValueError, Refused) as e:  # (a live agent's socket, a bound group, no permission)
+            self.flows = None
+            self.log(f"flows: not collected ({e}); policy is enforced as before")
+            return
+        self.log(f"flows: NFLOG group {self.opts.flows.flows_group}, asked at {self.opts.flows.flows_socket}")
 
     def run(self) -> int:
         """Until SIGTERM/SIGINT: register, then resync and watch, resyncing after any interruption."""
@@ -565,6 +594,7 @@ class Agent:
         signal.signal(signal.SIGINT, self.stop)
         if self.opts.metrics_address is not None:
             self.serve_metrics(self.opts.metrics_address)
+        self.start_flows()
         etcd = self._client()
         self.log(f"starting: mode {self.opts.mode}, underlay {', '.join(self.opts.underlay_ips)}, "
                  f"etcd {', '.join(self.opts.etcd.endpoints)}, prefix {self.view.prefix}")
@@ -617,6 +647,8 @@ class Agent:
                     pause = min(pause * 2, 5.0)
         finally:
             etcd.close()
+            if self.flows is not None:
+                self.flows.stop()
         self.log("stopped (routes left in place)")
         return 0
 
@@ -682,7 +714,7 @@ class Agent:
                     # and far more on a loaded host, where a sleeper waits for a CPU to wake up)
                     batch = w.next(timeout=0.002) if time.monotonic() < drain_until and w.ready() else None
                 if policy_touched:
-                    self.apply_policy()  # (a policy, label or endpoint change moves no route)
+                    self.apply_policy(arrived)  # (a policy, label or endpoint change moves no route)
                 if touched:
                     if self.opts.name not in self.view.nodes:
                         # our key gone while we run (deleted by hand, or our lease revoked): this
@@ -852,6 +884,9 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     from pycni.cluster.bgp.agent import add_arguments as bgp_arguments
 
     bgp_arguments(sp)  # --as-number, --bgp-state-dir, ... (bgp mode: docs/cluster.md)
+    from pycni.cluster.flows.service import add_arguments as flows_arguments
+
+    flows_arguments(sp)  # --flows-socket, --flows-group, ... (docs/flows.md)
 
 
 def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
@@ -874,12 +909,17 @@ def options(ns: argparse.Namespace, *, need_underlay: bool) -> AgentOptions:
     if not 0 < ns.vxlan_vni < 1 << 24 or not 0 < ns.vxlan_port < 65536 or not 0 < len(ns.vxlan_device) < 16:
         raise invalid_config("invalid vxlan settings",
                              "--vxlan-vni 1..16777215, --vxlan-port 1..65535, --vxlan-device up to 15 characters")
+    if hasattr(ns, "flows_socket") and not (0 <= ns.flows_group <= 65535 and ns.flows_capacity >= 1
+                                            and ns.flows_rate > 0):
+        raise invalid_config("invalid flows settings",
+                             "--flows-group 0..65535, --flows-capacity at least 1, --flows-rate above 0")
     # no --mode: the agent runs host-gw; status goes by the mode the node registered ("")
     mode = ns.mode or ("host-gw" if need_underlay else "")
     return AgentOptions(etcd=etcd, name=ns.node_name or socket.gethostname(), underlay_ips=ips, mode=mode,
                         ttl=ns.ttl, device=ns.vxlan_device, vni=ns.vxlan_vni, port=ns.vxlan_port,
                         policy=bool(getattr(ns, "policy", True)),
-                        metrics_address=getattr(ns, "metrics_address", None), bgp=_bgp_options(ns, mode))
+                        metrics_address=getattr(ns, "metrics_address", None), bgp=_bgp_options(ns, mode),
+                        flows=ns if hasattr(ns, "flows_socket") else None)
 
 
 def _bgp_options(ns: argparse.Namespace, mode: str) -> Any:

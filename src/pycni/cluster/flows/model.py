@@ -3,8 +3,8 @@
 Why a convention: nftables hands a logged packet to NFLOG with nothing but its prefix to say
 which rule logged it, and a prefix holds at most 127 bytes. So the policy engine writes
 ``pycni:<A|D>:<token>`` — the verdict the rule applies, and the token naming the chain that
-decided (a policy's ``p_<hash>_<in|eg>``, an endpoint's ``ep_<iface>_<in|eg>``, or one of the
-fixed tokens below) — and this module turns such a packet into a :class:`Flow` with the engine's
+decided (a policy's ``p_<hash>_<in|eg>``, a verdict chain's ``v_<hash>_<in|eg>``, or one of
+the fixed tokens below) — and this module turns such a packet into a :class:`Flow` with the engine's
 :class:`Resolver` naming the policy and the pods.
 
 Why a ring with a rate limit: a flood of denied packets must not cost the node memory or much
@@ -42,7 +42,7 @@ NOT_PROGRAMMED = "not yet programmed"
 FIXED_TOKENS = {"fc": NOT_PROGRAMMED,          # fail closed: a pod's interface not yet covered
                 "dd": NETWORK_DEFAULT_DENY,    # the network denies by default and no policy selects the pod
                 "na": NO_POLICY}               # no policy selects the pod: allowed
-POLICY_CHAIN, ENDPOINT_CHAIN = "p", "ep"
+POLICY_CHAIN, VERDICT_CHAIN = "p", "v"
 
 
 class PrefixError(ValueError):
@@ -69,7 +69,7 @@ def _direction(token: str) -> str | None:
 
 
 def parse_prefix(prefix: str) -> tuple[str, str, str] | None:
-    """(verdict, token, direction) of a prefix of ours — ``("denied", "ep_rtd1_in", "ingress")`` —
+    """(verdict, token, direction) of a prefix of ours — ``("denied", "v_0a1b2c3d4e_in", "ingress")`` —
     or None for anyone else's."""
     head, _, rest = prefix.partition(":")
     letter, _, token = rest.partition(":")
@@ -90,7 +90,7 @@ class Resolver:
 
     ``policy(token)``: the ``NS/NAME`` of the policy whose chain is ``token`` (``p_<hash>_in``),
     or None when it is not known (any more). It is asked about every token, so the engine may
-    also name what an endpoint's final drop means (``ep_<iface>_in``), e.g. with the policies
+    also name what a verdict chain's final drop means (``v_<hash>_in``), e.g. with the policies
     that select the pod; None leaves the built-in reason. ``pod(address)``: ``NS/POD`` of the pod
     holding that address, or None. Both are called from the collector thread, once per flow:
     keep them to dictionary lookups."""
@@ -151,7 +151,7 @@ def to_flow(packet: LoggedPacket, resolver: Resolver, seq: int = 0) -> Flow | No
         reason = named
     elif kind in FIXED_TOKENS:
         reason = FIXED_TOKENS[kind]
-    elif kind == ENDPOINT_CHAIN:
+    elif kind == VERDICT_CHAIN:
         reason = DEFAULT_DENY
     else:
         reason = f"unknown chain {token}"

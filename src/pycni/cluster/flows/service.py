@@ -1,7 +1,7 @@
 """What the node agent starts for flows: the ring, the collector and the query server, together.
 
 Why one object: the agent (``pycni node``) should plug flows in with a few lines —
-:func:`add_arguments` on its parser, ``FlowService.from_args(args, resolver, registry)`` and
+:func:`add_arguments` on its parser, ``FlowService.from_args(args, resolver, metrics)`` and
 ``start()`` once its policy engine can resolve, ``stop()`` at exit (docs/flows.md, "For the
 policy engine").
 """
@@ -15,7 +15,6 @@ from pycni.cluster.flows.server import DEFAULT_SOCKET, FlowServer
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from typing import Any
 
     from pycni.cluster.flows.model import Resolver
 
@@ -48,14 +47,14 @@ class FlowService:
         self.server = FlowServer(socket_path, self.ring)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, resolver: Resolver, registry: Any = None,
-                  metrics: bool = False) -> FlowService | None:
+    def from_args(cls, args: argparse.Namespace, resolver: Resolver, metrics: FlowMetrics | None = None
+                  ) -> FlowService | None:
         """From :func:`add_arguments`' flags (None when ``--flows-socket ''`` turns flows off);
-        ``metrics``: count into ``registry`` (the agent's, when it serves --metrics-address)."""
+        ``metrics``: the counters to count into (the agent's, made with its --metrics-address
+        registry: pycni.cluster.metrics.AgentMetrics.flows)."""
         if not args.flows_socket:
             return None
-        return cls(resolver, args.flows_socket, args.flows_group, args.flows_capacity, args.flows_rate,
-                   FlowMetrics(registry) if metrics else None)
+        return cls(resolver, args.flows_socket, args.flows_group, args.flows_capacity, args.flows_rate, metrics)
 
     def start(self) -> None:
         """Bind the NFLOG group, then listen; on failure nothing is left running."""

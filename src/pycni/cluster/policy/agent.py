@@ -23,6 +23,7 @@ from typing import Any
 
 from pycni import ipaddr
 from pycni.cluster.model import Keys, NodeInfo, PodMeta, WorkloadEndpoint
+from pycni.cluster.policy.compile import LOG, LogSpec
 from pycni.cluster.policy.evaluate import Cluster, Workload
 from pycni.cluster.policy.index import PolicyIndex
 from pycni.cluster.policy.model import NetworkPolicy, PolicyError, parse_policy
@@ -210,15 +211,28 @@ class PolicyEnforcer:
     rebuilt from the records and reconciled against the kernel — a bug costs a full reconcile,
     never the agent, and is never hidden."""
 
-    def __init__(self, keys: Keys, me: str, log: Callable[[str], None], strict: bool | None = None) -> None:
+    def __init__(self, keys: Keys, me: str, log: Callable[[str], None], strict: bool | None = None,
+                 logspec: LogSpec | None = LOG) -> None:
         self.view = PolicyView(keys)
         self.me = me
         self.log = log
         self.strict = os.environ.get("PYCNI_POLICY_STRICT") == "1" if strict is None else strict
-        self.index = PolicyIndex(me)
+        self.logspec = logspec  # the flow-log rules (None: flows off, no log rules)
+        self.index = PolicyIndex(me, logspec)
         self.writer = Writer()
         self.rebuilds = 0  # full rebuilds of the index after an error in an incremental update
         self.loaded = False  # the index was built from a full read
+        self.writes = 0  # transactions the kernel took (metrics: the programming latency)
+        self.refused = 0  # transactions the kernel refused (metrics)
+
+    def resolver(self) -> Any:
+        """The flows resolver (docs/flows.md): a chain's token to what decided (a policy's NS/NAME,
+        or "default deny: selected by NS/A, NS/B"), an address to NS/POD, from the current index
+        (plain dictionary gets: the collector's thread calls it once per flow)."""
+        from pycni.cluster.flows.model import Resolver
+
+        return Resolver(policy=lambda token: self.index.tokens.get(token),
+                        pod=lambda address: self.index.addresses.get(address))
 
     def load(self, kv: Any, revision: int = 0) -> None:
         """A full read of etcd (start, a broken watch, the periodic resync) — at ``revision`` when
@@ -276,7 +290,7 @@ class PolicyEnforcer:
 
     def rebuild(self) -> None:
         """The index from the records, from nothing; the next write compares with the kernel."""
-        index = PolicyIndex(self.me)
+        index = PolicyIndex(self.me, self.logspec)
         for ns, meta in self.view.namespaces.items():
             index.set_namespace(ns, meta.labels)
         for (ns, name), pol in sorted(self.view.policies.items()):
@@ -329,8 +343,11 @@ class PolicyEnforcer:
         try:
             script, read = self.writer.write(want, dirty)
         except CNIError as e:
+            self.refused += 1
             self.log(f"FAILED policy update: {e.msg}: {e.details}")
             return False
+        if script:
+            self.writes += 1
         if script or read:
             n = script.count("\n")
             self.log(f"policy: {'reconciled with the kernel' if read else 'updated'} ({n} commands; "

@@ -101,6 +101,9 @@ class PolicyIndex:
         self._sources: dict[str, tuple[str, dict[str, int]]] = {}      # set name -> (type, counted elements)
         self._stale: set[str] = set()                                  # set names to materialize
         self.dirty = Dirty(chains=set(self.state.chains))
+        # for the flows resolver (docs/flows.md), read from the collector's thread: plain dict gets
+        self.tokens: dict[str, str] = {}                               # p_/v_ chain -> what decided
+        self.addresses: dict[str, str] = {}                            # pod address -> NS/POD
 
     # -- inputs --
 
@@ -135,6 +138,11 @@ class PolicyIndex:
             self.named.setdefault(name, set()).add(key)
             if name in self.ports and new is not None:
                 self._count(self.ports[name], port_elements(new, name), +1)
+        for ip in old.ips if old is not None else ():
+            if self.addresses.get(str(ip)) == old.key:  # type: ignore[union-attr]
+                del self.addresses[str(ip)]
+        for ip in new.ips if new is not None else ():
+            self.addresses[str(ip)] = new.key  # type: ignore[union-attr]
         if old is not None:
             self.in_ns[old.namespace].discard(key)
             if old.node == self.me:
@@ -204,6 +212,11 @@ class PolicyIndex:
         return Desired(sets=dict(s.sets), chains=dict(s.chains), ingress=dict(s.ingress), egress=dict(s.egress),
                        covered=frozenset(self._covered), comments=dict(s.comments), log=s.log)
 
+    @property
+    def endpoints(self) -> int:
+        """Local attachments enforced (in the covered set)."""
+        return len(self._covered)
+
     # -- inner workings --
 
     def _nsl(self, ns: str) -> dict[str, str]:
@@ -265,6 +278,7 @@ class PolicyIndex:
                     users = self.vusers.setdefault(chain, set())
                     if not users:
                         self._chain(chain, verdict_chain((self.policies[k] for k in after[d]), d, self.log))
+                        self.tokens[chain] = f"default deny: selected by {', '.join(after[d])}"
                     users.add(key)
                     self._map(d, table, new.iface, f"jump {chain}")
                 else:
@@ -280,6 +294,7 @@ class PolicyIndex:
                 if not users:
                     del self.vusers[chain]
                     self._chain(chain, None)
+                    self.tokens.pop(chain, None)
         touched: set[tuple[str, str]] = set()
         for d in DIRECTIONS:
             for pk in set(before[d]) - set(after[d]):
@@ -332,6 +347,7 @@ class PolicyIndex:
                 if self.log is not None:
                     self._chain(accept_chain(policy, d), accept_rules(policy, d, self.log))
                 self._chain(policy_chain(policy, d), r.rules, policy_comment(policy, d))
+                self.tokens[policy_chain(policy, d)] = pk
             else:
                 if not users:
                     self.users.pop((pk, d), None)
@@ -339,6 +355,7 @@ class PolicyIndex:
                     self._release(cur[1])
                     del self.rendered[(pk, d)]
                     self._chain(policy_chain(cur[0], d), None)
+                    self.tokens.pop(policy_chain(cur[0], d), None)
                     self._chain(accept_chain(cur[0], d), None)
 
     def _release(self, r: Rendered) -> None:
