@@ -61,6 +61,14 @@ class AgentMetrics:
                                      registry=registry)
         self.route_changes = Counter("pycni_route_changes", "Route (and vxlan peer) changes made in the kernel",
                                      registry=registry)
+        self.policy_programming = Histogram("pycni_policy_programming_seconds", "From a watch batch's arrival "
+                                            "to the kernel holding the policy change it asks for",
+                                            buckets=LATENCY_BUCKETS, registry=registry)
+        self.flows: Any = None
+        if agent.policy is not None:
+            from pycni.cluster.flows.collector import FlowMetrics
+
+            self.flows = FlowMetrics(registry)  # (the collector counts into it when flows are on)
         registry.register(_AgentState(agent))
 
 
@@ -120,6 +128,39 @@ class _AgentState:
         nodes = GaugeMetricFamily("pycni_nodes", "Nodes registered in etcd, as this agent sees them")
         nodes.add_metric([], len(view.nodes))
         yield nodes
+        if self.agent.policy is not None:
+            yield from _policy_state(self.agent.policy)
+
+
+def _policy_state(enf: Any) -> Iterator[Any]:
+    """The policy engine's gauges and counters (a :class:`~pycni.cluster.policy.agent.PolicyEnforcer`)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    endpoints = GaugeMetricFamily("pycni_policy_endpoints", "Local endpoints (pods' interfaces) policy is "
+                                  "enforced on: in the table's covered set")
+    endpoints.add_metric([], enf.index.endpoints)
+    yield endpoints
+    policies = GaugeMetricFamily("pycni_policy_policies", "NetworkPolicies known to this agent (the cluster's, "
+                                 "valid ones)")
+    policies.add_metric([], len(enf.view.policies))
+    yield policies
+    mirror = enf.writer.mirror
+    if mirror is not None:  # (None between a refusal or a resync and the next write: no figure then)
+        rules = GaugeMetricFamily("pycni_policy_rules_programmed", "Rules in this node's nftables table inet "
+                                  "pycni_policy, as last committed")
+        rules.add_metric([], sum(len(tags) for tags in list(mirror.chains.values()))
+                         + sum(len(tags) for _prio, tags in list(mirror.base_chains.values())))
+        yield rules
+    reconciles = CounterMetricFamily("pycni_policy_reconciles", "Times the policy table was read back from the "
+                                     "kernel and compared whole (start, resyncs, after a refusal)")
+    reconciles.add_metric([], enf.writer.reads)
+    yield reconciles
+    errors = CounterMetricFamily("pycni_policy_errors", "Policy engine errors, by kind: kernel_refused (a "
+                                 "transaction the kernel refused; the next write reconciles), index_rebuilt (an "
+                                 "incremental update failed; the index was rebuilt)", labels=["kind"])
+    errors.add_metric(["kernel_refused"], enf.refused)
+    errors.add_metric(["index_rebuilt"], enf.rebuilds)
+    yield errors
 
 
 class KubeMetrics:
