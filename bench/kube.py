@@ -81,6 +81,8 @@ class Bench:
         self.pods: dict[str, tuple[Namespace, dict[int, str]]] = {}
 
     def spawn(self, where: Namespace, name: str, *args: str) -> subprocess.Popen[bytes]:
+        if args[:1] == ("node",):  # (each agent its own flows socket, never the machine's /run/pycni)
+            args = (*args, "--flows-socket", os.path.join(self.tmp, f"{name}-flows.sock"))
         with open(os.path.join(self.tmp, f"{name}.log"), "wb") as f:
             p = subprocess.Popen(["ip", "netns", "exec", where.name, sys.executable, "-m", "pycni", *args,
                                   "--etcd-endpoints", ",".join(self.cluster.endpoints), "--etcd-prefix", PREFIX],

@@ -285,7 +285,8 @@ def run_bench(opts: argparse.Namespace) -> int:
                     agents.append(subprocess.Popen(
                         ["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node", "--policy",
                          "--etcd-endpoints", ",".join(cluster.endpoints), "--etcd-prefix", PREFIX,
-                         "--node-name", node.name, "--underlay-ip", node.ip],
+                         "--node-name", node.name, "--underlay-ip", node.ip,
+                         "--flows-socket", os.path.join(tmp, f"flows-{node.name}.sock")],
                         stdout=lf, stderr=subprocess.STDOUT,
                         env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))))
             monitors = [Monitor(n) for n in cluster.nodes]

@@ -92,7 +92,7 @@ class Agents:
             self.procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node", "--etcd-endpoints",
                  ",".join(cluster.endpoints), "--etcd-prefix", PREFIX, "--node-name", node.name, "--underlay-ip",
-                 node.ip, "--mode", "host-gw"], stdout=log_file, stderr=subprocess.STDOUT,
+                 node.ip, "--mode", "host-gw", "--flows-socket", ""], stdout=log_file, stderr=subprocess.STDOUT,
                 env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))))
             log_file.close()
         time.sleep(1.5)

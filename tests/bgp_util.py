@@ -160,7 +160,7 @@ class Node:
 
     def start_agent(self, mode: str = "bgp", *extra: str) -> None:
         cmd = ["ip", "netns", "exec", self.ns.name, sys.executable, "-m", "pycni", "node", *self.lab.etcd_flags(),
-               "--node-name", self.name, "--underlay-ip",
+               "--flows-socket", "", "--node-name", self.name, "--underlay-ip",
                f"{self.etcd.ip},{self.ip6}" if self.lab.dual else self.etcd.ip, "--mode", mode, "--ttl", "30",
                "--bgp-state-dir", str(self.lab.tmp / "bgp"), "--bgp-hold-time", str(HOLD),
                "--bgp-restart-time", "20", *extra]

@@ -32,6 +32,8 @@ class Cluster:
         self.kubeconfig = api.kubeconfig(os.path.join(tmp, "kubeconfig"))
 
     def spawn(self, where: Namespace, name: str, *args: str) -> subprocess.Popen[bytes]:
+        if args[:1] == ("node",) and "--flows-socket" not in args:  # (never the machine's /run/pycni)
+            args = (*args, "--flows-socket", os.path.join(self.tmp, f"{name}-flows.sock"))
         with open(os.path.join(self.tmp, f"{name}.log"), "ab") as f:
             p = subprocess.Popen(["ip", "netns", "exec", where.name, sys.executable, "-m", "pycni", *args,
                                   "--etcd-endpoints", ",".join(self.etcd.endpoints), "--etcd-prefix", PREFIX],

@@ -113,7 +113,7 @@ class Cluster:
                 self.agents.append(subprocess.Popen(
                     ["ip", "netns", "exec", n.ns.name, sys.executable, "-m", "pycni", "node", "--etcd-endpoints",
                      ",".join(self.etcd.endpoints), "--etcd-prefix", self.prefix, "--node-name", n.name,
-                     "--underlay-ip", n.ip, "--mode", self.mode, "--ttl", "30"],
+                     "--underlay-ip", n.ip, "--mode", self.mode, "--ttl", "30", "--flows-socket", ""],
                     stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         deadline = time.monotonic() + 30
         for n in self.etcd.nodes:

@@ -329,7 +329,7 @@ def test_conflist_waits_for_the_node_agent(node: Node) -> None:
             n1 = cluster.nodes[0]
             agent = subprocess.Popen(["ip", "netns", "exec", n1.ns.name, sys.executable, "-m", "pycni", "node",
                                       "--etcd-endpoints", endpoints, "--etcd-prefix", "/pi32", "--node-name",
-                                      "pi32-node", "--underlay-ip", n1.ip],
+                                      "pi32-node", "--underlay-ip", n1.ip, "--flows-socket", ""],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             assert inst.wait(90) == 0, inst.communicate()
             assert (node.net / "10-pycni.conflist").exists()

@@ -48,7 +48,7 @@ class Node:
         cmd = ["ip", "netns", "exec", self.ns.name, sys.executable, "-m", "pycni", "node",
                "--etcd-endpoints", ",".join(self.env.cluster.endpoints), "--etcd-prefix", self.env.prefix,
                "--node-name", self.name, "--underlay-ip", self.underlay(), "--mode", self.env.mode,
-               "--ttl", str(ttl)]
+               "--ttl", str(ttl), "--flows-socket", ""]
         with open(self.log, "ab") as log:
             self.agent = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.env.wait(lambda: f"registered {self.env.prefix}/nodes/{self.name}" in self.log_text(),
@@ -372,7 +372,8 @@ def test_agents_over_tls(tmp_path: Path) -> None:
                 log = open(tmp_path / f"{node.name}.log", "wb")
                 procs.append(subprocess.Popen(
                     ["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node", "--etcd-endpoints",
-                     ",".join(c.endpoints), "--node-name", node.name, "--underlay-ip", node.ip, *tls],
+                     ",".join(c.endpoints), "--node-name", node.name, "--underlay-ip", node.ip,
+                     "--flows-socket", "", *tls],
                     stdout=log, stderr=subprocess.STDOUT))
                 log.close()
             with c.client() as etcd:

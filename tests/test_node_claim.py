@@ -96,7 +96,8 @@ def test_second_agent_with_a_live_name_refuses_to_start(cluster: EtcdCluster, tm
         try:
             return subprocess.Popen(["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node",  # type: ignore[attr-defined]
                                      "--etcd-endpoints", eps, "--etcd-prefix", prefix, "--node-name", name,
-                                     "--underlay-ip", ip, "--ttl", "20"], stdout=log, stderr=subprocess.STDOUT)
+                                     "--underlay-ip", ip, "--ttl", "20", "--flows-socket", ""],
+                                    stdout=log, stderr=subprocess.STDOUT)
         finally:
             log.close()
 

@@ -63,6 +63,8 @@ class Env:
         self.where: dict[str, int] = {}
         self.namespaces: list[Namespace] = []
         self.servers: EchoServers | None = None
+        self.pod_prefix = "pe34-pod"  # the pods' namespaces' prefix
+        self.extra: Any = lambda i: []  # more flags for node i's agent
 
     def log(self, i: int) -> Path:
         return self.tmp / f"agent-{self.nodes[i].name}.log"
@@ -73,7 +75,8 @@ class Env:
         node = self.nodes[i]
         cmd = ["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node", "--policy",
                "--etcd-endpoints", ",".join(endpoints or self.cluster.endpoints), "--etcd-prefix", self.prefix,
-               "--node-name", node.name, "--underlay-ip", node.ip, "--ttl", "30", "--mode", mode]
+               "--node-name", node.name, "--underlay-ip", node.ip, "--ttl", "30", "--mode", mode,
+               "--flows-socket", str(self.tmp / f"flows-{node.name}.sock"), *self.extra(i)]
         before = self.log(i).read_text().count("policy: reconciled with the kernel") if self.log(i).exists() else 0
         with open(self.log(i), "ab") as log:
             self.agents[i] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -107,15 +110,15 @@ class Env:
 
     def add(self, key: str, i: int, **conf: Any) -> tuple[Namespace, dict[str, Any]]:
         ns_name, pod = key.split("/")
-        pns = new_namespace("pe34-pod")
+        pns = new_namespace(self.pod_prefix)
         self.namespaces.append(pns)
         outcome = run("routed", "ADD", self.conf(i, **conf), host=self.nodes[i].ns, netns=pns,
                       cni_path=self.plugin_dir,
                        container_id=f"po-{ns_name}-{pod}",
                        args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns_name};K8S_POD_NAME={pod}")
         if outcome.exit_code != 0:  # say what the agents were doing
-            logs = "\n".join(f"--- {self.nodes[j].name}:\n" + self.log(j).read_text()[-3000:] for j in range(3)
-                             if self.log(j).exists())
+            logs = "\n".join(f"--- {self.nodes[j].name}:\n" + self.log(j).read_text()[-3000:]
+                             for j in range(len(self.nodes)) if self.log(j).exists())
             raise AssertionError(f"ADD {key} on {self.nodes[i].name}: {outcome.stdout.decode()}\n{logs}")
         res = ok(outcome)
         addrs = {ipaddr.ip_interface(x["address"]).version: x["address"].split("/")[0] for x in res["ips"]}
