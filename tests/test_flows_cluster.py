@@ -3,7 +3,8 @@ with its own ``--flows-socket`` and ``--metrics-address``), routed + cluster-ipa
 probes, the kernel's NFLOG log rules read by the agents, ``pycni flows`` asking an agent, ``pycni
 policy why`` asking etcd, and a real Prometheus scraping both agents (docs/flows.md, docs/metrics.md).
 
-Pods: shop/front (app=front) and other/x (app=x) on node1, shop/db (app=db) on node2. Two policies
+Pods: shop/front (app=front) and other/x (app=x) on node1, shop/db (app=db) on node2 (and for a
+while lock/l, of a "defaultPolicy": "deny" network, on node1). Two policies
 select shop/db: ``db-from-front`` (80/TCP from app=front) and ``db-admin`` (81/TCP from app=admin).
 """
 
@@ -172,6 +173,28 @@ def test_pod_and_namespace_filters_on_real_flows(env: Env) -> None:
     assert not any(f["source"] == "other/x" for f in of_front)
     both = flows(env, 1, "--pod", "other/x", "--verdict", "denied")
     assert both and all(f["verdict"] == "denied" and f["source"] == "other/x" for f in both)
+
+
+def test_network_default_deny_shows_as_such(env: Env) -> None:
+    """A pod of a "defaultPolicy": "deny" network no policy selects: its drop is the network's, and
+    `policy why` says the same."""
+    pns, _ = env.add("lock/l", 0, defaultPolicy="deny")
+    servers = EchoServers([pns])
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            probe(env.pods, [("shop/front", "lock/l", 80, "TCP")], retries=0, window=0.5)
+            got = [f for f in flows(env, 0, "--pod", "lock/l", "--verdict", "denied") if f["destination"] == "lock/l"]
+            if got or time.monotonic() > deadline:
+                break
+        assert got and got[-1]["reason"] == "default deny (no policy selects this pod)", got
+        assert got[-1]["source"] == "shop/front" and got[-1]["direction"] == "ingress"
+        why = env.cli("policy", "why", "shop/front", "lock/l", "80/TCP", check=False)
+        assert why.returncode == 3 and "denied by the network's defaultPolicy deny (no policy selects it)" in \
+            why.stdout, why.stdout
+    finally:
+        servers.close()
+        env.delete("lock/l", defaultPolicy="deny")
 
 
 def test_prometheus_sees_drops_and_policies_move(env: Env, tmp_path: Path) -> None:
