@@ -17,8 +17,8 @@ from pycni import ipaddr
 from pycni.cluster.memkv import MemKV
 from pycni.cluster.model import Keys, PodMeta, WorkloadEndpoint
 from pycni.cluster.policy.agent import PolicyEnforcer
-from pycni.cluster.policy.compile import Desired, compile_full
-from pycni.cluster.policy.evaluate import Cluster, Workload, decide
+from pycni.cluster.policy.compile import Desired, compile_full, verdict_chain_name
+from pycni.cluster.policy.evaluate import EGRESS, INGRESS, Cluster, Workload, decide
 from pycni.cluster.policy.index import PolicyIndex
 from pycni.cluster.policy.model import NetworkPolicy, parse_policies, parse_policy
 from pycni.cluster.policy.nftsync import Dirty, Kernel, Writer, _commit, diff_script
@@ -134,6 +134,13 @@ def test_index_equals_full_compile_and_decide() -> None:
             want = compile_full(n, workloads.values(), policies.values(), namespaces)
             assert got == want, f"step {step} node {n}"
             tables[n] = got
+            # the flows resolver knows exactly the chains a log rule names, and every pod's address
+            assert set(ix.tokens) == {c for c in got.chains if c.startswith(("p_", "v_"))}, f"step {step}"
+            assert all(ix.tokens[c] == policies[ix.tokens[c]].key for c in ix.tokens if c.startswith("p_"))
+            for c in (c for c in ix.tokens if c.startswith("v_")):  # names the policies the chain is of
+                named = tuple(ix.tokens[c].removeprefix("default deny: selected by ").split(", "))
+                assert verdict_chain_name(named, INGRESS if c.endswith("_in") else EGRESS) == c, ix.tokens[c]
+            assert ix.addresses == {str(ip): w.key for w in workloads.values() for ip in w.ips}, f"step {step}"
         if step % 7 == 0 and len(workloads) > 2:
             cluster = Cluster(policies=list(policies.values()), namespaces=namespaces)
             ws = list(workloads.values())

@@ -65,10 +65,10 @@ class AgentMetrics:
                                             "to the kernel holding the policy change it asks for",
                                             buckets=LATENCY_BUCKETS, registry=registry)
         self.flows: Any = None
-        if agent.policy is not None:
+        if agent.policy is not None and agent.policy.logspec is not None:
             from pycni.cluster.flows.collector import FlowMetrics
 
-            self.flows = FlowMetrics(registry)  # (the collector counts into it when flows are on)
+            self.flows = FlowMetrics(registry)  # (the collector counts into it)
         registry.register(_AgentState(agent))
 
 

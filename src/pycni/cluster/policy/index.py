@@ -138,11 +138,13 @@ class PolicyIndex:
             self.named.setdefault(name, set()).add(key)
             if name in self.ports and new is not None:
                 self._count(self.ports[name], port_elements(new, name), +1)
-        for ip in old.ips if old is not None else ():
-            if self.addresses.get(str(ip)) == old.key:  # type: ignore[union-attr]
-                del self.addresses[str(ip)]
-        for ip in new.ips if new is not None else ():
-            self.addresses[str(ip)] = new.key  # type: ignore[union-attr]
+        if old is not None:
+            for ip in old.ips:
+                if self.addresses.get(str(ip)) == old.key:
+                    del self.addresses[str(ip)]
+        if new is not None:
+            for ip in new.ips:
+                self.addresses[str(ip)] = new.key
         if old is not None:
             self.in_ns[old.namespace].discard(key)
             if old.node == self.me:
