@@ -110,7 +110,7 @@ def node(plugin_dir: str, tmp_path: Any) -> Iterator[Node]:
             n.spawn(cluster.underlay, "ctl", "kube-controllers", "--kubeconfig", kc, "--resync", "5",
                     "--gc-grace", "30", "--lease-ttl", "3")
             n.spawn(n.ns, "agent", "node", "--policy", "--node-name", cluster.nodes[0].name,
-                    "--underlay-ip", cluster.nodes[0].ip, "--ttl", "30")
+                    "--underlay-ip", cluster.nodes[0].ip, "--ttl", "30", "--flows-socket", "")
             deadline = time.monotonic() + 30
             while n.ns.run(["nft", "list", "table", "inet", workload.TABLE], check=False).returncode != 0:
                 assert time.monotonic() < deadline, "the agent made no policy table\n" + n.logs()

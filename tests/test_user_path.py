@@ -282,7 +282,8 @@ def test_policy_apply_reads_a_kubectl_export(cluster: Cluster) -> None:
 def start_agent(cluster: Cluster, name: str, *flags: str) -> subprocess.Popen[str]:
     ip = str(list(cluster.etcd.net.hosts())[-1])  # the underlay namespace's own address
     return subprocess.Popen(["ip", "netns", "exec", cluster.ns.name, sys.executable, "-m", "pycni", "node",
-                             *cluster.flags(), "--node-name", name, "--underlay-ip", ip, *flags],
+                             *cluster.flags(), "--node-name", name, "--underlay-ip", ip, "--flows-socket", "",
+                             *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
 
 
