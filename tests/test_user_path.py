@@ -347,7 +347,8 @@ def test_agent_says_once_that_it_cannot_reach_etcd(lone_ns: Namespace) -> None:
     lone_ns.run(["ip", "addr", "add", "192.0.2.10/24", "dev", "ul0"])
     lone_ns.run(["ip", "link", "set", "ul0", "up"])
     agent = subprocess.Popen(["ip", "netns", "exec", lone_ns.name, sys.executable, "-m", "pycni", "node",
-                              "--etcd-endpoints", REFUSED, "--node-name", "pc33-lone", "--underlay-ip", "192.0.2.10"],
+                              "--etcd-endpoints", REFUSED, "--node-name", "pc33-lone", "--underlay-ip", "192.0.2.10",
+                              "--flows-socket", ""],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     time.sleep(4)
     assert agent.poll() is None  # it keeps retrying
