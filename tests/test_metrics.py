@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,8 @@ def test_bad_address_is_refused_with_the_forms(text: str) -> None:
 
 
 def test_bad_address_is_a_usage_error_naming_the_flag(tmp_path: Path) -> None:
-    proc = subprocess.run(["pycni", "daemon", "--socket", str(tmp_path / "s.sock"), "--metrics-address", "x:y"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "pycni", "daemon", "--socket", str(tmp_path / "s.sock"),
+                           "--metrics-address", "x:y"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--metrics-address" in proc.stderr and "Traceback" not in proc.stderr
 
