@@ -188,7 +188,7 @@ def _in_threads(fn: Callable[[], Any], n: int) -> list[threading.Thread]:
     return threads
 
 
-def test_same_container_is_serialised(daemon: Daemon, ctr: Namespace) -> None:
+def test_same_attachment_is_serialised(daemon: Daemon, ctr: Namespace) -> None:
     gate = Gate()
     daemon.plugins["host-local"] = Plugin(add=gate.add, about="gate")
     codes: list[int] = []
@@ -198,7 +198,7 @@ def test_same_container_is_serialised(daemon: Daemon, ctr: Namespace) -> None:
     # all three requests are in the daemon: one runs, two wait on the container's lock
     for _ in range(int(WAIT * 100)):
         with daemon.locks._guard:
-            users = daemon.locks._locks.get("same", (None, 0))[1]
+            users = daemon.locks._locks.get("same\0eth0", (None, 0))[1]
         if users == 3:
             break
         threading.Event().wait(0.01)
@@ -208,7 +208,25 @@ def test_same_container_is_serialised(daemon: Daemon, ctr: Namespace) -> None:
     for t in threads:
         t.join(WAIT)
     assert codes == [0, 0, 0] and gate.max_active["same"] == 1
-    assert "same" not in daemon.locks._locks  # dropped when unused
+    assert "same\0eth0" not in daemon.locks._locks  # dropped when unused
+
+
+def test_two_interfaces_of_one_container_run_concurrently(daemon: Daemon, ctr: Namespace) -> None:
+    """go-cni runs a sandbox's loopback network (CNI_IFNAME lo) and its pod network (eth0) at once:
+    neither waits for the other, as with plugin processes; each attachment is still serialised."""
+    gate = Gate()
+    daemon.plugins["host-local"] = Plugin(add=gate.add, about="gate")
+    codes: list[int] = []
+    names = iter(["lo", "eth0"])
+    threads = _in_threads(lambda: codes.append(request(
+        daemon.socket_path, "host-local", {**env_for(ctr, "pod"), "CNI_IFNAME": next(names)}, CONF)[0]), 2)
+    for _ in range(2):  # both handlers are inside at the same time
+        assert gate.entered.acquire(timeout=WAIT)
+    assert gate.total_active == 2
+    gate.release.set()
+    for t in threads:
+        t.join(WAIT)
+    assert codes == [0, 0] and gate.max_total == 2
 
 
 def test_different_containers_run_concurrently(daemon: Daemon, ctr: Namespace) -> None:

@@ -4,7 +4,8 @@ Each connection is one plugin invocation forwarded by a shim (see :mod:`pycni.sh
 daemon learns the caller's pid from the socket's peer credentials and performs the request in
 that process's network namespace, so a plugin behaves exactly as if it had run in the shim.
 Requests run concurrently on threads (netns switches are per-thread), but never two for the
-same container at once; a failing request becomes an error reply, never a dead daemon.
+same attachment (container ID and interface) at once; a failing request becomes an error
+reply, never a dead daemon.
 Only root and the daemon's own user may connect.
 
 Operating rules (docs/daemon.md): one daemon per socket, claimed with an flock on
@@ -606,7 +607,12 @@ class Daemon:
         except OSError as e:
             return _error_outcome(CNIError(IO_FAILURE, "cannot find the caller's network namespace", str(e)))
         try:
-            key = env.get("CNI_CONTAINERID") or ""
+            # One attachment at a time (container ID and interface): go-cni runs the loopback
+            # network ("lo") and the pod's network ("eth0") of one sandbox at once, as separate
+            # plugin processes would run; serialising them would make loopback wait for the
+            # whole main chain. ADD and DEL of the same attachment still never overlap.
+            container = env.get("CNI_CONTAINERID") or ""
+            key = f"{container}\0{env.get('CNI_IFNAME', '')}" if container else ""
             locked = key and not nested
             lock = self.locks.hold(key) if locked else nullcontext()
             plock = self.process_locks.hold(key) if locked and self.process_locks else nullcontext()
@@ -620,7 +626,7 @@ class Daemon:
                     self.metrics.observe(name, env.get("CNI_COMMAND", ""), outcome.exit_code == 0,
                                          time.perf_counter() - started)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("%s %s %s (pid %d): exit %d in %.1f ms", name, env.get("CNI_COMMAND"), key, peer_pid,
+                log.debug("%s %s %s (pid %d): exit %d in %.1f ms", name, env.get("CNI_COMMAND"), container, peer_pid,
                           outcome.exit_code, (time.perf_counter() - started) * 1000)
             return outcome
         except CNIError as e:
