@@ -21,10 +21,11 @@ from pycni.spec.errors import invalid_config
 
 TYPE_CHECKING = False  # not typing's: importing typing costs a one-shot plugin ~4 ms (see pycni.record)
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
     from pycni.cluster.etcd import Etcd
+    from pycni.cluster.model import Keys
 
 DEFAULT_BLOCK_V4 = 26
 DEFAULT_BLOCK_V6 = 122
@@ -215,3 +216,31 @@ def etcd_settings_from_args(ns: Any, timeout: float = CLI_ETCD_TIMEOUT) -> EtcdS
                        timeout=budget, ca_cert=ns.etcd_ca_cert, cert=ns.etcd_cert, key=ns.etcd_key, fail_fast=True)
     check_tls_files(out, ("--etcd-ca-cert", "--etcd-cert", "--etcd-key"))
     return out
+
+
+def cli_client(ns: Any) -> tuple[Etcd, Keys]:
+    """An operator verb's etcd client and key layout, from :func:`add_etcd_arguments`' flags (one
+    budget, failing fast when every endpoint refuses)."""
+    from pycni.cluster.model import Keys
+
+    settings = etcd_settings_from_args(ns)
+    return client(settings, one_shot=True), Keys(settings.prefix)
+
+
+def etcd_errors_mapped(fn: Callable[[Any], int]) -> Callable[[Any], int]:
+    """An operator verb whose etcd failures become CNI errors (code 11 when no endpoint answers),
+    mapped at this one boundary; any other exception goes on as it was."""
+    from pycni.spec.errors import TRY_AGAIN, CNIError
+
+    def run(ns: Any) -> int:
+        from pycni.cluster.session import raise_mapped
+
+        try:
+            return int(fn(ns))
+        except CNIError:
+            raise
+        except Exception as e:  # noqa: BLE001 - mapped below, re-raised when not etcd's
+            raise_mapped(e, TRY_AGAIN, "")
+            raise
+    run.__doc__ = fn.__doc__
+    return run

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-CLI_TIMEOUT = 10.0
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62})$")
 
 
@@ -74,26 +73,15 @@ def add_parsers(sub: Any) -> None:
 
 
 def _client(opts: argparse.Namespace) -> tuple[Any, Keys]:
-    from pycni.cluster.settings import client, etcd_settings_from_args
+    from pycni.cluster.settings import cli_client
 
-    settings = etcd_settings_from_args(opts, CLI_TIMEOUT)
-    return client(settings, one_shot=False), Keys(settings.prefix)
+    return cli_client(opts)
 
 
 def _mapped(fn: Any) -> Any:
-    """Etcd failures as CNI errors (code 11 when no endpoint answers), at this one boundary."""
-    def run(opts: argparse.Namespace) -> int:
-        from pycni.cluster.session import raise_mapped
+    from pycni.cluster.settings import etcd_errors_mapped
 
-        try:
-            return int(fn(opts))
-        except CNIError:
-            raise
-        except Exception as e:  # noqa: BLE001 - mapped below, re-raised when not etcd's
-            raise_mapped(e, TRY_AGAIN, "pycni bgp")
-            raise
-    run.__doc__ = fn.__doc__
-    return run
+    return etcd_errors_mapped(fn)
 
 
 def _check_as(n: int, flag: str = "--as-number") -> int:

@@ -22,7 +22,7 @@ import sys
 
 from pycni.cluster.model import Keys, PodMeta
 from pycni.output import EXIT_NO
-from pycni.spec.errors import TRY_AGAIN, UNKNOWN_CONTAINER, CNIError, invalid_config
+from pycni.spec.errors import UNKNOWN_CONTAINER, CNIError, invalid_config
 
 TYPE_CHECKING = False  # `pycni` builds every parser at start: keep this module's import cheap
 if TYPE_CHECKING:
@@ -105,26 +105,15 @@ def _scope_flags(sp: argparse.ArgumentParser) -> None:
 
 
 def _client(opts: argparse.Namespace) -> tuple[Any, Keys]:
-    from pycni.cluster.settings import client, etcd_settings_from_args
+    from pycni.cluster.settings import cli_client
 
-    settings = etcd_settings_from_args(opts)
-    return client(settings, one_shot=True), Keys(settings.prefix)
+    return cli_client(opts)
 
 
 def _mapped(fn: Any) -> Any:
-    """Etcd failures as CNI errors (code 11 when no endpoint answers), at this one boundary."""
-    def run(opts: argparse.Namespace) -> int:
-        from pycni.cluster.session import raise_mapped
+    from pycni.cluster.settings import etcd_errors_mapped
 
-        try:
-            return int(fn(opts))
-        except CNIError:
-            raise
-        except Exception as e:  # noqa: BLE001 - mapped below, re-raised when not etcd's
-            raise_mapped(e, TRY_AGAIN, "")
-            raise
-    run.__doc__ = fn.__doc__
-    return run
+    return etcd_errors_mapped(fn)
 
 
 def _split_target(text: str, what: str) -> tuple[str, str]:
