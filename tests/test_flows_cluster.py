@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -27,7 +26,6 @@ from prom_util import Prometheus, query, wait_value
 from test_policy_cluster import Env
 
 from pycni.cluster.model import PodMeta
-from pycni.cluster.node import RTPROT_PYCNI
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs root and etcd (Debian's etcd-server)")
 
@@ -87,15 +85,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                       ("other/x", "shop/db", 81): False})
             yield e
         finally:
-            if e.servers is not None:
-                e.servers.close()
-            for i in list(e.agents):
-                e.stop_agent(i, signal.SIGKILL)
-            for ns in e.namespaces:
-                ns.delete()
-            for node in e.nodes:
-                node.ns.run(["nft", "delete", "table", "inet", "pycni_policy"], check=False)
-                node.ns.run(["ip", "-4", "route", "flush", "proto", str(RTPROT_PYCNI)], check=False)
+            e.close()
 
 
 def reach(env: Env, want: dict[tuple[str, str, int], bool], timeout: float = 30.0) -> None:

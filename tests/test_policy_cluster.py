@@ -85,6 +85,19 @@ class Env:
             self.wait(lambda: self.log(i).read_text().count("policy: reconciled with the kernel") > before,
                       f"agent {node.name} programmed its policy table")
 
+    def close(self) -> None:
+        """Everything the env made: echo servers, agents, pods' namespaces, the nodes' policy
+        tables and routes (the nodes themselves are the etcd cluster's)."""
+        if self.servers is not None:
+            self.servers.close()
+        for i in list(self.agents):
+            self.stop_agent(i, signal.SIGKILL)
+        for ns in self.namespaces:
+            ns.delete()
+        for node in self.nodes:
+            node.ns.run(["nft", "delete", "table", "inet", "pycni_policy"], check=False)
+            node.ns.run(["ip", "-4", "route", "flush", "proto", str(RTPROT_PYCNI)], check=False)
+
     def stop_agent(self, i: int, sig: int = signal.SIGTERM) -> None:
         proc = self.agents.pop(i, None)
         if proc is not None and proc.poll() is None:
@@ -205,15 +218,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             e.matrix(CASES[0])  # everything reaches everything before any policy
             yield e
         finally:
-            if e.servers is not None:
-                e.servers.close()
-            for i in list(e.agents):
-                e.stop_agent(i, signal.SIGKILL)
-            for ns in e.namespaces:
-                ns.delete()
-            for node in e.nodes:
-                node.ns.run(["nft", "delete", "table", "inet", "pycni_policy"], check=False)
-                node.ns.run(["ip", "-4", "route", "flush", "proto", str(RTPROT_PYCNI)], check=False)
+            e.close()
 
 
 TRUTH = ["deny-all ingress in x", "deny-all egress in x", "x/a allows ingress from pod=b of its own namespace",
