@@ -267,6 +267,8 @@ def test_two_containers_through_bridge_get_distinct_leases_and_del_releases(
         rc, out, err = _invoke(dhcp_net.host, bin_dir, "bridge", "DEL", conf, f"ctr{i}", c.path)
         assert rc == 0, (out, err)
     _wait_for(lambda: not dhcp_net.leases(), 5, f"dnsmasq to drop the leases: {dhcp_net.lease_lines()}\n{daemon.log()}")
+    # dnsmasq logs asynchronously: its lease file can be rewritten before the second line is written
+    _wait_for(lambda: dhcp_net.log().count("DHCPRELEASE") >= 2, 5, f"dnsmasq to log both releases: {dhcp_net.log()}")
     assert dhcp_net.log().count("DHCPRELEASE") == 2
     # DEL again is fine
     rc, out, err = _invoke(dhcp_net.host, bin_dir, "bridge", "DEL", conf, "ctr0", containers[0].path)
