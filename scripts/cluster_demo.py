@@ -68,7 +68,9 @@ def main() -> int:
             for node in cluster.nodes:
                 log = open(os.path.join(tmp, f"agent-{node.name}.log"), "ab")
                 cmd = [py, "-m", "pycni", "node", "--etcd-endpoints", endpoints, "--etcd-prefix", "/pycni",
-                       "--node-name", node.name, "--underlay-ip", node.ip, "--mode", opts.mode, "--ttl", "30"]
+                       "--node-name", node.name, "--underlay-ip", node.ip, "--mode", opts.mode, "--ttl", "30",
+                       # its flows socket in the demo's directory, never the machine's /run/pycni
+                       "--flows-socket", os.path.join(tmp, f"flows-{node.name}.sock")]
                 print("   " + node.name + ": pycni " + " ".join(cmd[3:]))
                 agents.append(subprocess.Popen(["ip", "netns", "exec", node.ns.name, *cmd], stdout=log,
                                                stderr=subprocess.STDOUT))
