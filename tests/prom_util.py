@@ -49,6 +49,18 @@ def wait_value(ns: Namespace, promql: str, want: float) -> None:
     raise AssertionError(f"{promql} = {got}, want {want}")
 
 
+def wait_above(ns: Namespace, promql: str, than: float) -> None:
+    """Wait until the query's single value exceeds ``than`` (a counter that must move)."""
+    deadline = time.monotonic() + WAIT
+    got: float | None = None
+    while time.monotonic() < deadline:
+        got = query(ns, promql)
+        if got is not None and got > than:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{promql} = {got}, want more than {than}")
+
+
 class Prometheus:
     """Debian's prometheus in ``ns``, scraping ``targets`` every second, its data in ``tmp``."""
 

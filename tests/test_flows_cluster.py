@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from etcd_util import EtcdCluster, etcd_available
 from policy_probe import EchoServers, probe
-from prom_util import Prometheus, query, wait_value
+from prom_util import Prometheus, query, wait_above, wait_value
 from test_policy_cluster import Env
 
 from pycni.cluster.model import PodMeta
@@ -201,7 +201,7 @@ def test_prometheus_sees_drops_and_policies_move(env: Env, tmp_path: Path) -> No
         drops = 'sum(pycni_policy_dropped_packets_total{namespace="shop",pod="db"})'
         before = query(ul, drops) or 0
         probe(env.pods, [("shop/front", "shop/db", 81, "TCP")], retries=0)
-        _wait_more(ul, drops, before)
+        wait_above(ul, drops, before)
         env.cli("policy", "apply", "-f", "-", stdin=LATE_POLICY)
         wait_value(ul, "min(pycni_policy_policies)", 3)
         assert (query(ul, "sum(pycni_flows_logged_total)") or 0) > 0
@@ -209,13 +209,3 @@ def test_prometheus_sees_drops_and_policies_move(env: Env, tmp_path: Path) -> No
         prom.stop()
         env.cli("policy", "delete", "-n", "other", "x-quiet", check=False)
 
-
-def _wait_more(ns: Any, promql: str, than: float) -> None:
-    deadline = time.monotonic() + 60
-    got = None
-    while time.monotonic() < deadline:
-        got = query(ns, promql)
-        if got is not None and got > than:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{promql} = {got}, want more than {than}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from daemon_proc import DaemonProc, needs_privileges, request
@@ -20,7 +19,7 @@ from etcd_util import EtcdCluster, etcd_available
 from kube_apiserver import KubeAPI, namespace, pod
 from kube_cluster import Cluster
 from plugin_util import env
-from prom_util import Prometheus, query, wait_value
+from prom_util import Prometheus, query, wait_above, wait_value
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs root and /usr/bin/etcd (Debian etcd-server)")
 pytest.importorskip("kubernetes")
@@ -86,7 +85,7 @@ def test_prometheus_scrapes_agents_controller_and_daemon(cluster: Cluster, tmp_p
         wait_value(ul, 'pycni_kube_objects{kind="NetworkPolicy"}', 0)
         api.create(POLICY)
         wait_value(ul, 'pycni_kube_objects{kind="NetworkPolicy"}', 1)
-        _wait_more(ul, "pycni_kube_record_writes_total", writes)
+        wait_above(ul, "pycni_kube_record_writes_total", writes)
 
         # etcd requests by verb and outcome, from every component that talks to etcd
         assert (query(ul, 'sum(pycni_etcd_requests_total{outcome="success"})') or 0) > 0
@@ -106,15 +105,3 @@ def test_prometheus_scrapes_agents_controller_and_daemon(cluster: Cluster, tmp_p
             prom.stop()
         daemon.reap()
 
-
-def _wait_more(ns: Any, promql: str, than: float) -> None:
-    import time
-
-    deadline = time.monotonic() + 60
-    got = None
-    while time.monotonic() < deadline:
-        got = query(ns, promql)
-        if got is not None and got > than:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{promql} = {got}, want more than {than}")

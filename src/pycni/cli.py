@@ -36,6 +36,7 @@ import sys
 from collections.abc import Sequence
 
 from pycni.cniargs import runtime_args
+from pycni.daemon.protocol import DEFAULT_SOCKET
 from pycni.output import EXIT_ERROR, EXIT_NO
 from pycni.spec.errors import DECODE_FAILURE, INVALID_ENV, IO_FAILURE, UNKNOWN_CONTAINER, CNIError, invalid_config
 
@@ -492,14 +493,14 @@ def cmd_demo(opts: argparse.Namespace) -> int:
 
 # ---- argument parsing and the entry point ----------------------------------------------------
 
-ENVIRONMENT_HELP = """\
+ENVIRONMENT_HELP = f"""\
 environment:
   NETCONFPATH   network configuration directory (default /etc/cni/net.d)
   CNI_PATH      plugin search path, ':'-separated
   CNI_IFNAME    interface name for add/check/del (default eth0)
   CNI_ARGS      extra arguments for the plugins, KEY=VALUE;KEY=VALUE (as cnitool)
-  CAP_ARGS      capability arguments, a JSON object, e.g. '{"portMappings": [...]}'
-  PYCNI_SOCKET  the daemon's socket for installed plugins (default /run/pycni/pycni.sock; 'off' never forwards)
+  CAP_ARGS      capability arguments, a JSON object, e.g. '{{"portMappings": [...]}}'
+  PYCNI_SOCKET  the daemon's socket for installed plugins (default {DEFAULT_SOCKET}; 'off' never forwards)
   PYCNI_DEBUG   1: show a failing plugin's stderr, and tracebacks of internal errors
   PYCNI_ETCD_ENDPOINTS  etcd client URLs for every verb that talks to etcd (node, ipam, endpoint,
                 namespace, policy; comma-separated; --etcd-endpoints wins)
@@ -603,7 +604,7 @@ def _parser() -> argparse.ArgumentParser:
     how.add_argument("--direct", action="store_true", help="never forward to a pycni daemon")
     how.add_argument("--socket", metavar="PATH",
                      help="the daemon's socket, baked into the executables so they find it with no environment "
-                     "(default /run/pycni/pycni.sock; a PYCNI_SOCKET passed at run time still wins)")
+                     f"(default {DEFAULT_SOCKET}; a PYCNI_SOCKET passed at run time still wins)")
     sp.add_argument("--force", action="store_true",
                     help="replace executables that pycni did not write (e.g. the Go plugins); refused otherwise")
     sp.add_argument("--no-forwarder", action="store_true",

@@ -30,6 +30,7 @@ import sys
 import time
 
 from pycni import statefile
+from pycni.daemon.protocol import DEFAULT_SOCKET
 from pycni.spec.errors import INVALID_ENV, IO_FAILURE, TRY_AGAIN, CNIError, invalid_config
 
 TYPE_CHECKING = False  # not typing's (see pycni.record)
@@ -100,7 +101,7 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
                     help="copy the pycni package here and have the executables import it from here (a host "
                     "without pycni installed: the DaemonSet's case)")
     sp.add_argument("--socket", default="", metavar="PATH",
-                    help="the daemon's socket baked into the executables (default /run/pycni/pycni.sock)")
+                    help=f"the daemon's socket baked into the executables (default {DEFAULT_SOCKET})")
     fwd = sp.add_mutually_exclusive_group()
     fwd.add_argument("--no-forwarder", action="store_true", help="do not install the native forwarder")
     fwd.add_argument("--forwarder", default="", metavar="FILE",

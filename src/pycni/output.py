@@ -39,7 +39,7 @@ def table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -47,7 +47,7 @@ def _cell(value: Any) -> str:
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in sorted(value.items())) or "(none)"
     if isinstance(value, list | tuple):
-        return ",".join(_cell(v) for v in value)
+        return ",".join(cell(v) for v in value)
     return str(value)
 
 
@@ -73,7 +73,7 @@ def emit(fmt: str | None, items: Sequence[dict[str, Any]], columns: Sequence[tup
         out.write(yaml.safe_dump(list(items), sort_keys=True, default_flow_style=False))
         return
     cols = list(columns) + (list(wide) if fmt == "wide" else [])
-    rows = [[h for h, _ in cols]] + [[_cell(f(item) if callable(f) else item.get(f)) for _, f in cols]
+    rows = [[h for h, _ in cols]] + [[cell(f(item) if callable(f) else item.get(f)) for _, f in cols]
                                      for item in items]
     out.write(table(rows) + "\n")
 
@@ -105,7 +105,7 @@ def emit_stream(fmt: str | None, items: Iterable[dict[str, Any]], columns: Seque
 
             out.write("---\n" + yaml.safe_dump(item, sort_keys=True, default_flow_style=False))
         else:
-            out.write(line([_cell(item.get(f)) for _, f in cols]))
+            out.write(line([cell(item.get(f)) for _, f in cols]))
         out.flush()
 
 

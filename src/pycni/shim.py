@@ -236,7 +236,9 @@ def daemon_note(socket: str | None) -> str:
     line for the installers (install-plugins, install-cni) to tell the operator."""
     import _socket
 
-    path = socket or "/run/pycni/pycni.sock"  # protocol.DEFAULT_SOCKET
+    from pycni.daemon.protocol import DEFAULT_SOCKET
+
+    path = socket or DEFAULT_SOCKET
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         s.connect(path)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 import shlex
 
+from pycni.daemon.protocol import DEFAULT_SOCKET
+
 TYPE_CHECKING = False  # not typing's (see pycni.record)
 if TYPE_CHECKING:
     import argparse
 
-DEFAULT_SOCKET = "/run/pycni/pycni.sock"  # pycni.daemon.protocol's
 SOCKET, DAEMON, NODE = "pycni.socket", "pycni.service", "pycni-node.service"
 # The target each unit is enabled into (its [Install] WantedBy=): the .wants symlink install-cni makes.
 WANTED_BY = {SOCKET: "sockets.target", DAEMON: "multi-user.target", NODE: "multi-user.target"}

@@ -21,7 +21,8 @@ from __future__ import annotations
 import sys
 
 from pycni.cluster.model import Keys, PodMeta
-from pycni.output import EXIT_NO
+from pycni.cluster.policy.records import update_meta
+from pycni.output import EXIT_NO, cell
 from pycni.spec.errors import UNKNOWN_CONTAINER, CNIError, invalid_config
 
 TYPE_CHECKING = False  # `pycni` builds every parser at start: keep this module's import cheap
@@ -191,12 +192,6 @@ def _require_pod(kv: Any, keys: Keys, ns: str, pod: str, create: bool) -> None:
                    "`pycni endpoint list -A` lists the pods; pass --create to label a pod before its ADD")
 
 
-def _update_meta(kv: Any, key: str, change: Any) -> PodMeta:
-    from pycni.cluster.policy.records import update_meta
-
-    return update_meta(kv, key, change)[0]
-
-
 @_mapped
 def cmd_endpoint_label(opts: argparse.Namespace) -> int:
     ns, pod = _split_target(opts.target, "pod")
@@ -204,9 +199,9 @@ def cmd_endpoint_label(opts: argparse.Namespace) -> int:
     label_changes({}, opts.changes)  # refuse a bad change before touching etcd
     with kv:
         _require_pod(kv, keys, ns, pod, opts.create)
-        meta = _update_meta(kv, keys.pod(ns, pod),
+        meta, _ = update_meta(kv, keys.pod(ns, pod),
                             lambda m: PodMeta(labels=label_changes(m.labels, opts.changes), ports=m.ports))
-    print(f"pod {ns}/{pod} labels: {_fmt_labels(meta.labels)}")
+    print(f"pod {ns}/{pod} labels: {cell(meta.labels)}")
     return 0
 
 
@@ -217,7 +212,7 @@ def cmd_endpoint_ports(opts: argparse.Namespace) -> int:
     port_changes([], opts.changes)
     with kv:
         _require_pod(kv, keys, ns, pod, opts.create)
-        meta = _update_meta(kv, keys.pod(ns, pod),
+        meta, _ = update_meta(kv, keys.pod(ns, pod),
                             lambda m: PodMeta(labels=m.labels, ports=port_changes(m.ports, opts.changes)))
     print(f"pod {ns}/{pod} named ports: {', '.join(f'{n}={p}/{pr}' for n, p, pr in meta.ports) or '(none)'}")
     return 0
@@ -234,13 +229,11 @@ def cmd_namespace_label(opts: argparse.Namespace) -> int:
     kv, keys = _client(opts)
     label_changes({}, opts.changes)
     with kv:
-        meta = _update_meta(kv, keys.namespace(ns), lambda m: PodMeta(labels=label_changes(m.labels, opts.changes)))
-    print(f"namespace {ns} labels: {_fmt_labels({**meta.labels, NS_NAME_LABEL: ns})}")
+        meta, _ = update_meta(kv, keys.namespace(ns), lambda m: PodMeta(labels=label_changes(m.labels, opts.changes)))
+    print(f"namespace {ns} labels: {cell({**meta.labels, NS_NAME_LABEL: ns})}")
     return 0
 
 
-def _fmt_labels(labels: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "(none)"
 
 
 # ---- endpoint list ------------------------------------------------------------------------------
@@ -273,7 +266,7 @@ def cmd_endpoint_list(opts: argparse.Namespace) -> int:
     where = "" if opts.all_namespaces else f" in namespace {opts.namespace}"
     emit(opts.output, items, [("WORKLOAD", "workload"), ("NODE", "node"), ("NETWORKS", "ipNetworks"),
                               ("INTERFACE", "interfaceName")],
-         wide=[("PROFILES", "profiles"), ("LABELS", lambda o: _fmt_labels(o["labels"]))],
+         wide=[("PROFILES", "profiles"), ("LABELS", "labels")],
          empty=f"no workload endpoint{where}")
     return 0
 
