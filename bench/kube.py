@@ -37,7 +37,7 @@ sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")]
 from etcd_util import EtcdCluster  # noqa: E402
 from kube_apiserver import KubeAPI, namespace, pod  # noqa: E402
 from netns_util import Namespace, new_namespace  # noqa: E402
-from plugin_util import cni_env, ok, run  # noqa: E402
+from plugin_util import ok, run  # noqa: E402
 from policy_probe import EchoServers, probe  # noqa: E402
 
 from pycni.cluster.model import Keys  # noqa: E402
@@ -123,9 +123,9 @@ class Bench:
         self.made.append(pns)
         cid = cid or f"pk31-{ns_name}-{name}"
         t0 = time.perf_counter()
-        res = ok(run("routed", "ADD", self.conf(i, kube), host=self.cluster.nodes[i].ns,
-                     environ=cni_env("ADD", pns, self.cni_path, container_id=cid,
-                                     args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns_name};K8S_POD_NAME={name}")))
+        res = ok(run("routed", "ADD", self.conf(i, kube), host=self.cluster.nodes[i].ns, netns=pns,
+                     cni_path=self.cni_path, container_id=cid,
+                     args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns_name};K8S_POD_NAME={name}"))
         took = time.perf_counter() - t0
         self.pods[key] = (pns, {4: res["ips"][0]["address"].split("/")[0]})
         return took
@@ -133,8 +133,8 @@ class Bench:
     def delete(self, key: str, i: int, kube: bool = True, cid: str = "") -> None:
         pns, _ = self.pods.pop(key)
         ns_name, name = key.split("/")
-        ok(run("routed", "DEL", self.conf(i, kube), host=self.cluster.nodes[i].ns,
-               environ=cni_env("DEL", pns, self.cni_path, container_id=cid or f"pk31-{ns_name}-{name}")))
+        ok(run("routed", "DEL", self.conf(i, kube), host=self.cluster.nodes[i].ns, netns=pns, cni_path=self.cni_path,
+               container_id=cid or f"pk31-{ns_name}-{name}"))
 
     def close(self) -> None:
         for p in self.procs:

@@ -26,9 +26,7 @@ from typing import Any
 
 from etcd_util import EtcdCluster, EtcdNode
 from netns_util import Namespace, new_namespace
-from plugin_util import call, ok
-
-from pycni.plugins.main import routed
+from plugin_util import ok, run
 
 PREFIX = "pb35"
 ROUTER_AS = 65000
@@ -214,7 +212,7 @@ class Node:
                          "ranges": [[{"subnet": subnet}]] + ([[{"subnet": "fd90::/112"}]] if self.lab.dual else []),
                          "blockSize": block, "etcdTimeout": 10,
                          "lockDir": str(self.lab.tmp / "locks")}}
-        result = ok(call(routed.PLUGIN, self.ns, "ADD", conf, ns, self.lab.plugin_dir, container_id=name))
+        result = ok(run("routed", "ADD", conf, host=self.ns, netns=ns, cni_path=self.lab.plugin_dir, container_id=name))
         ip = result["ips"][0]["address"].split("/")[0]
         self.pods[name] = (ns, ip)
         self.pods6[name] = next((i["address"].split("/")[0] for i in result["ips"] if ":" in i["address"]), "")

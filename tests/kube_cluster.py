@@ -14,7 +14,7 @@ from typing import Any
 from etcd_util import EtcdCluster
 from kube_apiserver import KubeAPI
 from netns_util import Namespace, new_namespace
-from plugin_util import cni_env, ok, run
+from plugin_util import ok, run
 from policy_probe import probe
 
 PREFIX = "/pk31c"
@@ -76,9 +76,9 @@ class Cluster:
                 "kubernetes": {"kubeconfig": self.kubeconfig}, "policySetupTimeout": 20,
                 "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.etcd.endpoints, "etcdPrefix": PREFIX,
                          "ranges": [[{"subnet": SUBNET}]], "lockDir": os.path.join(self.tmp, "locks")}}
-        res = ok(run("routed", "ADD", conf, host=self.etcd.nodes[i].ns,
-                     environ=cni_env("ADD", pns, self.cni_path, container_id=f"pk31-{ns_name}-{name}",
-                                     args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns_name};K8S_POD_NAME={name}")))
+        res = ok(run("routed", "ADD", conf, host=self.etcd.nodes[i].ns, netns=pns, cni_path=self.cni_path,
+                     container_id=f"pk31-{ns_name}-{name}",
+                     args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns_name};K8S_POD_NAME={name}"))
         self.pods[key] = (pns, {4: res["ips"][0]["address"].split("/")[0]})
 
     def reaches(self, src: str, dst: str) -> bool:

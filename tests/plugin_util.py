@@ -103,18 +103,6 @@ def _via_runtime(command: str, stdin: bytes, e: dict[str, str], host: Namespace 
     return Outcome(exit_code=0, stdout=result.to_json().encode() if result is not None else b"")
 
 
-def cni_env(command: str, container: Namespace | None, cni_path: str, ifname: str = "eth0",
-            container_id: str = "ctr", args: str = "") -> dict[str, str]:
-    """:func:`env` in the argument order older tests use."""
-    return env(command, container_id, container, ifname, cni_path, args)
-
-
-def call(plugin: Plugin, host: Namespace, command: str, conf: dict[str, Any], container: Namespace | None,
-         cni_path: str, **kw: Any) -> Outcome:
-    """:func:`run` by dispatch in the argument order older tests use (``kw``: those of :func:`cni_env`)."""
-    return run(plugin, command, conf, host=host, environ=cni_env(command, container, cni_path, **kw))
-
-
 def ok(outcome: Outcome) -> dict[str, Any]:
     """The JSON result of a successful invocation (an AssertionError with the error otherwise)."""
     assert outcome.exit_code == 0, outcome.stdout.decode() + outcome.stderr.decode()

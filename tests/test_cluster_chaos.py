@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 from etcd_util import EtcdCluster, EtcdNode, etcd_available
-from plugin_util import cni_env
+from plugin_util import env
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs root and etcd (Debian's etcd-server)")
 
@@ -76,10 +76,9 @@ class Chaos:
 
     def spawn(self, i: int, command: str, pod: str) -> subprocess.Popen[bytes]:
         node = self.cluster.nodes[i]
-        env = cni_env(command, None, self.bin_dir, container_id=pod)
-        env["CNI_NETNS"] = "/var/run/netns/none"  # IPAM alone never enters it
+        ipam_env = env(command, pod, "/var/run/netns/none", cni_path=self.bin_dir)  # IPAM alone never enters it
         proc = subprocess.Popen(["ip", "netns", "exec", node.ns.name, os.path.join(self.bin_dir, "cluster-ipam")],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ipam_env)
         assert proc.stdin is not None
         proc.stdin.write(self.conf(node))
         proc.stdin.close()
@@ -194,8 +193,8 @@ def test_churn_kills_member_restart_and_partition(cluster: EtcdCluster, plugin_d
     assert listed.returncode == 0 and listed.stdout.strip() == "", listed.stdout + listed.stderr
     # GC on each node (valid list empty) finds nothing more to release, and the store is consistent
     for node in cluster.nodes:
-        env = cni_env("GC", None, plugin_dir)
-        gc = node.ns.run([os.path.join(plugin_dir, "cluster-ipam")], check=False, env=env, input=json.dumps(
+        gc = node.ns.run([os.path.join(plugin_dir, "cluster-ipam")], check=False, env=env("GC", cni_path=plugin_dir),
+                         input=json.dumps(
             {"cniVersion": "1.1.0", "name": NETWORK, "ipam": chaos.ipam(node), "cni.dev/valid-attachments": []}))
         assert gc.returncode == 0, gc.stdout + gc.stderr
     check = chaos.cli("ipam", "check", NETWORK)

@@ -19,10 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import plugin_util
 import pytest
 from etcd_util import EtcdCluster, EtcdNode, etcd_available
 from netns_util import Namespace
-from plugin_util import cni_env
 
 from pycni.cluster.ipam import ClusterStore
 from pycni.plugins.registry import install
@@ -75,12 +75,11 @@ def net_conf(name: str, ipam: dict[str, Any], plugin: str = "cluster-ipam", **kw
 def run(bin_dir: str, node: EtcdNode, plugin: str, command: str, conf: dict[str, Any], cid: str,
         pod: Namespace | None = None, args: str = "") -> tuple[int, dict[str, Any]]:
     """Run our ``plugin`` executable inside ``node``'s namespace; (exit status, decoded stdout)."""
-    env = cni_env(command, pod, bin_dir, container_id=cid, args=args)
+    netns: Namespace | str | None = pod
     if pod is None and command in ("ADD", "CHECK"):
-        env["CNI_NETNS"] = "/var/run/netns/none"  # IPAM alone never enters it
-    proc = node.ns.run([os.path.join(bin_dir, plugin)], check=False, input=json.dumps(conf), env=env, timeout=120)
-    out = json.loads(proc.stdout) if proc.stdout.strip() else {}
-    return proc.returncode, out
+        netns = "/var/run/netns/none"  # IPAM alone never enters it
+    return plugin_util.answer(plugin_util.run(plugin, command, conf, via="exec", host=node.ns, cni_path=bin_dir,
+                                              container_id=cid, netns=netns, args=args))
 
 
 def ok(res: tuple[int, dict[str, Any]]) -> dict[str, Any]:
@@ -201,8 +200,7 @@ def test_kill9_during_add_then_del_or_gc_leaves_nothing(up: EtcdCluster, bin_dir
     rng = random.Random(14)
     finished = 0
     for i in range(16):
-        env = cni_env("ADD", None, bin_dir, container_id=f"crash-{i}")
-        env["CNI_NETNS"] = "/var/run/netns/none"
+        env = plugin_util.env("ADD", f"crash-{i}", "/var/run/netns/none", cni_path=bin_dir)
         proc = subprocess.Popen(["ip", "netns", "exec", node.ns.name, os.path.join(bin_dir, "cluster-ipam")],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         assert proc.stdin is not None
@@ -397,9 +395,9 @@ def test_through_the_daemon(up: EtcdCluster, tmp_path: Path, netns_factory: Call
     pod = netns_factory()
     with daemon_in_thread(sock):
         def call(command: str, cid: str) -> tuple[int, dict[str, Any]]:
-            env = dict(cni_env(command, pod, str(shims), container_id=cid), PYCNI_SOCKET=sock)
-            proc = node.ns.run([str(shims / "macvlan")], check=False, input=json.dumps(conf), env=env)
-            return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}
+            return plugin_util.answer(plugin_util.run("macvlan", command, conf, via="exec", host=node.ns,
+                                                      netns=pod, cni_path=str(shims), container_id=cid,
+                                                      PYCNI_SOCKET=sock))
 
         first = ok(call("ADD", "dm1"))
         assert addresses(first) == ["10.97.0.2"]
@@ -443,7 +441,7 @@ def test_add_and_del_import_only_the_stdlib(up: EtcdCluster, bin_dir: str, tmp_p
     node = up.nodes[0]
     conf = json.dumps(net_conf("imports", ipam_conf(up, node, ranges=[[{"subnet": "10.99.0.0/24"}]]))).encode()
     for command in ("ADD", "DEL"):
-        env = dict(cni_env(command, None, bin_dir, container_id="imp"), CNI_NETNS="/var/run/netns/none")
+        env = plugin_util.env(command, "imp", "/var/run/netns/none", cni_path=bin_dir)
         mods = _modules(os.path.join(bin_dir, "cluster-ipam"), env, conf, tmp_path, node.ns)
         assert "pycni.cluster.etcd" in mods
         assert _heavy(mods - baseline, (*HEAVY, *NO_JSON_NO_RE, "ssl", "http", "email", "random", "socket",

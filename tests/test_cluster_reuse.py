@@ -27,10 +27,9 @@ from typing import Any
 import pytest
 from etcd_util import EtcdCluster, etcd_available
 from netns_util import Namespace, have_root, new_namespace
-from plugin_util import call, ok
+from plugin_util import ok, run
 
 from pycni.cluster.node import RTPROT_PYCNI
-from pycni.plugins.main import routed
 
 PREFIX = "sf"
 
@@ -66,15 +65,15 @@ def test_host_never_resolves_its_pods(plugin_dir: str) -> None:
             return {"cniVersion": "1.1.0", "name": "reuse", "type": "routed",
                     "ipam": {"type": "static", "addresses": [{"address": a} for a in addrs]}}
 
-        ok(call(routed.PLUGIN, host, "ADD", conf("10.97.0.1/24", "fd97::1/64"), probe, plugin_dir,
-                container_id="probe"))
+        ok(run("routed", "ADD", conf("10.97.0.1/24", "fd97::1/64"), host=host, netns=probe, cni_path=plugin_dir,
+               container_id="probe"))
         times = []
         for i in range(12):
             pod = new_namespace(PREFIX)
             made.append(pod)
             v4, v6 = "10.97.1.5", "fd97:1::5"  # the same addresses every round: reused at once
-            res = ok(call(routed.PLUGIN, host, "ADD", conf(f"{v4}/24", f"{v6}/64"), pod, plugin_dir,
-                          container_id=f"pod{i}"))
+            res = ok(run("routed", "ADD", conf(f"{v4}/24", f"{v6}/64"), host=host, netns=pod, cni_path=plugin_dir,
+                         container_id=f"pod{i}"))
             host_end = res["interfaces"][0]["name"]
             pod_mac = res["interfaces"][1]["mac"]
             entries = {n["dst"]: n for n in _neighbours(host, host_end)}
@@ -84,8 +83,8 @@ def test_host_never_resolves_its_pods(plugin_dir: str) -> None:
             # reaching the pod created no neighbour resolution on its host end
             assert all("PERMANENT" in n["state"] or n["dst"].startswith("fe80:")
                        for n in _neighbours(host, host_end)), _neighbours(host, host_end)
-            ok(call(routed.PLUGIN, host, "DEL", conf(f"{v4}/24", f"{v6}/64"), pod, plugin_dir,
-                    container_id=f"pod{i}"))
+            ok(run("routed", "DEL", conf(f"{v4}/24", f"{v6}/64"), host=host, netns=pod, cni_path=plugin_dir,
+                   container_id=f"pod{i}"))
             assert host.run(["ip", "link", "show", host_end], check=False).returncode != 0
         print(f"\nfirst reply from a pod whose address was just freed: max {max(times) * 1000:.0f} ms "
               f"over {len(times)} (IPv4 and IPv6)")
@@ -132,11 +131,12 @@ class Cluster:
         node = self.etcd.nodes[index]
         pod = new_namespace(PREFIX)
         self.namespaces.append(pod)
-        res = ok(call(routed.PLUGIN, node.ns, "ADD", conf, pod, self.plugin_dir, container_id=cid))
+        res = ok(run("routed", "ADD", conf, host=node.ns, netns=pod, cni_path=self.plugin_dir, container_id=cid))
         return pod, [i["address"].split("/")[0] for i in res["ips"]]
 
     def delete(self, index: int, cid: str, conf: dict[str, Any], pod: Namespace) -> None:
-        ok(call(routed.PLUGIN, self.etcd.nodes[index].ns, "DEL", conf, pod, self.plugin_dir, container_id=cid))
+        ok(run("routed", "DEL", conf, host=self.etcd.nodes[index].ns, netns=pod, cni_path=self.plugin_dir,
+               container_id=cid))
 
     def barrier(self, index: int, n: int) -> None:
         """Wait until node ``index``'s agent has handled every event before this call: a block

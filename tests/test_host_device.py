@@ -12,9 +12,7 @@ from typing import Any
 import plugin_util
 import pytest
 from netns_util import Namespace
-from plugin_util import answer, call, err, ok
-
-from pycni.plugins.main import host_device
+from plugin_util import answer, err, ok, run
 
 
 @pytest.fixture
@@ -47,20 +45,20 @@ def test_move_in_configure_and_restore(wired: tuple[Namespace, Namespace], conta
                                        plugin_dir: str, tmp_path: Path) -> None:
     host, _ = wired
     cfg = conf(tmp_path)
-    r = ok(call(host_device.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    r = ok(run("host-device", "ADD", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
     assert r["interfaces"][0]["name"] == "eth0" and r["interfaces"][0]["sandbox"] == container_ns.path
     assert link(host, "dev0") is None
     inside = link(container_ns, "eth0")
     assert inside is not None and "UP" in inside["flags"]
     assert json.loads(container_ns.run(["ip", "-j", "link", "show", "eth0"]).stdout)[0]["ifalias"] == "dev0"
     container_ns.run(["ping", "-c", "1", "-W", "2", "192.168.88.1"])
-    ok(call(host_device.PLUGIN, host, "CHECK", dict(cfg, prevResult=r), container_ns, plugin_dir))
+    ok(run("host-device", "CHECK", dict(cfg, prevResult=r), host=host, netns=container_ns, cni_path=plugin_dir))
 
-    ok(call(host_device.PLUGIN, host, "DEL", cfg, container_ns, plugin_dir))
+    ok(run("host-device", "DEL", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
     back = link(host, "dev0")
     assert back is not None and "UP" in back["flags"] and back["mtu"] == 1450
     assert "198.18.9.1" in [a["local"] for a in back["addr_info"]]  # the reference loses this address
-    ok(call(host_device.PLUGIN, host, "DEL", cfg, container_ns, plugin_dir))  # the reference fails here
+    ok(run("host-device", "DEL", cfg, host=host, netns=container_ns, cni_path=plugin_dir))  # the reference fails here
     assert link(host, "dev0") is not None and link(container_ns, "eth0") is None
 
 
@@ -70,9 +68,9 @@ def test_find_by_hwaddr_without_ipam(wired: tuple[Namespace, Namespace], contain
     mac = json.loads(host.run(["ip", "-j", "link", "show", "dev0"]).stdout)[0]["address"]
     cfg = conf(tmp_path, hwaddr=mac.upper())
     del cfg["device"], cfg["ipam"]
-    r = ok(call(host_device.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    r = ok(run("host-device", "ADD", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
     assert r["interfaces"] == [{"name": "eth0", "mac": mac, "sandbox": container_ns.path}] and "ips" not in r
-    ok(call(host_device.PLUGIN, host, "DEL", cfg, container_ns, plugin_dir))
+    ok(run("host-device", "DEL", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
     assert link(host, "dev0") is not None
 
 
@@ -86,7 +84,7 @@ def test_find_by_hwaddr_without_ipam(wired: tuple[Namespace, Namespace], contain
 def test_bad_device_selection(wired: tuple[Namespace, Namespace], container_ns: Namespace, plugin_dir: str,
                               tmp_path: Path, extra: dict[str, Any], code: int, text: str) -> None:
     host, _ = wired
-    e = err(call(host_device.PLUGIN, host, "ADD", conf(tmp_path, **extra), container_ns, plugin_dir))
+    e = err(run("host-device", "ADD", conf(tmp_path, **extra), host=host, netns=container_ns, cni_path=plugin_dir))
     assert e["code"] == code and text in e["msg"], e
     assert link(host, "dev0") is not None
 
@@ -96,7 +94,7 @@ def test_rollback_when_ipam_fails(wired: tuple[Namespace, Namespace], container_
     host, _ = wired
     cfg = conf(tmp_path)
     cfg["ipam"]["subnet"] = "192.168.88.0/31"  # nothing to allocate: IPAM fails after the move
-    err(call(host_device.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    err(run("host-device", "ADD", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
     back = link(host, "dev0")
     assert back is not None and "UP" in back["flags"] and "198.18.9.1" in [a["local"] for a in back["addr_info"]]
     assert link(container_ns, "eth0") is None
@@ -108,7 +106,7 @@ def test_go_reference_deletes_what_we_added(wired: tuple[Namespace, Namespace], 
     host, _ = wired
     cfg = conf(tmp_path)
     del cfg["ipam"]
-    ok(call(host_device.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    ok(run("host-device", "ADD", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
     out = plugin_util.run("host-device", "DEL", cfg, via="exec", host=host, netns=container_ns, cni_path=GO_DIR)
     assert out.exit_code == 0, out.stdout
     assert link(host, "dev0") is not None and link(container_ns, "eth0") is None
@@ -118,11 +116,11 @@ def test_del_without_netns_still_releases_ipam(wired: tuple[Namespace, Namespace
                                                plugin_dir: str, tmp_path: Path) -> None:
     host, _ = wired
     cfg = conf(tmp_path)
-    ok(call(host_device.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    ok(run("host-device", "ADD", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
     assert [f for f in (tmp_path / "ipam" / "hd").iterdir() if f.name[0].isdigit()]
-    ok(call(host_device.PLUGIN, host, "DEL", cfg, None, plugin_dir))
+    ok(run("host-device", "DEL", cfg, host=host, cni_path=plugin_dir))
     assert not [f for f in (tmp_path / "ipam" / "hd").iterdir() if f.name[0].isdigit()]
-    ok(call(host_device.PLUGIN, host, "DEL", cfg, container_ns, plugin_dir))
+    ok(run("host-device", "DEL", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
 
 
 GO_DIR = "/usr/lib/cni"

@@ -21,7 +21,7 @@ import pytest
 from etcd_util import EtcdCluster, etcd_available
 from kube_apiserver import KubeAPI, namespace, pod
 from netns_util import Namespace, new_namespace
-from plugin_util import cni_env, err, ok, run
+from plugin_util import err, ok, run
 from policy_probe import EchoServers, probe
 
 from pycni.cluster.model import Keys, WorkloadEndpoint
@@ -82,8 +82,8 @@ class Node:
         self.made.append(pns)
         args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns_name};K8S_POD_NAME={name}" + (f";K8S_POD_UID={uid}"
                                                                                     if uid else "")
-        out = run("routed", "ADD", self.conf(**extra), host=self.ns,
-                  environ=cni_env("ADD", pns, self.plugin_dir, container_id=f"pk31-{name}", args=args))
+        out = run("routed", "ADD", self.conf(**extra), host=self.ns, netns=pns, cni_path=self.plugin_dir,
+                  container_id=f"pk31-{name}", args=args)
         if out.exit_code == 0:
             res = ok(out)
             self.pods[key] = (pns, {4: res["ips"][0]["address"].split("/")[0]})

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import call, ok
+from plugin_util import ok, run
 
-from pycni.plugins.main import bridge, macvlan, ptp
+from pycni.plugins.main import bridge, ptp
 from pycni.skel import Plugin
 
 GO_PLUGINS = "/usr/lib/cni"
@@ -77,14 +77,15 @@ def test_two_networks_keep_both_default_routes(plugin: Plugin, family: int, host
     net1, net2 = (net_conf(tmp_path, kind, n, family) for n in (1, 2))
 
     def add(conf: dict[str, Any], ifname: str) -> dict[str, Any]:
-        return ok(call(plugin, host, "ADD", conf, ctr, plugin_dir, ifname=ifname, container_id="multi"))
+        return ok(run(plugin, "ADD", conf, host=host, netns=ctr, cni_path=plugin_dir, ifname=ifname,
+                      container_id="multi"))
 
     def delete(conf: dict[str, Any], ifname: str) -> None:
-        ok(call(plugin, host, "DEL", conf, ctr, plugin_dir, ifname=ifname, container_id="multi"))
+        ok(run(plugin, "DEL", conf, host=host, netns=ctr, cni_path=plugin_dir, ifname=ifname, container_id="multi"))
 
     def check(conf: dict[str, Any], ifname: str, result: dict[str, Any]) -> None:
-        ok(call(plugin, host, "CHECK", dict(conf, prevResult=result), ctr, plugin_dir, ifname=ifname,
-                container_id="multi"))
+        ok(run(plugin, "CHECK", dict(conf, prevResult=result), host=host, netns=ctr, cni_path=plugin_dir,
+               ifname=ifname, container_id="multi"))
 
     r1 = add(net1, "eth0")
     r2 = add(net2, "eth1")  # the second default route used to fail with EEXIST
@@ -123,15 +124,15 @@ def test_dual_stack_on_two_networks_bridge_and_ptp(host_ns: Namespace, container
     for n, conf in ((1, net1), (2, net2)):
         conf["ipam"]["ranges"].append([{"subnet": f"fd8{n}::/64"}])
         conf["ipam"]["routes"].append({"dst": "::/0"})
-    r1 = ok(call(bridge.PLUGIN, host, "ADD", net1, ctr, plugin_dir, ifname="eth0", container_id="ds"))
-    r2 = ok(call(ptp.PLUGIN, host, "ADD", net2, ctr, plugin_dir, ifname="eth1", container_id="ds"))
+    r1 = ok(run("bridge", "ADD", net1, host=host, netns=ctr, cni_path=plugin_dir, ifname="eth0", container_id="ds"))
+    r2 = ok(run("ptp", "ADD", net2, host=host, netns=ctr, cni_path=plugin_dir, ifname="eth1", container_id="ds"))
     for fam, i in ((4, 0), (6, 1)):
         assert default_hops(ctr, fam) == sorted([(r1["ips"][i]["gateway"], "eth0"), (r2["ips"][i]["gateway"], "eth1")])
-    ok(call(bridge.PLUGIN, host, "DEL", net1, ctr, plugin_dir, ifname="eth0", container_id="ds"))
+    ok(run("bridge", "DEL", net1, host=host, netns=ctr, cni_path=plugin_dir, ifname="eth0", container_id="ds"))
     for fam, i in ((4, 0), (6, 1)):
         assert default_hops(ctr, fam) == [(r2["ips"][i]["gateway"], "eth1")]
         far_reachable(host, ctr, fam)
-    ok(call(ptp.PLUGIN, host, "DEL", net2, ctr, plugin_dir, ifname="eth1", container_id="ds"))
+    ok(run("ptp", "DEL", net2, host=host, netns=ctr, cni_path=plugin_dir, ifname="eth1", container_id="ds"))
 
 
 def test_two_macvlan_networks(host_ns: Namespace, container_ns: Namespace, plugin_dir: str,
@@ -146,10 +147,11 @@ def test_two_macvlan_networks(host_ns: Namespace, container_ns: Namespace, plugi
     for n, ifname in ((1, "eth0"), (2, "eth1")):
         conf = net_conf(tmp_path, "macvlan", n, 4, master=f"mvp{n}")
         conf["ipam"]["ranges"][0][0]["gateway"] = f"10.8{n}.0.1"
-        results.append(ok(call(macvlan.PLUGIN, host, "ADD", conf, ctr, plugin_dir, ifname=ifname, container_id="mv")))
+        results.append(ok(run("macvlan", "ADD", conf, host=host, netns=ctr, cni_path=plugin_dir, ifname=ifname,
+                              container_id="mv")))
     assert default_hops(ctr, 4) == [("10.81.0.1", "eth0"), ("10.82.0.1", "eth1")]
-    ok(call(macvlan.PLUGIN, host, "DEL", net_conf(tmp_path, "macvlan", 1, 4, master="mvp1"), ctr, plugin_dir,
-            ifname="eth0", container_id="mv"))
+    ok(run("macvlan", "DEL", net_conf(tmp_path, "macvlan", 1, 4, master="mvp1"), host=host, netns=ctr,
+           cni_path=plugin_dir, ifname="eth0", container_id="mv"))
     assert default_hops(ctr, 4) == [("10.82.0.1", "eth1")]
 
 

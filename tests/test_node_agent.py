@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 from etcd_util import EtcdCluster, EtcdNode, etcd_available
 from netns_util import Namespace, new_namespace
-from plugin_util import call, ok
+from plugin_util import ok, run
 
 from pycni.cluster.node import RTPROT_PYCNI
-from pycni.plugins.main import routed
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs root and etcd (Debian's etcd-server)")
 
@@ -74,14 +73,15 @@ class Node:
     def add_pod(self, name: str, conf: dict[str, Any] | None = None) -> dict[str, Any]:
         ns = new_namespace("pycni-t")
         self.env.namespaces.append(ns)
-        result = ok(call(routed.PLUGIN, self.ns, "ADD", conf or self.conf(), ns, self.env.plugin_dir,
-                         container_id=name))
+        result = ok(run("routed", "ADD", conf or self.conf(), host=self.ns, netns=ns, cni_path=self.env.plugin_dir,
+                        container_id=name))
         self.pods[name] = (ns, result)
         return result
 
     def del_pod(self, name: str, conf: dict[str, Any] | None = None) -> None:
         ns, _ = self.pods.pop(name)
-        ok(call(routed.PLUGIN, self.ns, "DEL", conf or self.conf(), ns, self.env.plugin_dir, container_id=name))
+        ok(run("routed", "DEL", conf or self.conf(), host=self.ns, netns=ns, cni_path=self.env.plugin_dir,
+               container_id=name))
 
     def routes(self) -> str:
         out = self.ns.run(["ip", "-4", "route", "show", "proto", str(RTPROT_PYCNI)]).stdout

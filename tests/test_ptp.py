@@ -11,9 +11,7 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import call, err, ok, run
-
-from pycni.plugins.main import ptp
+from plugin_util import err, ok, run
 
 
 def conf(tmp_path: Path, **extra: Any) -> dict[str, Any]:
@@ -33,8 +31,8 @@ def test_two_containers_route_through_host(netns_factory: Callable[[], Namespace
                                            tmp_path: Path) -> None:
     host, c1, c2 = netns_factory(), netns_factory(), netns_factory()
     cfg = conf(tmp_path)
-    r1 = ok(call(ptp.PLUGIN, host, "ADD", cfg, c1, plugin_dir, container_id="c1"))
-    r2 = ok(call(ptp.PLUGIN, host, "ADD", cfg, c2, plugin_dir, container_id="c2"))
+    r1 = ok(run("ptp", "ADD", cfg, host=host, netns=c1, cni_path=plugin_dir, container_id="c1"))
+    r2 = ok(run("ptp", "ADD", cfg, host=host, netns=c2, cni_path=plugin_dir, container_id="c2"))
     host_if, cont_if = r1["interfaces"]
     assert host_if["name"].startswith("veth") and "sandbox" not in host_if
     assert cont_if == {"name": "eth0", "mac": cont_if["mac"], "sandbox": c1.path}
@@ -50,14 +48,14 @@ def test_two_containers_route_through_host(netns_factory: Callable[[], Namespace
     assert json.loads(c1.run(["ip", "-j", "link", "show", "eth0"]).stdout)[0]["mtu"] == 1400
     c2.run(["ping", "-c", "2", "-W", "2", ip1])
 
-    ok(call(ptp.PLUGIN, host, "CHECK", dict(cfg, prevResult=r1), c1, plugin_dir, container_id="c1"))
+    ok(run("ptp", "CHECK", dict(cfg, prevResult=r1), host=host, netns=c1, cni_path=plugin_dir, container_id="c1"))
     c1.run(["ip", "route", "del", "default"])
-    e = err(call(ptp.PLUGIN, host, "CHECK", dict(cfg, prevResult=r1), c1, plugin_dir, container_id="c1"))
+    e = err(run("ptp", "CHECK", dict(cfg, prevResult=r1), host=host, netns=c1, cni_path=plugin_dir, container_id="c1"))
     assert "not found" in e["msg"]
 
     for cid, c, r in (("c1", c1, r1), ("c2", c2, r2)):
-        ok(call(ptp.PLUGIN, host, "DEL", cfg, c, plugin_dir, container_id=cid))
-        ok(call(ptp.PLUGIN, host, "DEL", cfg, c, plugin_dir, container_id=cid))
+        ok(run("ptp", "DEL", cfg, host=host, netns=c, cni_path=plugin_dir, container_id=cid))
+        ok(run("ptp", "DEL", cfg, host=host, netns=c, cni_path=plugin_dir, container_id=cid))
         assert host.run(["ip", "link", "show", r["interfaces"][0]["name"]], check=False).returncode != 0
     assert reservations(tmp_path) == []
 
@@ -72,11 +70,11 @@ def test_ipmasq_hides_container_address(netns_factory: Callable[[], Namespace], 
     world.run(["ip", "addr", "add", "198.18.5.2/24", "dev", "eth0"])
     world.run(["ip", "link", "set", "eth0", "up"])
     cfg = conf(tmp_path, ipMasq=True)
-    ok(call(ptp.PLUGIN, host, "ADD", cfg, ctr, plugin_dir, container_id="masq1"))
+    ok(run("ptp", "ADD", cfg, host=host, netns=ctr, cni_path=plugin_dir, container_id="masq1"))
     assert "CNI-" in host.run(["iptables-save", "-t", "nat"]).stdout
     # the world has no route back to 10.77.0.0/24: the ping only works when masqueraded
     ctr.run(["ping", "-c", "2", "-W", "2", "198.18.5.2"])
-    ok(call(ptp.PLUGIN, host, "DEL", cfg, ctr, plugin_dir, container_id="masq1"))
+    ok(run("ptp", "DEL", cfg, host=host, netns=ctr, cni_path=plugin_dir, container_id="masq1"))
     assert "masq1" not in host.run(["iptables-save", "-t", "nat"]).stdout
 
 
@@ -84,9 +82,9 @@ def test_del_with_netns_gone_removes_masquerade(netns_factory: Callable[[], Name
                                                 tmp_path: Path) -> None:
     host, ctr = netns_factory(), netns_factory()
     cfg = conf(tmp_path, ipMasq=True)
-    r = ok(call(ptp.PLUGIN, host, "ADD", cfg, ctr, plugin_dir, container_id="gone1"))
+    r = ok(run("ptp", "ADD", cfg, host=host, netns=ctr, cni_path=plugin_dir, container_id="gone1"))
     ctr.delete()
-    ok(call(ptp.PLUGIN, host, "DEL", cfg, ctr, plugin_dir, container_id="gone1"))
+    ok(run("ptp", "DEL", cfg, host=host, netns=ctr, cni_path=plugin_dir, container_id="gone1"))
     assert "gone1" not in host.run(["iptables-save", "-t", "nat"]).stdout  # the reference leaks this chain
     host.wait_link_gone(r["interfaces"][0]["name"])  # the kernel removes it with the namespace
     assert reservations(tmp_path) == []
@@ -97,8 +95,8 @@ def test_dual_stack(netns_factory: Callable[[], Namespace], plugin_dir: str, tmp
     cfg = conf(tmp_path)
     cfg["ipam"]["ranges"].append([{"subnet": "fd77::/64"}])
     cfg["ipam"]["routes"].append({"dst": "::/0"})
-    r1 = ok(call(ptp.PLUGIN, host, "ADD", cfg, c1, plugin_dir, container_id="d1"))
-    r2 = ok(call(ptp.PLUGIN, host, "ADD", cfg, c2, plugin_dir, container_id="d2"))
+    r1 = ok(run("ptp", "ADD", cfg, host=host, netns=c1, cni_path=plugin_dir, container_id="d1"))
+    r2 = ok(run("ptp", "ADD", cfg, host=host, netns=c2, cni_path=plugin_dir, container_id="d2"))
     v6 = [i["address"].split("/")[0] for i in r2["ips"] if ":" in i["address"]]
     assert v6 and len(r1["ips"]) == 2
     # The host ends' gateway and link-local addresses are still in DAD right after ADD (as with the Go
@@ -106,7 +104,7 @@ def test_dual_stack(netns_factory: Callable[[], Namespace], plugin_dir: str, tmp
     host.wait_dad()
     c1.run(["ping", "-6", "-c", "2", "-W", "3", v6[0]])
     for cid, c in (("d1", c1), ("d2", c2)):
-        ok(call(ptp.PLUGIN, host, "DEL", cfg, c, plugin_dir, container_id=cid))
+        ok(run("ptp", "DEL", cfg, host=host, netns=c, cni_path=plugin_dir, container_id=cid))
     assert reservations(tmp_path) == []
 
 
@@ -115,9 +113,9 @@ def test_missing_ipam_is_config_error_and_rollback_on_clash(netns_factory: Calla
     host, ctr = netns_factory(), netns_factory()
     cfg = conf(tmp_path)
     no_ipam = {k: v for k, v in cfg.items() if k != "ipam"}
-    assert err(call(ptp.PLUGIN, host, "ADD", no_ipam, ctr, plugin_dir))["code"] == 7
+    assert err(run("ptp", "ADD", no_ipam, host=host, netns=ctr, cni_path=plugin_dir))["code"] == 7
     ctr.run(["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "x0"])
-    e = err(call(ptp.PLUGIN, host, "ADD", cfg, ctr, plugin_dir))
+    e = err(run("ptp", "ADD", cfg, host=host, netns=ctr, cni_path=plugin_dir))
     assert "already exists" in e["msg"]
     assert reservations(tmp_path) == []
     assert [ln for ln in host.run(["ip", "-o", "link"]).stdout.splitlines() if "veth" in ln] == []
@@ -127,10 +125,10 @@ def test_unknown_masq_backend_refused_before_anything(netns_factory: Callable[[]
                                                      tmp_path: Path) -> None:
     host, ctr = netns_factory(), netns_factory()
     cfg = conf(tmp_path, ipMasq=True, ipMasqBackend="pf")
-    e = err(call(ptp.PLUGIN, host, "ADD", cfg, ctr, plugin_dir))
+    e = err(run("ptp", "ADD", cfg, host=host, netns=ctr, cni_path=plugin_dir))
     assert e["code"] == 7 and "unknown ipMasq backend" in e["msg"]
     assert reservations(tmp_path) == [] and ctr.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
-    ok(call(ptp.PLUGIN, host, "DEL", cfg, ctr, plugin_dir))  # and DEL of such a config still succeeds
+    ok(run("ptp", "DEL", cfg, host=host, netns=ctr, cni_path=plugin_dir))  # and DEL of such a config still succeeds
 
 
 def test_gc_removes_masquerade_of_forgotten_attachments(netns_factory: Callable[[], Namespace], plugin_dir: str,
@@ -139,14 +137,14 @@ def test_gc_removes_masquerade_of_forgotten_attachments(netns_factory: Callable[
     and keeps the listed one's."""
     host, c1, c2 = netns_factory(), netns_factory(), netns_factory()
     cfg = conf(tmp_path, ipMasq=True, cniVersion="1.1.0")
-    ok(call(ptp.PLUGIN, host, "ADD", cfg, c1, plugin_dir, container_id="keep1"))
-    ok(call(ptp.PLUGIN, host, "ADD", cfg, c2, plugin_dir, container_id="lost1"))
+    ok(run("ptp", "ADD", cfg, host=host, netns=c1, cni_path=plugin_dir, container_id="keep1"))
+    ok(run("ptp", "ADD", cfg, host=host, netns=c2, cni_path=plugin_dir, container_id="lost1"))
     gc = {**cfg, "cni.dev/valid-attachments": [{"containerID": "keep1", "ifname": "eth0"}]}
-    ok(call(ptp.PLUGIN, host, "GC", gc, None, plugin_dir))
+    ok(run("ptp", "GC", gc, host=host, cni_path=plugin_dir))
     nat = host.run(["iptables-save", "-t", "nat"]).stdout + host.run(["nft", "list", "ruleset"]).stdout
     assert "lost1" not in nat and "keep1" in nat
     assert len(reservations(tmp_path)) == 1
-    assert err(call(ptp.PLUGIN, host, "GC", cfg, None, plugin_dir))["code"] == 7  # no list: nothing freed
+    assert err(run("ptp", "GC", cfg, host=host, cni_path=plugin_dir))["code"] == 7  # no list: nothing freed
     assert len(reservations(tmp_path)) == 1
 
 
@@ -179,7 +177,7 @@ def test_dns_override_as_go(dns: dict[str, Any] | None, want: dict[str, Any],
         if dns is not None:
             cfg["dns"] = dns
         if who == "py":
-            results[who] = ok(call(ptp.PLUGIN, host, "ADD", cfg, ctr, plugin_dir)).get("dns", {})
+            results[who] = ok(run("ptp", "ADD", cfg, host=host, netns=ctr, cni_path=plugin_dir)).get("dns", {})
             continue
         results[who] = ok(run("ptp", "ADD", cfg, via="exec", host=host, netns=ctr)).get("dns", {})
     assert results["py"] == want

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import call, err, ok, run
+from plugin_util import err, ok, run
 
 from pycni.plugins.main import bridge, host_device, ptp, tap
 from pycni.skel import Plugin
@@ -51,7 +51,7 @@ def refused(plugin: Plugin, host: Namespace, ctr: Namespace, conf: dict[str, Any
             data: Path, ipam_ran: bool = False, **kw: Any) -> dict[str, Any]:
     """Run ADD; assert it fails and leaves host, container and ``data`` as they were."""
     before = {"host": snapshot(host), "container": snapshot(ctr), "files": files(data, ipam_ran)}
-    e = err(call(plugin, host, "ADD", conf, ctr, cni_path, **kw))
+    e = err(run(plugin, "ADD", conf, host=host, netns=ctr, cni_path=cni_path, **kw))
     after = {"host": snapshot(host), "container": snapshot(ctr), "files": files(data, ipam_ran)}
     changed: dict[str, Any] = {}
     for where, was in before.items():
@@ -113,7 +113,7 @@ def test_bridge_gateway_outside_the_subnet_is_accepted_as_the_reference_does(
         host, ctr = netns_factory(), netns_factory()
         conf = _bridge(tmp_path / who, ipMasq=False, ipam={"gateway": "10.99.0.1"})
         if who == "ours":
-            got = ok(call(bridge.PLUGIN, host, "ADD", conf, ctr, plugin_dir))
+            got = ok(run("bridge", "ADD", conf, host=host, netns=ctr, cni_path=plugin_dir))
         else:
             got = ok(run("bridge", "ADD", conf, via="exec", host=host, netns=ctr))
         bridge_addrs = host.run(["ip", "-br", "-4", "addr", "show", "refbr0"]).stdout.split()[2:]
@@ -343,7 +343,7 @@ def test_bridge_two_ranges_of_a_family_below_030(host_ns: Namespace, netns_facto
     ctr = netns_factory()
     e = refused(bridge.PLUGIN, host_ns, ctr, conf, plugin_dir, tmp_path, ipam_ran=True)
     assert e["msg"] == msg, e
-    out = call(bridge.PLUGIN, host_ns, "DEL", conf, ctr, plugin_dir)
+    out = run("bridge", "DEL", conf, host=host_ns, netns=ctr, cni_path=plugin_dir)
     assert out.exit_code == 0, out
     go = "/usr/lib/cni/bridge"
     if not os.access(go, os.X_OK):

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import call, err
+from plugin_util import err, run
 from test_refusals_main import files, snapshot
 
 from pycni.plugins.meta import bandwidth, firewall, sbr, tuning
@@ -62,7 +62,7 @@ def refused(plugin: Plugin, host: Namespace, ctr: Namespace, conf: dict[str, Any
             **kw: Any) -> dict[str, Any]:
     """Run ADD; assert it fails with an error JSON and leaves host, container and ``data`` as they were."""
     before = {"host": meta_snapshot(host), "container": meta_snapshot(ctr), "files": files(data)}
-    e = err(call(plugin, host, "ADD", conf, ctr, "/nonexistent", **kw))
+    e = err(run(plugin, "ADD", conf, host=host, netns=ctr, cni_path="/nonexistent", **kw))
     after = {"host": meta_snapshot(host), "container": meta_snapshot(ctr), "files": files(data)}
     changed = {where: {k: (was[k], after[where][k]) for k in was if was[k] != after[where][k]}
                if isinstance(was, dict) else (was, after[where])

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import plugin_util
 import pytest
 from netns_util import Namespace
 from test_import_set import _modules
@@ -74,20 +74,22 @@ class Pod:
     """One pod's plugin calls, one-shot through installed executables in ``host``."""
 
     def __init__(self, host: Namespace, ctr: Namespace, shims: str, path: str, cid: str) -> None:
-        self.host, self.ctr, self.shims, self.cid = host, ctr, shims, cid
-        self.env = {"PATH": path, "CNI_PATH": shims, "CNI_CONTAINERID": cid, "PYCNI_SOCKET": "off",
-                    "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid}"}
+        self.host, self.ctr, self.shims, self.path, self.cid = host, ctr, shims, path, cid
+
+    def env(self, command: str, netns: str, ifname: str) -> dict[str, str]:
+        """containerd's environment: CNI_NETNS as given (empty on RemovePodSandbox's DEL), the logged tools' PATH."""
+        return plugin_util.env(command, self.cid, ifname=ifname, cni_path=self.shims, PATH=self.path, CNI_NETNS=netns,
+                               args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={self.cid}")
 
     def call(self, command: str, conf: dict[str, Any], netns: str, ifname: str = "eth0") -> Any:
-        env = dict(self.env, CNI_COMMAND=command, CNI_NETNS=netns, CNI_IFNAME=ifname)
-        proc = subprocess.run(["ip", "netns", "exec", self.host.name, os.path.join(self.shims, conf["type"])],
-                              input=json.dumps(conf).encode(), env=env, capture_output=True, timeout=60)
-        assert proc.returncode == 0, (conf["type"], command, proc.stdout.decode(), proc.stderr.decode())
-        return json.loads(proc.stdout) if proc.stdout.strip() else None
+        out = plugin_util.run(conf["type"], command, conf, via="exec", host=self.host,
+                              environ=self.env(command, netns, ifname))
+        assert out.exit_code == 0, (conf["type"], command, out.stdout.decode(), out.stderr.decode())
+        return json.loads(out.stdout) if out.stdout.strip() else None
 
     def modules(self, command: str, conf: dict[str, Any], netns: str, tmp: Path, ifname: str = "eth0") -> set[str]:
-        env = dict(self.env, CNI_COMMAND=command, CNI_NETNS=netns, CNI_IFNAME=ifname)
-        return _modules(os.path.join(self.shims, conf["type"]), env, json.dumps(conf).encode(), tmp, self.host)
+        return _modules(os.path.join(self.shims, conf["type"]), self.env(command, netns, ifname),
+                        json.dumps(conf).encode(), tmp, self.host)
 
     def add(self, chain: list[dict[str, Any]]) -> dict[str, Any]:
         self.call("ADD", LOOPBACK, self.ctr.path, "lo")

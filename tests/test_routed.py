@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from netns_util import Namespace
-from plugin_util import call, err, ok
+from plugin_util import err, ok, run
 
 from pycni.plugins.main import routed
 
@@ -51,8 +51,8 @@ def test_pods_reach_each_other_and_the_host_v4_v6(netns_factory: Callable[[], Na
     host.run(["ip", "addr", "add", "192.0.2.1/32", "dev", "lo"])  # a host address to reach
     host.run(["ip", "addr", "add", "2001:db8::1/128", "dev", "lo"])
     cfg = conf(tmp_path, v6=True)
-    r1 = ok(call(routed.PLUGIN, host, "ADD", cfg, p1, plugin_dir, container_id="pod1"))
-    r2 = ok(call(routed.PLUGIN, host, "ADD", cfg, p2, plugin_dir, container_id="pod2"))
+    r1 = ok(run("routed", "ADD", cfg, host=host, netns=p1, cni_path=plugin_dir, container_id="pod1"))
+    r2 = ok(run("routed", "ADD", cfg, host=host, netns=p2, cni_path=plugin_dir, container_id="pod2"))
     host_if, cont_if = r1["interfaces"]
     assert host_if == {"name": routed.host_names("pod1", "eth0")[0], "mac": routed.HOST_MAC}
     assert cont_if["sandbox"] == p1.path and cont_if["name"] == "eth0"
@@ -86,17 +86,19 @@ def test_pods_reach_each_other_and_the_host_v4_v6(netns_factory: Callable[[], Na
     p1.run(["ping", "-6", "-c", "2", "-W", "2", b6])
     p2.run(["ping", "-6", "-c", "1", "-W", "2", "2001:db8::1"])
 
-    ok(call(routed.PLUGIN, host, "CHECK", dict(cfg, prevResult=r1), p1, plugin_dir, container_id="pod1"))
+    ok(run("routed", "CHECK", dict(cfg, prevResult=r1), host=host, netns=p1, cni_path=plugin_dir, container_id="pod1"))
     host.run(["ip", "route", "del", f"{a4}/32"])
-    e = err(call(routed.PLUGIN, host, "CHECK", dict(cfg, prevResult=r1), p1, plugin_dir, container_id="pod1"))
+    e = err(run("routed", "CHECK", dict(cfg, prevResult=r1), host=host, netns=p1, cni_path=plugin_dir,
+                container_id="pod1"))
     assert "host route" in e["msg"]
     p2.run(["ip", "route", "del", "default"])
-    e = err(call(routed.PLUGIN, host, "CHECK", dict(cfg, prevResult=r2), p2, plugin_dir, container_id="pod2"))
+    e = err(run("routed", "CHECK", dict(cfg, prevResult=r2), host=host, netns=p2, cni_path=plugin_dir,
+                container_id="pod2"))
     assert "not found" in e["msg"]
 
     for cid, p in (("pod1", p1), ("pod2", p2)):
-        ok(call(routed.PLUGIN, host, "DEL", cfg, p, plugin_dir, container_id=cid))
-        ok(call(routed.PLUGIN, host, "DEL", cfg, p, plugin_dir, container_id=cid))
+        ok(run("routed", "DEL", cfg, host=host, netns=p, cni_path=plugin_dir, container_id=cid))
+        ok(run("routed", "DEL", cfg, host=host, netns=p, cni_path=plugin_dir, container_id=cid))
         assert p.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
     assert host_links(host) == [] and reservations(tmp_path) == []
     assert a4 not in host.run(["ip", "-4", "route"]).stdout
@@ -106,10 +108,10 @@ def test_del_with_netns_gone_and_stale_host_end(netns_factory: Callable[[], Name
                                                 tmp_path: Path) -> None:
     host, p1 = netns_factory(), netns_factory()
     cfg = conf(tmp_path)
-    ok(call(routed.PLUGIN, host, "ADD", cfg, p1, plugin_dir, container_id="gone"))
+    ok(run("routed", "ADD", cfg, host=host, netns=p1, cni_path=plugin_dir, container_id="gone"))
     p1.delete()
-    ok(call(routed.PLUGIN, host, "DEL", cfg, p1, plugin_dir, container_id="gone"))
-    ok(call(routed.PLUGIN, host, "DEL", cfg, p1, plugin_dir, container_id="gone"))
+    ok(run("routed", "DEL", cfg, host=host, netns=p1, cni_path=plugin_dir, container_id="gone"))
+    ok(run("routed", "DEL", cfg, host=host, netns=p1, cni_path=plugin_dir, container_id="gone"))
     assert host_links(host) == [] and reservations(tmp_path) == []
 
     # A host end left by a crashed ADD of the same attachment is taken over; one owned by
@@ -120,9 +122,9 @@ def test_del_with_netns_gone_and_stale_host_end(netns_factory: Callable[[], Name
     if host.run(["ip", "link", "show", first], check=False).returncode != 0:
         host.run(["ip", "link", "add", first, "type", "veth", "peer", "name", "tmppeer0"])
     host.run(["ip", "link", "set", first, "alias", "pycni-routed:someone/eth0"])
-    r = ok(call(routed.PLUGIN, host, "ADD", cfg, p2, plugin_dir, container_id="again"))
+    r = ok(run("routed", "ADD", cfg, host=host, netns=p2, cni_path=plugin_dir, container_id="again"))
     assert r["interfaces"][0]["name"] == second
-    ok(call(routed.PLUGIN, host, "DEL", cfg, p2, plugin_dir, container_id="again"))
+    ok(run("routed", "DEL", cfg, host=host, netns=p2, cni_path=plugin_dir, container_id="again"))
     assert host.run(["ip", "link", "show", first], check=False).returncode == 0  # not ours: left alone
     assert host.run(["ip", "link", "show", second], check=False).returncode != 0
 
@@ -130,19 +132,19 @@ def test_del_with_netns_gone_and_stale_host_end(netns_factory: Callable[[], Name
 def test_failed_add_rolls_back(netns_factory: Callable[[], Namespace], plugin_dir: str, tmp_path: Path) -> None:
     host, p1 = netns_factory(), netns_factory()
     cfg = conf(tmp_path)
-    assert err(call(routed.PLUGIN, host, "ADD", {k: v for k, v in cfg.items() if k != "ipam"}, p1,
-                    plugin_dir))["code"] == 7
-    assert err(call(routed.PLUGIN, host, "ADD", conf(tmp_path, mtu=20), p1, plugin_dir))["code"] == 7
+    assert err(run("routed", "ADD", {k: v for k, v in cfg.items() if k != "ipam"}, host=host, netns=p1,
+                   cni_path=plugin_dir))["code"] == 7
+    assert err(run("routed", "ADD", conf(tmp_path, mtu=20), host=host, netns=p1, cni_path=plugin_dir))["code"] == 7
     # the container interface name is taken: refused before IPAM runs
     p1.run(["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "x0"])
-    e = err(call(routed.PLUGIN, host, "ADD", cfg, p1, plugin_dir))
+    e = err(run("routed", "ADD", cfg, host=host, netns=p1, cni_path=plugin_dir))
     assert "already exists" in e["msg"]
     p1.run(["ip", "link", "del", "eth0"])
     # an IPAM route the pod cannot take (it clashes with the next hop's own) fails the ADD
     # half-way, after the veth, the sysctls and the addresses: everything made is undone
     bad = conf(tmp_path)
     bad["ipam"]["routes"] = [{"dst": "169.254.1.1/32"}]
-    e = err(call(routed.PLUGIN, host, "ADD", bad, p1, plugin_dir, container_id="bad"))
+    e = err(run("routed", "ADD", bad, host=host, netns=p1, cni_path=plugin_dir, container_id="bad"))
     assert "169.254.1.1" in e["msg"]
     assert host_links(host) == [] and reservations(tmp_path) == []
     assert p1.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
@@ -152,15 +154,15 @@ def test_failed_add_rolls_back(netns_factory: Callable[[], Namespace], plugin_di
 def test_gc_and_status_reach_ipam(netns_factory: Callable[[], Namespace], plugin_dir: str, tmp_path: Path) -> None:
     host, p1, p2 = netns_factory(), netns_factory(), netns_factory()
     cfg = conf(tmp_path)
-    ok(call(routed.PLUGIN, host, "ADD", cfg, p1, plugin_dir, container_id="keep"))
-    ok(call(routed.PLUGIN, host, "ADD", cfg, p2, plugin_dir, container_id="forget"))
+    ok(run("routed", "ADD", cfg, host=host, netns=p1, cni_path=plugin_dir, container_id="keep"))
+    ok(run("routed", "ADD", cfg, host=host, netns=p2, cni_path=plugin_dir, container_id="forget"))
     assert len(reservations(tmp_path)) == 2
     gc = dict(cfg, **{"cni.dev/valid-attachments": [{"containerID": "keep", "ifname": "eth0"}]})
-    ok(call(routed.PLUGIN, host, "GC", gc, None, plugin_dir))
+    ok(run("routed", "GC", gc, host=host, cni_path=plugin_dir))
     assert len(reservations(tmp_path)) == 1
-    ok(call(routed.PLUGIN, host, "STATUS", cfg, None, plugin_dir))
-    ok(call(routed.PLUGIN, host, "DEL", cfg, p1, plugin_dir, container_id="keep"))
-    ok(call(routed.PLUGIN, host, "DEL", cfg, p2, plugin_dir, container_id="forget"))
+    ok(run("routed", "STATUS", cfg, host=host, cni_path=plugin_dir))
+    ok(run("routed", "DEL", cfg, host=host, netns=p1, cni_path=plugin_dir, container_id="keep"))
+    ok(run("routed", "DEL", cfg, host=host, netns=p2, cni_path=plugin_dir, container_id="forget"))
 
 
 def test_through_the_daemon(netns_factory: Callable[[], Namespace], tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import call, err, ok
+from plugin_util import err, ok, run
 
 from pycni.net import sublink
 from pycni.plugins.main import dummy, ipvlan, macvlan, vlan
@@ -74,8 +74,8 @@ def test_macvlan_two_containers_talk_and_clean_up(lan: tuple[Namespace, Namespac
     host, _ = lan
     c1, c2 = netns_factory(), netns_factory()
     cfg = conf("macvlan", tmp_path, mode="bridge", mtu=1400)
-    r1 = ok(call(macvlan.PLUGIN, host, "ADD", cfg, c1, plugin_dir, container_id="c1"))
-    r2 = ok(call(macvlan.PLUGIN, host, "ADD", cfg, c2, plugin_dir, container_id="c2"))
+    r1 = ok(run("macvlan", "ADD", cfg, host=host, netns=c1, cni_path=plugin_dir, container_id="c1"))
+    r2 = ok(run("macvlan", "ADD", cfg, host=host, netns=c2, cni_path=plugin_dir, container_id="c2"))
     assert r1["interfaces"] == [{"name": "eth0", "mac": r1["interfaces"][0]["mac"], "sandbox": c1.path}]
     assert r1["ips"][0]["interface"] == 0 and r1["ips"][0]["address"].startswith("192.168.77.")
     link = json.loads(c1.run(["ip", "-d", "-j", "link", "show", "eth0"]).stdout)[0]
@@ -85,13 +85,14 @@ def test_macvlan_two_containers_talk_and_clean_up(lan: tuple[Namespace, Namespac
     c1.run(["ping", "-c", "2", "-W", "2", r2["ips"][0]["address"].split("/")[0]])
 
     prev = dict(cfg, prevResult=r1)
-    ok(call(macvlan.PLUGIN, host, "CHECK", prev, c1, plugin_dir, container_id="c1"))
-    bad = err(call(macvlan.PLUGIN, host, "CHECK", dict(prev, mode="vepa"), c1, plugin_dir, container_id="c1"))
+    ok(run("macvlan", "CHECK", prev, host=host, netns=c1, cni_path=plugin_dir, container_id="c1"))
+    bad = err(run("macvlan", "CHECK", dict(prev, mode="vepa"), host=host, netns=c1, cni_path=plugin_dir,
+                  container_id="c1"))
     assert "mode bridge does not match expected value: vepa" in bad["msg"]
 
     for cid, c in (("c1", c1), ("c2", c2)):
-        ok(call(macvlan.PLUGIN, host, "DEL", cfg, c, plugin_dir, container_id=cid))
-        ok(call(macvlan.PLUGIN, host, "DEL", cfg, c, plugin_dir, container_id=cid))  # idempotent
+        ok(run("macvlan", "DEL", cfg, host=host, netns=c, cni_path=plugin_dir, container_id=cid))
+        ok(run("macvlan", "DEL", cfg, host=host, netns=c, cni_path=plugin_dir, container_id=cid))  # idempotent
         assert c.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
     assert not [f for f in (tmp_path / "ipam" / "lan").iterdir() if f.name[0].isdigit()]
 
@@ -101,7 +102,7 @@ def test_macvlan_layer2_only_and_runtime_mac(lan: tuple[Namespace, Namespace], c
     host, _ = lan
     cfg = conf("macvlan", tmp_path, runtimeConfig={"mac": "0a:58:0a:f4:00:05"})
     del cfg["ipam"]
-    r = ok(call(macvlan.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    r = ok(run("macvlan", "ADD", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
     assert r["interfaces"][0]["mac"] == "0a:58:0a:f4:00:05" and "ips" not in r
     link = json.loads(container_ns.run(["ip", "-j", "link", "show", "eth0"]).stdout)[0]
     assert "UP" in link["flags"] and link["address"] == "0a:58:0a:f4:00:05"
@@ -113,7 +114,7 @@ def test_macvlan_default_master_is_default_route_interface(lan: tuple[Namespace,
     host, _ = lan
     cfg = conf("macvlan", tmp_path)
     del cfg["master"]
-    ok(call(macvlan.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    ok(run("macvlan", "ADD", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
     link = json.loads(container_ns.run(["ip", "-d", "-j", "link", "show", "eth0"]).stdout)[0]
     assert link["linkinfo"]["info_kind"] == "macvlan"
 
@@ -127,7 +128,8 @@ def test_macvlan_bad_config_leaves_nothing(lan: tuple[Namespace, Namespace], con
                                            plugin_dir: str, tmp_path: Path, extra: dict[str, Any], code: int,
                                            text: str) -> None:
     host, _ = lan
-    e = err(call(macvlan.PLUGIN, host, "ADD", conf("macvlan", tmp_path, **extra), container_ns, plugin_dir))
+    e = err(run("macvlan", "ADD", conf("macvlan", tmp_path, **extra), host=host, netns=container_ns,
+                cni_path=plugin_dir))
     assert e["code"] == code and text in e["msg"], e
     assert container_ns.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
     assert not (tmp_path / "ipam" / "lan").exists() or not [
@@ -139,7 +141,7 @@ def test_macvlan_rollback_when_ipam_fails(lan: tuple[Namespace, Namespace], cont
     host, _ = lan
     cfg = conf("macvlan", tmp_path)
     cfg["ipam"]["subnet"] = "192.168.77.0/31"  # no usable address: host-local fails after the link exists
-    e = err(call(macvlan.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    e = err(run("macvlan", "ADD", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
     assert e["code"] != 0
     assert container_ns.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
 
@@ -149,9 +151,9 @@ def test_del_with_netns_gone(lan: tuple[Namespace, Namespace], netns_factory: Ca
     host, _ = lan
     ctr = netns_factory()
     cfg = conf("macvlan", tmp_path)
-    ok(call(macvlan.PLUGIN, host, "ADD", cfg, ctr, plugin_dir))
+    ok(run("macvlan", "ADD", cfg, host=host, netns=ctr, cni_path=plugin_dir))
     ctr.delete()
-    ok(call(macvlan.PLUGIN, host, "DEL", cfg, ctr, plugin_dir))
+    ok(run("macvlan", "DEL", cfg, host=host, netns=ctr, cni_path=plugin_dir))
     assert not [f for f in (tmp_path / "ipam" / "lan").iterdir() if f.name[0].isdigit()]
 
 
@@ -159,7 +161,7 @@ def test_ifname_clash_is_refused(lan: tuple[Namespace, Namespace], container_ns:
                                  tmp_path: Path) -> None:
     host, _ = lan
     container_ns.run(["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "other"])
-    e = err(call(macvlan.PLUGIN, host, "ADD", conf("macvlan", tmp_path), container_ns, plugin_dir))
+    e = err(run("macvlan", "ADD", conf("macvlan", tmp_path), host=host, netns=container_ns, cni_path=plugin_dir))
     assert "already exists" in e["msg"]
     assert not (tmp_path / "ipam" / "lan").exists() or not [
         f for f in (tmp_path / "ipam" / "lan").iterdir() if f.name[0].isdigit()]
@@ -176,7 +178,7 @@ def test_bad_mode_or_id_is_config_error(lan: tuple[Namespace, Namespace], contai
                                         plugin_dir: str, tmp_path: Path, plugin: Plugin, extra: dict[str, Any],
                                         text: str) -> None:
     host, _ = lan
-    e = err(call(plugin, host, "ADD", conf("x", tmp_path, **extra), container_ns, plugin_dir))
+    e = err(run(plugin, "ADD", conf("x", tmp_path, **extra), host=host, netns=container_ns, cni_path=plugin_dir))
     assert e["code"] == 7 and text in e["msg"]
 
 
@@ -186,7 +188,7 @@ def test_ipam_is_required(lan: tuple[Namespace, Namespace], container_ns: Namesp
     host, _ = lan
     cfg = conf("x", tmp_path, vlanId=5)
     del cfg["ipam"]
-    e = err(call(plugin, host, "ADD", cfg, container_ns, plugin_dir))
+    e = err(run(plugin, "ADD", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
     assert e["code"] == 7 and "IPAM type is required" in e["msg"]
 
 
@@ -206,7 +208,7 @@ def test_kernel_lifecycle(lan: tuple[Namespace, Namespace], netns_factory: Calla
     host, _ = lan
     ctr = netns_factory()
     cfg = conf(name, tmp_path, **extra)
-    outcome = call(plugin, host, "ADD", cfg, ctr, plugin_dir)
+    outcome = run(plugin, "ADD", cfg, host=host, netns=ctr, cni_path=plugin_dir)
     if not kernel_has(name, host):
         e = err(outcome)
         assert f"does not support {name} links" in e["msg"], e
@@ -218,9 +220,9 @@ def test_kernel_lifecycle(lan: tuple[Namespace, Namespace], netns_factory: Calla
     assert r["ips"][0]["address"].startswith("192.168.77.")
     link = json.loads(ctr.run(["ip", "-d", "-j", "link", "show", "eth0"]).stdout)[0]
     assert link["linkinfo"]["info_kind"] == name
-    ok(call(plugin, host, "CHECK", dict(cfg, prevResult=r), ctr, plugin_dir))
-    ok(call(plugin, host, "DEL", cfg, ctr, plugin_dir))
-    ok(call(plugin, host, "DEL", cfg, ctr, plugin_dir))
+    ok(run(plugin, "CHECK", dict(cfg, prevResult=r), host=host, netns=ctr, cni_path=plugin_dir))
+    ok(run(plugin, "DEL", cfg, host=host, netns=ctr, cni_path=plugin_dir))
+    ok(run(plugin, "DEL", cfg, host=host, netns=ctr, cni_path=plugin_dir))
     assert ctr.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
 
 
@@ -268,8 +270,8 @@ def test_the_netlink_request_each_plugin_sends(kind: str, attrs: dict[str, Any],
 def test_link_in_container_must_be_boolean(lan: tuple[Namespace, Namespace], container_ns: Namespace,
                                            plugin_dir: str, tmp_path: Path) -> None:
     host, _ = lan
-    e = err(call(macvlan.PLUGIN, host, "ADD", conf("macvlan", tmp_path, linkInContainer="false"), container_ns,
-                 plugin_dir))
+    e = err(run("macvlan", "ADD", conf("macvlan", tmp_path, linkInContainer="false"), host=host, netns=container_ns,
+                cni_path=plugin_dir))
     assert e["code"] == 7 and "linkInContainer" in e["msg"]
 
 
@@ -280,7 +282,7 @@ def test_macvlan_without_ipam_ignores_prev_result_ips(lan: tuple[Namespace, Name
     cfg = conf("macvlan", tmp_path, prevResult={"cniVersion": "1.0.0",
                                                 "ips": [{"address": "192.168.77.50/24"}]})
     del cfg["ipam"]
-    r = ok(call(macvlan.PLUGIN, host, "ADD", cfg, container_ns, plugin_dir))
+    r = ok(run("macvlan", "ADD", cfg, host=host, netns=container_ns, cni_path=plugin_dir))
     assert "ips" not in r
     assert "192.168.77.50" not in container_ns.run(["ip", "addr", "show", "eth0"]).stdout
 

@@ -8,9 +8,7 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import call, err, ok
-
-from pycni.plugins.main import tap
+from plugin_util import err, ok, run
 
 
 def conf(tmp_path: Path, **extra: Any) -> dict[str, Any]:
@@ -28,7 +26,7 @@ def test_tap_with_owner_group_mac_and_ipam(host_ns: Namespace, container_ns: Nam
                                            tmp_path: Path) -> None:
     cfg = conf(tmp_path, owner=4242, group=4243, mtu=1400, multiQueue=True,
                runtimeConfig={"mac": "0a:58:0a:63:00:09"})
-    r = ok(call(tap.PLUGIN, host_ns, "ADD", cfg, container_ns, plugin_dir))
+    r = ok(run("tap", "ADD", cfg, host=host_ns, netns=container_ns, cni_path=plugin_dir))
     assert r["interfaces"] == [{"name": "eth0", "mac": "0a:58:0a:63:00:09", "sandbox": container_ns.path}]
     assert r["ips"][0]["interface"] == 0 and r["ips"][0]["address"].startswith("10.99.0.")
     d = details(container_ns)
@@ -38,9 +36,9 @@ def test_tap_with_owner_group_mac_and_ipam(host_ns: Namespace, container_ns: Nam
     assert d["mtu"] == 1400 and "UP" in d["flags"]
     addrs = container_ns.run(["ip", "-4", "-o", "addr", "show", "eth0"]).stdout
     assert r["ips"][0]["address"] in addrs
-    ok(call(tap.PLUGIN, host_ns, "CHECK", dict(cfg, prevResult=r), container_ns, plugin_dir))
-    ok(call(tap.PLUGIN, host_ns, "DEL", cfg, container_ns, plugin_dir))
-    ok(call(tap.PLUGIN, host_ns, "DEL", cfg, container_ns, plugin_dir))
+    ok(run("tap", "CHECK", dict(cfg, prevResult=r), host=host_ns, netns=container_ns, cni_path=plugin_dir))
+    ok(run("tap", "DEL", cfg, host=host_ns, netns=container_ns, cni_path=plugin_dir))
+    ok(run("tap", "DEL", cfg, host=host_ns, netns=container_ns, cni_path=plugin_dir))
     assert container_ns.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
     assert not [f for f in (tmp_path / "ipam" / "tapnet").iterdir() if f.name[0].isdigit()]
 
@@ -50,7 +48,7 @@ def test_tap_layer2_on_a_bridge_in_the_container(host_ns: Namespace, container_n
     container_ns.run(["ip", "link", "add", "br-vm", "type", "bridge"])
     cfg = conf(tmp_path, bridge="br-vm")
     del cfg["ipam"]
-    r = ok(call(tap.PLUGIN, host_ns, "ADD", cfg, container_ns, plugin_dir, ifname="tap0"))
+    r = ok(run("tap", "ADD", cfg, host=host_ns, netns=container_ns, cni_path=plugin_dir, ifname="tap0"))
     assert "ips" not in r
     assert details(container_ns, "tap0")["master"] == "br-vm"
 
@@ -59,7 +57,7 @@ def test_tap_layer2_on_a_bridge_in_the_container(host_ns: Namespace, container_n
                                                                                   "bridge 'missing-br' not found")])
 def test_bad_config(host_ns: Namespace, container_ns: Namespace, plugin_dir: str, tmp_path: Path,
                     extra: dict[str, Any], text: str) -> None:
-    e = err(call(tap.PLUGIN, host_ns, "ADD", conf(tmp_path, **extra), container_ns, plugin_dir))
+    e = err(run("tap", "ADD", conf(tmp_path, **extra), host=host_ns, netns=container_ns, cni_path=plugin_dir))
     assert e["code"] == 7 and text in e["msg"], e
     assert container_ns.run(["ip", "link", "show", "eth0"], check=False).returncode != 0
 
@@ -68,5 +66,5 @@ def test_rollback_when_ipam_fails(host_ns: Namespace, container_ns: Namespace, p
                                   tmp_path: Path) -> None:
     cfg = conf(tmp_path)
     cfg["ipam"]["subnet"] = "10.99.0.0/31"
-    err(call(tap.PLUGIN, host_ns, "ADD", cfg, container_ns, plugin_dir))
+    err(run("tap", "ADD", cfg, host=host_ns, netns=container_ns, cni_path=plugin_dir))
     assert container_ns.run(["ip", "link", "show", "eth0"], check=False).returncode != 0

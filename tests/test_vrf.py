@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from netns_util import Namespace
-from plugin_util import call, err, ok
+from plugin_util import err, ok, run
 
 from pycni.plugins.meta import vrf
 from pycni.skel import CmdArgs
@@ -43,11 +43,12 @@ def test_table_choice() -> None:
 def test_prev_result_required(host_ns: Namespace, container_ns: Namespace, tmp_path: Path) -> None:
     cfg = conf(container_ns)
     del cfg["prevResult"]
-    assert "missing prevResult" in err(call(vrf.PLUGIN, host_ns, "ADD", cfg, container_ns, str(tmp_path)))["msg"]
+    assert "missing prevResult" in err(run("vrf", "ADD", cfg, host=host_ns, netns=container_ns,
+                                           cni_path=str(tmp_path)))["msg"]
 
 
 def test_del_without_anything_is_fine(host_ns: Namespace, container_ns: Namespace, tmp_path: Path) -> None:
-    ok(call(vrf.PLUGIN, host_ns, "DEL", conf(container_ns), container_ns, str(tmp_path)))
+    ok(run("vrf", "DEL", conf(container_ns), host=host_ns, netns=container_ns, cni_path=str(tmp_path)))
 
 
 def test_kernel_lifecycle(host_ns: Namespace, container_ns: Namespace, tmp_path: Path) -> None:
@@ -55,7 +56,7 @@ def test_kernel_lifecycle(host_ns: Namespace, container_ns: Namespace, tmp_path:
     container_ns.run(["ip", "addr", "add", "10.55.0.2/24", "dev", "eth0"])
     container_ns.run(["ip", "link", "set", "eth0", "up"])
     cfg = conf(container_ns, table=42)
-    outcome = call(vrf.PLUGIN, host_ns, "ADD", cfg, container_ns, str(tmp_path))
+    outcome = run("vrf", "ADD", cfg, host=host_ns, netns=container_ns, cni_path=str(tmp_path))
     if outcome.exit_code != 0:
         e = json.loads(outcome.stdout)
         assert "does not support vrf links" in e["msg"], e
@@ -65,6 +66,6 @@ def test_kernel_lifecycle(host_ns: Namespace, container_ns: Namespace, tmp_path:
     assert json.loads(outcome.stdout)["ips"][0]["address"] == "10.55.0.2/24"
     link = json.loads(container_ns.run(["ip", "-j", "link", "show", "eth0"]).stdout)[0]
     assert link["master"] == "blue"
-    ok(call(vrf.PLUGIN, host_ns, "CHECK", cfg, container_ns, str(tmp_path)))
-    ok(call(vrf.PLUGIN, host_ns, "DEL", cfg, container_ns, str(tmp_path)))
+    ok(run("vrf", "CHECK", cfg, host=host_ns, netns=container_ns, cni_path=str(tmp_path)))
+    ok(run("vrf", "DEL", cfg, host=host_ns, netns=container_ns, cni_path=str(tmp_path)))
     assert container_ns.run(["ip", "link", "show", "blue"], check=False).returncode != 0
