@@ -211,6 +211,25 @@ def test_forwarder_constants_are_the_protocols() -> None:
     assert re.search(r'path = \*baked \? baked : "([^"]*)"', text).group(1) == protocol.DEFAULT_SOCKET  # type: ignore[union-attr]
 
 
+def test_constants_have_one_home() -> None:
+    """A value more than one module needs is written once (docs/architecture.md): routed's host-interface
+    prefix in cluster/names.py (routed and the policy compiler import it), the policy table's name in
+    cluster/policy/workload.py, the daemon's default socket in daemon/protocol.py. The one copy allowed is
+    the shim's default socket (its non-forwarding path does not import the protocol), checked equal here."""
+    from pycni.cluster.names import HOST_PREFIX
+    from pycni.cluster.policy.workload import TABLE
+    from pycni.daemon.protocol import DEFAULT_SOCKET
+
+    homes = {HOST_PREFIX: {"cluster/names.py"}, TABLE: {"cluster/policy/workload.py"},
+             DEFAULT_SOCKET: {"daemon/protocol.py", "shim.py"}}
+    found: dict[str, set[str]] = {value: set() for value in homes}
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in found:
+                found[node.value].add(str(path.relative_to(SRC)))
+    assert found == homes
+
+
 # What a plugin may import (docs/architecture.md "A plugin uses the SDK ... and net/"): the SDK,
 # net/, spec/, the leaf utilities, the cluster library (cluster-ipam, routed), other plugin
 # modules, the frame and listener the dhcp daemon shares with the main daemon.

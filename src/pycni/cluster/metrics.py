@@ -147,7 +147,7 @@ def _policy_state(enf: Any) -> Iterator[Any]:
     mirror = enf.writer.mirror
     if mirror is not None:  # (None between a refusal or a resync and the next write: no figure then)
         rules = GaugeMetricFamily("pycni_policy_rules_programmed", "Rules in this node's nftables table inet "
-                                  "pycni_policy, as last committed")
+                                  f"{enf.writer.table}, as last committed")
         rules.add_metric([], sum(len(tags) for tags in list(mirror.chains.values()))
                          + sum(len(tags) for _prio, tags in list(mirror.base_chains.values())))
         yield rules

@@ -851,6 +851,8 @@ def remove_node(etcd: Etcd, prefix: str, name: str) -> bool:
 
 
 def add_arguments(sp: argparse.ArgumentParser) -> None:
+    from pycni.cluster.policy.workload import TABLE
+
     sp.add_argument("action", nargs="?", default="run", choices=("run", "status", "remove"),
                     help="run the agent (default), print status, or remove node NAME for good")
     sp.add_argument("target", nargs="?", metavar="NAME", help="the node to remove")
@@ -870,8 +872,8 @@ def add_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--vxlan-port", type=int, default=DEFAULT_VXLAN_PORT,
                     help=f"UDP port (default {DEFAULT_VXLAN_PORT})")
     sp.add_argument("--policy", dest="policy", action="store_true", default=True,
-                    help="enforce network policy on this node's pods (the default: nftables table inet "
-                         "pycni_policy; see docs/policy.md)")
+                    help=f"enforce network policy on this node's pods (the default: nftables table inet "
+                         f"{TABLE}; see docs/policy.md)")
     sp.add_argument("--no-policy", dest="policy", action="store_false",
                     help="do not enforce network policy here (`pycni node status` shows it; `policy apply` warns "
                          "when no node enforces)")

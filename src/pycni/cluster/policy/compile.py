@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from pycni.cluster.flows.model import ALLOW, DENY, log_prefix
+from pycni.cluster.names import HOST_PREFIX
 from pycni.cluster.policy.evaluate import EGRESS, INGRESS, Workload
 from pycni.cluster.policy.model import NetworkPolicy, Peer, PeerSelector, PolicyPort, namespace_labels
 
-HOST_PREFIX = "rtd"  # routed's host interfaces (pycni.plugins.main.routed.HOST_PREFIX)
 ND_TYPES = "nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, nd-router-advert"
 SET_TYPES = {4: "ipv4_addr", 6: "ipv6_addr"}
 PORT_SET_TYPES = {4: "ipv4_addr . inet_proto . inet_service", 6: "ipv6_addr . inet_proto . inet_service"}

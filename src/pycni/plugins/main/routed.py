@@ -29,6 +29,7 @@ ours (removed and made again) from an unlikely hash collision (the next name is 
 from __future__ import annotations
 
 from pycni import invoke, ipaddr, ipam, netconf
+from pycni.cluster.names import HOST_PREFIX
 from pycni.record import field, record
 from pycni.rollback import Rollback
 from pycni.skel import CmdArgs, Plugin, load_conf, run_plugin
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 HOST_MAC = "ee:ee:ee:ee:ee:ee"
 GATEWAY_V4 = ipaddr.IPv4Address("169.254.1.1")
 GATEWAY_V6 = ipaddr.IPv6Address("fe80::ecee:eeff:feee:eeee")  # EUI-64 link-local of HOST_MAC
-HOST_PREFIX = "rtd"
 NAME_TRIES = 4  # names per (container, ifname): the hash, then salted hashes on a collision
 ALIAS_PREFIX = "pycni-routed:"
 
