@@ -28,7 +28,8 @@ import badinput  # noqa: E402
 from netns_util import new_namespace  # noqa: E402
 from test_bad_input import run_sandbox  # noqa: E402
 
-from pycni.plugins.registry import PLUGIN_MODULES, install  # noqa: E402
+from pycni.install_plugins import install  # noqa: E402
+from pycni.plugins.registry import PLUGIN_MODULES  # noqa: E402
 
 GO_DIR = "/usr/lib/cni"
 

@@ -32,7 +32,7 @@ sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")]
 from bgp_util import ROUTER_AS, Lab, wait  # noqa: E402
 from etcd_util import EtcdCluster  # noqa: E402
 
-from pycni.plugins.registry import install  # noqa: E402
+from pycni.install_plugins import install  # noqa: E402
 
 
 def first_reply(ns: str, ip: str, timeout: float = 10.0) -> float:

@@ -51,10 +51,10 @@ from etcd_util import EtcdCluster, EtcdNode  # noqa: E402
 from netns_util import Namespace, new_namespace  # noqa: E402
 
 from pycni.cluster.ipam import ClusterStore  # noqa: E402
+from pycni.install_plugins import install  # noqa: E402
 from pycni.ipranges import parse_range_set  # noqa: E402
 from pycni.lockfile import flocked  # noqa: E402
 from pycni.net import netns  # noqa: E402
-from pycni.plugins.registry import install  # noqa: E402
 
 GO = "/usr/lib/cni"
 Row = tuple[str, float, str]  # case, value, unit: "s" seconds, "x" ratio, "n" a count or rate

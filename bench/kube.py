@@ -276,7 +276,7 @@ def main() -> int:
     ap.add_argument("--only", choices=("A", "B", "C"), action="append")
     opts = ap.parse_args()
     only = set(opts.only or ("A", "B", "C"))
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     with tempfile.TemporaryDirectory(prefix="pk31-bench-") as tmp, \
             EtcdCluster(size=3, subnet="10.231.134.0/24", prefix="pk31") as cluster:

@@ -25,7 +25,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "src")]
 
-from pycni.plugins.registry import install  # noqa: E402
+from pycni.install_plugins import install  # noqa: E402
 
 GO_PLUGINS = "/usr/lib/cni"
 PATH_ENV = os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")

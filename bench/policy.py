@@ -268,7 +268,7 @@ def run_bench(opts: argparse.Namespace) -> int:
         return 0
     log(f"load average at the start: {os.getloadavg()[0]:.2f}")
     tmp = tempfile.mkdtemp(prefix="po-bench-")
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     bindir = os.path.join(tmp, "bin")
     os.mkdir(bindir)

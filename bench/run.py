@@ -46,8 +46,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC_ROOT = os.environ.get("PYCNI_BENCH_TREE") or ROOT
 sys.path[:0] = [os.path.join(SRC_ROOT, "src"), os.path.join(SRC_ROOT, "tests")]
 
+from pycni.install_plugins import install  # noqa: E402
 from pycni.net import iptables, netns, restore_session  # noqa: E402
-from pycni.plugins.registry import install  # noqa: E402
 
 GO_PLUGINS = "/usr/lib/cni"
 # ipMasqBackend written into the bench configs (None: the plugin's default). The Go 1.1.1

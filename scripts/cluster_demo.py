@@ -25,7 +25,7 @@ from etcd_util import EtcdCluster  # noqa: E402  (the test fixture: one etcd mem
 from netns_util import Namespace, new_namespace  # noqa: E402
 
 from pycni.cluster.node import RTPROT_PYCNI  # noqa: E402
-from pycni.plugins.registry import install  # noqa: E402
+from pycni.install_plugins import install  # noqa: E402
 
 PREFIX = "pycni-demo"
 

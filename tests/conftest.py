@@ -91,7 +91,7 @@ def container_ns(netns_factory: Callable[[], Namespace]) -> Namespace:
 def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A CNI_PATH directory holding our plugins (every one written so far), installed once per
     session (per xdist worker): tests only read it; one that needs other executables makes its own."""
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     d = tmp_path_factory.mktemp("cni-bin")
     install(str(d))

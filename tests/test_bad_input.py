@@ -22,7 +22,8 @@ import badinput
 import pytest
 from netns_util import Namespace
 
-from pycni.plugins.registry import PLUGIN_MODULES, install
+from pycni.install_plugins import install
+from pycni.plugins.registry import PLUGIN_MODULES
 
 SEED = int(os.environ.get(badinput.SEED_ENV, badinput.DEFAULT_SEED))
 ONESHOT = int(os.environ.get("PYCNI_FUZZ_ONESHOT", "500"))  # one-shot inputs (a Python start each)

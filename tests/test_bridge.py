@@ -687,7 +687,7 @@ def test_through_the_daemon(host_ns: Namespace, netns_factory: Callable[[], Name
                             tmp_path: Path) -> None:
     """A forwarding shim served by a warm daemon: same result, same state, same cleanup."""
     from pycni.daemon.server import Daemon
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     plugin_dir = str(tmp_path / "bin")
     install(plugin_dir, ["bridge"], daemon=True)

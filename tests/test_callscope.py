@@ -19,8 +19,9 @@ import pytest
 from netns_util import Namespace
 
 from pycni import callscope
+from pycni.install_plugins import install
 from pycni.net import link, netns, nl
-from pycni.plugins.registry import install, load
+from pycni.plugins.registry import load
 from pycni.shim import run_delegate
 from pycni.skel import dispatch
 from pycni.spec.errors import CNIError

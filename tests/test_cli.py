@@ -197,7 +197,7 @@ def test_plugin_without_privileges_says_what_it_needs(host_ns: Namespace, contai
     """EPERM from the kernel names the missing privilege (run as nobody, in a throwaway host namespace)."""
     import tempfile
 
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     public = tempfile.mkdtemp(prefix="pycni-eperm-")  # nobody must reach the plugins: not under pytest's 0700 tmp
     try:
@@ -354,7 +354,7 @@ def test_gc_deletes_stale_attachments_and_status(host_ns: Namespace, netns_facto
 
 
 def test_install_plugins_daemon_shims_fall_back_to_in_process(tmp_path: Path) -> None:
-    from pycni.plugins import registry
+    from pycni.install_plugins import install
 
     proc = run(["install-plugins", "--dir", str(tmp_path), "loopback"])
     assert proc.returncode == 0, proc.stderr
@@ -364,7 +364,7 @@ def test_install_plugins_daemon_shims_fall_back_to_in_process(tmp_path: Path) ->
                          text=True, timeout=60,
                          env={"CNI_COMMAND": "VERSION", "PYCNI_SOCKET": str(tmp_path / "no-daemon.sock")})
     assert ver.returncode == 0 and "1.0.0" in json.loads(ver.stdout)["supportedVersions"], ver.stderr
-    direct = registry.install(str(tmp_path / "direct"), ["loopback"])  # what tests' plugin_dir uses
+    direct = install(str(tmp_path / "direct"), ["loopback"])  # what tests' plugin_dir uses
     assert "pycni.shim" not in Path(direct[0]).read_text()
 
 
@@ -388,7 +388,7 @@ def test_daemon_refuses_a_socket_in_a_directory_that_does_not_exist(tmp_path: Pa
 def test_non_root_add_says_root_is_needed(tmp_path: Path) -> None:
     """Run as nobody with the system Python on this clone's source (the venv's may not be readable)."""
     import pycni
-    from pycni.plugins import registry
+    from pycni.install_plugins import install
 
     src = os.path.dirname(os.path.dirname(pycni.__file__))
     probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
@@ -396,7 +396,7 @@ def test_non_root_add_says_root_is_needed(tmp_path: Path) -> None:
     if probe.returncode != 0:
         pytest.skip(f"/usr/bin/python3 cannot import pycni from {src} as nobody: {probe.stderr[-200:]!r}")
     tmp_path.chmod(0o755)
-    registry.install(str(tmp_path / "bin"), python="/usr/bin/python3")
+    install(str(tmp_path / "bin"), python="/usr/bin/python3")
     conf = tmp_path / "net.d"
     conf.mkdir()
     (conf / "a.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": "net1", "plugins": [

@@ -25,7 +25,7 @@ from etcd_util import EtcdCluster, EtcdNode, etcd_available
 from netns_util import Namespace
 
 from pycni.cluster.ipam import ClusterStore
-from pycni.plugins.registry import install
+from pycni.install_plugins import install
 
 pytestmark = pytest.mark.skipif(not etcd_available(), reason="needs root and /usr/bin/etcd (Debian etcd-server)")
 

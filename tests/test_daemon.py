@@ -28,7 +28,7 @@ from plugin_util import daemon_in_thread
 
 from pycni.daemon import protocol
 from pycni.daemon.server import Daemon
-from pycni.plugins.registry import install
+from pycni.install_plugins import install
 from pycni.skel import CmdArgs, Plugin
 from pycni.spec.types import Result
 

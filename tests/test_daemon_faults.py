@@ -34,7 +34,7 @@ from plugin_util import run
 
 from pycni import ipaddr
 from pycni.daemon import protocol
-from pycni.plugins.registry import install
+from pycni.install_plugins import install
 
 SEED = int(os.environ.get("PYCNI_FAULT_SEED", "1616"))
 TRIALS = int(os.environ.get("PYCNI_FAULT_TRIALS", "8"))

@@ -23,7 +23,7 @@ import pytest
 from daemon_proc import WAIT, DaemonProc, alive, answers, needs_privileges, request, wait_until
 from netns_util import Namespace
 
-from pycni.plugins.registry import install
+from pycni.install_plugins import install
 
 
 @pytest.fixture

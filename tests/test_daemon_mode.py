@@ -23,7 +23,7 @@ import pytest
 from netns_util import Namespace
 from runtimes import write_conflist
 
-from pycni.plugins.registry import install
+from pycni.install_plugins import install
 
 WAIT = 30.0
 PORTS = {"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]}

@@ -129,7 +129,7 @@ def dhcp_net(netns_factory: Callable[[], Namespace], host_ns: Namespace, tmp_pat
 @pytest.fixture(scope="module")
 def cni_bin(tmp_path_factory: pytest.TempPathFactory) -> str:
     """CNI_PATH with our dhcp and our bridge."""
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     d = tmp_path_factory.mktemp("dhcp-bin")
     install(str(d), ["dhcp", "bridge"])
@@ -614,7 +614,7 @@ def test_systemd_socket_activation(dhcp_net: DHCPNet, cni_bin: str, tmp_path: Pa
 
 def test_daemon_starts_from_forwarding_shim(host_ns: Namespace, tmp_path: Path) -> None:
     """`dhcp daemon` from the executables that forward to `pycni daemon`, stdin not a tty (systemd)."""
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     bin_dir = tmp_path / "bin"
     install(str(bin_dir), ["dhcp"], daemon=True)

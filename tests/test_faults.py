@@ -148,7 +148,7 @@ def container_links(ctr: Namespace) -> list[str]:
 
 @pytest.fixture
 def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     d = tmp_path_factory.mktemp("fault-bin")
     install(str(d), ["bridge", "ptp", "host-local", "portmap"])

@@ -62,7 +62,7 @@ def sock(env: Env, i: int) -> str:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     tmp = tmp_path_factory.mktemp("pf37-flows")
     bindir = tmp / "bin"

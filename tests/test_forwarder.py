@@ -23,7 +23,7 @@ from netns_util import Namespace
 from plugin_util import daemon_in_thread, run
 
 from pycni import forwarder
-from pycni.plugins.registry import install
+from pycni.install_plugins import install
 
 pytestmark = pytest.mark.skipif(forwarder.compiler() is None, reason="no C compiler: the forwarder is not built")
 

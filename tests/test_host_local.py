@@ -812,7 +812,7 @@ def test_many_reservations_continue_after_the_cursor(tmp_path: Path) -> None:
 def test_daemon_mode_gives_the_same_answers(tmp_path: Path, host_ns: Any) -> None:
     """Shims forwarding to a pycni daemon (run from a throwaway namespace): same results, no double IPs."""
     from pycni.daemon.server import Daemon
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     bin_dir = tmp_path / "bin"
     exe = install(str(bin_dir), ["host-local"], daemon=True)[0]

@@ -21,7 +21,8 @@ import pytest
 from netns_util import Namespace
 from plugin_util import daemon_in_thread
 
-from pycni.plugins.registry import PLUGIN_MODULES, install
+from pycni.install_plugins import install
+from pycni.plugins.registry import PLUGIN_MODULES
 
 # Run a shim file as its shebang does and dump sys.modules (exit included: the shim calls sys.exit).
 _WRAPPER = """

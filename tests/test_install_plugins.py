@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from pycni.install_plugins import ForeignExecutable, install, plugin_of, shim_type
 from pycni.plugins import registry
-from pycni.shim import plugin_of, shim_type
 from pycni.skel import dispatch
 
 GO_BRIDGE = "/usr/lib/cni/bridge"
@@ -51,8 +51,8 @@ def skel_answer(plugin: str, stdin: bytes) -> bytes:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Both kinds of executables, every plugin: {"daemon": dir, "direct": dir}."""
     base = tmp_path_factory.mktemp("bin")
-    registry.install(str(base / "daemon"), daemon=True)
-    registry.install(str(base / "direct"))
+    install(str(base / "daemon"), daemon=True)
+    install(str(base / "direct"))
     return {"daemon": str(base / "daemon"), "direct": str(base / "direct")}
 
 
@@ -69,7 +69,7 @@ def no_python(tmp_path: Path) -> tuple[str, Path]:
 @pytest.mark.parametrize("plugin", sorted(registry.PLUGIN_MODULES))
 def test_version_answered_by_sh_without_python(plugin: str, no_python: tuple[str, Path], tmp_path: Path) -> None:
     fake, marker = no_python
-    (exe,) = registry.install(str(tmp_path / "bin"), [plugin], python=fake, daemon=True, check_python=False)
+    (exe,) = install(str(tmp_path / "bin"), [plugin], python=fake, daemon=True, check_python=False)
     for stdin in USUAL_INPUTS:
         proc = version_of(exe, stdin)
         assert (proc.returncode, proc.stderr) == (0, b""), proc
@@ -179,8 +179,8 @@ def test_refuses_to_replace_a_go_plugin_without_force(tmp_path: Path) -> None:
     assert (bin_dir / "bridge").read_bytes() == go_bytes
     assert os.readlink(bin_dir / "portmap") == GO_BRIDGE.replace("bridge", "portmap")
     assert sorted(p.name for p in bin_dir.iterdir()) == ["bridge", "portmap"]
-    with pytest.raises(registry.ForeignExecutable) as exc:
-        registry.install(str(bin_dir), ["bridge"])
+    with pytest.raises(ForeignExecutable) as exc:
+        install(str(bin_dir), ["bridge"])
     assert exc.value.paths == [str(bin_dir / "bridge")]
 
     forced = install_cli("--dir", str(bin_dir), "--force", "host-local", "bridge", "portmap")
@@ -231,7 +231,7 @@ def _call(exe: str, command: str, stdin: bytes = b'{"cniVersion":"1.0.0","name":
 def test_missing_interpreter_is_a_cni_error_for_every_command(tmp_path: Path, kind: str) -> None:
     python = tmp_path / "venv-python"
     python.symlink_to(sys.executable)
-    (exe,) = registry.install(str(tmp_path / "bin"), ["bridge"], python=str(python), daemon=kind == "daemon")
+    (exe,) = install(str(tmp_path / "bin"), ["bridge"], python=str(python), daemon=kind == "daemon")
     assert _call(exe, "VERSION").returncode == 0
     python.unlink()  # the venv was rebuilt, the clone moved...
     for command in COMMANDS:
@@ -246,8 +246,8 @@ def test_missing_interpreter_is_a_cni_error_for_every_command(tmp_path: Path, ki
 
 @pytest.mark.parametrize("kind", ["daemon", "direct"])
 def test_interpreter_without_pycni_is_a_cni_error(tmp_path: Path, kind: str) -> None:
+    from pycni.install_plugins import executable_text
     from pycni.plugins.registry import PLUGIN_MODULES
-    from pycni.shim import executable_text
 
     gone = tmp_path / "site-packages"
     (gone / "pycni").mkdir(parents=True)
@@ -278,6 +278,6 @@ def test_install_refuses_an_interpreter_that_cannot_run_pycni(tmp_path: Path) ->
         assert proc.returncode != 0 and python in proc.stderr, proc
         assert not (tmp_path / "bin").exists()
     # a name on PATH is baked in as its absolute path
-    (exe,) = registry.install(str(tmp_path / "bin"), ["bridge"], python=os.path.basename(sys.executable)
+    (exe,) = install(str(tmp_path / "bin"), ["bridge"], python=os.path.basename(sys.executable)
                               if shutil.which(os.path.basename(sys.executable)) == sys.executable else sys.executable)
     assert f"py='{sys.executable}'" in Path(exe).read_text()

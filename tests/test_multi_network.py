@@ -182,7 +182,7 @@ def test_runtime_two_networks_same_routes_as_go(family: int, netns_factory: Call
     under our plugins as under the Go plugins (each in its own host namespace), and DEL of net1 leaves net2's."""
     if not os.access(f"{GO_PLUGINS}/bridge", os.X_OK):
         pytest.skip("needs containernetworking-plugins (the Go bridge) to compare with")
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     ours = tmp_path / "bin"
     install(str(ours), ["bridge", "host-local"], daemon=True)

@@ -191,7 +191,7 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     tmp = tmp_path_factory.mktemp("po-cluster")
     bindir = tmp / "bin"
@@ -593,7 +593,7 @@ def test_daemon_mode_waits_too(env: Env) -> None:
 
     from plugin_util import daemon_in_thread
 
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     shims = env.tmp / "po-shims"
     shims.mkdir(exist_ok=True)

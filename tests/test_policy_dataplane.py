@@ -69,7 +69,7 @@ class Node:
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     from netns_util import have_root, new_namespace
 
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     if not have_root():
         pytest.skip("network namespaces need root")

@@ -161,7 +161,7 @@ def test_swap_implementations_under_live_containers(node: Node, netns_factory: C
                                                     first: str, ours: str, request: pytest.FixtureRequest) -> None:
     """Ours one-shot, and ours through the daemon, whose restores go to long-lived processes."""
     if ours == "daemon":
-        from pycni.plugins.registry import install
+        from pycni.install_plugins import install
 
         node.socket = request.getfixturevalue("daemon_socket")
         node.ours = str(request.getfixturevalue("tmp_path") / "bin")

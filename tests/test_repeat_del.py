@@ -24,8 +24,8 @@ import pytest
 from netns_util import Namespace
 from test_import_set import _modules
 
+from pycni.install_plugins import install
 from pycni.net import probe
-from pycni.plugins.registry import install
 
 TOOLS = ("iptables", "ip6tables", "iptables-restore", "ip6tables-restore", "iptables-save", "ip6tables-save")
 NETWORK = "k8s-pod-network"

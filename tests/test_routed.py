@@ -171,7 +171,7 @@ def test_through_the_daemon(netns_factory: Callable[[], Namespace], tmp_path: Pa
     import plugin_util
     from plugin_util import daemon_in_thread
 
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     host, p1, p2 = netns_factory(), netns_factory(), netns_factory()
     shims = tmp_path / "bin"

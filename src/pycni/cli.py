@@ -190,9 +190,9 @@ def _parse_with_ours(rt: CNI, net: NetworkConfigList) -> tuple[list[CNIError], l
     import json
 
     from pycni import invoke
+    from pycni.install_plugins import plugin_of
     from pycni.plugins import registry
     from pycni.runtime.api import RuntimeConf, build_config
-    from pycni.shim import plugin_of
     from pycni.skel import CmdArgs
     from pycni.spec.types import Result
 
@@ -306,17 +306,16 @@ def cmd_version(opts: argparse.Namespace) -> int:
 
 
 def cmd_install_plugins(opts: argparse.Namespace) -> int:
-    from pycni.plugins import registry
+    from pycni.install_plugins import ForeignExecutable, daemon_note, install
 
     try:
-        written = registry.install(opts.dir, opts.names or None, python=opts.python,
-                                   daemon=not opts.direct,
-                                   socket=opts.socket, force=opts.force, forwarder=not opts.no_forwarder)
+        written = install(opts.dir, opts.names or None, python=opts.python, daemon=not opts.direct,
+                          socket=opts.socket, force=opts.force, forwarder=not opts.no_forwarder)
     except KeyError as e:
         raise invalid_config("cannot install plugins", str(e.args[0])) from None
     except ValueError as e:
         raise invalid_config("cannot install plugins", str(e)) from None
-    except registry.ForeignExecutable as e:
+    except ForeignExecutable as e:
         raise CNIError(IO_FAILURE, f"refusing to replace executables that pycni did not write in {opts.dir}",
                          f"{', '.join(e.paths)} (another implementation's plugin?); nothing was written; "
                          "move them away, or pass --force to replace them") from None
@@ -325,8 +324,6 @@ def cmd_install_plugins(opts: argparse.Namespace) -> int:
     for path in written:
         print(path)
     if not opts.direct:
-        from pycni.shim import daemon_note
-
         sys.stderr.write(f"pycni: {daemon_note(opts.socket)}\n")
     return 0
 

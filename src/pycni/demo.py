@@ -120,8 +120,8 @@ def _fetch(client: str, url: str) -> str:
 
 def run(conf_dir: str, network: str) -> int:
     """The whole demo; 0 when it worked. Everything it made is removed whatever happens."""
+    from pycni.install_plugins import install
     from pycni.net import netns
-    from pycni.plugins.registry import install
     from pycni.runtime import CNI
 
     tag = uuid.uuid4().hex[:6]

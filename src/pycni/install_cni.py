@@ -246,7 +246,7 @@ class Installer:
 
     def import_paths(self) -> list[str]:
         """What the executables import pycni from: ``--lib-dir`` when given, else this installation."""
-        from pycni.plugins.registry import import_paths
+        from pycni.install_plugins import import_paths
 
         return [os.path.abspath(self.ns.lib_dir)] if self.ns.lib_dir else import_paths()
 
@@ -273,8 +273,8 @@ class Installer:
         """Plugin type -> the executable to write (all checks before anything is written): unknown
         skips, foreign files in the way, an interpreter that cannot import pycni."""
         from pycni.forwarder import NAME, compiler
-        from pycni.plugins.registry import PLUGIN_MODULES, checked_interpreter
-        from pycni.shim import shim_type
+        from pycni.install_plugins import checked_interpreter, shim_type
+        from pycni.plugins.registry import PLUGIN_MODULES
 
         skip = {s.strip() for s in self.ns.skip_binaries.split(",") if s.strip()}
         unknown = sorted(skip - set(PLUGIN_MODULES))
@@ -307,8 +307,8 @@ class Installer:
 
     def texts(self, names: list[str], python: str, paths: list[str]) -> dict[str, bytes]:
         """Plugin type -> its executable running ``python`` with ``paths``."""
+        from pycni.install_plugins import executable_text
         from pycni.plugins.registry import PLUGIN_MODULES, load
-        from pycni.shim import executable_text
 
         plan: dict[str, bytes] = {}
         for name in names:
@@ -427,7 +427,7 @@ class Installer:
         data = self.substitute(text, copies=True).encode()
         checked = self.substitute(text, copies=False).encode()
         where = self.ns.template or "$CNI_NETWORK_CONFIG"
-        from pycni.plugins.registry import import_paths
+        from pycni.install_plugins import import_paths
 
         scratch = tempfile.mkdtemp(prefix="pycni-install-check-")
         try:  # the plan's plugins as this process runs them (a --lib-dir copy is not written yet)
@@ -590,7 +590,7 @@ class Installer:
         else:
             self.say("no template (--template, CNI_NETWORK_CONFIG_FILE, CNI_NETWORK_CONFIG): no conflist written")
         self.manifest.save()
-        from pycni.shim import daemon_note
+        from pycni.install_plugins import daemon_note
 
         self.say(daemon_note(self.ns.socket or None))
         self.say(f"done: {len(self.written)} file(s) written" + ("" if self.written else " (all up to date)"))

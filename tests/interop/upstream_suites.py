@@ -164,7 +164,7 @@ def summary(plugin: str, output: str) -> str:
 
 def install_ours(target: str) -> str:
     """Our executables (every plugin type) in ``target``, running this checkout in-process."""
-    from pycni.plugins.registry import install
+    from pycni.install_plugins import install
 
     install(target)
     return target
