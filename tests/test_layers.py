@@ -5,9 +5,11 @@ plugin, the runtime or the CLI (the plugins use it, not the other way round); cl
 module but the registry; unixsock.py, daemon/protocol.py and ipaddr.py import nothing of pycni's,
 and no module imports the stdlib's ipaddress; plugins never decode netlink; no module imports
 typing or dataclasses at run time (the policy engine's agent-only modules excepted, as the doc
-says); plugins are loaded by type in one place; registry and shim form no import cycle; plugins
+says); plugins are loaded by type in one place; registry, shim and install_plugins form no import
+cycle, and only the CLI, the installers and the shim import install_plugins; plugins
 import the SDK, net/ and the leaves only; code 7 is raised one way; unixsock.py is the only
-listener; forward.c's frame constants are daemon/protocol.py's."""
+listener; forward.c's frame constants are daemon/protocol.py's; the values several modules
+need (routed's interface prefix, the policy table, the default socket) are each written in one home."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ ALLOWED = {"net": ("pycni.net", "pycni.spec", "pycni.record", "pycni.lockfile", 
            "unixsock.py": ("pycni.unixsock",),
            "daemon/protocol.py": ("pycni.daemon.protocol",),
            "ipaddr.py": ("pycni.ipaddr",),  # a leaf: IP values, importing nothing
+           "cluster/names.py": ("pycni.cluster.names",),  # a leaf: routed's and the policy agent's kernel names
            "spec": ("pycni.spec", "pycni.record", "pycni.jsonlite", "pycni.ipaddr"),
            "cluster": ("pycni.cluster", "pycni.spec", "pycni.net", "pycni.record", "pycni.jsonlite", "pycni.lockfile",
                        "pycni.netconf", "pycni.ipranges", "pycni.statefile", "pycni.ipaddr", "pycni.output",
@@ -188,11 +191,35 @@ def test_one_plugin_loader() -> None:
     assert not bad, sorted(bad)
 
 
-def test_registry_shim_no_cycle() -> None:
-    """The shim needs the registry (to load a plugin by type); the registry imports nothing of
-    pycni's when it is imported (install() takes the executable format from the shim when called)."""
-    assert not _imports_at_import_time(SRC / "plugins" / "registry.py")
-    assert "pycni.plugins.registry" not in _imports_at_import_time(SRC / "shim.py")
+def _run_time_pycni_imports(path: Path) -> set[str]:
+    """The pycni modules ``path`` imports when it runs, anywhere in it (TYPE_CHECKING blocks excepted)."""
+    out = set()
+    for node in _run_time_imports(ast.parse(path.read_text()).body):
+        names = _absolute(node, path) if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+        out.update(n for n in names if n == "pycni" or n.startswith("pycni."))
+    return out
+
+
+# Who may import pycni.install_plugins (the executables' file format and their installation): the
+# CLI and the installers, and the shim's in-process runner, to recognise a delegate (plugin_of).
+INSTALL_PLUGINS_USERS = {"cli.py", "install_cni.py", "demo.py", "shim.py"}
+
+
+def test_registry_shim_install_no_cycle() -> None:
+    """The registry is type -> module and imports nothing of pycni's (only the plugins it loads); the
+    shim imports the registry (to load a plugin) and install_plugins (to recognise a delegate), and
+    neither at import time (the forwarding path); install_plugins imports the registry, never the shim."""
+    assert not _run_time_pycni_imports(SRC / "plugins" / "registry.py")
+    shim_at_import = _imports_at_import_time(SRC / "shim.py")
+    assert not shim_at_import & {"pycni.plugins.registry", "pycni.install_plugins"}, shim_at_import
+    assert "pycni.shim" not in _pycni_imports(SRC / "install_plugins.py")
+
+
+def test_who_imports_install_plugins() -> None:
+    """Only the CLI, the installers and the shim's delegate runner import pycni.install_plugins (never a
+    plugin, the registry, the daemon or the cluster layer)."""
+    users = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if "pycni.install_plugins" in _pycni_imports(p)}
+    assert users <= INSTALL_PLUGINS_USERS, sorted(users - INSTALL_PLUGINS_USERS)
 
 
 def test_forwarder_constants_are_the_protocols() -> None:
