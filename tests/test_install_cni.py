@@ -120,8 +120,8 @@ def refused(proc: subprocess.CompletedProcess[str]) -> str:
 
 def test_fresh_install_on_the_default_paths(node: Node) -> None:
     ok(node.run())
-    from pycni.install_plugins import shim_type
     from pycni.plugins.registry import PLUGIN_MODULES
+    from pycni.shim import shim_type
 
     for name in PLUGIN_MODULES:
         assert shim_type(str(node.bin / name)) == name
@@ -246,7 +246,7 @@ def test_foreign_binary_is_never_overwritten_without_force(node: Node) -> None:
     ok(node.run("--uninstall"))
     assert sorted(node.files()) == ["bin/bridge"]
     ok(node.run("--force"))
-    from pycni.install_plugins import shim_type
+    from pycni.shim import shim_type
 
     assert shim_type(str(node.bin / "bridge")) == "bridge"
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from pycni.install_plugins import ForeignExecutable, install, plugin_of, shim_type
+from pycni.install_plugins import ForeignExecutable, install
 from pycni.plugins import registry
+from pycni.shim import plugin_of, shim_type
 from pycni.skel import dispatch
 
 GO_BRIDGE = "/usr/lib/cni/bridge"

@@ -6,7 +6,7 @@ module but the registry; unixsock.py, daemon/protocol.py and ipaddr.py import no
 and no module imports the stdlib's ipaddress; plugins never decode netlink; no module imports
 typing or dataclasses at run time (the policy engine's agent-only modules excepted, as the doc
 says); plugins are loaded by type in one place; registry, shim and install_plugins form no import
-cycle, and only the CLI, the installers and the shim import install_plugins; plugins
+cycle, and only the CLI and the installers import install_plugins; plugins
 import the SDK, net/ and the leaves only; code 7 is raised one way; unixsock.py is the only
 listener; forward.c's frame constants are daemon/protocol.py's; the values several modules
 need (routed's interface prefix, the policy table, the default socket) are each written in one home."""
@@ -201,23 +201,22 @@ def _run_time_pycni_imports(path: Path) -> set[str]:
 
 
 # Who may import pycni.install_plugins (the executables' file format and their installation): the
-# CLI and the installers, and the shim's in-process runner, to recognise a delegate (plugin_of).
-INSTALL_PLUGINS_USERS = {"cli.py", "install_cni.py", "demo.py", "shim.py"}
+# CLI and the installers. No plugin call loads it (the shim recognises an executable itself).
+INSTALL_PLUGINS_USERS = {"cli.py", "install_cni.py", "demo.py"}
 
 
 def test_registry_shim_install_no_cycle() -> None:
     """The registry is type -> module and imports nothing of pycni's (only the plugins it loads); the
-    shim imports the registry (to load a plugin) and install_plugins (to recognise a delegate), and
-    neither at import time (the forwarding path); install_plugins imports the registry, never the shim."""
+    shim imports the registry (to load a plugin; not at import time: the forwarding path) and never
+    install_plugins; install_plugins imports the registry and the shim (its header line, shim_type)."""
     assert not _run_time_pycni_imports(SRC / "plugins" / "registry.py")
-    shim_at_import = _imports_at_import_time(SRC / "shim.py")
-    assert not shim_at_import & {"pycni.plugins.registry", "pycni.install_plugins"}, shim_at_import
-    assert "pycni.shim" not in _pycni_imports(SRC / "install_plugins.py")
+    assert "pycni.plugins.registry" not in _imports_at_import_time(SRC / "shim.py")
+    assert "pycni.install_plugins" not in _pycni_imports(SRC / "shim.py")
 
 
 def test_who_imports_install_plugins() -> None:
-    """Only the CLI, the installers and the shim's delegate runner import pycni.install_plugins (never a
-    plugin, the registry, the daemon or the cluster layer)."""
+    """Only the CLI and the installers import pycni.install_plugins (never a plugin, the shim, the
+    registry, the daemon or the cluster layer)."""
     users = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if "pycni.install_plugins" in _pycni_imports(p)}
     assert users <= INSTALL_PLUGINS_USERS, sorted(users - INSTALL_PLUGINS_USERS)
 

@@ -190,9 +190,9 @@ def _parse_with_ours(rt: CNI, net: NetworkConfigList) -> tuple[list[CNIError], l
     import json
 
     from pycni import invoke
-    from pycni.install_plugins import plugin_of
     from pycni.plugins import registry
     from pycni.runtime.api import RuntimeConf, build_config
+    from pycni.shim import plugin_of
     from pycni.skel import CmdArgs
     from pycni.spec.types import Result
 

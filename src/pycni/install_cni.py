@@ -273,8 +273,9 @@ class Installer:
         """Plugin type -> the executable to write (all checks before anything is written): unknown
         skips, foreign files in the way, an interpreter that cannot import pycni."""
         from pycni.forwarder import NAME, compiler
-        from pycni.install_plugins import checked_interpreter, shim_type
+        from pycni.install_plugins import checked_interpreter
         from pycni.plugins.registry import PLUGIN_MODULES
+        from pycni.shim import shim_type
 
         skip = {s.strip() for s in self.ns.skip_binaries.split(",") if s.strip()}
         unknown = sorted(skip - set(PLUGIN_MODULES))

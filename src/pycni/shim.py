@@ -15,8 +15,9 @@ base64 and typing would cost more than the rest of the shim together. The in-pro
 injects :func:`run_delegate`, so our own IPAM delegates run in this process instead of
 starting another interpreter.
 
-The executables' file format, and installing them, are :mod:`pycni.install_plugins`'s; this module
-imports it only to recognise a delegate (:func:`run_delegate`).
+The executables' file format, and installing them, are :mod:`pycni.install_plugins`'s (it imports
+this module, never the other way round); what recognises one at run time is here, for the
+in-process runner: :data:`SHIM_HEADER`, :func:`shim_type` and :func:`plugin_of`.
 
 No ``from __future__ import annotations`` here nor in the protocol module: it imports the
 ``__future__`` module at run time, ~0.2 ms of every forwarded call (annotations below are
@@ -35,6 +36,33 @@ if TYPE_CHECKING:
 INPROC_DELEGATE_ENV = "PYCNI_INPROC_DELEGATE"
 
 
+# The line that names the plugin in an executable pycni.install_plugins writes: the in-process
+# runner (run_delegate) and the installers recognise our executables by it (shim_type).
+SHIM_HEADER = "# pycni plugin "
+
+
+def shim_type(path: str) -> str | None:
+    """The CNI type an executable written by ``pycni install-plugins`` runs; None for anything else."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    if len(head) < 2 or not head[0].startswith("#!") or not head[1].startswith(SHIM_HEADER):
+        return None
+    return head[1][len(SHIM_HEADER):].split(":", 1)[0].strip().strip("'\"")
+
+
+def plugin_of(path: str) -> str | None:
+    """The CNI type ``path`` runs when it is one of our executables for a plugin pycni ships."""
+    name = shim_type(path)
+    if not name:
+        return None
+    from pycni.plugins.registry import PLUGIN_MODULES
+
+    return name if name in PLUGIN_MODULES else None
+
+
 def run_delegate(path: str, stdin: bytes, env: "Mapping[str, str]") -> bytes:
     """The in-process runner (a :data:`pycni.invoke.Runner`) that the shim and the daemon inject.
 
@@ -43,7 +71,6 @@ def run_delegate(path: str, stdin: bytes, env: "Mapping[str, str]") -> bytes:
     start-up is not paid. Anything else (say Go's host-local) is exec'd.
     """
     from pycni import invoke
-    from pycni.install_plugins import plugin_of
 
     plugin_type = plugin_of(path)
     if plugin_type is None:
