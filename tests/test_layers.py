@@ -2,7 +2,7 @@
 only spec/ and the leaf utilities record.py, lockfile.py, jsonlite.py, ipaddr.py and callscope.py
 (never the SDK or a plugin), spec/ only record.py, jsonlite.py and ipaddr.py; cluster/ never a
 plugin, the runtime or the CLI (the plugins use it, not the other way round); cli.py no plugin
-module but the registry; unixsock.py, daemon/protocol.py and ipaddr.py import nothing of pycni's,
+module but the registry; unixsock.py, daemon/protocol.py, ipaddr.py and cluster/names.py import nothing of pycni's,
 and no module imports the stdlib's ipaddress; plugins never decode netlink; no module imports
 typing or dataclasses at run time (the policy engine's agent-only modules excepted, as the doc
 says); plugins are loaded by type in one place; registry, shim and install_plugins form no import
