@@ -114,7 +114,11 @@ def _close_aside(sock: NetlinkSocket) -> None:
     (median), 0.5 ms without the wait. The answer is in by then; only the close waits, and in
     the daemon it need not be the caller's. A one-shot process closes it here (its exit would
     wait the same)."""
-    if len(os.listdir("/proc/self/task")) > 1:
+    try:
+        threaded = len(os.listdir("/proc/self/task")) > 1
+    except OSError:
+        threaded = False
+    if threaded:
         import _thread
 
         _thread.start_new_thread(sock.close, ())
