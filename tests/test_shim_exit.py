@@ -4,6 +4,7 @@ have done that a caller sees — the output, the exit status, ``atexit`` functio
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,17 @@ def test_one_shot_exit_status_through_the_executable(tmp_path: Path) -> None:
                           capture_output=True, timeout=60)
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["code"] == 7  # missing network name
+
+
+def test_one_shot_without_stdout_still_exits_with_the_plugins_status(tmp_path: Path) -> None:
+    """A runtime that starts the plugin with stdout closed: a DEL's status is still 0 (nothing to
+    flush), as it was when the interpreter's teardown ended the process."""
+    install(str(tmp_path / "bin"), ["loopback"], daemon=True, forwarder=False)
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "pcr-exit", "CNI_IFNAME": "lo", "CNI_NETNS": "",
+           "CNI_PATH": str(tmp_path), "PYCNI_SOCKET": "off"}
+    conf = {"cniVersion": "0.3.1", "name": "cni-loopback", "type": "loopback"}
+    script = str(tmp_path / "bin" / "loopback")
+    proc = subprocess.run([sys.executable, "-IS", script], input=json.dumps(conf).encode(), env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60,
+                          preexec_fn=lambda: os.close(1))
+    assert (proc.returncode, proc.stderr) == (0, b"")

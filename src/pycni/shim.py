@@ -342,8 +342,9 @@ def _exit(code: int) -> None:
     run. Nothing else is left to it on this path: the plugins start no threads in a one-shot
     process, and their files and sockets are closed by the kernel either way.
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None: started without that descriptor (nothing was written to it)
+            stream.flush()
     import atexit
 
     atexit._run_exitfuncs()
