@@ -100,11 +100,11 @@ def _nft_ask(family: str, mtype: int, attrs: bytes) -> bool | None:
     except OSError:
         return None
     finally:
-        _close_aside(sock)
+        close_aside(sock)
     return True
 
 
-def _close_aside(sock: NetlinkSocket) -> None:
+def close_aside(sock: NetlinkSocket) -> None:
     """Close a netfilter socket, on a thread of its own where the process has others (the daemon).
 
     Why: closing any netfilter netlink socket (NETLINK_URELEASE: nf_tables takes the namespace's
