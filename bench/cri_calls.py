@@ -64,14 +64,14 @@ def main(argv: list[str] | None = None) -> int:
                          v: str = v, path: str = path, env0: dict[str, str] = base_env, r: int = r) -> bytes:
                     env = dict(env0, CNI_COMMAND=command, CNI_NETNS=netns, CNI_IFNAME=ifname)
                     argv_ = ["/usr/bin/ip", "netns", "exec", hosts[v], os.path.join(path, conf["type"])]
-                    code, out, _wall, t_cpu = spawn(argv_, env, json.dumps(conf).encode())
+                    code, out, t_wall, t_cpu = spawn(argv_, env, json.dumps(conf).encode())
                     if code != 0:
                         raise RuntimeError(f"{v} {phase} {conf['type']} {command}: {out!r}")
                     key = (phase, f"{conf['type']} {command}")
                     if key not in order:
                         order.append(key)
                     if r:
-                        cpu.setdefault((*key, v), []).append(t_cpu)
+                        cpu.setdefault((*key, v), []).append(t_wall if opts.wall else t_cpu)
                     return out
 
                 nspath = f"/var/run/netns/{ctr}"
@@ -87,11 +87,12 @@ def main(argv: list[str] | None = None) -> int:
                 for p in reversed(plugins):
                     call("Remove", p, "DEL", "", "eth0")
                 call("Remove", LOOPBACK_NET, "DEL", "", "lo")
-                _, _, _, t_cpu = spawn(["/usr/bin/ip", "netns", "exec", hosts[v], "/bin/true"], base_env, b"")
+                _, _, t_wall, t_cpu = spawn(["/usr/bin/ip", "netns", "exec", hosts[v], "/bin/true"], base_env, b"")
                 if r:
-                    cpu.setdefault(("", "(ip netns exec)", v), []).append(t_cpu)
+                    cpu.setdefault(("", "(ip netns exec)", v), []).append(t_wall if opts.wall else t_cpu)
         wrap = statistics.median(x for v in variants for x in cpu[("", "(ip netns exec)", v)])
-        print(f"CPU ms per call of a plain pod's cycle, median of {opts.rounds}, `ip netns exec` "
+        print(f"{'wall' if opts.wall else 'CPU'} ms per call of a plain pod's cycle, median of {opts.rounds}, "
+              f"`ip netns exec` "
               f"({wrap * 1e3:.1f} ms) subtracted")
         others = [v for v in variants if v != "go"]
         print(f"{'CRI call':8} {'plugin call':16} {'go':>7} " + " ".join(f"{v:>7} {v + '/go':>9}" for v in others))

@@ -77,6 +77,8 @@ class PerCallBench:
         ap = argparse.ArgumentParser(description=description.split("\n\n")[0])
         ap.add_argument("--rounds", type=int, default=7)
         ap.add_argument("--socket", default="off", help="PYCNI_SOCKET for ours (default: one-shot)")
+        ap.add_argument("--wall", action="store_true",
+                        help="report wall time instead of CPU (a daemon's work is not in the caller's CPU)")
         ap.add_argument("--variant", action="append", default=[], metavar="NAME=BINDIR",
                         help="another plugin directory to measure beside (e.g. an older tree's executables)")
         self.opts = ap.parse_args(argv)

@@ -209,3 +209,30 @@ def test_iptables_nft_usable_without_a_process(host_ns: Namespace, monkeypatch: 
     monkeypatch.setattr(iptables, "_usable", set())
     with host_ns.enter():
         assert iptables.usable(quick=True) and iptables.usable(True, quick=True)
+
+
+def test_probe_answers_the_same_with_other_threads_and_closes_its_socket(host_ns: Namespace) -> None:
+    """With other threads (the daemon) a probe's netfilter socket is closed on a thread of its own
+    (the close can wait out the kernel's deferred release of earlier commits): the answer is the
+    same, and the socket is closed all the same."""
+    import threading
+    import time
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        with host_ns.enter():
+            before = len(os.listdir("/proc/self/fd"))
+            assert probe.nft_object_exists("inet", "pf_th") is False
+            nft.run("add table inet pf_th\nadd chain inet pf_th c\n")
+            assert probe.nft_object_exists("inet", "pf_th") is True
+            assert probe.nft_object_exists("inet", "pf_th", "c") is True
+            assert probe.nft_object_exists("inet", "pf_th", "nope") is False
+            deadline = time.monotonic() + 10
+            while len(os.listdir("/proc/self/fd")) > before and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(os.listdir("/proc/self/fd")) <= before
+    finally:
+        stop.set()
+        other.join()

@@ -43,10 +43,17 @@ def build(target_dir: str) -> str | None:
         cc = compiler()
         if cc is None or not os.path.exists(SOURCE):
             return None
-        try:
-            proc = subprocess.run([cc, "-O2", "-o", tmp, SOURCE], capture_output=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired):
-            proc = None
+        proc = None
+        # Static where the C library allows it (as the image builds it, deploy/Containerfile): no
+        # dynamic loader at each start, ~0.17 ms of a call's ~1.5 ms here, and on every call of a
+        # pod cycle (the one-shot fallback passes through it too). Else linked as usual.
+        for flags in (["-static"], []):
+            try:
+                proc = subprocess.run([cc, "-O2", *flags, "-o", tmp, SOURCE], capture_output=True, timeout=120)
+            except (OSError, subprocess.TimeoutExpired):
+                proc = None
+            if proc is not None and proc.returncode == 0:
+                break
         if proc is None or proc.returncode != 0:
             if os.path.exists(tmp):
                 os.unlink(tmp)

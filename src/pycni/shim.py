@@ -122,6 +122,12 @@ def _forward(sock_path: str, plugin_type: str, stdin: bytes) -> tuple[int, bytes
 
 
 def _run_here(plugin_type: str, stdin: bytes) -> tuple[int, bytes, bytes]:
+    # One call, then the process ends and the kernel frees its memory (see _exit): the cyclic
+    # collector's passes over the imports' objects cost it ~0.3-0.8 ms of CPU here. (Only this
+    # path: the dhcp daemon, long-lived, runs through run_main.)
+    import gc
+
+    gc.disable()
     from pycni.plugins.registry import load
     from pycni.skel import dispatch
 
@@ -152,8 +158,25 @@ def main(plugin_type: str, module: str = "", socket: str | None = None) -> None:
     code, out, err = answer
     if out:
         sys.stdout.buffer.write(out)
-        sys.stdout.flush()
     if err:
         sys.stderr.buffer.write(err)
-        sys.stderr.flush()
-    sys.exit(code)
+    _exit(code)
+
+
+def _exit(code: int) -> None:
+    """End the process once its output is out, without the interpreter's teardown.
+
+    Tearing down a one-shot plugin's modules (dicts cleared, every object freed, a last garbage
+    collection) took ~1.2 ms of CPU a call here, for memory the kernel frees anyway; a pod cycle
+    makes twelve calls. What teardown would do that anyone can see still happens: the standard
+    streams are flushed (an error doing so is raised here, as before) and ``atexit`` functions
+    run. Nothing else is left to it on this path: the plugins start no threads in a one-shot
+    process, and their files and sockets are closed by the kernel either way.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None: started without that descriptor (nothing was written to it)
+            stream.flush()
+    import atexit
+
+    atexit._run_exitfuncs()
+    os._exit(code & 0xFF)

@@ -32,8 +32,11 @@ def _matches(tuple_orig: bytes, proto: int, dport: int) -> bool:
 
 def delete_by_dst_port(proto: int, dport: int, family: int) -> int:
     """Delete the entries whose original tuple is ``proto`` to ``dport``; return how many."""
+    from pycni.net.probe import close_aside
+
     head = _NFGENMSG.pack(family, 0, 0)
-    with NetlinkSocket(NETLINK_NETFILTER) as sock:
+    sock = NetlinkSocket(NETLINK_NETFILTER)
+    try:
         sock.settimeout(10)
         stale = [val for _type, body in sock.exchange(_CT_GET, head, NLM_F_DUMP)
                  for kind, val in raw_attrs(body, _NFGENMSG.size)
@@ -46,3 +49,5 @@ def delete_by_dst_port(proto: int, dport: int, family: int) -> int:
             except OSError:
                 pass  # gone meanwhile
         return deleted
+    finally:
+        close_aside(sock)  # a netfilter socket: its close waits out recent commits (portmap's, just made)

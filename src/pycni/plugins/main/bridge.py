@@ -30,7 +30,10 @@ if TYPE_CHECKING:
     from pycni.net.veth import VethPair
 
 DEFAULT_BRIDGE = "cni0"
-PORT_UP_RETRIES_MS = (0, 50, 500, 1000, 1000)  # the reference's wait for the bridge port
+# The wait for the bridge port to come up: the reference's bound (~2.5 s; it retries after 50,
+# 500, 1000, 1000 ms), with its first 50 ms split into re-checks at 1, 2, 4, ... ms, as for
+# DAD (net/addr.settle_addresses): a port not up at the first look is up a moment later.
+PORT_UP_RETRIES_MS = (0, 1, 2, 4, 8, 16, 19, 500, 1000, 1000)
 
 
 # ---- config ------------------------------------------------------------------------------------
