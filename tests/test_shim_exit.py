@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pycni.plugins.registry import install
+from pycni.install_plugins import install
 
 # Runs an executable's Python part as its sh front does, with an atexit function of its own.
 _WRAPPER = """
