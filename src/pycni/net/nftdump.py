@@ -18,6 +18,8 @@ from pycni.net.nl import NLA_TYPE_MASK, NLM_F_DUMP, NetlinkSocket, nla
 from pycni.net.probe import FAMILIES, NETLINK_NETFILTER, NFNL_SUBSYS_NFTABLES
 
 NFT_MSG_GETTABLE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM = 1, 4, 7, 10, 13
+NFT_MSG_GETGEN = 16
+NFTA_GEN_ID = 1
 NFTA_TABLE_NAME = 1
 NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME, NFTA_CHAIN_HOOK, NFTA_CHAIN_POLICY = 1, 3, 4, 5
 NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY = 1, 2
@@ -106,6 +108,21 @@ def _verdict(data: bytes) -> str:
 def _dump(sock: NetlinkSocket, fam: int, mtype: int, attrs: bytes) -> list[bytes]:
     body = struct.pack("=BBH", fam, 0, 0) + attrs
     return [b[4:] for _, b in sock.exchange((NFNL_SUBSYS_NFTABLES << 8) | mtype, body, NLM_F_DUMP)]
+
+
+def generation() -> int:
+    """The namespace's nf_tables generation id: every commit, anyone's, moves it on by one. One
+    small request, so a reader can tell "nothing was committed since" without reading anything
+    back. Raises :class:`pycni.net.nl.NetlinkError` / OSError when the kernel does not answer."""
+    from pycni.net.nl import NetlinkError
+
+    with NetlinkSocket(NETLINK_NETFILTER) as sock:
+        sock.settimeout(5)
+        for _mtype, body in sock.exchange((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN, struct.pack("=BBH", 0, 0, 0)):
+            for kind, value in _attrs(body[4:]):
+                if kind == NFTA_GEN_ID and len(value) >= 4:
+                    return int(struct.unpack(">I", value[:4])[0])
+    raise NetlinkError(71, "the kernel's generation answer had no id")  # EPROTO
 
 
 def read_table(family: str, table: str) -> Table | None:

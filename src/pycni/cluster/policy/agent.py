@@ -27,7 +27,7 @@ from pycni.cluster.policy.compile import LOG, LogSpec
 from pycni.cluster.policy.evaluate import Cluster, Workload
 from pycni.cluster.policy.index import PolicyIndex
 from pycni.cluster.policy.model import NetworkPolicy, PolicyError, parse_policy
-from pycni.cluster.policy.nftsync import Writer
+from pycni.cluster.policy.nftsync import Readback, Writer
 
 
 class PolicyView:
@@ -224,6 +224,8 @@ class PolicyEnforcer:
         self.loaded = False  # the index was built from a full read
         self.writes = 0  # transactions the kernel took (metrics: the programming latency)
         self.refused = 0  # transactions the kernel refused (metrics)
+        self.readback: Readback | None = None  # the kernel's table being read back off the event path
+        self.discarded = 0  # read-backs thrown away: a commit of ours came after them
 
     def resolver(self) -> Any:
         """The flows resolver (docs/flows.md): a chain's token to what decided (a policy's NS/NAME,
@@ -255,7 +257,7 @@ class PolicyEnforcer:
             if self.strict:
                 raise
             self._bug(f"a full read's changes ({type(e).__name__}: {e})")
-        self.writer.reconcile_next()
+        self.check_kernel()
 
     def _index_changes(self, endpoints: dict[str, WorkloadEndpoint], pods: dict[tuple[str, str], PodMeta],
                        namespaces: dict[str, PodMeta], policies: dict[tuple[str, str], NetworkPolicy]) -> None:
@@ -331,6 +333,56 @@ class PolicyEnforcer:
             self.index.set_namespace(namespace, meta.labels if meta is not None else None)
         elif kind == "policy":
             self.index.set_policy(f"{namespace}/{name}", v.policies.get((namespace, name)))
+
+    def check_kernel(self) -> None:
+        """The periodic check of the kernel's table (and after a later full read), never on the event
+        path: nothing to do when nothing was committed in this namespace since the table was known
+        to be as the writer left it (one netlink request: the generation id); otherwise the table is
+        read back by a child process (:class:`Readback`) while events go on, and
+        :meth:`poll_kernel` reconciles with it."""
+        if self.readback is not None or self.writer.mirror is None:
+            return  # (one at a time; without a mirror the next apply reads the kernel anyway)
+        if self.writer.unchanged():
+            self.writer.skips += 1
+            return
+        self.readback = Readback(self.writer.table, self.writer.commits)
+
+    def poll_kernel(self) -> bool:
+        """Take a finished read-back: write the whole difference in one transaction, or read again
+        when a commit of ours came after it (see :meth:`Writer.adopt`). True while one is running."""
+        from pycni.spec.errors import CNIError
+
+        rb = self.readback
+        if rb is None:
+            return False
+        if not rb.done():
+            return True
+        self.readback = None
+        if rb.error:
+            self.log(f"policy: the table was not read back ({rb.error}); trying again at the next check")
+            return False
+        if self.writer.mirror is None:
+            return False  # (a refusal since: the next apply reads the kernel itself)
+        if not self.writer.usable(rb.at, rb.commits):
+            self.discarded += 1
+            self.readback = Readback(self.writer.table, self.writer.commits)
+            return True
+        want, _dirty = self.index.collect()  # (the whole difference below covers what is dirty)
+        try:
+            script = self.writer.adopt(rb.snapshot, rb.at, rb.commits, want)
+        except CNIError as e:
+            self.refused += 1
+            self.log(f"FAILED policy update: {e.msg}: {e.details}")
+            return False
+        if script is None:  # (cannot happen after the checks above; read again rather than assume)
+            self.discarded += 1
+            self.writer.reconcile_next()
+            return False
+        if script:
+            self.writes += 1
+        self.log(f"policy: reconciled with the kernel ({script.count(chr(10))} commands; checked off the event "
+                 f"path; {len(want.covered)} local endpoints, {len(self.view.policies)} policies)")
+        return False
 
     def apply(self) -> bool:
         """Program what the index asks, if anything changed; False when the kernel refused

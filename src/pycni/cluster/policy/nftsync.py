@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pycni.cluster.policy.compile import (
     BASE_CHAINS,
@@ -263,38 +264,173 @@ def _commit(k: Kernel, want: Desired, dirty: Dirty | None) -> None:
                          for name, (_, rules) in base_chains(want.log).items()}
 
 
+GENERATIONS = 1 << 32  # nf_tables' generation id is a 32-bit counter
+
+
+def _after(gen: int, other: int) -> bool:
+    """Whether generation ``gen`` is ``other`` or later (the counter wraps)."""
+    return (gen - other) % GENERATIONS < GENERATIONS // 2
+
+
+def generation() -> int | None:
+    """The namespace's nf_tables generation id; None when the kernel does not say."""
+    from pycni.net import nftdump
+
+    try:
+        return nftdump.generation()
+    except OSError:  # (NetlinkError too): unknown, so the kernel is read back
+        return None
+
+
+def read_consistent(table: str = TABLE) -> tuple[Kernel | None, int | None]:
+    """Our table and the generation it was read at; None for the generation when a commit (anyone's)
+    came during the dumps, so the snapshot may mix two states."""
+    before = generation()
+    have = read_table(table)
+    return have, before if before is not None and generation() == before else None
+
+
 class Writer:
-    """Holds a mirror of the kernel's table; :meth:`write` sends only what differs."""
+    """Holds a mirror of the kernel's table; :meth:`write` sends only what differs.
+
+    It also knows when the mirror is certainly what the kernel holds: ``clean``, the generation
+    id at which the table was read back or at which our own commit was the only one since. A
+    periodic check (:meth:`unchanged`) then costs one netlink request instead of a read-back."""
 
     def __init__(self, table: str = TABLE) -> None:
         self.table = table
         self.mirror: Kernel | None = None  # None: read the kernel before the next write
         self.reads = 0  # how many times the table was read back (start, resyncs, refusals)
+        self.commits = 0  # transactions the kernel took from this writer
+        self.clean: int | None = None  # the generation at which the kernel's table = mirror, if known
+        self.committed_at: int | None = None  # the generation right after our last commit (None: unknown)
+        self.skips = 0  # periodic checks answered by the generation id alone (nothing committed since ours)
 
     def reconcile_next(self) -> None:
         """Have the next write read the kernel's table and compare everything with it."""
         self.mirror = None
 
+    def unchanged(self) -> bool:
+        """Whether nothing was committed in this namespace since the kernel's table was known to be
+        the mirror (our last read-back, or our last commit when it was the only one since)."""
+        return self.mirror is not None and self.clean is not None and generation() == self.clean
+
     def write(self, want: Desired, dirty: Dirty | None) -> tuple[str, bool]:
         """Program ``want`` (``dirty``: what changed since the last write; None: anything may
         have). Returns the script sent ('' when nothing differed) and whether the kernel was read
         for it. A refusal raises :class:`pycni.net.nft.NftError`; the next write reconciles."""
-        from pycni.net import nft
-
         read = self.mirror is None
         if read:
             self.reads += 1
-            have = read_table(self.table)
+            have, self.clean = read_consistent(self.table)
             dirty = None
         else:
             have = self.mirror
+        return self._send(have, want, dirty), read
+
+    def adopt(self, snapshot: Kernel | None, at: int | None, commits: int, want: Desired) -> str | None:
+        """Reconcile with a table read back off the event path (:class:`Readback`): ``snapshot``
+        read at generation ``at`` when this writer had made ``commits`` commits. Used only when it
+        shows the kernel as it is after our last commit (no commit of ours since it was started,
+        or read at a generation after ours); then the whole difference is sent in one
+        transaction and the script returned. None: discarded (read again)."""
+        if not self.usable(at, commits):
+            return None
+        self.reads += 1
+        self.clean = at
+        return self._send(snapshot, want, None)
+
+    def usable(self, at: int | None, commits: int) -> bool:
+        """Whether a table read at generation ``at``, started when this writer had made ``commits``
+        commits, shows the kernel as it is after our last commit."""
+        if self.mirror is None or at is None:
+            return False
+        return commits == self.commits or (self.committed_at is not None and _after(at, self.committed_at))
+
+    def _send(self, have: Kernel | None, want: Desired, dirty: Dirty | None) -> str:
+        from pycni.net import nft
+
         script = diff_script(have, want, dirty, self.table)
         if not script:
             self.mirror = have if have is not None else Kernel()
-            return "", read
+            return ""
         self.mirror = None
+        clean, self.clean = self.clean, None
         nft.run(script, what="policy update")
+        self.commits += 1
+        self.committed_at = generation()
+        if clean is not None and self.committed_at is not None and self.committed_at == (clean + 1) % GENERATIONS:
+            self.clean = self.committed_at  # (ours was the only commit since the table was known)
         k = have if have is not None else Kernel()
         _commit(k, want, dirty)
         self.mirror = k
-        return script, read
+        return script
+
+
+def _pack(k: Kernel) -> tuple[Any, ...]:
+    return (k.sets, k.chains, k.ingress, k.egress, k.covered, k.base, k.base_chains)
+
+
+class Readback:
+    """Our table read back by a child process (``python -m pycni.cluster.policy.nftsync TABLE``),
+    waited for by a thread: at 10,000 endpoints decoding the dumps is 0.2-0.3 s of Python that,
+    in a thread of the agent, would hold the interpreter lock against the event path. The child
+    inherits the namespace; it answers the snapshot and the generation it was read at (None when
+    a commit came during the dumps) as ``marshal`` data. ``commits``: the writer's count when it
+    was started (see :meth:`Writer.adopt`)."""
+
+    def __init__(self, table: str, commits: int) -> None:
+        import threading
+
+        self.table = table
+        self.commits = commits
+        self.snapshot: Kernel | None = None
+        self.at: int | None = None
+        self.error = ""  # why there is no snapshot ('' : there is one)
+        self.thread = threading.Thread(target=self._run, name="policy-readback", daemon=True)
+        self.thread.start()
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def _run(self) -> None:
+        import marshal
+        import os
+        import subprocess
+        import sys
+
+        import pycni
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(pycni.__file__)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pycni.cluster.policy.nftsync", self.table],
+                                  capture_output=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            self.error = f"the reader did not answer: {e}"
+            return
+        if proc.returncode != 0:
+            lines = proc.stderr.decode(errors="replace").strip().splitlines()
+            self.error = f"the reader failed ({proc.returncode}): {lines[-1] if lines else 'no message'}"
+            return
+        at, packed = marshal.loads(proc.stdout)
+        self.at = at
+        if packed is not None:
+            sets, chains, ingress, egress, covered, base, base_chains_ = packed
+            self.snapshot = Kernel(sets=sets, chains=chains, ingress=ingress, egress=egress, covered=covered,
+                                   base=base, base_chains=base_chains_)
+
+
+def _readback_main(table: str) -> None:
+    """The child of :class:`Readback`: the table and its generation, marshalled to stdout."""
+    import marshal
+    import sys
+
+    have, at = read_consistent(table)
+    sys.stdout.buffer.write(marshal.dumps((at, None if have is None else _pack(have))))
+
+
+if __name__ == "__main__":
+    import sys
+
+    _readback_main(sys.argv[1] if len(sys.argv) > 1 else TABLE)
