@@ -1,9 +1,17 @@
 """Network policy enforcement on a real 3-member etcd with ``pycni node --policy`` on each node.
 
     .venv/bin/python bench/policy.py [--policies 1000] [--endpoints 1000] [--trials 50] [--iperf 100] [--load N]
+                                     [--resync SECONDS] [--foreign]
 
 ``--load N`` starts N busy-looping processes for the run (a loaded machine; the load average at
 the start and the end is printed). docs/policy.md has the numbers at 10,000 x 1,000.
+
+The agents' periodic kernel check (``--resync``, 30 s by default) is what a max-of-50 would catch
+if it stalled events, so it can be forced into the trials: ``--resync 5`` has each agent check
+every 5 s, and ``--foreign`` starts a "kube-proxy-like" committer in each node namespace (a
+change to its own nftables table every second), so every check finds a commit that is not the
+agent's and reads its table back (the expensive path). The output says how many read-backs
+happened during (A) and (B).
 
 Everything runs in throwaway namespaces (tests/etcd_util.py): three node namespaces with an
 etcd member and an agent each, one real routed + cluster-ipam pod per node, and
@@ -34,6 +42,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -110,16 +119,39 @@ class Monitor:
                 return t
 
     def quiet(self, seconds: float) -> bool:
-        """Whether nothing arrived for ``seconds`` (consumes what did)."""
-        try:
-            self.lines.get(timeout=seconds)
-        except queue.Empty:
-            return True
-        self.drain()
-        return False
+        """Whether nothing of our table arrived for ``seconds`` (consumes what did; a foreign
+        committer's lines do not count)."""
+        end = time.monotonic() + seconds
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return True
+            try:
+                _, line = self.lines.get(timeout=left)
+            except queue.Empty:
+                return True
+            if "pycni_policy" in line:
+                self.drain()
+                return False
 
     def close(self) -> None:
         self.proc.kill()
+        self.proc.wait()
+
+
+class Foreign:
+    """A "kube-proxy-like" process in one node: it commits a change to a table of its own
+    (``inet psc_kubeproxy``) every second, so the generation id the agent checks keeps moving."""
+
+    def __init__(self, node: EtcdNode) -> None:
+        script = ("nft add table inet psc_kubeproxy && nft add set inet psc_kubeproxy s '{ type ipv4_addr; }' && "
+                  "i=0; while :; do i=$((i+1)); nft add element inet psc_kubeproxy s "
+                  "\"{ 10.$((i/65536%256)).$((i/256%256)).$((i%256)) }\"; sleep 1; done")
+        self.proc = subprocess.Popen(["ip", "netns", "exec", node.ns.name, "sh", "-c", script],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def close(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)  # (the shell and its sleep)
         self.proc.wait()
 
 
@@ -215,9 +247,30 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
             leftover = diff_script(kernel, enf.index.desired())
             rediff = time.perf_counter() - t0
             assert leftover == "", leftover[:500]
+            from pycni.cluster.policy.nftsync import Readback
+            from pycni.net import nftdump
+
+            t0 = time.perf_counter()
+            nftdump.generation()
+            gen_query = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            rb = Readback("pycni_policy", 0)
+            rb.thread.join()
+            child_read = time.perf_counter() - t0
+            assert rb.snapshot is not None and diff_script(rb.snapshot, enf.index.desired()) == "", rb.error
         listing_lines = ns.run(["nft", "list", "table", "inet", "pycni_policy"]).stdout.count("\n")
     finally:
         ns.delete()
+    import gc
+
+    t0 = time.perf_counter()
+    gc.collect()
+    full_gc = time.perf_counter() - t0
+    gc.freeze()
+    t0 = time.perf_counter()
+    gc.collect()
+    frozen_gc = time.perf_counter() - t0
+    gc.unfreeze()
     n = opts.trials
     return [("(D) agent compute, initial full compile (node1)", initial, "s"),
             ("(D) agent compute per policy change, p50", statistics.median(pol_cpu), "s"),
@@ -226,6 +279,10 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
             ("(D) nft transaction per new pod, p50", statistics.median(times[n:]), "s"),
             ("(D) reconcile: node1's table read back from the kernel", readback, "s"),
             ("(D) reconcile: compared with the index (nothing to write)", rediff, "s"),
+            ("(D) periodic check: the generation id (one netlink request)", gen_query, "s"),
+            ("(D) periodic check: the table read back by a child process, wall", child_read, "s"),
+            ("(D) a full gc collection over this process's heap", full_gc, "s"),
+            ("(D) a full gc collection after gc.freeze()", frozen_gc, "s"),
             ("(D) ruleset of node1: lines of nft list table", float(listing_lines), "n")]
 
 
@@ -238,8 +295,15 @@ def main() -> int:
     ap.add_argument("--in-process-only", action="store_true", help="(D) only")
     ap.add_argument("--load", type=int, default=0,
                     help="start this many busy-looping processes first (a loaded machine: load average ~ N + the rest)")
+    ap.add_argument("--resync", type=float, default=0.0,
+                    help="the agents' --resync (their periodic kernel check); default: theirs (30 s)")
+    ap.add_argument("--foreign", action="store_true",
+                    help="a foreign nftables committer in each node (a table of its own changed every second), so "
+                         "that the agents' periodic checks read their tables back")
     opts = ap.parse_args()
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opts.load)]
+    if spinners:
+        log(f"load: {opts.load} busy-looping Python processes (nice 0) for the run")
     try:
         if spinners:
             time.sleep(20)  # (the 1-minute load average follows slowly)
@@ -277,6 +341,7 @@ def run_bench(opts: argparse.Namespace) -> int:
     namespaces: list[Namespace] = []
     agents: list[subprocess.Popen[bytes]] = []
     monitors: list[Monitor] = []
+    foreign: list[Foreign] = []
     with EtcdCluster(size=3, subnet="10.233.0.0/24", prefix="pe34-bench") as cluster:
         try:
             etcd = cluster.client(timeout=30)
@@ -286,10 +351,14 @@ def run_bench(opts: argparse.Namespace) -> int:
                         ["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node", "--policy",
                          "--etcd-endpoints", ",".join(cluster.endpoints), "--etcd-prefix", PREFIX,
                          "--node-name", node.name, "--underlay-ip", node.ip,
-                         "--flows-socket", os.path.join(tmp, f"flows-{node.name}.sock")],
+                         "--flows-socket", os.path.join(tmp, f"flows-{node.name}.sock"),
+                         *(["--resync", f"{opts.resync:g}"] if opts.resync else [])],
                         stdout=lf, stderr=subprocess.STDOUT,
                         env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))))
             monitors = [Monitor(n) for n in cluster.nodes]
+            if opts.foreign:
+                foreign = [Foreign(n) for n in cluster.nodes]
+                log("a foreign nftables committer in each node (table inet psc_kubeproxy, a change a second)")
             for n in cluster.nodes:
                 deadline = time.monotonic() + 30
                 while subprocess.run(["ip", "netns", "exec", n.ns.name, "nft", "list", "table", "inet",
@@ -336,6 +405,12 @@ def run_bench(opts: argparse.Namespace) -> int:
             rows.append(("(0) initial load: all records written, all nodes settled", time.perf_counter() - t0 - 1, "s"))
             log(f"{opts.endpoints} record-only endpoints, {opts.policies} policies written")
 
+            def readbacks() -> int:
+                return sum(open(os.path.join(tmp, f"agent-{n.name}.log"), errors="replace").read()
+                           .count("checked off the event path") for n in cluster.nodes)
+
+            checked = readbacks()
+            trials_start = time.monotonic()
             # (A) enforcement latency
             lat = []
             cpu0 = cpu_seconds(agents)
@@ -374,6 +449,8 @@ def run_bench(opts: argparse.Namespace) -> int:
                      ("(B) new pod's rules, p99", pct(new, 0.99), "s"),
                      ("(B) of which the etcd write itself, p50", statistics.median(puts), "s"),
                      ("(B) node1's agent CPU per new pod", (cpu_seconds(agents[:1]) - cpu0) / opts.trials, "s")]
+            rows += [("(F) tables read back by the periodic check in (A)+(B), 3 agents", readbacks() - checked, "n"),
+                     ("(F) seconds of (A)+(B)", time.monotonic() - trials_start, "n")]
 
             # (C) throughput
             if shutil.which("iperf3"):
@@ -409,6 +486,8 @@ def run_bench(opts: argparse.Namespace) -> int:
                          (f"(C) iperf3 with {opts.iperf} policies on the destination", w / 1e9, "Gbit/s"),
                          ("(C) ratio", 100 * w / b, "%")]
         finally:
+            for f in foreign:
+                f.close()
             for m in monitors:
                 m.close()
             for a in agents:
