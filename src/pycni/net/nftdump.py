@@ -1,12 +1,12 @@
 """Read one nf_tables table back over netlink: its chains (with their hooks), each rule's chain
 and comment, each set's and map's elements as raw bytes — no ``nft`` process, no JSON.
 
-Why: the policy agent reconciles its table against the kernel on start and on every resync,
-and at 10,000 endpoints ``nft -j list table`` took 1.3 s and a hundred megabytes to render and
-parse rules the agent only compares by their comment tags. The kernel's dumps answer the same
-in milliseconds; rule expressions (and the anonymous sets that belong to them) are skipped,
-not decoded. Values stay bytes: the caller
-knows what its keys mean (an ifname, an address, a concatenation).
+Why: the policy agent reconciles its table against the kernel on start and when its periodic
+check finds a commit not its own (:func:`generation` tells), and at 10,000 endpoints ``nft -j
+list table`` took 1.3 s and a hundred megabytes to render and parse rules the agent only
+compares by their comment tags. The kernel's dumps answer the same in milliseconds; rule
+expressions (and the anonymous sets that belong to them) are skipped, not decoded. Values stay
+bytes: the caller knows what its keys mean (an ifname, an address, a concatenation).
 """
 
 from __future__ import annotations

@@ -8,9 +8,11 @@ namespaces' :class:`~pycni.cluster.model.PodMeta`, NetworkPolicy manifests, node
 :class:`PolicyView` (the decoded records, also what ``pycni policy why`` reads) and the
 :class:`~pycni.cluster.policy.index.PolicyIndex`; after a batch :meth:`PolicyEnforcer.apply` sends
 what the index marked dirty as one transaction (:class:`~pycni.cluster.policy.nftsync.Writer`).
-A full read (start, a broken watch, the periodic resync) rebuilds the index from the records and
-has the writer read the kernel's table back and write only the difference: nothing on start or
-stop removes or empties the table, so a restart never opens what a policy closes.
+The first full read (start) builds the index from the records and has the writer read the
+kernel's table back and write only the difference: nothing on start or stop removes or empties
+the table, so a restart never opens what a policy closes. A later one (a broken watch) feeds the
+index what differs. The periodic check (:meth:`PolicyEnforcer.check_kernel`) compares the kernel
+with the writer's mirror off the event path.
 """
 
 from __future__ import annotations
@@ -237,11 +239,11 @@ class PolicyEnforcer:
                         pod=lambda address: self.index.addresses.get(address))
 
     def load(self, kv: Any, revision: int = 0) -> None:
-        """A full read of etcd (start, a broken watch, the periodic resync) — at ``revision`` when
-        given: the one the caller's watch continues from, so the watch never replays an older
-        state over a newer one — the first builds the index; a later one feeds it only the
-        records that differ from what the watch had said. Either way the next apply reads the
-        kernel's table back and writes the difference."""
+        """A full read of etcd (start, a broken watch) — at ``revision`` when given: the one the
+        caller's watch continues from, so the watch never replays an older state over a newer
+        one. The first builds the index, and the next apply reads the kernel's table back and
+        writes the difference; a later one feeds the index only the records that differ from what
+        the watch had said, and has the kernel checked off the event path (:meth:`check_kernel`)."""
         v = self.view
         old = (dict(v.endpoints), dict(v.pods), dict(v.namespaces), dict(v.policies))
         v.load(kv, revision)

@@ -1,14 +1,16 @@
-"""The dataplane writer: bring the kernel's table to a :class:`~pycni.cluster.policy.compile.Desired`
-in one nftables transaction, touching only what differs — reconciled against the kernel itself.
+"""The dataplane writer: bring the kernel's table to a
+:class:`~pycni.cluster.policy.compile.Desired` in one nftables transaction, touching only what
+differs — reconciled against the kernel itself.
 
 What the writer compares with is what the kernel holds, not what this process once sent: on
-start, on every resync and after a refused transaction it reads the table back
-(:func:`read_table`: the kernel's netlink dumps, :mod:`pycni.net.nftdump`) and diffs the wanted
-state against that. It never deletes or empties the
-table: a restarted agent takes the kernel's state over as it finds it and moves it towards the
-wanted one, so the rules in force hold until the transaction that replaces them commits (the
-kernel applies all of it or none). Between reads it keeps a mirror of what it committed and
-diffs only the objects the index marked dirty.
+start and after a refused transaction it reads the table back (:func:`read_table`: the kernel's
+netlink dumps, :mod:`pycni.net.nftdump`) and diffs the wanted state against that; the agent's
+periodic check asks the nf_tables generation id whether anyone else committed since, and only
+then has the table read back by a child process (:class:`Readback`, :meth:`Writer.adopt`). It
+never deletes or empties the table: a restarted agent takes the kernel's state over as it finds
+it and moves it towards the wanted one, so the rules in force hold until the transaction that
+replaces them commits (the kernel applies all of it or none). Between reads it keeps a mirror
+of what it committed and diffs only the objects the index marked dirty.
 
 Rules carry their text's digest as comment (``compile.rule_tag``), so a chain read back is
 compared by those tags, not by parsing nft's rendering of its rules; a chain whose tags differ
@@ -399,9 +401,8 @@ class Readback:
         import subprocess
         import sys
 
-        import pycni
-
-        root = os.path.dirname(os.path.dirname(os.path.abspath(pycni.__file__)))
+        # (the directory holding the pycni package, for a child of an agent run from a source tree)
+        root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         try:
             proc = subprocess.run([sys.executable, "-m", "pycni.cluster.policy.nftsync", self.table],
