@@ -422,6 +422,7 @@ def run_bench(opts: argparse.Namespace) -> int:
                 start = time.perf_counter()
                 etcd.put(KEYS.policy("bench", f"trial{t}"), json.dumps(p))
                 lat.append(max(m.wait_for(f"add chain inet pycni_policy {chain}") for m in monitors) - start)
+            log("(A) the 5 slowest trials, ms: " + " ".join(f"{x * 1000:.0f}" for x in sorted(lat)[-5:]))
             rows += [("(A) enforcement, all 3 nodes, p50", statistics.median(lat), "s"),
                      ("(A) enforcement, all 3 nodes, p99", pct(lat, 0.99), "s"),
                      ("(A) agent CPU per policy change, 3 agents together", (cpu_seconds(agents) - cpu0) / opts.trials,
@@ -444,6 +445,7 @@ def run_bench(opts: argparse.Namespace) -> int:
                 etcd.put(KEYS.endpoint(node.name, "podnet", f"new{t}", "eth0"), ep.to_json())
                 puts.append(time.perf_counter() - start)
                 new.append(monitors[0].wait_for(f'covered {{ "{iface}" }}') - start)
+            log("(B) the 5 slowest trials, ms: " + " ".join(f"{x * 1000:.0f}" for x in sorted(new)[-5:]))
             rows += [("(E) agent memory, largest VmRSS of the 3", rss_mb(agents), "MB")]
             rows += [("(B) new pod's rules, p50", statistics.median(new), "s"),
                      ("(B) new pod's rules, p99", pct(new, 0.99), "s"),
