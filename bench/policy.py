@@ -409,11 +409,31 @@ def run_bench(opts: argparse.Namespace) -> int:
                 return sum(open(os.path.join(tmp, f"agent-{n.name}.log"), errors="replace").read()
                            .count("checked off the event path") for n in cluster.nodes)
 
+            def agent_side(nodes: list[EtcdNode], marks: list[int]) -> list[float]:
+                """Each agent's own share of the changes it logged since ``marks`` (its log's line counts):
+                from the watch delivering the event to the kernel taking the transaction."""
+                got: list[float] = []
+                for n, mark in zip(nodes, marks, strict=True):
+                    with open(os.path.join(tmp, f"agent-{n.name}.log"), errors="replace") as f:
+                        for line in f.read().splitlines()[mark:]:
+                            if "policy: updated" in line and " ms after the watch delivered it" in line:
+                                got.append(float(line.rsplit("; ", 1)[1].split(" ms")[0]) / 1000)
+                return got
+
+            def marks() -> list[int]:
+                out = []
+                for n in cluster.nodes:
+                    with open(os.path.join(tmp, f"agent-{n.name}.log"), errors="replace") as f:
+                        out.append(len(f.read().splitlines()))
+                return out
+
             checked = readbacks()
+            mark_a = marks()
             trials_start = time.monotonic()
             # (A) enforcement latency
             lat = []
             cpu0 = cpu_seconds(agents)
+            puts_a = []
             for t in range(opts.trials):
                 p = policy(f"trial{t}", "bench", {"bench": "all"}, {"role": f"nobody{t}"})
                 chain = policy_chain(parse_policy(p), "Ingress")
@@ -421,12 +441,18 @@ def run_bench(opts: argparse.Namespace) -> int:
                     m.drain()
                 start = time.perf_counter()
                 etcd.put(KEYS.policy("bench", f"trial{t}"), json.dumps(p))
+                puts_a.append(time.perf_counter() - start)
                 lat.append(max(m.wait_for(f"add chain inet pycni_policy {chain}") for m in monitors) - start)
+            own_a = agent_side(cluster.nodes, mark_a)
             log("(A) the 5 slowest trials, ms: " + " ".join(f"{x * 1000:.0f}" for x in sorted(lat)[-5:]))
             rows += [("(A) enforcement, all 3 nodes, p50", statistics.median(lat), "s"),
                      ("(A) enforcement, all 3 nodes, p99", pct(lat, 0.99), "s"),
                      ("(A) agent CPU per policy change, 3 agents together", (cpu_seconds(agents) - cpu0) / opts.trials,
-                      "s")]
+                      "s"),
+                     ("(A) of which the etcd write itself, p50", statistics.median(puts_a), "s"),
+                     ("(A) of which the etcd write itself, max", max(puts_a), "s"),
+                     ("(A) each agent, watch delivery -> kernel took it, p50", statistics.median(own_a), "s"),
+                     ("(A) each agent, watch delivery -> kernel took it, max", max(own_a), "s")]
             etcd.delete_prefix(KEYS.policy("bench", "trial"))
             settle(monitors)
 
@@ -434,6 +460,7 @@ def run_bench(opts: argparse.Namespace) -> int:
             new = []
             puts = []
             node = cluster.nodes[0]
+            mark_b = marks()
             cpu0 = cpu_seconds(agents[:1])
             for t in range(opts.trials):
                 iface = f"rtdn{t:011x}"
@@ -450,6 +477,11 @@ def run_bench(opts: argparse.Namespace) -> int:
             rows += [("(B) new pod's rules, p50", statistics.median(new), "s"),
                      ("(B) new pod's rules, p99", pct(new, 0.99), "s"),
                      ("(B) of which the etcd write itself, p50", statistics.median(puts), "s"),
+                     ("(B) of which the etcd write itself, max", max(puts), "s"),
+                     ("(B) node1's agent, watch delivery -> kernel took it, p50",
+                      statistics.median(agent_side(cluster.nodes[:1], mark_b[:1])), "s"),
+                     ("(B) node1's agent, watch delivery -> kernel took it, max",
+                      max(agent_side(cluster.nodes[:1], mark_b[:1])), "s"),
                      ("(B) node1's agent CPU per new pod", (cpu_seconds(agents[:1]) - cpu0) / opts.trials, "s")]
             rows += [("(F) tables read back by the periodic check in (A)+(B), 3 agents", readbacks() - checked, "n"),
                      ("(F) seconds of (A)+(B)", time.monotonic() - trials_start, "n")]

@@ -578,7 +578,7 @@ class Agent:
         observed when the kernel took a change)."""
         if self.policy is not None:
             writes = self.policy.writes
-            self.policy.apply()
+            self.policy.apply(arrived)
             if arrived and self.metrics is not None and self.policy.writes != writes:
                 self.metrics.policy_programming.observe(time.monotonic() - arrived)
 

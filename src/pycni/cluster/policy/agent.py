@@ -386,9 +386,13 @@ class PolicyEnforcer:
                  f"path; {len(want.covered)} local endpoints, {len(self.view.policies)} policies)")
         return False
 
-    def apply(self) -> bool:
+    def apply(self, arrived: float = 0.0) -> bool:
         """Program what the index asks, if anything changed; False when the kernel refused
-        (logged; the next call reads the kernel back and writes the difference)."""
+        (logged; the next call reads the kernel back and writes the difference). ``arrived``: when
+        the watch delivered the events asking for it (``time.monotonic()``; the log line says how
+        long after that the kernel took it: the agent's own share of a change's latency)."""
+        import time
+
         from pycni.spec.errors import CNIError
 
         want, dirty = self.index.collect()
@@ -404,6 +408,7 @@ class PolicyEnforcer:
             self.writes += 1
         if script or read:
             n = script.count("\n")
+            after = f"; {(time.monotonic() - arrived) * 1000:.1f} ms after the watch delivered it" if arrived else ""
             self.log(f"policy: {'reconciled with the kernel' if read else 'updated'} ({n} commands; "
-                     f"{len(want.covered)} local endpoints, {len(self.view.policies)} policies)")
+                     f"{len(want.covered)} local endpoints, {len(self.view.policies)} policies{after})")
         return True

@@ -21,7 +21,7 @@ our table) are deleted last, once nothing refers to them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,22 +274,23 @@ def _after(gen: int, other: int) -> bool:
     return (gen - other) % GENERATIONS < GENERATIONS // 2
 
 
-def generation() -> int | None:
-    """The namespace's nf_tables generation id; None when the kernel does not say."""
+def generation(ask: Callable[[], int] | None = None) -> int | None:
+    """The namespace's nf_tables generation id (through ``ask``, else a socket of its own); None
+    when the kernel does not say."""
     from pycni.net import nftdump
 
     try:
-        return nftdump.generation()
+        return (ask or nftdump.generation)()
     except OSError:  # (NetlinkError too): unknown, so the kernel is read back
         return None
 
 
-def read_consistent(table: str = TABLE) -> tuple[Kernel | None, int | None]:
+def read_consistent(table: str = TABLE, ask: Callable[[], int] | None = None) -> tuple[Kernel | None, int | None]:
     """Our table and the generation it was read at; None for the generation when a commit (anyone's)
     came during the dumps, so the snapshot may mix two states."""
-    before = generation()
+    before = generation(ask)
     have = read_table(table)
-    return have, before if before is not None and generation() == before else None
+    return have, before if before is not None and generation(ask) == before else None
 
 
 class Writer:
@@ -307,6 +308,9 @@ class Writer:
         self.clean: int | None = None  # the generation at which the kernel's table = mirror, if known
         self.committed_at: int | None = None  # the generation right after our last commit (None: unknown)
         self.skips = 0  # periodic checks answered by the generation id alone (nothing committed since ours)
+        from pycni.net.nftdump import Generation
+
+        self.generation = Generation()  # (one socket kept: asked after every commit)
 
     def reconcile_next(self) -> None:
         """Have the next write read the kernel's table and compare everything with it."""
@@ -315,7 +319,7 @@ class Writer:
     def unchanged(self) -> bool:
         """Whether nothing was committed in this namespace since the kernel's table was known to be
         the mirror (our last read-back, or our last commit when it was the only one since)."""
-        return self.mirror is not None and self.clean is not None and generation() == self.clean
+        return self.mirror is not None and self.clean is not None and generation(self.generation) == self.clean
 
     def write(self, want: Desired, dirty: Dirty | None) -> tuple[str, bool]:
         """Program ``want`` (``dirty``: what changed since the last write; None: anything may
@@ -324,7 +328,7 @@ class Writer:
         read = self.mirror is None
         if read:
             self.reads += 1
-            have, self.clean = read_consistent(self.table)
+            have, self.clean = read_consistent(self.table, self.generation)
             dirty = None
         else:
             have = self.mirror
@@ -360,7 +364,7 @@ class Writer:
         clean, self.clean = self.clean, None
         nft.run(script, what="policy update")
         self.commits += 1
-        self.committed_at = generation()
+        self.committed_at = generation(self.generation)
         if clean is not None and self.committed_at is not None and self.committed_at == (clean + 1) % GENERATIONS:
             self.clean = self.committed_at  # (ours was the only commit since the table was known)
         k = have if have is not None else Kernel()
