@@ -87,11 +87,12 @@ def test_generation_id_answers_when_nothing_else_committed(node: tuple[Namespace
 
     nft.run("add table inet psc_foreign\n")
     assert not w.unchanged()
-    reads = w.reads
+    reads, writes = w.reads, enf.writes
     enf.check_kernel()
     assert enf.readback is not None
     _settle(enf)
     assert w.reads == reads + 1 and w.clean is not None and w.unchanged()
+    assert enf.writes == writes  # (the snapshot was the mirror: nothing sent)
 
 
 def test_periodic_check_repairs_a_hand_edit(node: tuple[Namespace, PolicyEnforcer]) -> None:

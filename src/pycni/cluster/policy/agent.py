@@ -369,6 +369,11 @@ class PolicyEnforcer:
             self.discarded += 1
             self.readback = Readback(self.writer.table, self.writer.commits)
             return True
+        if rb.at is not None and self.writer.matches(rb.snapshot, rb.at):
+            # (as written: what the index marked dirty meanwhile goes the usual way)
+            self.log(f"policy: reconciled with the kernel (0 commands; checked off the event path; the table "
+                     f"is as written, at generation {rb.at})")
+            return False
         want, _dirty = self.index.collect()  # (the whole difference below covers what is dirty)
         try:
             script = self.writer.adopt(rb.snapshot, rb.at, rb.commits, want)

@@ -346,6 +346,17 @@ class Writer:
         self.clean = at
         return self._send(snapshot, want, None)
 
+    def matches(self, snapshot: Kernel | None, at: int) -> bool:
+        """Whether a usable snapshot (read at generation ``at``) is exactly the mirror — the usual
+        answer when the commits that moved the generation were someone else's, in their own
+        tables; compared as sets and dictionaries (C speed: a few ms at 10,000 endpoints, where
+        a full diff takes tens under load). Then the table is known clean at ``at``."""
+        if snapshot is None or snapshot != self.mirror:
+            return False
+        self.reads += 1
+        self.clean = at
+        return True
+
     def usable(self, at: int | None, commits: int) -> bool:
         """Whether a table read at generation ``at``, started when this writer had made ``commits``
         commits, shows the kernel as it is after our last commit."""
