@@ -16,7 +16,7 @@ from netns_util import Namespace, have_root, new_namespace
 
 from pycni.cluster.model import Keys, PodMeta, WorkloadEndpoint
 from pycni.cluster.policy.agent import PolicyEnforcer
-from pycni.cluster.policy.nftsync import GENERATIONS, Readback, Writer, diff_script, read_table
+from pycni.cluster.policy.nftsync import GENERATIONS, Readback, Writer, diff_script, element_changes, read_table
 from pycni.cluster.policy.workload import TABLE
 
 pytestmark = pytest.mark.skipif(not have_root(), reason="needs root (network namespaces)")
@@ -177,3 +177,58 @@ def test_usable_follows_the_generations() -> None:
     assert not w.usable(0, 4)
     w.mirror = None  # a refusal since: the next write reads the kernel itself
     assert not w.usable(90, 5)
+
+
+def test_element_only_changes_go_as_one_netlink_batch(node: tuple[Namespace, PolicyEnforcer]) -> None:
+    """A new pod's transaction (elements only) skips libnftables; the kernel ends as wanted, and the
+    generation stays known (the batch is one commit)."""
+    _ns, enf = node
+    w = enf.writer
+    batches = w.element_batches
+    _endpoint(enf, 21)
+    assert enf.apply()
+    assert w.element_batches == batches + 1 and _as_wanted(enf) and w.unchanged()
+    enf.event("DELETE", KEYS.endpoint("node1", "podnet", "c21", "eth0"), "")
+    assert enf.apply() and _as_wanted(enf)
+
+
+def test_a_refused_element_batch_applies_nothing(node: tuple[Namespace, PolicyEnforcer]) -> None:
+    from pycni.net import nftelem
+    from pycni.net.nft import NftError
+    from pycni.net.nftdump import Generation
+
+    changes = element_changes('add element inet pycni_policy covered { "rtdpscnew" }\n'
+                              'delete element inet pycni_policy covered { "rtdpscnone" }\n')
+    assert changes is not None
+    w = Writer()
+    w.generation = Generation()
+    with pytest.raises(NftError):
+        w._commit_elements(changes)
+    kernel = read_table()
+    assert kernel is not None and "rtdpscnew" not in kernel.covered
+    nftelem.commit(w.generation.socket(), "inet", TABLE, changes[:1])  # (the socket still answers)
+    kernel = read_table()
+    assert kernel is not None and "rtdpscnew" in kernel.covered
+
+
+@pytest.mark.parametrize("name, text", [
+    ("covered", '"rtd0123456789a"'), ("s_abc_4", "10.1.2.3"), ("s_abc_6", "fd00::1"),
+    ("np_abc_4", "10.1.2.3 . tcp . 8080"), ("np_abc_6", "fd00::2 . udp . 53"), ("np_abc_4", "10.0.0.1 . sctp . 9")])
+def test_element_keys_encode_as_they_are_read_back(name: str, text: str) -> None:
+    from pycni.cluster.policy.nftsync import _key_bytes, _key_text
+
+    key = _key_bytes(name, text)
+    assert key is not None and _key_text(name, key) == text.strip('"')
+
+
+def test_only_element_scripts_take_the_batch() -> None:
+    t = f"inet {TABLE}"
+    ok = element_changes(f'add element {t} ingress {{ "rtda" : jump v_1, "rtdb" : drop }}\n'
+                         f'delete element {t} egress {{ "rtdc" }}\nadd element {t} s_x_4 {{ 10.0.0.1, 10.0.0.2 }}\n')
+    assert ok is not None and [(c.add, c.set_name, len(c.elements)) for c in ok] == [
+        (True, "ingress", 2), (False, "egress", 1), (True, "s_x_4", 2)]
+    assert ok[0].elements[0][1] == (-3, "v_1") and ok[0].elements[1][1] == (0, "")
+    assert element_changes(f"add chain {t} v_2\n") is None
+    assert element_changes(f'add element {t} ingress {{ "rtda" }}\n') is None  # (a map element needs a verdict)
+    assert element_changes(f"add element {t} odd {{ 1 }}\n") is None
+    assert element_changes("add element inet other s_x_4 { 10.0.0.1 }\n") is None

@@ -141,7 +141,9 @@ class Generation:
         self._sock: NetlinkSocket | None = None
         self._netns: tuple[int, int] | None = None
 
-    def __call__(self) -> int:
+    def socket(self) -> NetlinkSocket:
+        """The kept socket of the calling thread's namespace (also for the caller's own element
+        batches, :mod:`pycni.net.nftelem`; after an error, :meth:`close` it)."""
         import os
 
         st = os.stat("/proc/thread-self/ns/net")
@@ -150,8 +152,12 @@ class Generation:
             self._sock = NetlinkSocket(NETLINK_NETFILTER)
             self._sock.settimeout(5)
             self._netns = (st.st_dev, st.st_ino)
+        return self._sock
+
+    def __call__(self) -> int:
+        sock = self.socket()
         try:
-            return _generation(self._sock)
+            return _generation(sock)
         except OSError:
             self.close()  # (a late answer must not be read as the next one's)
             raise

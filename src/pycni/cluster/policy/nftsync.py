@@ -21,6 +21,7 @@ our table) are deleted last, once nothing refers to them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,70 @@ def _key_text(set_name: str, key: bytes) -> str | None:
         port = int.from_bytes(key[size + 4:size + 6], "big")
         return f"{socket.inet_ntop(fam, key[:size])} . {proto} . {port}"
     return None
+
+
+_PROTO_NUMBERS = {name: number for number, name in _PROTOS.items()}
+_ELEMENT_LINE = re.compile(r"^(add|delete) element inet (\S+) (\S+) \{ (.*) \}$")
+ELEMENTS_AT_MOST = 2000  # in one element batch (larger changes, rare, go through libnftables)
+
+
+def _key_bytes(set_name: str, text: str) -> bytes | None:
+    """The inverse of :func:`_key_text`: an element's key as the kernel holds it; None for what
+    this does not know (the script then goes through libnftables)."""
+    import socket
+
+    if set_name in ("covered", "ingress", "egress"):
+        raw = text[1:-1].encode()
+        ok = len(text) >= 2 and text[0] == text[-1] == '"' and 0 < len(raw) < 16 and b'"' not in raw
+        return raw.ljust(16, b"\0") if ok else None
+    fam = socket.AF_INET if set_name.endswith("_4") else socket.AF_INET6 if set_name.endswith("_6") else None
+    if fam is None:
+        return None
+    try:
+        if set_name.startswith("s_"):
+            return socket.inet_pton(fam, text)
+        if set_name.startswith("np_"):
+            addr, proto, port = text.split(" . ")
+            number = _PROTO_NUMBERS.get(proto)
+            return socket.inet_pton(fam, addr) + bytes([number, 0, 0, 0]) + int(port).to_bytes(2, "big") + b"\0\0" \
+                if number is not None else None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def element_changes(script: str, table: str = TABLE) -> list[Any] | None:
+    """A script of element additions and deletions only, as :class:`pycni.net.nftelem.ElementChange`
+    (in the script's order); None when it holds anything else (chains, sets, rules) or something
+    this does not encode — then libnftables runs it."""
+    from pycni.net.nftelem import VERDICT_CODES, ElementChange
+
+    changes: list[Any] = []
+    count = 0
+    for line in script.splitlines():
+        m = _ELEMENT_LINE.match(line)
+        if m is None or m[2] != table:
+            return None
+        name = m[3]
+        elements: list[tuple[bytes, tuple[int, str] | None]] = []
+        for text in m[4].split(", "):
+            verdict: tuple[int, str] | None = None
+            if name in ("ingress", "egress") and " : " in text:
+                text, word = text.split(" : ", 1)
+                words = word.split()
+                code = VERDICT_CODES.get(words[0])
+                if code is None or len(words) != (2 if words[0] in ("jump", "goto") else 1):
+                    return None
+                verdict = (code, words[1] if len(words) == 2 else "")
+            elif name in ("ingress", "egress") and m[1] == "add":
+                return None
+            key = _key_bytes(name, text)
+            if key is None:
+                return None
+            elements.append((key, verdict))
+        count += len(elements)
+        changes.append(ElementChange(m[1] == "add", name, elements))
+    return changes if count <= ELEMENTS_AT_MOST else None
 
 
 def read_table(table: str = TABLE) -> Kernel | None:
@@ -308,6 +373,7 @@ class Writer:
         self.clean: int | None = None  # the generation at which the kernel's table = mirror, if known
         self.committed_at: int | None = None  # the generation right after our last commit (None: unknown)
         self.skips = 0  # periodic checks answered by the generation id alone (nothing committed since ours)
+        self.element_batches = 0  # transactions sent as element batches over netlink (no libnftables)
         from pycni.net.nftdump import Generation
 
         self.generation = Generation()  # (one socket kept: asked after every commit)
@@ -357,6 +423,20 @@ class Writer:
         self.clean = at
         return True
 
+    def _commit_elements(self, changes: list[Any]) -> None:
+        """An element-only transaction as one netlink batch (:mod:`pycni.net.nftelem`: no
+        libnftables cache to fetch); a refusal raises NftError like libnftables' would."""
+        from pycni.net import nftelem
+        from pycni.net.nft import NftError
+        from pycni.spec.errors import IO_FAILURE
+
+        self.element_batches += 1
+        try:
+            nftelem.commit(self.generation.socket(), "inet", self.table, changes)
+        except OSError as e:  # (NetlinkError too; nothing was applied)
+            self.generation.close()
+            raise NftError(IO_FAILURE, "policy update failed", f"the kernel refused the element batch: {e}") from None
+
     def usable(self, at: int | None, commits: int) -> bool:
         """Whether a table read at generation ``at``, started when this writer had made ``commits``
         commits, shows the kernel as it is after our last commit."""
@@ -373,7 +453,11 @@ class Writer:
             return ""
         self.mirror = None
         clean, self.clean = self.clean, None
-        nft.run(script, what="policy update")
+        changes = element_changes(script, self.table) if dirty is not None else None
+        if changes is not None:
+            self._commit_elements(changes)
+        else:
+            nft.run(script, what="policy update")
         self.commits += 1
         self.committed_at = generation(self.generation)
         if clean is not None and self.committed_at is not None and self.committed_at == (clean + 1) % GENERATIONS:
