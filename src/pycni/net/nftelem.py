@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import socket
 import struct
-from dataclasses import dataclass
 
 from pycni.net.nl import NLM_F_ACK, NLM_F_CREATE, NetlinkSocket, nla
 from pycni.net.probe import FAMILIES, NFNL_SUBSYS_NFTABLES
@@ -30,14 +29,16 @@ VERDICT_CODES = {"drop": 0, "accept": 1, "continue": -1, "jump": -3, "goto": -4,
 PER_MESSAGE = 200  # elements per message (a nested attribute's length is 16 bits)
 
 
-@dataclass
 class ElementChange:
     """Elements of one set or map to add (or delete): each a key as the kernel holds it and, in a
     map, its verdict (code, chain name or '')."""
 
-    add: bool
-    set_name: str
-    elements: list[tuple[bytes, tuple[int, str] | None]]
+    __slots__ = ("add", "set_name", "elements")
+
+    def __init__(self, add: bool, set_name: str, elements: list[tuple[bytes, tuple[int, str] | None]]) -> None:
+        self.add = add
+        self.set_name = set_name
+        self.elements = elements
 
 
 def _element(key: bytes, verdict: tuple[int, str] | None) -> bytes:
