@@ -1,9 +1,17 @@
 """Network policy enforcement on a real 3-member etcd with ``pycni node --policy`` on each node.
 
     .venv/bin/python bench/policy.py [--policies 1000] [--endpoints 1000] [--trials 50] [--iperf 100] [--load N]
+                                     [--resync SECONDS] [--foreign]
 
 ``--load N`` starts N busy-looping processes for the run (a loaded machine; the load average at
 the start and the end is printed). docs/policy.md has the numbers at 10,000 x 1,000.
+
+The agents' periodic kernel check (``--resync``, 30 s by default) is what a max-of-50 would catch
+if it stalled events, so it can be forced into the trials: ``--resync 5`` has each agent check
+every 5 s, and ``--foreign`` starts a "kube-proxy-like" committer in each node namespace (a
+change to its own nftables table every second), so every check finds a commit that is not the
+agent's and reads its table back (the expensive path). The output says how many read-backs
+happened during (A) and (B).
 
 Everything runs in throwaway namespaces (tests/etcd_util.py): three node namespaces with an
 etcd member and an agent each, one real routed + cluster-ipam pod per node, and
@@ -13,10 +21,13 @@ kernel side is observed with ``nft monitor`` in each node (lines timestamped as 
 
 (A) Enforcement latency: a new policy selecting a pod on every node is written to etcd; the
     time from just before the write until its chain is in the kernel of all three nodes.
-    p50/p99 over ``--trials``. Target: p99 < 100 ms.
+    p50/p99 over ``--trials``. Target: p99 < 100 ms. Split out: the etcd write itself, and each
+    agent's own share (from its watch delivering the event to the kernel taking the transaction,
+    as the agent logs it).
 (B) New pod rules: an endpoint record for a pod of node1 is written; the time until node1's
     agent has added its interface to the ``covered`` set (its rules in the same transaction).
-    p50/p99 over ``--trials``. Target: < 20 ms.
+    p50/p99 over ``--trials``. Target: < 20 ms. Split out as in (A).
+(F) How many tables the agents' periodic checks read back during (A) and (B).
 (D) Where the time goes, in this process (no etcd, no other agents): one agent's view of the
     same records (node1's share), fed the same kinds of change; the agent's computation per policy
     change and per new pod (the patch paths), and the nftables transaction that follows, applied
@@ -34,6 +45,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -110,16 +122,39 @@ class Monitor:
                 return t
 
     def quiet(self, seconds: float) -> bool:
-        """Whether nothing arrived for ``seconds`` (consumes what did)."""
-        try:
-            self.lines.get(timeout=seconds)
-        except queue.Empty:
-            return True
-        self.drain()
-        return False
+        """Whether nothing of our table arrived for ``seconds`` (consumes what did; a foreign
+        committer's lines do not count)."""
+        end = time.monotonic() + seconds
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return True
+            try:
+                _, line = self.lines.get(timeout=left)
+            except queue.Empty:
+                return True
+            if "pycni_policy" in line:
+                self.drain()
+                return False
 
     def close(self) -> None:
         self.proc.kill()
+        self.proc.wait()
+
+
+class Foreign:
+    """A "kube-proxy-like" process in one node: it commits a change to a table of its own
+    (``inet psc_kubeproxy``) every second, so the generation id the agent checks keeps moving."""
+
+    def __init__(self, node: EtcdNode) -> None:
+        script = ("nft add table inet psc_kubeproxy && nft add set inet psc_kubeproxy s '{ type ipv4_addr; }' && "
+                  "i=0; while :; do i=$((i+1)); nft add element inet psc_kubeproxy s "
+                  "\"{ 10.$((i/65536%256)).$((i/256%256)).$((i%256)) }\"; sleep 1; done")
+        self.proc = subprocess.Popen(["ip", "netns", "exec", node.ns.name, "sh", "-c", script],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def close(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)  # (the shell and its sleep)
         self.proc.wait()
 
 
@@ -202,10 +237,22 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
         with ns.enter():
             nft.use_library()  # as the agent runs it
             nft.run(scripts[0])
+            from pycni.cluster.policy.nftsync import element_changes
+            from pycni.net import nftelem
+            from pycni.net.nftdump import Generation
+
+            kept = Generation()  # (as the writer sends them: element-only ones as one netlink batch)
+            batches = 0
             for script in scripts[1:]:
+                changes = element_changes(script)
                 t0 = time.perf_counter()
-                nft.run(script)
+                if changes is not None:
+                    nftelem.commit(kept.socket(), "inet", "pycni_policy", changes)
+                    batches += 1
+                else:
+                    nft.run(script)
                 times.append(time.perf_counter() - t0)
+            kept.close()
             from pycni.cluster.policy.nftsync import read_table
 
             t0 = time.perf_counter()
@@ -215,17 +262,56 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
             leftover = diff_script(kernel, enf.index.desired())
             rediff = time.perf_counter() - t0
             assert leftover == "", leftover[:500]
+            from pycni.cluster.policy.nftsync import Readback
+            from pycni.net import nftdump
+
+            t0 = time.perf_counter()
+            nftdump.generation()
+            gen_query = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            rb = Readback("pycni_policy", 0)
+            rb.thread.join()
+            child_read = time.perf_counter() - t0
+            assert rb.snapshot is not None and diff_script(rb.snapshot, enf.index.desired()) == "", rb.error
+            import marshal
+
+            from pycni.cluster.policy.nftsync import _pack
+
+            packed = marshal.dumps(_pack(kernel))
+            t0 = time.perf_counter()
+            marshal.loads(packed)
+            unmarshal = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            assert rb.snapshot == kernel
+            compare = time.perf_counter() - t0
         listing_lines = ns.run(["nft", "list", "table", "inet", "pycni_policy"]).stdout.count("\n")
     finally:
         ns.delete()
+    import gc
+
+    t0 = time.perf_counter()
+    gc.collect()
+    full_gc = time.perf_counter() - t0
+    gc.freeze()
+    t0 = time.perf_counter()
+    gc.collect()
+    frozen_gc = time.perf_counter() - t0
+    gc.unfreeze()
     n = opts.trials
     return [("(D) agent compute, initial full compile (node1)", initial, "s"),
             ("(D) agent compute per policy change, p50", statistics.median(pol_cpu), "s"),
             ("(D) agent compute per new pod, p50", statistics.median(pod_cpu), "s"),
             ("(D) nft transaction per policy change, p50", statistics.median(times[:n]), "s"),
             ("(D) nft transaction per new pod, p50", statistics.median(times[n:]), "s"),
+            ("(D) transactions sent as element batches (no libnftables), of all", float(batches), "n"),
             ("(D) reconcile: node1's table read back from the kernel", readback, "s"),
             ("(D) reconcile: compared with the index (nothing to write)", rediff, "s"),
+            ("(D) periodic check: the generation id (one netlink request)", gen_query, "s"),
+            ("(D) periodic check: the table read back by a child process, wall", child_read, "s"),
+            ("(D) periodic check: its answer unmarshalled (the agent's thread)", unmarshal, "s"),
+            ("(D) periodic check: the snapshot compared with the mirror (equal)", compare, "s"),
+            ("(D) a full gc collection over this process's heap", full_gc, "s"),
+            ("(D) a full gc collection after gc.freeze()", frozen_gc, "s"),
             ("(D) ruleset of node1: lines of nft list table", float(listing_lines), "n")]
 
 
@@ -238,8 +324,15 @@ def main() -> int:
     ap.add_argument("--in-process-only", action="store_true", help="(D) only")
     ap.add_argument("--load", type=int, default=0,
                     help="start this many busy-looping processes first (a loaded machine: load average ~ N + the rest)")
+    ap.add_argument("--resync", type=float, default=0.0,
+                    help="the agents' --resync (their periodic kernel check); default: theirs (30 s)")
+    ap.add_argument("--foreign", action="store_true",
+                    help="a foreign nftables committer in each node (a table of its own changed every second), so "
+                         "that the agents' periodic checks read their tables back")
     opts = ap.parse_args()
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(opts.load)]
+    if spinners:
+        log(f"load: {opts.load} busy-looping Python processes (nice 0) for the run")
     try:
         if spinners:
             time.sleep(20)  # (the 1-minute load average follows slowly)
@@ -277,6 +370,7 @@ def run_bench(opts: argparse.Namespace) -> int:
     namespaces: list[Namespace] = []
     agents: list[subprocess.Popen[bytes]] = []
     monitors: list[Monitor] = []
+    foreign: list[Foreign] = []
     with EtcdCluster(size=3, subnet="10.233.0.0/24", prefix="pe34-bench") as cluster:
         try:
             etcd = cluster.client(timeout=30)
@@ -286,10 +380,14 @@ def run_bench(opts: argparse.Namespace) -> int:
                         ["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node", "--policy",
                          "--etcd-endpoints", ",".join(cluster.endpoints), "--etcd-prefix", PREFIX,
                          "--node-name", node.name, "--underlay-ip", node.ip,
-                         "--flows-socket", os.path.join(tmp, f"flows-{node.name}.sock")],
+                         "--flows-socket", os.path.join(tmp, f"flows-{node.name}.sock"),
+                         *(["--resync", f"{opts.resync:g}"] if opts.resync else [])],
                         stdout=lf, stderr=subprocess.STDOUT,
                         env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))))
             monitors = [Monitor(n) for n in cluster.nodes]
+            if opts.foreign:
+                foreign = [Foreign(n) for n in cluster.nodes]
+                log("a foreign nftables committer in each node (table inet psc_kubeproxy, a change a second)")
             for n in cluster.nodes:
                 deadline = time.monotonic() + 30
                 while subprocess.run(["ip", "netns", "exec", n.ns.name, "nft", "list", "table", "inet",
@@ -336,9 +434,35 @@ def run_bench(opts: argparse.Namespace) -> int:
             rows.append(("(0) initial load: all records written, all nodes settled", time.perf_counter() - t0 - 1, "s"))
             log(f"{opts.endpoints} record-only endpoints, {opts.policies} policies written")
 
+            def readbacks() -> int:
+                return sum(open(os.path.join(tmp, f"agent-{n.name}.log"), errors="replace").read()
+                           .count("checked off the event path") for n in cluster.nodes)
+
+            def agent_side(nodes: list[EtcdNode], marks: list[int]) -> list[float]:
+                """Each agent's own share of the changes it logged since ``marks`` (its log's line counts):
+                from the watch delivering the event to the kernel taking the transaction."""
+                got: list[float] = []
+                for n, mark in zip(nodes, marks, strict=True):
+                    with open(os.path.join(tmp, f"agent-{n.name}.log"), errors="replace") as f:
+                        for line in f.read().splitlines()[mark:]:
+                            if "policy: updated" in line and " ms after the watch delivered it" in line:
+                                got.append(float(line.rsplit("; ", 1)[1].split(" ms")[0]) / 1000)
+                return got
+
+            def marks() -> list[int]:
+                out = []
+                for n in cluster.nodes:
+                    with open(os.path.join(tmp, f"agent-{n.name}.log"), errors="replace") as f:
+                        out.append(len(f.read().splitlines()))
+                return out
+
+            checked = readbacks()
+            mark_a = marks()
+            trials_start = time.monotonic()
             # (A) enforcement latency
             lat = []
             cpu0 = cpu_seconds(agents)
+            puts_a = []
             for t in range(opts.trials):
                 p = policy(f"trial{t}", "bench", {"bench": "all"}, {"role": f"nobody{t}"})
                 chain = policy_chain(parse_policy(p), "Ingress")
@@ -346,11 +470,18 @@ def run_bench(opts: argparse.Namespace) -> int:
                     m.drain()
                 start = time.perf_counter()
                 etcd.put(KEYS.policy("bench", f"trial{t}"), json.dumps(p))
+                puts_a.append(time.perf_counter() - start)
                 lat.append(max(m.wait_for(f"add chain inet pycni_policy {chain}") for m in monitors) - start)
+            own_a = agent_side(cluster.nodes, mark_a)
+            log("(A) the 5 slowest trials, ms: " + " ".join(f"{x * 1000:.0f}" for x in sorted(lat)[-5:]))
             rows += [("(A) enforcement, all 3 nodes, p50", statistics.median(lat), "s"),
                      ("(A) enforcement, all 3 nodes, p99", pct(lat, 0.99), "s"),
                      ("(A) agent CPU per policy change, 3 agents together", (cpu_seconds(agents) - cpu0) / opts.trials,
-                      "s")]
+                      "s"),
+                     ("(A) of which the etcd write itself, p50", statistics.median(puts_a), "s"),
+                     ("(A) of which the etcd write itself, max", max(puts_a), "s"),
+                     ("(A) each agent, watch delivery -> kernel took it, p50", statistics.median(own_a), "s"),
+                     ("(A) each agent, watch delivery -> kernel took it, max", max(own_a), "s")]
             etcd.delete_prefix(KEYS.policy("bench", "trial"))
             settle(monitors)
 
@@ -358,6 +489,7 @@ def run_bench(opts: argparse.Namespace) -> int:
             new = []
             puts = []
             node = cluster.nodes[0]
+            mark_b = marks()
             cpu0 = cpu_seconds(agents[:1])
             for t in range(opts.trials):
                 iface = f"rtdn{t:011x}"
@@ -369,11 +501,19 @@ def run_bench(opts: argparse.Namespace) -> int:
                 etcd.put(KEYS.endpoint(node.name, "podnet", f"new{t}", "eth0"), ep.to_json())
                 puts.append(time.perf_counter() - start)
                 new.append(monitors[0].wait_for(f'covered {{ "{iface}" }}') - start)
+            log("(B) the 5 slowest trials, ms: " + " ".join(f"{x * 1000:.0f}" for x in sorted(new)[-5:]))
             rows += [("(E) agent memory, largest VmRSS of the 3", rss_mb(agents), "MB")]
             rows += [("(B) new pod's rules, p50", statistics.median(new), "s"),
                      ("(B) new pod's rules, p99", pct(new, 0.99), "s"),
                      ("(B) of which the etcd write itself, p50", statistics.median(puts), "s"),
+                     ("(B) of which the etcd write itself, max", max(puts), "s"),
+                     ("(B) node1's agent, watch delivery -> kernel took it, p50",
+                      statistics.median(agent_side(cluster.nodes[:1], mark_b[:1])), "s"),
+                     ("(B) node1's agent, watch delivery -> kernel took it, max",
+                      max(agent_side(cluster.nodes[:1], mark_b[:1])), "s"),
                      ("(B) node1's agent CPU per new pod", (cpu_seconds(agents[:1]) - cpu0) / opts.trials, "s")]
+            rows += [("(F) tables read back by the periodic check in (A)+(B), 3 agents", readbacks() - checked, "n"),
+                     ("(F) seconds of (A)+(B)", time.monotonic() - trials_start, "n")]
 
             # (C) throughput
             if shutil.which("iperf3"):
@@ -409,6 +549,8 @@ def run_bench(opts: argparse.Namespace) -> int:
                          (f"(C) iperf3 with {opts.iperf} policies on the destination", w / 1e9, "Gbit/s"),
                          ("(C) ratio", 100 * w / b, "%")]
         finally:
+            for f in foreign:
+                f.close()
             for m in monitors:
                 m.close()
             for a in agents:

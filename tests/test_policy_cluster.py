@@ -348,6 +348,42 @@ def test_agent_restart_keeps_rules_and_opens_no_window(env: Env) -> None:
     env.matrix(case)
 
 
+def test_periodic_check_repairs_the_table_without_leaving_the_watch(env: Env) -> None:
+    """With --resync 1 an agent checks its kernel every second inside its watch: its policy table
+    edited by hand (a verdict chain flushed, a covered interface removed: x/a cut off and opened)
+    and then deleted whole is put back from what it knows, with no full read of etcd."""
+    deny = _case("deny-all ingress in x")
+    env.apply(deny)
+    env.matrix(deny)
+    i = env.where["x/a"]
+    env.stop_agent(i)
+    env.extra = lambda j: ["--resync", "1"] if j == i else []
+    try:
+        env.start_agent(i)
+        node = env.nodes[i]
+        full_reads = env.log(i).read_text().count("resyncing")
+        table = "inet pycni_policy"
+        listing = json.loads(node.ns.run(["nft", "-j", "list", "table", *table.split()]).stdout)
+        chains = [c["chain"]["name"] for c in listing["nftables"] if "chain" in c and "hook" not in c["chain"]]
+        iface = next(e for s in listing["nftables"] if "set" in s and s["set"]["name"] == "covered"
+                     for e in s["set"].get("elem", []))
+        before = env.log(i).read_text().count("checked off the event path")
+        node.ns.run(["nft", "-f", "-"], input="".join(f"flush chain {table} {c}\n" for c in chains)
+                    + f'delete element {table} covered {{ "{iface}" }}\n')
+        env.wait(lambda: env.log(i).read_text().count("checked off the event path") > before,
+                 "the agent reconciles with the kernel")
+        env.matrix(deny)
+        node.ns.run(["nft", "delete", "table", *table.split()])
+        env.wait(lambda: node.ns.run(["nft", "list", "table", *table.split()], check=False).returncode == 0,
+                 "the agent makes its table again")
+        env.matrix(deny)
+        assert env.log(i).read_text().count("resyncing") == full_reads  # (never left the watch)
+    finally:
+        env.extra = lambda j: []
+        env.stop_agent(i)
+        env.start_agent(i)
+
+
 DENY_BOTH_X = """
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy

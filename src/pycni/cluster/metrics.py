@@ -53,7 +53,9 @@ class AgentMetrics:
         self.agent = agent
         self.etcd = EtcdMetrics(registry)
         self.resyncs = Counter("pycni_agent_resyncs", "Full reads of etcd followed by a convergence (at start, "
-                               "after a broken watch, every --resync seconds)", registry=registry)
+                               "after a broken watch)", registry=registry)
+        self.kernel_checks = Counter("pycni_agent_kernel_checks", "Periodic checks of the kernel against what the "
+                                     "agent wants, inside the watch (every --resync seconds)", registry=registry)
         self.errors = Counter("pycni_agent_errors", "Errors the agent retried, by kind (etcd_unavailable, "
                               "etcd, watch, config)", ["kind"], registry=registry)
         self.convergence = Histogram("pycni_route_convergence_seconds", "From a watch event's arrival to the "
@@ -152,9 +154,14 @@ def _policy_state(enf: Any) -> Iterator[Any]:
                          + sum(len(tags) for _prio, tags in list(mirror.base_chains.values())))
         yield rules
     reconciles = CounterMetricFamily("pycni_policy_reconciles", "Times the policy table was read back from the "
-                                     "kernel and compared whole (start, resyncs, after a refusal)")
+                                     "kernel and compared whole (start, a later full read or periodic check that "
+                                     "found a commit not ours, after a refusal)")
     reconciles.add_metric([], enf.writer.reads)
     yield reconciles
+    skips = CounterMetricFamily("pycni_policy_reconcile_skips", "Periodic checks of the policy table answered by "
+                                "the nf_tables generation id alone (nothing committed since the agent's own commit)")
+    skips.add_metric([], enf.writer.skips)
+    yield skips
     errors = CounterMetricFamily("pycni_policy_errors", "Policy engine errors, by kind: kernel_refused (a "
                                  "transaction the kernel refused; the next write reconciles), index_rebuilt (an "
                                  "incremental update failed; the index was rebuilt)", labels=["kind"])

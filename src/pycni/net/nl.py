@@ -583,6 +583,41 @@ class NetlinkSocket:
         self._sock.send(_HDR.pack(_HDR.size + len(body), mtype, flags | NLM_F_REQUEST | NLM_F_ACK, seq, 0) + body)
         return list(self._replies(seq))
 
+    def send_batch(self, messages: list[tuple[int, bytes, int]]) -> None:
+        """Send ``messages`` ((type, body, flags)) in one write, as an nfnetlink batch must go, and
+        wait for the answer to each flagged NLM_F_ACK; the first error among them raises
+        :class:`NetlinkError` (once all have answered, so none is left to be read as a later
+        request's)."""
+        data = bytearray()
+        first = self._seq + 1
+        waiting: set[int] = set()
+        for mtype, body, flags in messages:
+            self._seq += 1
+            data += _HDR.pack(_HDR.size + len(body), mtype, flags | NLM_F_REQUEST, self._seq, 0) + body
+            data += b"\0" * (-len(body) % 4)
+            if flags & NLM_F_ACK:
+                waiting.add(self._seq)
+        self._sock.send(bytes(data))
+        error = 0
+        while waiting:
+            chunk = self._sock.recv(1 << 18)
+            offset = 0
+            while offset + _HDR.size <= len(chunk):
+                length, mtype, _flags, mseq, _pid = _HDR.unpack_from(chunk, offset)
+                if length < _HDR.size:
+                    raise NetlinkError(71, "malformed netlink message")  # EPROTO
+                body = chunk[offset + _HDR.size:offset + length]
+                offset += (length + 3) & ~3
+                if mtype != NLMSG_ERROR or not first <= mseq <= self._seq:
+                    continue
+                err = _i32(body)
+                error = error or (-err if err < 0 else 0)
+                waiting.discard(mseq)
+                if err < 0 and mseq == first:
+                    waiting.clear()  # (the batch refused as a whole: nothing else will answer)
+        if error:
+            raise NetlinkError(error)
+
     def _replies(self, seq: int) -> Iterator[tuple[int, bytes]]:
         while True:
             data = self._sock.recv(1 << 18)

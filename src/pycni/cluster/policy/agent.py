@@ -8,9 +8,11 @@ namespaces' :class:`~pycni.cluster.model.PodMeta`, NetworkPolicy manifests, node
 :class:`PolicyView` (the decoded records, also what ``pycni policy why`` reads) and the
 :class:`~pycni.cluster.policy.index.PolicyIndex`; after a batch :meth:`PolicyEnforcer.apply` sends
 what the index marked dirty as one transaction (:class:`~pycni.cluster.policy.nftsync.Writer`).
-A full read (start, a broken watch, the periodic resync) rebuilds the index from the records and
-has the writer read the kernel's table back and write only the difference: nothing on start or
-stop removes or empties the table, so a restart never opens what a policy closes.
+The first full read (start) builds the index from the records and has the writer read the
+kernel's table back and write only the difference: nothing on start or stop removes or empties
+the table, so a restart never opens what a policy closes. A later one (a broken watch) feeds the
+index what differs. The periodic check (:meth:`PolicyEnforcer.check_kernel`) compares the kernel
+with the writer's mirror off the event path.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pycni.cluster.policy.compile import LOG, LogSpec
 from pycni.cluster.policy.evaluate import Cluster, Workload
 from pycni.cluster.policy.index import PolicyIndex
 from pycni.cluster.policy.model import NetworkPolicy, PolicyError, parse_policy
-from pycni.cluster.policy.nftsync import Writer
+from pycni.cluster.policy.nftsync import Readback, Writer
 
 
 class PolicyView:
@@ -224,6 +226,8 @@ class PolicyEnforcer:
         self.loaded = False  # the index was built from a full read
         self.writes = 0  # transactions the kernel took (metrics: the programming latency)
         self.refused = 0  # transactions the kernel refused (metrics)
+        self.readback: Readback | None = None  # the kernel's table being read back off the event path
+        self.discarded = 0  # read-backs thrown away: a commit of ours came after them
 
     def resolver(self) -> Any:
         """The flows resolver (docs/flows.md): a chain's token to what decided (a policy's NS/NAME,
@@ -235,11 +239,11 @@ class PolicyEnforcer:
                         pod=lambda address: self.index.addresses.get(address))
 
     def load(self, kv: Any, revision: int = 0) -> None:
-        """A full read of etcd (start, a broken watch, the periodic resync) — at ``revision`` when
-        given: the one the caller's watch continues from, so the watch never replays an older
-        state over a newer one — the first builds the index; a later one feeds it only the
-        records that differ from what the watch had said. Either way the next apply reads the
-        kernel's table back and writes the difference."""
+        """A full read of etcd (start, a broken watch) — at ``revision`` when given: the one the
+        caller's watch continues from, so the watch never replays an older state over a newer
+        one. The first builds the index, and the next apply reads the kernel's table back and
+        writes the difference; a later one feeds the index only the records that differ from what
+        the watch had said, and has the kernel checked off the event path (:meth:`check_kernel`)."""
         v = self.view
         old = (dict(v.endpoints), dict(v.pods), dict(v.namespaces), dict(v.policies))
         v.load(kv, revision)
@@ -255,7 +259,7 @@ class PolicyEnforcer:
             if self.strict:
                 raise
             self._bug(f"a full read's changes ({type(e).__name__}: {e})")
-        self.writer.reconcile_next()
+        self.check_kernel()
 
     def _index_changes(self, endpoints: dict[str, WorkloadEndpoint], pods: dict[tuple[str, str], PodMeta],
                        namespaces: dict[str, PodMeta], policies: dict[tuple[str, str], NetworkPolicy]) -> None:
@@ -332,9 +336,68 @@ class PolicyEnforcer:
         elif kind == "policy":
             self.index.set_policy(f"{namespace}/{name}", v.policies.get((namespace, name)))
 
-    def apply(self) -> bool:
+    def check_kernel(self) -> None:
+        """The periodic check of the kernel's table (and after a later full read), never on the event
+        path: nothing to do when nothing was committed in this namespace since the table was known
+        to be as the writer left it (one netlink request: the generation id); otherwise the table is
+        read back by a child process (:class:`Readback`) while events go on, and
+        :meth:`poll_kernel` reconciles with it."""
+        if self.readback is not None or self.writer.mirror is None:
+            return  # (one at a time; without a mirror the next apply reads the kernel anyway)
+        if self.writer.unchanged():
+            self.writer.skips += 1
+            return
+        self.readback = Readback(self.writer.table, self.writer.commits)
+
+    def poll_kernel(self) -> bool:
+        """Take a finished read-back: write the whole difference in one transaction, or read again
+        when a commit of ours came after it (see :meth:`Writer.adopt`). True while one is running."""
+        from pycni.spec.errors import CNIError
+
+        rb = self.readback
+        if rb is None:
+            return False
+        if not rb.done():
+            return True
+        self.readback = None
+        if rb.error:
+            self.log(f"policy: the table was not read back ({rb.error}); trying again at the next check")
+            return False
+        if self.writer.mirror is None:
+            return False  # (a refusal since: the next apply reads the kernel itself)
+        if not self.writer.usable(rb.at, rb.commits):
+            self.discarded += 1
+            self.readback = Readback(self.writer.table, self.writer.commits)
+            return True
+        if rb.at is not None and self.writer.matches(rb.snapshot, rb.at):
+            # (as written: what the index marked dirty meanwhile goes the usual way)
+            self.log(f"policy: reconciled with the kernel (0 commands; checked off the event path; the table "
+                     f"is as written, at generation {rb.at})")
+            return False
+        want, _dirty = self.index.collect()  # (the whole difference below covers what is dirty)
+        try:
+            script = self.writer.adopt(rb.snapshot, rb.at, rb.commits, want)
+        except CNIError as e:
+            self.refused += 1
+            self.log(f"FAILED policy update: {e.msg}: {e.details}")
+            return False
+        if script is None:  # (cannot happen after the checks above; read again rather than assume)
+            self.discarded += 1
+            self.writer.reconcile_next()
+            return False
+        if script:
+            self.writes += 1
+        self.log(f"policy: reconciled with the kernel ({script.count(chr(10))} commands; checked off the event "
+                 f"path; {len(want.covered)} local endpoints, {len(self.view.policies)} policies)")
+        return False
+
+    def apply(self, arrived: float = 0.0) -> bool:
         """Program what the index asks, if anything changed; False when the kernel refused
-        (logged; the next call reads the kernel back and writes the difference)."""
+        (logged; the next call reads the kernel back and writes the difference). ``arrived``: when
+        the watch delivered the events asking for it (``time.monotonic()``; the log line says how
+        long after that the kernel took it: the agent's own share of a change's latency)."""
+        import time
+
         from pycni.spec.errors import CNIError
 
         want, dirty = self.index.collect()
@@ -350,6 +413,7 @@ class PolicyEnforcer:
             self.writes += 1
         if script or read:
             n = script.count("\n")
+            after = f"; {(time.monotonic() - arrived) * 1000:.1f} ms after the watch delivered it" if arrived else ""
             self.log(f"policy: {'reconciled with the kernel' if read else 'updated'} ({n} commands; "
-                     f"{len(want.covered)} local endpoints, {len(self.view.policies)} policies)")
+                     f"{len(want.covered)} local endpoints, {len(self.view.policies)} policies{after})")
         return True
