@@ -4,7 +4,8 @@
                                      [--resync SECONDS] [--foreign]
 
 ``--load N`` starts N busy-looping processes for the run (a loaded machine; the load average at
-the start and the end is printed). docs/policy.md has the numbers at 10,000 x 1,000.
+the start and the end is printed, and row (L) the mean count of runnable tasks sampled during
+the trials). docs/policy.md has the numbers at 10,000 x 1,000.
 
 The agents' periodic kernel check (``--resync``, 30 s by default) is what a max-of-50 would catch
 if it stalled events, so it can be forced into the trials: ``--resync 5`` has each agent check
@@ -158,6 +159,27 @@ class Foreign:
         self.proc.wait()
 
 
+class Runnable:
+    """The load while the trials run, sampled: the kernel's count of runnable tasks (the 4th field
+    of /proc/loadavg) every 0.2 s — the 1-minute load average lags the spinners by a minute."""
+
+    def __init__(self) -> None:
+        self.samples: list[int] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.done.wait(0.2):
+            with open("/proc/loadavg") as f:
+                self.samples.append(int(f.read().split()[3].split("/")[0]))
+
+    def stop(self) -> float:
+        self.done.set()
+        self.thread.join()
+        return statistics.mean(self.samples) if self.samples else 0.0
+
+
 def settle(monitors: list[Monitor], timeout: float = 300.0) -> None:
     """Until no node's kernel has changed for a second (the agents have caught up)."""
     deadline = time.monotonic() + timeout
@@ -272,7 +294,8 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
             rb = Readback("pycni_policy", 0)
             rb.thread.join()
             child_read = time.perf_counter() - t0
-            assert rb.snapshot is not None and diff_script(rb.snapshot, enf.index.desired()) == "", rb.error
+            taken = rb.snapshot()
+            assert taken is not None and diff_script(taken, enf.index.desired()) == "", rb.error
             import marshal
 
             from pycni.cluster.policy.nftsync import _pack
@@ -282,7 +305,7 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
             marshal.loads(packed)
             unmarshal = time.perf_counter() - t0
             t0 = time.perf_counter()
-            assert rb.snapshot == kernel
+            assert taken == kernel
             compare = time.perf_counter() - t0
         listing_lines = ns.run(["nft", "list", "table", "inet", "pycni_policy"]).stdout.count("\n")
     finally:
@@ -322,6 +345,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--iperf", type=int, default=100)
     ap.add_argument("--in-process-only", action="store_true", help="(D) only")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the agents' logs (their directory is printed)")
     ap.add_argument("--load", type=int, default=0,
                     help="start this many busy-looping processes first (a loaded machine: load average ~ N + the rest)")
     ap.add_argument("--resync", type=float, default=0.0,
@@ -459,6 +483,7 @@ def run_bench(opts: argparse.Namespace) -> int:
             checked = readbacks()
             mark_a = marks()
             trials_start = time.monotonic()
+            runnable = Runnable()
             # (A) enforcement latency
             lat = []
             cpu0 = cpu_seconds(agents)
@@ -513,7 +538,8 @@ def run_bench(opts: argparse.Namespace) -> int:
                       max(agent_side(cluster.nodes[:1], mark_b[:1])), "s"),
                      ("(B) node1's agent CPU per new pod", (cpu_seconds(agents[:1]) - cpu0) / opts.trials, "s")]
             rows += [("(F) tables read back by the periodic check in (A)+(B), 3 agents", readbacks() - checked, "n"),
-                     ("(F) seconds of (A)+(B)", time.monotonic() - trials_start, "n")]
+                     ("(F) seconds of (A)+(B)", time.monotonic() - trials_start, "n"),
+                     ("(L) runnable tasks on the machine during (A)+(B), mean of samples", runnable.stop(), "load")]
 
             # (C) throughput
             if shutil.which("iperf3"):
@@ -558,6 +584,10 @@ def run_bench(opts: argparse.Namespace) -> int:
                 a.wait()
             for ns in namespaces:
                 ns.delete()
+            if opts.keep_logs:
+                log(f"the agents' logs are in {tmp}")
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
     rows += in_process(opts)
     rows.append(("load average (1 min) at the end", os.getloadavg()[0], "load"))
     for name, value, unit in rows:

@@ -350,8 +350,9 @@ class PolicyEnforcer:
         self.readback = Readback(self.writer.table, self.writer.commits)
 
     def poll_kernel(self) -> bool:
-        """Take a finished read-back: write the whole difference in one transaction, or read again
-        when a commit of ours came after it (see :meth:`Writer.adopt`). True while one is running."""
+        """Take a finished read-back: write the whole difference in one transaction, or, when a
+        commit of ours came after it (see :meth:`Writer.usable`), leave it to the next periodic
+        check. True while one is running."""
         from pycni.spec.errors import CNIError
 
         rb = self.readback
@@ -366,17 +367,20 @@ class PolicyEnforcer:
         if self.writer.mirror is None:
             return False  # (a refusal since: the next apply reads the kernel itself)
         if not self.writer.usable(rb.at, rb.commits):
+            # (a commit of ours came after it: it is not unmarshalled, and not read again at once
+            # — in a burst of our own commits that would fork a reader after reader, each ~1 s of
+            # CPU beside the agent's — the next periodic check reads it again)
             self.discarded += 1
-            self.readback = Readback(self.writer.table, self.writer.commits)
-            return True
-        if rb.at is not None and self.writer.matches(rb.snapshot, rb.at):
+            return False
+        snapshot = rb.snapshot()
+        if rb.at is not None and self.writer.matches(snapshot, rb.at):
             # (as written: what the index marked dirty meanwhile goes the usual way)
             self.log(f"policy: reconciled with the kernel (0 commands; checked off the event path; the table "
                      f"is as written, at generation {rb.at})")
             return False
         want, _dirty = self.index.collect()  # (the whole difference below covers what is dirty)
         try:
-            script = self.writer.adopt(rb.snapshot, rb.at, rb.commits, want)
+            script = self.writer.adopt(snapshot, rb.at, rb.commits, want)
         except CNIError as e:
             self.refused += 1
             self.log(f"FAILED policy update: {e.msg}: {e.details}")

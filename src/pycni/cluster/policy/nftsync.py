@@ -474,28 +474,40 @@ def _pack(k: Kernel) -> tuple[Any, ...]:
 
 class Readback:
     """Our table read back by a child process (``python -m pycni.cluster.policy.nftsync TABLE``),
-    waited for by a thread: at 10,000 endpoints decoding the dumps is 0.2-0.3 s of Python that,
+    waited for by a thread: at 10,000 endpoints decoding the dumps is 0.2-0.9 s of Python that,
     in a thread of the agent, would hold the interpreter lock against the event path. The child
-    inherits the namespace; it answers the snapshot and the generation it was read at (None when
-    a commit came during the dumps) as ``marshal`` data. ``commits``: the writer's count when it
-    was started (see :meth:`Writer.adopt`)."""
+    inherits the namespace; it answers the generation it read at (None when a commit came during
+    the dumps) on a line of its own, then the snapshot as ``marshal`` data. The snapshot is
+    unmarshalled (~20 ms at that size, one call holding the lock) only when the agent takes it
+    (:meth:`snapshot`): one that a commit of ours has made useless costs the agent nothing.
+    ``commits``: the writer's count when it was started (see :meth:`Writer.usable`)."""
 
     def __init__(self, table: str, commits: int) -> None:
         import threading
 
         self.table = table
         self.commits = commits
-        self.snapshot: Kernel | None = None
         self.at: int | None = None
-        self.error = ""  # why there is no snapshot ('' : there is one)
+        self.error = ""  # why there is no answer ('' : there is one)
+        self._packed = b""  # the snapshot, marshalled
         self.thread = threading.Thread(target=self._run, name="policy-readback", daemon=True)
         self.thread.start()
 
     def done(self) -> bool:
         return not self.thread.is_alive()
 
-    def _run(self) -> None:
+    def snapshot(self) -> Kernel | None:
+        """The table as read (None: there was none)."""
         import marshal
+
+        packed = marshal.loads(self._packed)
+        if packed is None:
+            return None
+        sets, chains, ingress, egress, covered, base, base_chains_ = packed
+        return Kernel(sets=sets, chains=chains, ingress=ingress, egress=egress, covered=covered, base=base,
+                      base_chains=base_chains_)
+
+    def _run(self) -> None:
         import os
         import subprocess
         import sys
@@ -509,25 +521,22 @@ class Readback:
         except (OSError, subprocess.TimeoutExpired) as e:
             self.error = f"the reader did not answer: {e}"
             return
-        if proc.returncode != 0:
+        head, newline, self._packed = proc.stdout.partition(b"\n")
+        if proc.returncode != 0 or not newline:
             lines = proc.stderr.decode(errors="replace").strip().splitlines()
             self.error = f"the reader failed ({proc.returncode}): {lines[-1] if lines else 'no message'}"
             return
-        at, packed = marshal.loads(proc.stdout)
-        self.at = at
-        if packed is not None:
-            sets, chains, ingress, egress, covered, base, base_chains_ = packed
-            self.snapshot = Kernel(sets=sets, chains=chains, ingress=ingress, egress=egress, covered=covered,
-                                   base=base, base_chains=base_chains_)
+        self.at = int(head) if head != b"-" else None
 
 
 def _readback_main(table: str) -> None:
-    """The child of :class:`Readback`: the table and its generation, marshalled to stdout."""
+    """The child of :class:`Readback`: the generation the table was read at, then the table."""
     import marshal
     import sys
 
     have, at = read_consistent(table)
-    sys.stdout.buffer.write(marshal.dumps((at, None if have is None else _pack(have))))
+    sys.stdout.buffer.write(b"-\n" if at is None else b"%d\n" % at)
+    sys.stdout.buffer.write(marshal.dumps(None if have is None else _pack(have)))
 
 
 if __name__ == "__main__":
