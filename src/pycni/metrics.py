@@ -3,8 +3,10 @@
 One way for every component (``pycni daemon``, ``pycni node``, ``pycni kube-controllers``):
 :func:`parse_address` reads the flag, :func:`serve` answers ``GET /metrics`` (and ``HEAD``) in
 Prometheus' text format from a registry of :mod:`prometheus_client`, the maintained client
-library, and nothing else: any other path is 404, any other method 405, so the endpoint serves
-no more than it should and accepts no write. Off unless the flag is given; an address without
+library — and, for a component that has them (the node agent: :class:`Health`), its
+``/livez`` and ``/readyz`` probes, 200 or 503 with the reason — and nothing else: any other
+path is 404, any other method 405, so the endpoint serves no more than it should and accepts
+no write. Off unless the flag is given; an address without
 a host listens on loopback only.
 
 ``prometheus_client`` costs ~50 ms of imports, so it is imported here, and this module only
@@ -23,8 +25,16 @@ import threading
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
-    from typing import Any
+    from typing import Any, Protocol
     from wsgiref.simple_server import WSGIServer
+
+    class Health(Protocol):
+        """A component's own answers to its probes (Kubernetes' /livez and /readyz convention):
+        each returns '' when well, else why not (one line, the 503's body)."""
+
+        def live(self) -> str: ...
+
+        def ready(self) -> str: ...
 
 METRICS_PATH = "/metrics"
 LOOPBACK = "127.0.0.1"
@@ -93,20 +103,32 @@ def registry(multiprocess: bool = False) -> Any:
     return reg
 
 
-def _app(reg: Any) -> Callable[..., Iterable[bytes]]:
-    """The WSGI app: GET/HEAD of /metrics only."""
+LIVE_PATH, READY_PATH = "/livez", "/readyz"
+
+
+def _app(reg: Any, health: Health | None = None) -> Callable[..., Iterable[bytes]]:
+    """The WSGI app: GET/HEAD of /metrics, and of /livez and /readyz when ``health`` is given."""
     from prometheus_client import make_wsgi_app
 
     metrics = make_wsgi_app(reg)
+    probes: dict[str, Callable[[], str]] = {} if health is None else {LIVE_PATH: health.live,
+                                                                        READY_PATH: health.ready}
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") != METRICS_PATH:
+        path = environ.get("PATH_INFO")
+        if path != METRICS_PATH and path not in probes:
             start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
             return [b"not found: metrics are at /metrics\n"]
         if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
             start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"),
                                                       ("Content-Type", "text/plain; charset=utf-8")])
-            return [b"method not allowed: /metrics is read-only\n"]
+            return [f"method not allowed: {path} is read-only\n".encode()]
+        if path in probes:
+            why = probes[path]()
+            start_response("503 Service Unavailable" if why else "200 OK",
+                           [("Content-Type", "text/plain; charset=utf-8")])
+            body = f"{why}\n".encode() if why else b"ok\n"
+            return [] if environ["REQUEST_METHOD"] == "HEAD" else [body]
         if environ["REQUEST_METHOD"] == "HEAD":  # the library answers GET only: the same, without a body
             b"".join(metrics({**environ, "REQUEST_METHOD": "GET"}, start_response))
             return []
@@ -115,9 +137,10 @@ def _app(reg: Any) -> Callable[..., Iterable[bytes]]:
     return app
 
 
-def serve(address: tuple[str, int], reg: Any) -> WSGIServer:
-    """Serve ``reg`` at http://HOST:PORT/metrics from a daemon thread; the server is returned so
-    the caller can ``shutdown()`` it. Raises OSError when the address cannot be bound."""
+def serve(address: tuple[str, int], reg: Any, health: Health | None = None) -> WSGIServer:
+    """Serve ``reg`` at http://HOST:PORT/metrics (and ``health`` at /livez and /readyz) from a
+    daemon thread; the server is returned so the caller can ``shutdown()`` it. Raises OSError
+    when the address cannot be bound."""
     import socket
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -132,6 +155,6 @@ def serve(address: tuple[str, int], reg: Any) -> WSGIServer:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
             pass
 
-    server = make_server(host, port, _app(reg), Server, Quiet)
+    server = make_server(host, port, _app(reg, health), Server, Quiet)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

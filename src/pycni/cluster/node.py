@@ -50,6 +50,9 @@ DEFAULT_TTL = 60
 DEFAULT_VXLAN_DEVICE = "pycni.vxlan"
 DEFAULT_VNI = 4096
 DEFAULT_VXLAN_PORT = 4789
+# /livez: the agent's loop must turn at least this often (it turns every second or so while it
+# watches, and a full read at 10,000 endpoints on a loaded host takes ~25 s)
+LIVE_WITHIN = 120.0
 RESYNC_SECONDS = 30.0  # the kernel checked against what the agent wants (routes, device, policy table)
 # A blackhole's metric: above the kernel's default for IPv6 routes (1024), so a pod's own host
 # route to the same prefix (a block of one address: /32, /128) never collides with it and wins.
@@ -425,6 +428,9 @@ class Agent:
         self.applied: Plan | None = None
         self.conflict = ""  # the last NameTaken logged while running
         self.registered = False  # once: a name taken at start is a refusal, later a logged conflict
+        self.beat = time.monotonic()  # when the agent's loop last turned (/livez)
+        self.watching = False  # following etcd's events (/readyz)
+        self.trouble = ""  # why the last attempt to read or follow etcd failed, as logged ('' : none)
         self.metrics: AgentMetrics | None = None  # with --metrics-address (serve_metrics)
         self.policy: Any = None
         if opts.policy:
@@ -451,6 +457,26 @@ class Agent:
 
     def stop(self, *_: object) -> None:
         self.stopping = True
+
+    def live(self) -> str:
+        """/livez: '' while the agent's loop turns (it may be retrying etcd: that is not a reason
+        to restart it), else why not."""
+        quiet = time.monotonic() - self.beat
+        return "" if quiet < LIVE_WITHIN else f"the agent's loop has not turned for {quiet:.0f}s"
+
+    def ready(self) -> str:
+        """/readyz: '' when registered, following etcd, and the kernel as etcd says (routes, and
+        the policy table when enforcing), else why not."""
+        why = f": {self.trouble}" if self.trouble else ""
+        if not self.lease:
+            return f"not registered in etcd{why}"
+        if not self.watching:
+            return f"not following etcd{why}"
+        if self.applied is None:
+            return "routes not programmed (the last convergence failed; it is retried at the next event)"
+        if self.policy is not None and (not self.policy.loaded or self.policy.writer.mirror is None):
+            return "network policy not programmed yet"
+        return ""
 
     def _client(self) -> Etcd:
         from pycni.cluster.settings import client
@@ -621,6 +647,7 @@ class Agent:
         unreachable = ""  # why etcd was last out of reach, as logged ('' when it answers)
         try:
             while not self.stopping:
+                self.beat = time.monotonic()
                 try:
                     if not self.lease and not self.registered:
                         try:
@@ -631,19 +658,25 @@ class Agent:
                     elif not self.lease:
                         self._reclaim(etcd)
                     rev = self.sync(etcd)
+                    self.trouble = ""
                     if unreachable:
                         self.log("etcd answers again")
                         unreachable = ""
-                    self._watch(etcd, rev)
+                    try:
+                        self._watch(etcd, rev)
+                    finally:
+                        self.watching = False
                     pause = 0.5
                 except WatchBroken as e:
                     self._count_error("watch")
+                    self.trouble = f"watch interrupted ({e})"
                     self.log(f"watch interrupted ({e}): resyncing")
                     self._sleep(0.1)
                 except CNIError as e:
                     if not self.registered and e.code == 7:
                         raise
                     self._count_error("config" if e.code == 7 else "etcd")
+                    self.trouble = f"{e.msg}: {e.details}"
                     self.log(f"{e.msg}: {e.details}: retrying in {pause:g}s")
                     self._sleep(pause)
                     pause = min(pause * 2, 5.0)
@@ -652,6 +685,7 @@ class Agent:
                     # said once, clearly (and again only when the reason changes); retried with backoff
                     said = "every endpoint refused the connection" if e.refused else f"no answer within " \
                         f"{e.timeout:g}s ({'; '.join(f'{ep}: {why}' for ep, why in e.errors.items())})"
+                    self.trouble = f"cannot reach etcd: {said}"
                     if said != unreachable:
                         self.log(f"cannot reach etcd at {', '.join(self.opts.etcd.endpoints)}: {said}; retrying "
                                  f"with backoff (up to every {MAX_BACKOFF:g}s) until it answers")
@@ -660,7 +694,8 @@ class Agent:
                     pause = min(pause * 2, MAX_BACKOFF)
                 except EtcdError as e:
                     self._count_error("etcd")
-                    self.log(f"{e.msg + ': ' + e.details if isinstance(e, CNIError) else 'etcd: ' + str(e)}: "
+                    self.trouble = e.msg + ': ' + e.details if isinstance(e, CNIError) else 'etcd: ' + str(e)
+                    self.log(f"{self.trouble}: "
                              f"retrying in {pause:g}s")
                     self._sleep(pause)
                     pause = min(pause * 2, 5.0)
@@ -672,19 +707,20 @@ class Agent:
         return 0
 
     def serve_metrics(self, address: tuple[str, int]) -> None:
-        """Count what the agent does and serve it at http://ADDRESS/metrics (pycni.cluster.metrics);
-        an address that cannot be bound refuses the start (code 7, one line)."""
+        """Count what the agent does and serve it at http://ADDRESS/metrics (pycni.cluster.metrics),
+        with the agent's own /livez and /readyz (:meth:`live`, :meth:`ready`); an address that
+        cannot be bound refuses the start (code 7, one line)."""
         from pycni import metrics
         from pycni.cluster.metrics import AgentMetrics
 
         reg = metrics.registry()
         self.metrics = AgentMetrics(self, reg)
         try:
-            metrics.serve(address, reg)
+            metrics.serve(address, reg, health=self)
         except OSError as e:
             raise invalid_config(f"cannot serve metrics on {address[0]}:{address[1]}",
                                  e.strerror or str(e)) from None
-        self.log(f"metrics at http://{address[0]}:{address[1]}/metrics")
+        self.log(f"metrics at http://{address[0]}:{address[1]}/metrics, probes at /livez and /readyz")
 
     def _count_error(self, kind: str) -> None:
         if self.metrics is not None:
@@ -693,6 +729,7 @@ class Agent:
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while not self.stopping and time.monotonic() < end:
+            self.beat = time.monotonic()
             time.sleep(min(0.2, end - time.monotonic()))
 
     def _watch(self, etcd: Etcd, rev: int) -> None:
@@ -702,8 +739,9 @@ class Agent:
         next_keepalive = time.monotonic() + interval
         next_check = time.monotonic() + self.opts.resync
         with etcd.watch(f"{self.view.prefix}/", prefix=True, start_revision=rev + 1) as w:
+            self.watching = True
             while not self.stopping:
-                now = time.monotonic()
+                self.beat = now = time.monotonic()
                 if now >= next_keepalive:
                     self.keepalive(etcd)
                     next_keepalive = now + interval
