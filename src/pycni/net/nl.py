@@ -124,6 +124,17 @@ def _u32(data: bytes) -> int:
     return int(_U32.unpack_from(data)[0])
 
 
+def _messages(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """The messages of one ``recv``: (type, sequence number, body) each."""
+    offset = 0
+    while offset + _HDR.size <= len(data):
+        length, mtype, _flags, mseq, _pid = _HDR.unpack_from(data, offset)
+        if length < _HDR.size:
+            raise NetlinkError(71, "malformed netlink message")  # EPROTO
+        yield mtype, mseq, data[offset + _HDR.size:offset + length]
+        offset += (length + 3) & ~3
+
+
 def _i32(data: bytes) -> int:
     return int(_I32.unpack_from(data)[0])
 
@@ -600,14 +611,7 @@ class NetlinkSocket:
         self._sock.send(bytes(data))
         error = 0
         while waiting:
-            chunk = self._sock.recv(1 << 18)
-            offset = 0
-            while offset + _HDR.size <= len(chunk):
-                length, mtype, _flags, mseq, _pid = _HDR.unpack_from(chunk, offset)
-                if length < _HDR.size:
-                    raise NetlinkError(71, "malformed netlink message")  # EPROTO
-                body = chunk[offset + _HDR.size:offset + length]
-                offset += (length + 3) & ~3
+            for mtype, mseq, body in _messages(self._sock.recv(1 << 18)):
                 if mtype != NLMSG_ERROR or not first <= mseq <= self._seq:
                     continue
                 err = _i32(body)
@@ -620,14 +624,7 @@ class NetlinkSocket:
 
     def _replies(self, seq: int) -> Iterator[tuple[int, bytes]]:
         while True:
-            data = self._sock.recv(1 << 18)
-            offset = 0
-            while offset + _HDR.size <= len(data):
-                length, mtype, _flags, mseq, _pid = _HDR.unpack_from(data, offset)
-                if length < _HDR.size:
-                    raise NetlinkError(71, "malformed netlink message")  # EPROTO
-                body = data[offset + _HDR.size:offset + length]
-                offset += (length + 3) & ~3
+            for mtype, mseq, body in _messages(self._sock.recv(1 << 18)):
                 if mseq != seq:
                     continue  # a late reply to an earlier request on this socket
                 if mtype == NLMSG_DONE:
