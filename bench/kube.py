@@ -36,7 +36,8 @@ sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")]
 
 from etcd_util import EtcdCluster  # noqa: E402
 from kube_apiserver import KubeAPI, namespace, pod  # noqa: E402
-from netns_util import Namespace, new_namespace  # noqa: E402
+from kube_cluster import Cluster  # noqa: E402
+from netns_util import new_namespace  # noqa: E402
 from plugin_util import ok, run  # noqa: E402
 from policy_probe import EchoServers, probe  # noqa: E402
 
@@ -73,34 +74,23 @@ def proc_mem(pid: int) -> tuple[int, int]:
     return out["VmRSS"], out["VmHWM"]
 
 
-class Bench:
+class Bench(Cluster):
+    """The bench's cluster: :class:`kube_cluster.Cluster` under its own prefix, a controller that
+    resyncs rarely, and adds timed."""
+
     def __init__(self, cluster: EtcdCluster, api: KubeAPI, tmp: str, cni_path: str) -> None:
-        self.cluster, self.api, self.tmp, self.cni_path = cluster, api, tmp, cni_path
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.made: list[Namespace] = []
-        self.pods: dict[str, tuple[Namespace, dict[int, str]]] = {}
+        super().__init__(cluster, api, tmp, cni_path, prefix=PREFIX)
 
-    def spawn(self, where: Namespace, name: str, *args: str) -> subprocess.Popen[bytes]:
-        if args[:1] == ("node",):  # (each agent its own flows socket, never the machine's /run/pycni)
-            args = (*args, "--flows-socket", os.path.join(self.tmp, f"{name}-flows.sock"))
-        with open(os.path.join(self.tmp, f"{name}.log"), "wb") as f:
-            p = subprocess.Popen(["ip", "netns", "exec", where.name, sys.executable, "-m", "pycni", *args,
-                                  "--etcd-endpoints", ",".join(self.cluster.endpoints), "--etcd-prefix", PREFIX],
-                                 stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self.procs.append(p)
-        return p
-
-    def controller(self) -> subprocess.Popen[bytes]:
-        assert self.cluster.underlay is not None
-        kc = self.api.kubeconfig(os.path.join(self.tmp, "kubeconfig"))
-        return self.spawn(self.cluster.underlay, "ctl", "kube-controllers", "--kubeconfig", kc, "--resync", "300",
-                          "--gc-grace", "300", "--log-level", "warning")
+    def controller(self, *extra: str) -> subprocess.Popen[bytes]:
+        assert self.etcd.underlay is not None
+        return self.spawn(self.etcd.underlay, "ctl", "kube-controllers", "--kubeconfig", self.kubeconfig,
+                          "--resync", "300", "--gc-grace", "300", "--log-level", "warning", *extra)
 
     def agents(self) -> None:
-        for n in self.cluster.nodes:
+        for n in self.etcd.nodes:
             self.spawn(n.ns, f"agent-{n.name}", "node", "--policy", "--node-name", n.name, "--underlay-ip", n.ip,
                        "--ttl", "30")
-        for n in self.cluster.nodes:
+        for n in self.etcd.nodes:
             deadline = time.monotonic() + 60
             while n.ns.run(["nft", "list", "table", "inet", TABLE], check=False).returncode != 0:
                 if time.monotonic() > deadline:
@@ -109,21 +99,21 @@ class Bench:
 
     def conf(self, i: int, kube: bool = True) -> dict[str, Any]:
         c: dict[str, Any] = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "routed",
-                             "nodename": self.cluster.nodes[i].name, "policySetupTimeout": 30,
-                             "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.cluster.endpoints,
+                             "nodename": self.etcd.nodes[i].name, "policySetupTimeout": 30,
+                             "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.etcd.endpoints,
                                       "etcdPrefix": PREFIX, "ranges": [[{"subnet": SUBNET}]],
                                       "lockDir": os.path.join(self.tmp, "locks")}}
         if kube:
             c["kubernetes"] = {"kubeconfig": "/unused"}
         return c
 
-    def add(self, key: str, i: int, kube: bool = True, cid: str = "") -> float:
+    def add_timed(self, key: str, i: int, kube: bool = True, cid: str = "") -> float:
         ns_name, name = key.split("/")
         pns = new_namespace("pk31")
         self.made.append(pns)
         cid = cid or f"pk31-{ns_name}-{name}"
         t0 = time.perf_counter()
-        res = ok(run("routed", "ADD", self.conf(i, kube), host=self.cluster.nodes[i].ns, netns=pns,
+        res = ok(run("routed", "ADD", self.conf(i, kube), host=self.etcd.nodes[i].ns, netns=pns,
                      cni_path=self.cni_path, container_id=cid,
                      args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns_name};K8S_POD_NAME={name}"))
         took = time.perf_counter() - t0
@@ -133,16 +123,8 @@ class Bench:
     def delete(self, key: str, i: int, kube: bool = True, cid: str = "") -> None:
         pns, _ = self.pods.pop(key)
         ns_name, name = key.split("/")
-        ok(run("routed", "DEL", self.conf(i, kube), host=self.cluster.nodes[i].ns, netns=pns, cni_path=self.cni_path,
+        ok(run("routed", "DEL", self.conf(i, kube), host=self.etcd.nodes[i].ns, netns=pns, cni_path=self.cni_path,
                container_id=cid or f"pk31-{ns_name}-{name}"))
-
-    def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for ns in self.made:
-            ns.delete()
 
 
 ALLOW_ALL = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -172,9 +154,9 @@ def enforcement(b: Bench, trials: int) -> dict[str, list[float]]:
     clients = [f"x/c{i}" for i in range(3)]
     for key in clients:
         api.create(pod("x", key.split("/")[1], {"app": "client"}))
-    b.add("y/target", 0)
+    b.add_timed("y/target", 0)
     for i, key in enumerate(clients):
-        b.add(key, i)
+        b.add_timed(key, i)
     servers = EchoServers([b.pods["y/target"][0]], ports=(80,))
     times: dict[str, list[float]] = {k: [] for k in CHANGES}
     try:
@@ -208,7 +190,7 @@ def enforcement(b: Bench, trials: int) -> dict[str, list[float]]:
 
 def controller_scale(b: Bench, pods: int, policies: int) -> dict[str, float]:
     api = b.api
-    with b.cluster.client(timeout=30) as e:
+    with b.etcd.client(timeout=30) as e:
         e.delete_prefix(f"{PREFIX}/")
     for n in range(20):
         api.create(namespace(f"s{n}", {"team": f"t{n % 5}"}))
@@ -224,7 +206,7 @@ def controller_scale(b: Bench, pods: int, policies: int) -> dict[str, float]:
     log(f"created {pods} pods and {policies} policies in the API")
     t0 = time.perf_counter()
     ctl = b.controller()
-    with b.cluster.client(timeout=30) as e:
+    with b.etcd.client(timeout=30) as e:
         while True:
             np_ = len(e.range(KEYS.pods, prefix=True, keys_only=True)[0])
             npol = len(e.range(KEYS.policies, prefix=True, keys_only=True)[0])
@@ -236,7 +218,7 @@ def controller_scale(b: Bench, pods: int, policies: int) -> dict[str, float]:
     out = {"initial sync (s)": time.perf_counter() - t0, "initial sync CPU (s)": proc_cpu(ctl.pid)}
     out["peak RSS after sync (MB)"] = proc_mem(ctl.pid)[1]
     cpu0 = proc_cpu(ctl.pid)
-    with b.cluster.client(timeout=30) as e:
+    with b.etcd.client(timeout=30) as e:
         for i in range(100):
             api.patch("pods", f"s{i % 20}", f"p{i}", {"metadata": {"labels": {"bench": str(i)}}})
         last = KEYS.pod(f"s{99 % 20}", "p99")
@@ -253,7 +235,7 @@ def controller_scale(b: Bench, pods: int, policies: int) -> dict[str, float]:
 def add_latency(b: Bench, adds: int) -> dict[str, float]:
     b.api.create(namespace("lat"))
     b.api.create(pod("lat", "p", {"app": "lat"}))
-    with b.cluster.client(timeout=10) as e:
+    with b.etcd.client(timeout=10) as e:
         while e.get(KEYS.pod("lat", "p")) is None:
             time.sleep(0.05)
     out = {}
@@ -261,7 +243,7 @@ def add_latency(b: Bench, adds: int) -> dict[str, float]:
         samples = []
         for n in range(adds):
             cid = f"pk31-lat-{int(kube)}-{n}"
-            samples.append(b.add("lat/p", 0, kube, cid))
+            samples.append(b.add_timed("lat/p", 0, kube, cid))
             b.delete("lat/p", 0, kube, cid)
         out[f"ADD p50 {'with' if kube else 'without'} kubernetes (ms)"] = statistics.median(samples) * 1000
     return out
@@ -298,7 +280,7 @@ def main() -> int:
                 for k, v in add_latency(b, opts.adds).items():
                     print(f"(C) {k}: {v:.1f}")
             if "B" in only:
-                for p in b.procs:
+                for p in b.procs.values():
                     p.kill()
                     p.wait()
                 b.procs.clear()

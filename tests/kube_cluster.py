@@ -24,8 +24,11 @@ CONVERGE = 20.0
 
 
 class Cluster:
-    def __init__(self, etcd: EtcdCluster, api: KubeAPI, tmp: str, cni_path: str) -> None:
-        self.etcd, self.api, self.tmp, self.cni_path = etcd, api, tmp, cni_path
+    """The processes and pods of one test or bench run (``prefix``: its etcd prefix); :meth:`close`
+    ends the processes and deletes the pods' namespaces."""
+
+    def __init__(self, etcd: EtcdCluster, api: KubeAPI, tmp: str, cni_path: str, prefix: str = PREFIX) -> None:
+        self.etcd, self.api, self.tmp, self.cni_path, self.prefix = etcd, api, tmp, cni_path, prefix
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.pods: dict[str, tuple[Namespace, dict[int, str]]] = {}
         self.made: list[Namespace] = []
@@ -36,7 +39,7 @@ class Cluster:
             args = (*args, "--flows-socket", os.path.join(self.tmp, f"{name}-flows.sock"))
         with open(os.path.join(self.tmp, f"{name}.log"), "ab") as f:
             p = subprocess.Popen(["ip", "netns", "exec", where.name, sys.executable, "-m", "pycni", *args,
-                                  "--etcd-endpoints", ",".join(self.etcd.endpoints), "--etcd-prefix", PREFIX],
+                                  "--etcd-endpoints", ",".join(self.etcd.endpoints), "--etcd-prefix", self.prefix],
                                  stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.procs[name] = p
         return p
@@ -46,11 +49,14 @@ class Cluster:
         return self.spawn(self.etcd.underlay, "ctl", "kube-controllers", "--kubeconfig", self.kubeconfig,
                           "--resync", "3", "--gc-grace", "2", "--lease-ttl", "3", *extra)
 
-    def logs(self) -> str:
+    def logs(self, *more: str) -> str:
+        """The tail of each process's log (and of the files ``more`` names in the run's directory)."""
         out = []
-        for name in sorted(self.procs):
-            with open(os.path.join(self.tmp, f"{name}.log")) as f:
-                out.append(f"--- {name}\n{f.read()[-2500:]}")
+        for name in [*(f"{n}.log" for n in sorted(self.procs)), *more]:
+            path = os.path.join(self.tmp, name)
+            if os.path.exists(path):
+                with open(path) as f:
+                    out.append(f"--- {name}\n{f.read()[-2500:]}")
         return "\n".join(out)
 
     def kubectl(self, *args: str, input: str | None = None) -> None:
@@ -74,7 +80,7 @@ class Cluster:
         conf = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "routed",
                 "nodename": self.etcd.nodes[i].name, "policy": {"type": "k8s"},
                 "kubernetes": {"kubeconfig": self.kubeconfig}, "policySetupTimeout": 20,
-                "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.etcd.endpoints, "etcdPrefix": PREFIX,
+                "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.etcd.endpoints, "etcdPrefix": self.prefix,
                          "ranges": [[{"subnet": SUBNET}]], "lockDir": os.path.join(self.tmp, "locks")}}
         res = ok(run("routed", "ADD", conf, host=self.etcd.nodes[i].ns, netns=pns, cni_path=self.cni_path,
                      container_id=f"pk31-{ns_name}-{name}",

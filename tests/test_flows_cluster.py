@@ -61,15 +61,10 @@ def sock(env: Env, i: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    from pycni.install_plugins import install
-
+def env(tmp_path_factory: pytest.TempPathFactory, plugin_dir: str) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("pf37-flows")
-    bindir = tmp / "bin"
-    bindir.mkdir()
-    install(str(bindir))
     with EtcdCluster(size=2, subnet="10.233.37.0/24", prefix="pf37-etcd") as cluster:
-        e = Env(cluster, tmp, str(bindir))
+        e = Env(cluster, tmp, plugin_dir)
         e.pod_prefix = "pf37-pod"
         e.extra = lambda i: ["--metrics-address", f"{e.nodes[i].ip}:{METRICS_PORT}"]
         try:

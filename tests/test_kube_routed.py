@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +18,8 @@ from typing import Any
 import pytest
 from etcd_util import EtcdCluster, etcd_available
 from kube_apiserver import KubeAPI, namespace, pod
-from netns_util import Namespace, new_namespace
+from kube_cluster import Cluster
+from netns_util import new_namespace
 from plugin_util import err, ok, run
 from policy_probe import EchoServers, probe
 
@@ -40,63 +39,42 @@ DB_FROM_WEB = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                                      "ports": [{"port": "http"}]}]}}  # db's named port (TCP 80), from the API
 
 
-class Node:
+class Node(Cluster):
+    """One node of a :class:`kube_cluster.Cluster`, with Calico-shaped confs of its own."""
+
     def __init__(self, cluster: EtcdCluster, api: KubeAPI, tmp: str, plugin_dir: str) -> None:
-        self.cluster, self.api, self.tmp, self.plugin_dir = cluster, api, tmp, plugin_dir
+        super().__init__(cluster, api, tmp, plugin_dir, prefix=PREFIX)
         self.ns = cluster.nodes[0].ns
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.pods: dict[str, tuple[Namespace, dict[int, str]]] = {}
-        self.made: list[Namespace] = []
         self.log_file = os.path.join(tmp, "cni.log")
 
-    def spawn(self, where: Namespace, name: str, *args: str) -> None:
-        with open(os.path.join(self.tmp, f"{name}.log"), "wb") as log:
-            self.procs.append(subprocess.Popen(["ip", "netns", "exec", where.name, sys.executable, "-m", "pycni",
-                                                *args, "--etcd-endpoints", ",".join(self.cluster.endpoints),
-                                                "--etcd-prefix", PREFIX],
-                                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-
-    def logs(self) -> str:
-        out = []
-        for name in ("agent", "ctl", "cni"):
-            path = os.path.join(self.tmp, f"{name}.log")
-            if os.path.exists(path):
-                out.append(f"--- {name}\n{open(path).read()[-3000:]}")
-        return "\n".join(out)
+    def logs(self, *more: str) -> str:
+        return super().logs("cni.log", *more)
 
     def conf(self, **extra: Any) -> dict[str, Any]:
         """A Calico-shaped conflist entry with "type": "routed" (no ipam.nodeName: "nodename" names it)."""
         c: dict[str, Any] = {
             "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "routed", "mtu": 1450,
-            "nodename": self.cluster.nodes[0].name, "log_level": "debug", "log_file_path": self.log_file,
+            "nodename": self.etcd.nodes[0].name, "log_level": "debug", "log_file_path": self.log_file,
             "policy": {"type": "k8s"}, "kubernetes": {"kubeconfig": "/etc/cni/net.d/calico-kubeconfig"},
             "policySetupTimeout": 15,
-            "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.cluster.endpoints, "etcdPrefix": PREFIX,
+            "ipam": {"type": "cluster-ipam", "etcdEndpoints": self.etcd.endpoints, "etcdPrefix": PREFIX,
                      "ranges": [[{"subnet": SUBNET}]], "lockDir": os.path.join(self.tmp, "locks")}}
         c.update(extra)
         return c
 
-    def add(self, key: str, uid: str = "", **extra: Any) -> tuple[int, dict[str, Any]]:
+    def add_pod(self, key: str, uid: str = "", **extra: Any) -> tuple[int, dict[str, Any]]:
         ns_name, name = key.split("/")
         pns = new_namespace("pk31")
         self.made.append(pns)
         args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE={ns_name};K8S_POD_NAME={name}" + (f";K8S_POD_UID={uid}"
                                                                                     if uid else "")
-        out = run("routed", "ADD", self.conf(**extra), host=self.ns, netns=pns, cni_path=self.plugin_dir,
+        out = run("routed", "ADD", self.conf(**extra), host=self.ns, netns=pns, cni_path=self.cni_path,
                   container_id=f"pk31-{name}", args=args)
         if out.exit_code == 0:
             res = ok(out)
             self.pods[key] = (pns, {4: res["ips"][0]["address"].split("/")[0]})
             return 0, res
         return out.exit_code, err(out)
-
-    def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for ns in self.made:
-            ns.delete()
 
 
 @pytest.fixture
@@ -105,9 +83,8 @@ def node(plugin_dir: str, tmp_path: Any) -> Iterator[Node]:
         api = KubeAPI(cluster, bookmark_interval=0.5).start()
         n = Node(cluster, api, str(tmp_path), plugin_dir)
         try:
-            kc = api.kubeconfig(os.path.join(str(tmp_path), "kubeconfig"))
             assert cluster.underlay is not None
-            n.spawn(cluster.underlay, "ctl", "kube-controllers", "--kubeconfig", kc, "--resync", "5",
+            n.spawn(cluster.underlay, "ctl", "kube-controllers", "--kubeconfig", n.kubeconfig, "--resync", "5",
                     "--gc-grace", "30", "--lease-ttl", "3")
             n.spawn(n.ns, "agent", "node", "--policy", "--node-name", cluster.nodes[0].name,
                     "--underlay-ip", cluster.nodes[0].ip, "--ttl", "30", "--flows-socket", "")
@@ -122,7 +99,7 @@ def node(plugin_dir: str, tmp_path: Any) -> Iterator[Node]:
 
 
 def _endpoint(node: Node, name: str) -> WorkloadEndpoint | None:
-    with node.cluster.client(timeout=5) as e:
+    with node.etcd.client(timeout=5) as e:
         kvs, _ = e.get_prefix(KEYS.endpoints)
     return next((ep for kv in kvs if (ep := WorkloadEndpoint.from_json(kv.value)) and ep.pod == name), None)
 
@@ -134,7 +111,7 @@ def test_first_packet_is_judged_with_the_api_labels(node: Node) -> None:
     uids = {name: api.create(pod("x", name, {"app": app}, node="node1",
                                  ports=[("http", 80, "TCP")] if name == "db" else None))["metadata"]["uid"]
             for name, app in (("db", "db"), ("web", "web"), ("other", "other"))}
-    code, _ = node.add("x/db", uids["db"])
+    code, _ = node.add_pod("x/db", uids["db"])
     assert code == 0, node.logs()
     ep = _endpoint(node, "db")
     assert ep is not None and ep.labels == {"app": "db"}, "the endpoint is born with the API's labels"
@@ -142,7 +119,7 @@ def test_first_packet_is_judged_with_the_api_labels(node: Node) -> None:
     servers = EchoServers([node.pods["x/db"][0]], ports=(80,))
     try:
         for name in ("web", "other"):
-            code, res = node.add(f"x/{name}", uids[name])
+            code, res = node.add_pod(f"x/{name}", uids[name])
             assert code == 0, res
             flows = [(f"x/{name}", "x/db", 80, "TCP"), (f"x/{name}", "x/db", 80, "UDP")]
             got = probe(node.pods, flows, retries=0)
@@ -173,7 +150,7 @@ def test_add_waits_for_the_mirror_then_times_out_cleanly(node: Node) -> None:
     start = time.monotonic()
     timer.start()
     try:
-        code, res = node.add("y/late")
+        code, res = node.add_pod("y/late")
     finally:
         timer.join()
     assert code == 0, res
@@ -181,13 +158,13 @@ def test_add_waits_for_the_mirror_then_times_out_cleanly(node: Node) -> None:
     ep = _endpoint(node, "late")
     assert ep is not None and ep.labels == {"app": "late"}
     # no pod in the API: code 11 past the timeout, and nothing left behind
-    with node.cluster.client(timeout=5) as e:
+    with node.etcd.client(timeout=5) as e:
         handles_before = len(e.get_prefix(KEYS.handles)[0])
     links_before = node.ns.run(["ip", "-o", "link"]).stdout.count("\n")
-    code, res = node.add("y/ghost", policySetupTimeout=1.5)
+    code, res = node.add_pod("y/ghost", policySetupTimeout=1.5)
     assert code == 1 and res["code"] == 11 and "kube-controllers" in res["details"], res
     assert _endpoint(node, "ghost") is None
-    with node.cluster.client(timeout=5) as e:
+    with node.etcd.client(timeout=5) as e:
         assert len(e.get_prefix(KEYS.handles)[0]) == handles_before, "the address went back"
     assert node.ns.run(["ip", "-o", "link"]).stdout.count("\n") == links_before, "the host end went"
 

@@ -190,15 +190,10 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    from pycni.install_plugins import install
-
+def env(tmp_path_factory: pytest.TempPathFactory, plugin_dir: str) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("po-cluster")
-    bindir = tmp / "bin"
-    bindir.mkdir()
-    install(str(bindir))
     with EtcdCluster(size=3, subnet="10.232.0.0/24", prefix="pe34-etcd") as cluster:
-        e = Env(cluster, tmp, str(bindir))
+        e = Env(cluster, tmp, plugin_dir)
         try:
             for i in range(3):
                 e.start_agent(i)

@@ -66,17 +66,12 @@ class Node:
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+def node(tmp_path_factory: pytest.TempPathFactory, plugin_dir: str) -> Iterator[Node]:
     from netns_util import have_root, new_namespace
-
-    from pycni.install_plugins import install
 
     if not have_root():
         pytest.skip("network namespaces need root")
     tmp = tmp_path_factory.mktemp("po-dataplane")
-    bindir = tmp / "bin"
-    bindir.mkdir()
-    install(str(bindir))
     made: list[Namespace] = []
     servers = None
     try:
@@ -91,7 +86,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
             ns_name, pod = key.split("/")
             pns = new_namespace("pe34-pod")
             made.append(pns)
-            res = ok(run("routed", "ADD", cfg, host=host, netns=pns, cni_path=str(bindir),
+            res = ok(run("routed", "ADD", cfg, host=host, netns=pns, cni_path=plugin_dir,
                          container_id=f"po-{ns_name}-{pod}"))
             addrs = {ipaddr.ip_interface(i["address"]).version: i["address"].split("/")[0] for i in res["ips"]}
             pods[key] = (pns, addrs)
