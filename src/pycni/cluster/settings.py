@@ -230,16 +230,16 @@ def cli_client(ns: Any) -> tuple[Etcd, Keys]:
 def etcd_errors_mapped(fn: Callable[[Any], int]) -> Callable[[Any], int]:
     """An operator verb whose etcd failures become CNI errors (code 11 when no endpoint answers),
     mapped at this one boundary; any other exception goes on as it was."""
-    from pycni.spec.errors import TRY_AGAIN, CNIError
+    from pycni.spec.errors import TRY_AGAIN
 
     def run(ns: Any) -> int:
+        from pycni.cluster.etcd import EtcdError
+        from pycni.cluster.ipam import IpamError
         from pycni.cluster.session import raise_mapped
 
         try:
             return int(fn(ns))
-        except CNIError:
-            raise
-        except Exception as e:  # noqa: BLE001 - mapped below, re-raised when not etcd's
+        except (EtcdError, IpamError) as e:
             raise_mapped(e, TRY_AGAIN, "")
             raise
     run.__doc__ = fn.__doc__

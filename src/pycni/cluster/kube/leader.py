@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 
+from pycni.cluster.etcd import EtcdError
 from pycni.cluster.kv import if_absent, if_created, op_put
 
 TYPE_CHECKING = False
@@ -60,7 +61,7 @@ class Leadership:
             try:
                 if self.try_acquire():
                     return True
-            except Exception as e:  # noqa: BLE001 - etcd away: keep trying
+            except (EtcdError, OSError) as e:  # etcd away: keep trying
                 log.warning("leader election: %s", e)
             stop.wait(self.ttl / 3)
         return False
@@ -75,7 +76,7 @@ class Leadership:
                 if kv.lease_keepalive(self.lease) <= 0:
                     break
                 last_ok = time.monotonic()
-            except Exception as e:  # noqa: BLE001
+            except (EtcdError, OSError) as e:
                 log.warning("leader lease keepalive: %s", e)
                 if time.monotonic() - last_ok >= self.ttl:
                     break
@@ -88,6 +89,6 @@ class Leadership:
         if self.lease:
             try:
                 self.kv.lease_revoke(self.lease)
-            except Exception as e:  # noqa: BLE001
+            except (EtcdError, OSError) as e:
                 log.warning("resign: %s", e)
             self.lease = 0
