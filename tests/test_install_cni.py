@@ -97,7 +97,9 @@ class Node:
         return out
 
     def kubeconfig(self) -> dict[str, object]:
-        return json.loads((self.net / "pycni-kubeconfig").read_text())  # type: ignore[no-any-return]
+        import yaml
+
+        return yaml.safe_load((self.net / "pycni-kubeconfig").read_text())  # type: ignore[no-any-return]
 
 
 @pytest.fixture

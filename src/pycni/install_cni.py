@@ -463,10 +463,11 @@ class Installer:
     # ---- the kubeconfig ---------------------------------------------------------------------------
 
     def kubeconfig_text(self) -> bytes | None:
-        """A kubeconfig naming the API server, the CA and the token itself (JSON, which every
-        kubeconfig reader takes as YAML); None when there is no service account or API address."""
+        """A kubeconfig naming the API server, the CA and the token itself (YAML, through PyYAML);
+        None when there is no service account or API address."""
         import base64
-        import json
+
+        import yaml
 
         host = self.env.get("KUBERNETES_SERVICE_HOST", "")
         token = _read(os.path.join(self.ns.service_account_dir, "token"))
@@ -485,7 +486,7 @@ class Installer:
                "users": [{"name": "pycni", "user": {"token": token.decode("utf-8", "replace").strip()}}],
                "contexts": [{"name": "pycni-context", "context": {"cluster": "local", "user": "pycni"}}],
                "current-context": "pycni-context"}
-        return (json.dumps(obj, indent=2) + "\n").encode()
+        return yaml.safe_dump(obj, sort_keys=False).encode()
 
     def install_kubeconfig(self) -> None:
         data = self.kubeconfig_text()
