@@ -29,8 +29,7 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests")]
 
-from bgp_util import ROUTER_AS, Lab, wait  # noqa: E402
-from etcd_util import EtcdCluster  # noqa: E402
+from bgp_util import ROUTER_AS, running_lab, wait  # noqa: E402
 
 from pycni.install_plugins import install  # noqa: E402
 
@@ -63,36 +62,32 @@ def run_mode(mode: str, rounds: int, subnet: str, plugin_dir: str) -> dict[str, 
     tmp = Path(tempfile.mkdtemp(prefix="pb35-bench-"))
     out: dict[str, list[float]] = {"external": [], "pod": []}
     try:
-        with EtcdCluster(size=3, subnet=subnet, prefix="pb35") as cluster:
-            lab = Lab(cluster, tmp, plugin_dir, prefix=f"/pb35bench-{os.getpid()}")
-            try:
-                n1, n2, _ = lab.nodes
-                if mode == "bgp":
-                    lab.pycni("bgp", "peer", "add", "tor", "--peer-ip", lab.tor.ip, "--as-number", str(ROUTER_AS))
+        with running_lab(tmp, plugin_dir, subnet, "/pb35bench") as lab:
+            n1, n2, _ = lab.nodes
+            if mode == "bgp":
+                lab.pycni("bgp", "peer", "add", "tor", "--peer-ip", lab.tor.ip, "--as-number", str(ROUTER_AS))
+            for n in lab.nodes:
+                n.start_agent(mode)
+            if mode == "bgp":
                 for n in lab.nodes:
-                    n.start_agent(mode)
-                if mode == "bgp":
-                    for n in lab.nodes:
-                        wait(lambda n=n: len(n.established()) == 3, f"{n.name} sessions", timeout=60)
-                n2.add_pod("probe", block=32)
-                probe_ns = n2.pods["probe"][0].name
-                time.sleep(2)
-                for i in range(rounds + 1):
-                    t0 = time.time()
-                    ip = n1.add_pod(f"p{i}", block=32)
-                    with ThreadPoolExecutor(2) as pool:  # both probes at once
-                        pod_f = pool.submit(first_reply, probe_ns, ip)
-                        ext_f = pool.submit(first_reply, lab.tor.ext.name, ip) if mode == "bgp" else None
-                        pod = pod_f.result() - t0
-                        ext = ext_f.result() - t0 if ext_f is not None else 0.0
-                    if i:  # the first round warms caches: discarded
-                        out["pod"].append(pod)
-                        if mode == "bgp":
-                            out["external"].append(ext)
-                    print(f"  {mode} round {i}: pod on another node {pod * 1000:.0f} ms"
-                          + (f", external host {ext * 1000:.0f} ms" if mode == "bgp" else ""), flush=True)
-            finally:
-                lab.close()
+                    wait(lambda n=n: len(n.established()) == 3, f"{n.name} sessions", timeout=60)
+            n2.add_pod("probe", block=32)
+            probe_ns = n2.pods["probe"][0].name
+            time.sleep(2)
+            for i in range(rounds + 1):
+                t0 = time.time()
+                ip = n1.add_pod(f"p{i}", block=32)
+                with ThreadPoolExecutor(2) as pool:  # both probes at once
+                    pod_f = pool.submit(first_reply, probe_ns, ip)
+                    ext_f = pool.submit(first_reply, lab.tor.ext.name, ip) if mode == "bgp" else None
+                    pod = pod_f.result() - t0
+                    ext = ext_f.result() - t0 if ext_f is not None else 0.0
+                if i:  # the first round warms caches: discarded
+                    out["pod"].append(pod)
+                    if mode == "bgp":
+                        out["external"].append(ext)
+                print(f"  {mode} round {i}: pod on another node {pod * 1000:.0f} ms"
+                      + (f", external host {ext * 1000:.0f} ms" if mode == "bgp" else ""), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -301,3 +303,15 @@ class Pinger:
                 parts = line.split(",")
                 return int(parts[0].split()[0]), int(parts[1].split()[0])
         raise AssertionError(f"no ping summary: {out}")
+
+
+@contextmanager
+def running_lab(tmp: Path, plugin_dir: str, subnet: str, prefix: str, dual: bool = False) -> Iterator[Lab]:
+    """A three-member etcd on ``subnet`` and a :class:`Lab` on it under the etcd prefix ``prefix``
+    (this process's pid appended), closed afterwards."""
+    with EtcdCluster(size=3, subnet=subnet, prefix="pb35") as cluster:
+        lab = Lab(cluster, tmp, plugin_dir, prefix=f"{prefix}-{os.getpid()}", dual=dual)
+        try:
+            yield lab
+        finally:
+            lab.close()

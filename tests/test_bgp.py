@@ -8,7 +8,6 @@ others within the hold time)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bgp_util import EXT_IP, EXT_NET, HOLD, ROUTER_AS, Lab, Pinger, frr_available, wait
-from etcd_util import EtcdCluster, etcd_available
+from bgp_util import EXT_IP, EXT_NET, HOLD, ROUTER_AS, Lab, Pinger, frr_available, running_lab, wait
+from etcd_util import etcd_available
 
 pytestmark = pytest.mark.skipif(not (etcd_available() and frr_available()),
                                 reason="needs root, etcd, bird2 and frr (scripts/setup --test)")
@@ -26,12 +25,8 @@ pytestmark = pytest.mark.skipif(not (etcd_available() and frr_available()),
 
 @pytest.fixture
 def lab(tmp_path: Path, plugin_dir: str) -> Iterator[Lab]:
-    with EtcdCluster(size=3, subnet="10.232.0.0/24", prefix="pb35") as cluster:
-        lab = Lab(cluster, tmp_path, plugin_dir, prefix=f"/pb35-{os.getpid()}")
-        try:
-            yield lab
-        finally:
-            lab.close()
+    with running_lab(tmp_path, plugin_dir, "10.232.0.0/24", "/pb35") as lab:
+        yield lab
 
 
 def test_mesh_external_peer_and_faults(lab: Lab) -> None:

@@ -4,13 +4,12 @@ like the IPv4 ones: pod to pod across nodes and the external host to a pod, over
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bgp_util import EXT_IP6, EXT_NET6, ROUTER_AS, Lab, frr_available, wait
-from etcd_util import EtcdCluster, etcd_available
+from bgp_util import EXT_IP6, EXT_NET6, ROUTER_AS, Lab, frr_available, running_lab, wait
+from etcd_util import etcd_available
 
 pytestmark = pytest.mark.skipif(not (etcd_available() and frr_available()),
                                 reason="needs root, etcd, bird2 and frr (scripts/setup --test)")
@@ -18,12 +17,8 @@ pytestmark = pytest.mark.skipif(not (etcd_available() and frr_available()),
 
 @pytest.fixture
 def lab(tmp_path: Path, plugin_dir: str) -> Iterator[Lab]:
-    with EtcdCluster(size=3, subnet="10.236.0.0/24", prefix="pb35") as cluster:
-        lab = Lab(cluster, tmp_path, plugin_dir, prefix=f"/pb35v6-{os.getpid()}", dual=True)
-        try:
-            yield lab
-        finally:
-            lab.close()
+    with running_lab(tmp_path, plugin_dir, "10.236.0.0/24", "/pb35v6", dual=True) as lab:
+        yield lab
 
 
 def test_dual_stack(lab: Lab) -> None:

@@ -6,13 +6,12 @@ the mesh turned back on live; node3's BIRD run by the operator (``--bird externa
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bgp_util import EXT_NET, ROUTER_AS, Lab, frr_available, wait
-from etcd_util import EtcdCluster, etcd_available
+from bgp_util import EXT_NET, ROUTER_AS, Lab, frr_available, running_lab, wait
+from etcd_util import etcd_available
 
 pytestmark = pytest.mark.skipif(not (etcd_available() and frr_available()),
                                 reason="needs root, etcd, bird2 and frr (scripts/setup --test)")
@@ -20,12 +19,8 @@ pytestmark = pytest.mark.skipif(not (etcd_available() and frr_available()),
 
 @pytest.fixture
 def lab(tmp_path: Path, plugin_dir: str) -> Iterator[Lab]:
-    with EtcdCluster(size=3, subnet="10.233.0.0/24", prefix="pb35") as cluster:
-        lab = Lab(cluster, tmp_path, plugin_dir, prefix=f"/pb35rr-{os.getpid()}")
-        try:
-            yield lab
-        finally:
-            lab.close()
+    with running_lab(tmp_path, plugin_dir, "10.233.0.0/24", "/pb35rr") as lab:
+        yield lab
 
 
 def _kinds(rows: list[dict[str, object]]) -> dict[str, object]:
