@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from etcd_util import EtcdCluster, EtcdNode
+from etcd_util import EtcdCluster, EtcdNode, spawn_agent, stop_agent
 from netns_util import Namespace, new_namespace
 from plugin_util import ok, run
 
@@ -159,20 +159,16 @@ class Node:
         return self.ns.run([sys.executable, "-m", "pycni", *args], check=check)
 
     def start_agent(self, mode: str = "bgp", *extra: str) -> None:
-        cmd = ["ip", "netns", "exec", self.ns.name, sys.executable, "-m", "pycni", "node", *self.lab.etcd_flags(),
-               "--flows-socket", "", "--node-name", self.name, "--underlay-ip",
-               f"{self.etcd.ip},{self.ip6}" if self.lab.dual else self.etcd.ip, "--mode", mode, "--ttl", "30",
-               "--bgp-state-dir", str(self.lab.tmp / "bgp"), "--bgp-hold-time", str(HOLD),
-               "--bgp-restart-time", "20", *extra]
-        with open(self.log, "ab") as log:
-            self.agent = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.agent = spawn_agent(self.ns.name, self.log, [
+            *self.lab.etcd_flags(), "--flows-socket", "", "--node-name", self.name, "--underlay-ip",
+            f"{self.etcd.ip},{self.ip6}" if self.lab.dual else self.etcd.ip, "--mode", mode, "--ttl", "30",
+            "--bgp-state-dir", str(self.lab.tmp / "bgp"), "--bgp-hold-time", str(HOLD),
+            "--bgp-restart-time", "20", *extra])
         wait(lambda: f"registered {self.lab.prefix}/nodes/{self.name}" in self.log_text(),
              f"agent {self.name} registered")
 
     def stop_agent(self, sig: int = signal.SIGTERM) -> None:
-        if self.agent is not None and self.agent.poll() is None:
-            self.agent.send_signal(sig)
-            self.agent.wait(timeout=20)
+        stop_agent(self.agent, sig)
         self.agent = None
 
     def bird_pid(self) -> int:

@@ -39,6 +39,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -248,3 +249,17 @@ class EtcdCluster:
                                 tail = f.read()[-2000:].decode(errors="replace")
                             raise RuntimeError(f"etcd member {node.name} not ready: {e}\n{tail}") from None
                         time.sleep(0.1)
+
+
+def spawn_agent(ns_name: str, log: str | os.PathLike[str], args: list[str]) -> subprocess.Popen[bytes]:
+    """``pycni node ARGS`` in the namespace ``ns_name``, its output appended to ``log``."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(["ip", "netns", "exec", ns_name, sys.executable, "-m", "pycni", "node", *args],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def stop_agent(agent: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
+    """Signal a running agent and wait for it to end."""
+    if agent is not None and agent.poll() is None:
+        agent.send_signal(sig)
+        agent.wait(timeout=20)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from etcd_util import EtcdCluster, EtcdNode, etcd_available
+from etcd_util import EtcdCluster, EtcdNode, etcd_available, spawn_agent, stop_agent
 from netns_util import Namespace, new_namespace
 from plugin_util import ok, run
 
@@ -44,19 +44,15 @@ class Node:
         return f"{self.etcd.ip},{self.v6}" if self.env.dual else self.etcd.ip
 
     def start_agent(self, ttl: int = 30) -> None:
-        cmd = ["ip", "netns", "exec", self.ns.name, sys.executable, "-m", "pycni", "node",
-               "--etcd-endpoints", ",".join(self.env.cluster.endpoints), "--etcd-prefix", self.env.prefix,
-               "--node-name", self.name, "--underlay-ip", self.underlay(), "--mode", self.env.mode,
-               "--ttl", str(ttl), "--flows-socket", ""]
-        with open(self.log, "ab") as log:
-            self.agent = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.agent = spawn_agent(self.ns.name, self.log, [
+            "--etcd-endpoints", ",".join(self.env.cluster.endpoints), "--etcd-prefix", self.env.prefix,
+            "--node-name", self.name, "--underlay-ip", self.underlay(), "--mode", self.env.mode,
+            "--ttl", str(ttl), "--flows-socket", ""])
         self.env.wait(lambda: f"registered {self.env.prefix}/nodes/{self.name}" in self.log_text(),
                       f"agent {self.name} registered")
 
     def stop_agent(self, sig: int = signal.SIGTERM) -> None:
-        if self.agent is not None and self.agent.poll() is None:
-            self.agent.send_signal(sig)
-            self.agent.wait(timeout=20)
+        stop_agent(self.agent, sig)
         self.agent = None
 
     def log_text(self) -> str:

@@ -7,14 +7,12 @@ Real etcd (one member) and a real agent, in a throwaway node namespace (prefix p
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from etcd_util import EtcdCluster, etcd_available
+from etcd_util import EtcdCluster, etcd_available, spawn_agent, stop_agent
 from prom_util import http
 
 from pycni.metrics import _app
@@ -35,12 +33,9 @@ def test_probes_follow_etcd_and_the_loop(tmp_path: Path) -> None:
     with EtcdCluster(size=1, subnet="10.231.138.0/24", prefix="ph38") as etcd:
         node = etcd.nodes[0]
         log = tmp_path / "agent.log"
-        cmd = ["ip", "netns", "exec", node.ns.name, sys.executable, "-m", "pycni", "node",
-               "--etcd-endpoints", ",".join(etcd.endpoints), "--etcd-prefix", "/ph38", "--node-name", "n1",
-               "--underlay-ip", node.ip, "--ttl", "10", "--flows-socket", "",
-               "--metrics-address", f"{node.ip}:{PORT}"]
-        with open(log, "ab") as out:
-            agent = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        agent = spawn_agent(node.ns.name, log, [
+            "--etcd-endpoints", ",".join(etcd.endpoints), "--etcd-prefix", "/ph38", "--node-name", "n1",
+            "--underlay-ip", node.ip, "--ttl", "10", "--flows-socket", "", "--metrics-address", f"{node.ip}:{PORT}"])
         base = f"http://{node.ip}:{PORT}"
 
         def probe(path: str) -> tuple[int, str]:
@@ -63,8 +58,7 @@ def test_probes_follow_etcd_and_the_loop(tmp_path: Path) -> None:
             _until(lambda: probe("/readyz")[0] == 200, "ready again once etcd answers")
             assert agent.poll() is None, log.read_text()
         finally:
-            agent.terminate()
-            agent.wait(timeout=30)
+            stop_agent(agent)
 
 
 class _Probes:
