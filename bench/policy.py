@@ -199,20 +199,20 @@ def policy(name: str, namespace: str, selector: dict[str, str], from_labels: dic
 def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
     """(D): the agent's compute and the nftables transaction, each timed alone."""
     from pycni.cluster.policy.agent import PolicyEnforcer
-    from pycni.cluster.policy.nftsync import Kernel, Writer, _commit, diff_script
+    from pycni.cluster.policy.nftsync import Kernel, Op, Writer, _commit, batch, diff, diff_script, script
     from pycni.net import nft
 
-    scripts: list[str] = []
+    transactions: list[list[Op]] = []
 
     class Recorder(Writer):
-        def write(self, want: Any, dirty: Any) -> tuple[str, bool]:  # the script only: timed in the kernel below
+        def write(self, want: Any, dirty: Any) -> tuple[str, bool]:  # the diff only: timed in the kernel below
             have = self.mirror
-            script = diff_script(have, want, dirty if have is not None else None)
+            ops = diff(have, want, dirty if have is not None else None)
             k = have if have is not None else Kernel()
             _commit(k, want, dirty if have is not None else None)
             self.mirror = k
-            scripts.append(script)
-            return script, False
+            transactions.append(ops)
+            return script(ops), False
 
     enf = PolicyEnforcer(KEYS, "node1", lambda m: None, strict=True)
     enf.writer = Recorder()
@@ -258,21 +258,19 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
     try:
         with ns.enter():
             nft.use_library()  # as the agent runs it
-            nft.run(scripts[0])
-            from pycni.cluster.policy.nftsync import element_changes
-            from pycni.net import nftelem
+            nft.run(script(transactions[0]))
             from pycni.net.nftdump import Generation
 
-            kept = Generation()  # (as the writer sends them: element-only ones as one netlink batch)
+            kept = Generation()  # (as the writer sends them: as one netlink batch where it can)
             batches = 0
-            for script in scripts[1:]:
-                changes = element_changes(script)
+            for ops in transactions[1:]:
                 t0 = time.perf_counter()
-                if changes is not None:
-                    nftelem.commit(kept.socket(), "inet", "pycni_policy", changes)
+                b = batch(ops)
+                if b is not None:
+                    b.commit(kept.socket())
                     batches += 1
                 else:
-                    nft.run(script)
+                    nft.run(script(ops))
                 times.append(time.perf_counter() - t0)
             kept.close()
             from pycni.cluster.policy.nftsync import read_table
@@ -326,7 +324,7 @@ def in_process(opts: argparse.Namespace) -> list[tuple[str, float, str]]:
             ("(D) agent compute per new pod, p50", statistics.median(pod_cpu), "s"),
             ("(D) nft transaction per policy change, p50", statistics.median(times[:n]), "s"),
             ("(D) nft transaction per new pod, p50", statistics.median(times[n:]), "s"),
-            ("(D) transactions sent as element batches (no libnftables), of all", float(batches), "n"),
+            ("(D) transactions sent as netlink batches (no libnftables), of all", float(batches), "n"),
             ("(D) reconcile: node1's table read back from the kernel", readback, "s"),
             ("(D) reconcile: compared with the index (nothing to write)", rediff, "s"),
             ("(D) periodic check: the generation id (one netlink request)", gen_query, "s"),

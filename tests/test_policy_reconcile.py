@@ -17,7 +17,7 @@ from netns_util import Namespace, have_root, new_namespace
 
 from pycni.cluster.model import Keys, PodMeta, WorkloadEndpoint
 from pycni.cluster.policy.agent import PolicyEnforcer
-from pycni.cluster.policy.nftsync import GENERATIONS, Readback, Writer, diff_script, element_changes, read_table
+from pycni.cluster.policy.nftsync import GENERATIONS, Op, Readback, Writer, batch, diff_script, read_table
 from pycni.cluster.policy.workload import TABLE
 
 pytestmark = pytest.mark.skipif(not have_root(), reason="needs root (network namespaces)")
@@ -186,29 +186,46 @@ def test_element_only_changes_go_as_one_netlink_batch(node: tuple[Namespace, Pol
     generation stays known (the batch is one commit)."""
     _ns, enf = node
     w = enf.writer
-    batches = w.element_batches
+    batches = w.netlink_batches
     _endpoint(enf, 21)
     assert enf.apply()
-    assert w.element_batches == batches + 1 and _as_wanted(enf) and w.unchanged()
+    assert w.netlink_batches == batches + 1 and _as_wanted(enf) and w.unchanged()
     enf.event("DELETE", KEYS.endpoint("node1", "podnet", "c21", "eth0"), "")
     assert enf.apply() and _as_wanted(enf)
 
 
-def test_a_refused_element_batch_applies_nothing(node: tuple[Namespace, PolicyEnforcer]) -> None:
-    from pycni.net import nftelem
+def test_a_policy_change_goes_as_one_netlink_batch(node: tuple[Namespace, PolicyEnforcer]) -> None:
+    """A new policy (its chains and rules, a new verdict chain, map elements moved) and then its
+    deletion (chains deleted) skip libnftables too; the kernel ends as wanted each time."""
+    _ns, enf = node
+    w = enf.writer
+    batches, reads = w.netlink_batches, w.reads
+    enf.event("PUT", KEYS.policy("ns", "pol9"), _policy("pol9", "ns", "a1"))
+    script, _ = w.write(*enf.index.collect())
+    assert "add chain" in script and "add rule" in script
+    assert w.netlink_batches == batches + 1 and _as_wanted(enf) and w.unchanged()
+    enf.event("DELETE", KEYS.policy("ns", "pol9"), "")
+    script, _ = w.write(*enf.index.collect())
+    assert "delete chain" in script
+    assert w.netlink_batches == batches + 2 and _as_wanted(enf) and w.reads == reads
+
+
+def test_a_refused_batch_applies_nothing(node: tuple[Namespace, PolicyEnforcer]) -> None:
     from pycni.net.nft import NftError
     from pycni.net.nftdump import Generation
 
-    changes = element_changes('add element inet pycni_policy covered { "rtdpscnew" }\n'
-                              'delete element inet pycni_policy covered { "rtdpscnone" }\n')
-    assert changes is not None
+    ops = [Op("add", "element", "covered", ('"rtdpscnew"',)), Op("delete", "element", "covered", ('"rtdpscnone"',))]
+    refused = batch(ops)
+    assert refused is not None
     w = Writer()
     w.generation = Generation()
     with pytest.raises(NftError):
-        w._commit_elements(changes)
+        w._commit_batch(refused)
     kernel = read_table()
     assert kernel is not None and "rtdpscnew" not in kernel.covered
-    nftelem.commit(w.generation.socket(), "inet", TABLE, changes[:1])  # (the socket still answers)
+    good = batch(ops[:1])
+    assert good is not None
+    good.commit(w.generation.socket())  # (the socket still answers)
     kernel = read_table()
     assert kernel is not None and "rtdpscnew" in kernel.covered
 
@@ -223,14 +240,15 @@ def test_element_keys_encode_as_they_are_read_back(name: str, text: str) -> None
     assert key is not None and _key_text(name, key) == text.strip('"')
 
 
-def test_only_element_scripts_take_the_batch() -> None:
-    t = f"inet {TABLE}"
-    ok = element_changes(f'add element {t} ingress {{ "rtda" : jump v_1, "rtdb" : drop }}\n'
-                         f'delete element {t} egress {{ "rtdc" }}\nadd element {t} s_x_4 {{ 10.0.0.1, 10.0.0.2 }}\n')
-    assert ok is not None and [(c.add, c.set_name, len(c.elements)) for c in ok] == [
-        (True, "ingress", 2), (False, "egress", 1), (True, "s_x_4", 2)]
-    assert ok[0].elements[0][1] == (-3, "v_1") and ok[0].elements[1][1] == (0, "")
-    assert element_changes(f"add chain {t} v_2\n") is None
-    assert element_changes(f'add element {t} ingress {{ "rtda" }}\n') is None  # (a map element needs a verdict)
-    assert element_changes(f"add element {t} odd {{ 1 }}\n") is None
-    assert element_changes("add element inet other s_x_4 { 10.0.0.1 }\n") is None
+def test_what_the_batch_does_not_encode_goes_through_libnftables() -> None:
+    ok = batch([Op("add", "element", "ingress", ('"rtda" : jump v_1', '"rtdb" : drop')),
+                Op("delete", "element", "egress", ('"rtdc"',)), Op("add", "element", "s_x_4", ("10.0.0.1", "10.0.0.2")),
+                Op("add", "chain", "v_2", ("ns/p ingress",)), Op("add", "rule", "v_2", ("jump p_1_in",)),
+                Op("add", "set", "np_x_6", ("ipv6_addr . inet_proto . inet_service",)),
+                Op("flush", "chain", "v_3"), Op("delete", "chain", "v_3"), Op("delete", "set", "s_y_4")])
+    assert ok is not None and len(ok.messages) == 9
+    assert batch([Op("add", "table")]) is None  # (made once, by libnftables)
+    assert batch([Op("add", "element", "ingress", ('"rtda"',))]) is None  # (a map element needs a verdict)
+    assert batch([Op("add", "element", "odd", ("1",))]) is None
+    assert batch([Op("add", "set", "x_4", ("ipv4_addr . ether_addr",))]) is None
+    assert batch([Op("add", "rule", "v_2", ("ip saddr != { 10.0.0.1, 10.0.0.2 } accept",))]) is None

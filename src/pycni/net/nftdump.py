@@ -143,7 +143,7 @@ class Generation:
 
     def socket(self) -> NetlinkSocket:
         """The kept socket of the calling thread's namespace (also for the caller's own element
-        batches, :mod:`pycni.net.nftelem`; after an error, :meth:`close` it)."""
+        batches, :mod:`pycni.net.nftbatch`; after an error, :meth:`close` it)."""
         import os
 
         st = os.stat("/proc/thread-self/ns/net")

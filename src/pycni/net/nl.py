@@ -41,6 +41,7 @@ NLM_F_REPLACE, NLM_F_EXCL, NLM_F_CREATE = 0x100, 0x200, 0x400
 NLA_F_NESTED = 0x8000
 NLA_TYPE_MASK = 0x3FFF
 SOL_NETLINK = 270
+SO_SNDBUFFORCE = 32
 NETLINK_EXT_ACK = 11
 NETLINK_GET_STRICT_CHK = 12
 
@@ -552,6 +553,7 @@ class NetlinkSocket:
             self._sock.close()
             raise
         self._seq = 0
+        self._sndbuf = 1 << 17  # (below the default send buffer: no need to ask for more)
         self.kept = False  # a call's shared socket (pycni.callscope): ``with`` leaves it open
 
     def close(self) -> None:
@@ -608,6 +610,10 @@ class NetlinkSocket:
             data += b"\0" * (-len(body) % 4)
             if flags & NLM_F_ACK:
                 waiting.add(self._seq)
+        if len(data) > self._sndbuf:
+            # (a batch goes in one write: room for it, as root even past the sysctl's ceiling)
+            self._sndbuf = len(data) + 4096
+            self._sock.setsockopt(_socket.SOL_SOCKET, SO_SNDBUFFORCE, self._sndbuf)
         self._sock.send(bytes(data))
         error = 0
         while waiting:

@@ -21,10 +21,9 @@ our table) are deleted last, once nothing refers to them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pycni.cluster.policy.compile import (
     BASE_CHAINS,
@@ -92,13 +91,11 @@ def _key_text(set_name: str, key: bytes) -> str | None:
 
 
 _PROTO_NUMBERS = {name: number for number, name in _PROTOS.items()}
-_ELEMENT_LINE = re.compile(r"^(add|delete) element inet (\S+) (\S+) \{ (.*) \}$")
-ELEMENTS_AT_MOST = 2000  # in one element batch (larger changes, rare, go through libnftables)
 
 
 def _key_bytes(set_name: str, text: str) -> bytes | None:
     """The inverse of :func:`_key_text`: an element's key as the kernel holds it; None for what
-    this does not know (the script then goes through libnftables)."""
+    this does not know (the transaction then goes through libnftables)."""
     import socket
 
     if set_name in ("covered", "ingress", "egress"):
@@ -121,38 +118,92 @@ def _key_bytes(set_name: str, text: str) -> bytes | None:
     return None
 
 
-def element_changes(script: str, table: str = TABLE) -> list[Any] | None:
-    """A script of element additions and deletions only, as :class:`pycni.net.nftelem.ElementChange`
-    (in the script's order); None when it holds anything else (chains, sets, rules) or something
-    this does not encode — then libnftables runs it."""
-    from pycni.net.nftelem import VERDICT_CODES, ElementChange
+class Op(NamedTuple):
+    """One command of a transaction, as :func:`diff` computes it; :func:`script` renders it as
+    nft text, :func:`batch` as a netlink message.
 
-    changes: list[Any] = []
-    count = 0
-    for line in script.splitlines():
-        m = _ELEMENT_LINE.match(line)
-        if m is None or m[2] != table:
-            return None
-        name = m[3]
-        elements: list[tuple[bytes, tuple[int, str] | None]] = []
-        for text in m[4].split(", "):
-            verdict: tuple[int, str] | None = None
-            if name in ("ingress", "egress") and " : " in text:
-                text, word = text.split(" : ", 1)
-                words = word.split()
-                code = VERDICT_CODES.get(words[0])
-                if code is None or len(words) != (2 if words[0] in ("jump", "goto") else 1):
+    ``verb`` ``kind`` ``name`` ``args``:
+    add table · add base NAME (decl) · add basechain NAME (decl) · add set NAME (type) ·
+    add|delete element SET (item, ...) · add chain NAME (comment?) · flush chain NAME ·
+    add rule CHAIN (text) · delete chain NAME · delete set|map NAME."""
+
+    verb: str
+    kind: str
+    name: str = ""
+    args: tuple[str, ...] = ()
+
+
+def script(ops: list[Op], table: str = TABLE) -> str:
+    """``ops`` as an nft script ('' for none)."""
+    t = f"inet {table}"
+    lines: list[str] = []
+    for op in ops:
+        verb, kind, name, args = op
+        if kind == "table":
+            lines.append(f"add table {t}")
+        elif kind == "base":
+            lines.append("add " + args[0].replace("{t}", t))
+        elif kind == "basechain":
+            lines.append(f"add chain {t} {name} {args[0]}")
+        elif kind == "set" and verb == "add":
+            lines.append(f"add set {t} {name} {{ type {args[0]}; }}")
+        elif kind == "element":
+            lines.append(f"{verb} element {t} {name} {_elements(args)}")
+        elif kind == "chain" and verb == "add":
+            lines.append(f"add chain {t} {name}" + (f' {{ comment "{args[0]}"; }}' if args else ""))
+        elif kind == "rule":
+            lines.append(f"add rule {t} {name} {_tagged(args[0])}")
+        else:  # flush chain, delete chain, delete set, delete map
+            lines.append(f"{verb} {kind} {t} {name}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def batch(ops: list[Op], table: str = TABLE) -> Any:
+    """``ops`` as one netlink batch (:class:`pycni.net.nftbatch.Batch`), or None when one of them
+    is not encoded there — the table, its base objects and base chains (made once), a rule
+    outside :mod:`pycni.net.nftrule`'s grammar, a key of a set this does not know, a batch past
+    :data:`~pycni.net.nftbatch.BATCH_AT_MOST` — and libnftables is to run :func:`script`."""
+    from pycni.net import nftbatch, nftrule
+
+    b = nftbatch.Batch("inet", table)
+    for verb, kind, name, args in ops:
+        if kind == "set" and verb == "add":
+            if not b.add_set(name, args[0]):
+                return None
+        elif kind in ("set", "map"):
+            b.delete_set(name)
+        elif kind == "element":
+            verdict_map = name in ("ingress", "egress")
+            elements: list[tuple[bytes, tuple[int, str] | None]] = []
+            for item in args:
+                verdict: tuple[int, str] | None = None
+                if verdict_map and verb == "add":
+                    item, _, word = item.partition(" : ")
+                    verdict = nftrule.parse_verdict(word)
+                    if verdict is None:
+                        return None
+                key = _key_bytes(name, item)
+                if key is None:
                     return None
-                verdict = (code, words[1] if len(words) == 2 else "")
-            elif name in ("ingress", "egress") and m[1] == "add":
+                elements.append((key, verdict))
+            b.elements(verb == "add", name, elements)
+        elif kind == "chain":
+            if verb == "add":
+                b.add_chain(name, args[0] if args else None)
+            elif verb == "flush":
+                b.flush_chain(name)
+            else:
+                b.delete_chain(name)
+        elif kind == "rule":
+            expressions = nftrule.encode(args[0])
+            if expressions is None:
                 return None
-            key = _key_bytes(name, text)
-            if key is None:
-                return None
-            elements.append((key, verdict))
-        count += len(elements)
-        changes.append(ElementChange(m[1] == "add", name, elements))
-    return changes if count <= ELEMENTS_AT_MOST else None
+            b.add_rule(name, expressions, rule_tag(args[0]))
+        else:  # the table, base objects and base chains
+            return None
+        if b.size > nftbatch.BATCH_AT_MOST:
+            return None
+    return b
 
 
 def read_table(table: str = TABLE) -> Kernel | None:
@@ -206,19 +257,18 @@ def _tags(rules: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(rule_tag(r) for r in rules)
 
 
-def diff_script(have: Kernel | None, want: Desired, dirty: Dirty | None = None, table: str = TABLE) -> str:
-    """The one transaction that turns ``have`` (None: no table) into ``want`` ('' when nothing
+def diff(have: Kernel | None, want: Desired, dirty: Dirty | None = None) -> list[Op]:
+    """The one transaction that turns ``have`` (None: no table) into ``want`` (empty when nothing
     differs). With ``dirty`` only those objects are compared (the rest is taken to be as wanted);
     without, everything is — the base objects too."""
-    t = f"inet {table}"
     k = have if have is not None else Kernel()
-    lines: list[str] = []
+    ops: list[Op] = []
     if dirty is None:
         if have is None:
-            lines.append(f"add table {t}")
+            ops.append(Op("add", "table"))
         for name, decl in BASE_OBJECTS.items():
             if name not in k.base:
-                lines.append("add " + decl.replace("{t}", t))
+                ops.append(Op("add", "base", name, (decl,)))
     set_names = set(want.sets) | set(k.sets) if dirty is None else dirty.sets
     chain_names = set(want.chains) | set(k.chains) if dirty is None else dirty.chains
     stale_sets: list[str] = []
@@ -231,18 +281,18 @@ def diff_script(have: Kernel | None, want: Desired, dirty: Dirty | None = None, 
             continue
         typ, elems = new
         if old is None:
-            lines.append(f"add set {t} {name} {{ type {typ}; }}")
+            ops.append(Op("add", "set", name, (typ,)))
             added, removed = sorted(elems), []
         elif old[0] != typ:
             raise ValueError(f"set {name} has type {old[0]}, not {typ}")
         else:
             added, removed = sorted(elems - old[1]), sorted(old[1] - elems)
         if removed:
-            lines.append(f"delete element {t} {name} {_elements(removed)}")
+            ops.append(Op("delete", "element", name, tuple(removed)))
         if added:
-            lines.append(f"add element {t} {name} {_elements(added)}")
+            ops.append(Op("add", "element", name, tuple(added)))
     stale_chains: list[str] = []
-    fills: list[str] = []
+    fills: list[Op] = []
     for name in sorted(chain_names):
         wanted = want.chains.get(name)
         if wanted is None:
@@ -252,49 +302,54 @@ def diff_script(have: Kernel | None, want: Desired, dirty: Dirty | None = None, 
         rules = wanted
         if name not in k.chains:
             comment = want.comments.get(name)
-            lines.append(f"add chain {t} {name}" + (f' {{ comment "{comment}"; }}' if comment else ""))
+            ops.append(Op("add", "chain", name, (comment,) if comment else ()))
         elif k.chains[name] == _tags(rules):
             continue
         else:
-            fills.append(f"flush chain {t} {name}")
-        fills += [f"add rule {t} {name} {_tagged(r)}" for r in rules]
-    lines += fills
+            fills.append(Op("flush", "chain", name))
+        fills += [Op("add", "rule", name, (r,)) for r in rules]
+    ops += fills
     if dirty is None:
         # (after the other chains: the base chains' rules may jump to the fail-closed ones)
         for name, (decl, rules) in base_chains(want.log).items():
             prio, tags = k.base_chains.get(name, (None, ()))
             if name in k.base_chains and prio != BASE_PRIORITY[name]:
                 # (made by something else: replace it in this same transaction)
-                lines += [f"flush chain {t} {name}", f"delete chain {t} {name}"]
+                ops += [Op("flush", "chain", name), Op("delete", "chain", name)]
                 tags = ()
             if name not in k.base_chains or prio != BASE_PRIORITY[name]:
-                lines.append(f"add chain {t} {name} {decl}")
+                ops.append(Op("add", "basechain", name, (decl,)))
             if tags != _tags(rules):
                 if tags:
-                    lines.append(f"flush chain {t} {name}")
-                lines += [f"add rule {t} {name} {_tagged(r)}" for r in rules]
+                    ops.append(Op("flush", "chain", name))
+                ops += [Op("add", "rule", name, (r,)) for r in rules]
     for mapname in ("ingress", "egress"):
         old_map, new_map = getattr(k, mapname), getattr(want, mapname)
         keys = set(old_map) | set(new_map) if dirty is None else getattr(dirty, mapname)
         gone = sorted(i for i in keys if i in old_map and new_map.get(i) != old_map[i])
         if gone:
-            lines.append(f"delete element {t} {mapname} {_elements(map(_q, gone))}")
+            ops.append(Op("delete", "element", mapname, tuple(map(_q, gone))))
         fresh = sorted(i for i in keys if i in new_map and old_map.get(i) != new_map[i])
         if fresh:
-            lines.append(f"add element {t} {mapname} {_elements(f'{_q(i)} : {new_map[i]}' for i in fresh)}")
+            ops.append(Op("add", "element", mapname, tuple(f"{_q(i)} : {new_map[i]}" for i in fresh)))
     # covered last among the additions: an interface counts as covered once its verdicts are in
     cov = k.covered | want.covered if dirty is None else dirty.covered
     added_cov = sorted(i for i in cov if i in want.covered and i not in k.covered)
     removed_cov = sorted(i for i in cov if i in k.covered and i not in want.covered)
     if added_cov:
-        lines.append(f"add element {t} covered {_elements(map(_q, added_cov))}")
+        ops.append(Op("add", "element", "covered", tuple(map(_q, added_cov))))
     if removed_cov:
-        lines.append(f"delete element {t} covered {_elements(map(_q, removed_cov))}")
+        ops.append(Op("delete", "element", "covered", tuple(map(_q, removed_cov))))
     # what nothing refers to any more: chains (jumps to them are gone above), then sets
-    lines += [f"flush chain {t} {c}" for c in stale_chains]
-    lines += [f"delete chain {t} {c}" for c in stale_chains]
-    lines += [f"delete {'map' if k.sets[s][0] == '?' else 'set'} {t} {s}" for s in stale_sets]
-    return "\n".join(lines) + ("\n" if lines else "")
+    ops += [Op("flush", "chain", c) for c in stale_chains]
+    ops += [Op("delete", "chain", c) for c in stale_chains]
+    ops += [Op("delete", "map" if k.sets[s][0] == "?" else "set", s) for s in stale_sets]
+    return ops
+
+
+def diff_script(have: Kernel | None, want: Desired, dirty: Dirty | None = None, table: str = TABLE) -> str:
+    """:func:`diff` as an nft script ('' when nothing differs)."""
+    return script(diff(have, want, dirty), table)
 
 
 def _commit(k: Kernel, want: Desired, dirty: Dirty | None) -> None:
@@ -373,7 +428,7 @@ class Writer:
         self.clean: int | None = None  # the generation at which the kernel's table = mirror, if known
         self.committed_at: int | None = None  # the generation right after our last commit (None: unknown)
         self.skips = 0  # periodic checks answered by the generation id alone (nothing committed since ours)
-        self.element_batches = 0  # transactions sent as element batches over netlink (no libnftables)
+        self.netlink_batches = 0  # transactions sent as netlink batches (no libnftables)
         from pycni.net.nftdump import Generation
 
         self.generation = Generation()  # (one socket kept: asked after every commit)
@@ -423,19 +478,18 @@ class Writer:
         self.clean = at
         return True
 
-    def _commit_elements(self, changes: list[Any]) -> None:
-        """An element-only transaction as one netlink batch (:mod:`pycni.net.nftelem`: no
-        libnftables cache to fetch); a refusal raises NftError like libnftables' would."""
-        from pycni.net import nftelem
+    def _commit_batch(self, b: Any) -> None:
+        """A transaction as one netlink batch (:mod:`pycni.net.nftbatch`: no libnftables cache to
+        fetch); a refusal raises NftError like libnftables' would."""
         from pycni.net.nft import NftError
         from pycni.spec.errors import IO_FAILURE
 
-        self.element_batches += 1
+        self.netlink_batches += 1
         try:
-            nftelem.commit(self.generation.socket(), "inet", self.table, changes)
+            b.commit(self.generation.socket())
         except OSError as e:  # (NetlinkError too; nothing was applied)
             self.generation.close()
-            raise NftError(IO_FAILURE, "policy update failed", f"the kernel refused the element batch: {e}") from None
+            raise NftError(IO_FAILURE, "policy update failed", f"the kernel refused the batch: {e}") from None
 
     def usable(self, at: int | None, commits: int) -> bool:
         """Whether a table read at generation ``at``, started when this writer had made ``commits``
@@ -447,17 +501,18 @@ class Writer:
     def _send(self, have: Kernel | None, want: Desired, dirty: Dirty | None) -> str:
         from pycni.net import nft
 
-        script = diff_script(have, want, dirty, self.table)
-        if not script:
+        ops = diff(have, want, dirty)
+        if not ops:
             self.mirror = have if have is not None else Kernel()
             return ""
         self.mirror = None
         clean, self.clean = self.clean, None
-        changes = element_changes(script, self.table) if dirty is not None else None
-        if changes is not None:
-            self._commit_elements(changes)
+        text = script(ops, self.table)
+        b = batch(ops, self.table)
+        if b is not None:
+            self._commit_batch(b)
         else:
-            nft.run(script, what="policy update")
+            nft.run(text, what="policy update")
         self.commits += 1
         self.committed_at = generation(self.generation)
         if clean is not None and self.committed_at is not None and self.committed_at == (clean + 1) % GENERATIONS:
@@ -465,7 +520,7 @@ class Writer:
         k = have if have is not None else Kernel()
         _commit(k, want, dirty)
         self.mirror = k
-        return script
+        return text
 
 
 def _pack(k: Kernel) -> tuple[Any, ...]:
