@@ -89,8 +89,8 @@ def _listed(ns_run, chain: str) -> tuple[list[str], list[str]]:  # type: ignore[
 
 
 def test_every_compiled_rule_is_written_as_nft_writes_it() -> None:
+    from pycni.net.nfnl import NETLINK_NETFILTER
     from pycni.net.nl import NetlinkSocket
-    from pycni.net.probe import NETLINK_NETFILTER
 
     rules = _compiled_rules()
     encodable = [r for r in rules if nftrule.encode(r) is not None]
@@ -125,8 +125,8 @@ def test_every_compiled_rule_is_written_as_nft_writes_it() -> None:
 
 def test_sets_and_elements_are_written_as_nft_writes_them() -> None:
     from pycni.cluster.policy.nftsync import _key_bytes
+    from pycni.net.nfnl import NETLINK_NETFILTER
     from pycni.net.nl import NetlinkSocket
-    from pycni.net.probe import NETLINK_NETFILTER
 
     elements = {"ipv4_addr": ["10.1.2.3", "10.1.2.4"], "ipv6_addr": ["fd00::1", "fd00::2"],
                 "ipv4_addr . inet_proto . inet_service": ["10.1.2.3 . tcp . 8080", "10.1.2.3 . sctp . 9"],
@@ -169,8 +169,8 @@ def test_what_is_not_in_the_grammar_is_refused(text: str) -> None:
 
 def test_a_large_batch_goes_in_one_write() -> None:
     """A batch past the socket's default send buffer (2,000 rules, ~700 KB) is still one write."""
+    from pycni.net.nfnl import NETLINK_NETFILTER
     from pycni.net.nl import NetlinkSocket
-    from pycni.net.probe import NETLINK_NETFILTER
 
     ns = new_namespace("nbt-large")
     try:

@@ -20,6 +20,7 @@ import os
 import struct
 import time
 
+from pycni.net.nfnl import NETLINK_NETFILTER, NFNL_SUBSYS_ULOG
 from pycni.net.nl import NLM_F_ACK, IPRoute, NetlinkSocket, nla, raw_attrs
 from pycni.record import record
 
@@ -27,8 +28,6 @@ TYPE_CHECKING = False  # not typing's: see pycni.record
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-NETLINK_NETFILTER = 12
-NFNL_SUBSYS_ULOG = 4
 NFULNL_MSG_PACKET, NFULNL_MSG_CONFIG = 0, 1
 NFULA_CFG_CMD, NFULA_CFG_MODE, NFULA_CFG_NLBUFSIZ, NFULA_CFG_TIMEOUT, NFULA_CFG_QTHRESH = 1, 2, 3, 4, 5
 NFULNL_CFG_CMD_BIND, NFULNL_CFG_CMD_UNBIND = 1, 2

@@ -27,10 +27,18 @@ from __future__ import annotations
 import struct
 
 from pycni import ipaddr
+from pycni.net.nfnl import (
+    NFTA_DATA_VALUE,
+    NFTA_DATA_VERDICT,
+    NFTA_LIST_ELEM,
+    NFTA_VERDICT_CHAIN,
+    NFTA_VERDICT_CODE,
+    VERDICT_CODES,
+)
 from pycni.net.nl import nla
 
 # expressions' attributes (linux/netfilter/nf_tables.h)
-NFTA_LIST_ELEM, NFTA_EXPR_NAME, NFTA_EXPR_DATA = 1, 1, 2
+NFTA_EXPR_NAME, NFTA_EXPR_DATA = 1, 2
 NFTA_META_DREG, NFTA_META_KEY = 1, 2
 NFT_META_NFPROTO, NFT_META_L4PROTO = 15, 16
 NFTA_CMP_SREG, NFTA_CMP_OP, NFTA_CMP_DATA = 1, 2, 3
@@ -43,11 +51,8 @@ NFTA_IMMEDIATE_DREG, NFTA_IMMEDIATE_DATA = 1, 2
 NFTA_LIMIT_RATE, NFTA_LIMIT_UNIT, NFTA_LIMIT_BURST, NFTA_LIMIT_TYPE, NFTA_LIMIT_FLAGS = 1, 2, 3, 4, 5
 NFT_LIMIT_PKTS = 0
 NFTA_LOG_GROUP, NFTA_LOG_PREFIX = 1, 2
-NFTA_DATA_VALUE, NFTA_DATA_VERDICT = 1, 2
-NFTA_VERDICT_CODE, NFTA_VERDICT_CHAIN = 1, 2
 NFT_REG_VERDICT, NFT_REG_1 = 0, 1
 NFPROTO_IPV4, NFPROTO_IPV6 = 2, 10
-VERDICT_CODES = {"drop": 0, "accept": 1, "continue": -1, "jump": -3, "goto": -4, "return": -5}
 PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132}
 # (family word) -> (nfproto, address length, offset of saddr, offset of daddr)
 _FAMILIES = {"ip": (NFPROTO_IPV4, 4, 12, 16), "ip6": (NFPROTO_IPV6, 16, 8, 24)}

@@ -23,20 +23,29 @@ from __future__ import annotations
 
 import os
 
+from pycni.net.nfnl import (
+    FAMILIES,
+    NETLINK_NETFILTER,
+    NFNL_SUBSYS_NFTABLES,
+    NFT_MSG_GETCHAIN,
+    NFT_MSG_GETSETELEM,
+    NFT_MSG_GETTABLE,
+    NFTA_CHAIN_NAME,
+    NFTA_CHAIN_TABLE,
+    NFTA_DATA_VALUE,
+    NFTA_LIST_ELEM,
+    NFTA_SET_ELEM_KEY,
+    NFTA_SET_ELEM_LIST_ELEMENTS,
+    NFTA_SET_ELEM_LIST_SET,
+    NFTA_SET_ELEM_LIST_TABLE,
+    NFTA_TABLE_NAME,
+)
+
 TYPE_CHECKING = False  # not typing's: probes are on one-shot DEL paths
 if TYPE_CHECKING:
     from pycni.net.nl import NetlinkSocket
 
-NETLINK_NETFILTER = 12
-NFNL_SUBSYS_NFTABLES = 10
-NFT_MSG_GETTABLE, NFT_MSG_GETCHAIN, NFT_MSG_GETSETELEM = 1, 4, 13
-NFTA_TABLE_NAME = 1
-NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME = 1, 3
-NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_ELEMENTS = 1, 2, 3
-NFTA_LIST_ELEM, NFTA_SET_ELEM_KEY, NFTA_DATA_VALUE = 1, 1, 1
 IFNAMSIZ = 16  # an ifname set's key: the name, NUL-padded
-# nft's family names -> NFPROTO_*
-FAMILIES = {"inet": 1, "ip": 2, "arp": 3, "netdev": 5, "bridge": 7, "ip6": 10}
 _ENOENT, _ENODEV = 2, 19
 SIOCGIFINDEX = 0x8933
 # what iptables resolves to when it is iptables-nft (Debian's and most distributions' default)

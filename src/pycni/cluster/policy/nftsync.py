@@ -12,6 +12,12 @@ it and moves it towards the wanted one, so the rules in force hold until the tra
 replaces them commits (the kernel applies all of it or none). Between reads it keeps a mirror
 of what it committed and diffs only the objects the index marked dirty.
 
+The difference is a list of operations (:class:`Op`, :func:`diff`), sent as one nf_tables
+netlink batch (:func:`batch`; rules encoded by :mod:`pycni.net.nftrule` as nft encodes them), or
+as an nft script through libnftables (:func:`script`) when the batch does not encode one of them
+(the table's base objects, made once; an ipBlock with several excepts): libnftables fetches every
+chain and set of the namespace before each transaction, milliseconds beside a large table.
+
 Rules carry their text's digest as comment (``compile.rule_tag``), so a chain read back is
 compared by those tags, not by parsing nft's rendering of its rules; a chain whose tags differ
 is flushed and refilled within the transaction. A set whose members differ gets ``add element``
