@@ -44,12 +44,12 @@ def _endpoint(enf: PolicyEnforcer, k: int, node: str = "node1") -> None:
 @pytest.fixture
 def node() -> Iterator[tuple[Namespace, PolicyEnforcer]]:
     """A namespace whose policy table an enforcer (strict) has programmed: 6 pods, 3 policies."""
+    from pycni.net import nft
+
     ns = new_namespace("psc-rec")
     try:
         with ns.enter():
-            from pycni.net import nft
-
-            nft.use_library()
+            nft.use_library()  # (as the agent runs it; undone below: it is the process's mode)
             enf = PolicyEnforcer(KEYS, "node1", lambda m: None, strict=True)
             enf.loaded = True
             for k in range(6):
@@ -59,6 +59,7 @@ def node() -> Iterator[tuple[Namespace, PolicyEnforcer]]:
             assert enf.apply()
             yield ns, enf
     finally:
+        nft.use_library(False)
         ns.delete()
 
 
