@@ -17,7 +17,16 @@ from netns_util import Namespace, have_root, new_namespace
 
 from pycni.cluster.model import Keys, PodMeta, WorkloadEndpoint
 from pycni.cluster.policy.agent import PolicyEnforcer
-from pycni.cluster.policy.nftsync import GENERATIONS, Op, Readback, Writer, batch, diff_script, read_table
+from pycni.cluster.policy.nftsync import (
+    GENERATIONS,
+    Comparison,
+    Op,
+    Readback,
+    Writer,
+    batch,
+    diff_script,
+    read_table,
+)
 from pycni.cluster.policy.workload import TABLE
 
 pytestmark = pytest.mark.skipif(not have_root(), reason="needs root (network namespaces)")
@@ -66,7 +75,7 @@ def node() -> Iterator[tuple[Namespace, PolicyEnforcer]]:
 def _settle(enf: PolicyEnforcer) -> None:
     """Poll a running read-back until it is taken (the agent's watch loop does this between events)."""
     deadline = time.monotonic() + 120
-    while enf.poll_kernel():
+    while enf.poll_kernel() is not None:
         assert time.monotonic() < deadline, "the read-back did not finish"
         time.sleep(0.02)
 
@@ -140,7 +149,7 @@ def test_a_read_back_older_than_our_commit_is_discarded(node: tuple[Namespace, P
     rb.thread.join(120)
     _endpoint(enf, 11)  # our commit after the snapshot
     assert enf.apply()
-    assert not enf.poll_kernel()  # discarded, left to the next check (no reader after reader in a burst)
+    assert enf.poll_kernel() is None  # discarded, left to the next check (no reader after reader in a burst)
     assert enf.discarded == 1 and enf.readback is None and not _as_wanted(enf)
     enf.check_kernel()  # the next periodic check
     _settle(enf)
@@ -162,6 +171,31 @@ def test_a_read_back_after_our_commit_is_used(node: tuple[Namespace, PolicyEnfor
     enf.readback = rb
     _settle(enf)
     assert enf.discarded == 0 and rb.at is not None and _as_wanted(enf)
+
+
+def test_a_read_back_is_compared_a_part_at_a_time(node: tuple[Namespace, PolicyEnforcer]) -> None:
+    """Taking a snapshot holds no event up for more than one part's work: each step compares one
+    part (with no time budget); a commit of ours between two steps drops the snapshot."""
+    _ns, enf = node
+    from pycni.net import nft
+
+    nft.run("add table inet psc_foreign\n")
+    enf.check_kernel()
+    rb = enf.readback
+    assert rb is not None
+    rb.thread.join(120)
+    parts = list(rb.parts())
+    assert [kind for kind, _ in parts][:1] == ["head"] and {"chains", "sets"} <= {kind for kind, _ in parts}
+    comparison = Comparison(enf.writer, rb)
+    steps = 0
+    while (verdict := comparison.step(0)) is None:
+        steps += 1
+    assert verdict == "equal" and steps == len(parts)
+    comparison = Comparison(enf.writer, rb)
+    assert comparison.step(0) is None  # (the head)
+    _endpoint(enf, 13)
+    assert enf.apply()  # our commit between two steps
+    assert comparison.step(0) == "stale"
 
 
 def test_usable_follows_the_generations() -> None:

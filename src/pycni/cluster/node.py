@@ -748,11 +748,15 @@ class Agent:
                 if now >= next_check:
                     self.reconcile_kernel()
                     next_check = now + self.opts.resync
-                reading = self.policy is not None and self.policy.poll_kernel()
+                # (a periodic check in progress: how long events may be waited for before it goes on)
+                checking = self.policy.poll_kernel() if self.policy is not None else None
                 if self.bgp is not None:
                     self.bgp.tick()
-                batch = w.next(timeout=0.05 if reading else
-                               min(1.0, max(0.05, min(next_keepalive, next_check) - now)))
+                if checking == 0.0 and not w.ready():
+                    batch = None  # (comparing a read-back, a step a turn: no event is waiting)
+                else:
+                    batch = w.next(timeout=0.05 if checking is not None else
+                                   min(1.0, max(0.05, min(next_keepalive, next_check) - now)))
                 touched = policy_touched = False
                 arrived = time.monotonic()
                 drain_until = arrived + 0.05

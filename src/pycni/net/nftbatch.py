@@ -59,8 +59,10 @@ NLM_F_APPEND = 0x800
 PER_MESSAGE = 200  # elements per message (a nested attribute's length is 16 bits)
 BATCH_AT_MOST = 16 << 20  # bytes in one write (larger changes, rare, go through libnftables)
 
-# the set types the policy tables use: (nft's key type id, key length, the userdata nft stores
-# with it — byte order and the concatenation's parts, which ``nft list`` reads to print elements)
+# the set types the policy tables use: (nft's key type id, key length, and the userdata bytes nft
+# sends with the same declaration — the key's byte order and, for a concatenation, its parts;
+# ``nft list`` reads them to print elements; captured with ``nft --debug=mnl``, compared by
+# tests/test_nft_batch.py)
 SET_TYPES = {
     "ipv4_addr": (7, 4, bytes.fromhex("000402000000")),
     "ipv6_addr": (8, 16, bytes.fromhex("000402000000")),

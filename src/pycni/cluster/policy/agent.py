@@ -29,7 +29,7 @@ from pycni.cluster.policy.compile import LOG, LogSpec
 from pycni.cluster.policy.evaluate import Cluster, Workload
 from pycni.cluster.policy.index import PolicyIndex
 from pycni.cluster.policy.model import NetworkPolicy, PolicyError, parse_policy
-from pycni.cluster.policy.nftsync import Readback, Writer
+from pycni.cluster.policy.nftsync import Comparison, Readback, Writer
 
 
 class PolicyView:
@@ -227,6 +227,7 @@ class PolicyEnforcer:
         self.writes = 0  # transactions the kernel took (metrics: the programming latency)
         self.refused = 0  # transactions the kernel refused (metrics)
         self.readback: Readback | None = None  # the kernel's table being read back off the event path
+        self.comparison: Comparison | None = None  # a finished read-back being compared with the mirror
         self.discarded = 0  # read-backs thrown away: a commit of ours came after them
 
     def resolver(self) -> Any:
@@ -349,51 +350,60 @@ class PolicyEnforcer:
             return
         self.readback = Readback(self.writer.table, self.writer.commits)
 
-    def poll_kernel(self) -> bool:
-        """Take a finished read-back: write the whole difference in one transaction, or, when a
-        commit of ours came after it (see :meth:`Writer.usable`), leave it to the next periodic
-        check. True while one is running."""
+    def poll_kernel(self) -> float | None:
+        """Move a periodic check on: take a finished read-back, compare it with the mirror a part
+        at a time (:class:`Comparison`, one bounded step a call) and, when it differs, write the
+        whole difference in one transaction; when a commit of ours came after it (see
+        :meth:`Writer.usable`), leave it to the next periodic check. Returns how long the caller
+        may wait for events before calling again: None when no check is running, 0.05 while the
+        child reads, 0 while comparing (call again as soon as no event is waiting)."""
         from pycni.spec.errors import CNIError
 
         rb = self.readback
         if rb is None:
-            return False
-        if not rb.done():
-            return True
-        self.readback = None
-        if rb.error:
-            self.log(f"policy: the table was not read back ({rb.error}); trying again at the next check")
-            return False
-        if self.writer.mirror is None:
-            return False  # (a refusal since: the next apply reads the kernel itself)
-        if not self.writer.usable(rb.at, rb.commits):
-            # (a commit of ours came after it: it is not unmarshalled, and not read again at once
-            # — in a burst of our own commits that would fork a reader after reader, each ~1 s of
-            # CPU beside the agent's — the next periodic check reads it again)
+            return None
+        if self.comparison is None:
+            if not rb.done():
+                return 0.05
+            if rb.error:
+                self.readback = None
+                self.log(f"policy: the table was not read back ({rb.error}); trying again at the next check")
+                return None
+            self.comparison = Comparison(self.writer, rb)
+        verdict = self.comparison.step()
+        if verdict is None:
+            return 0.0
+        self.readback = self.comparison = None
+        if verdict == "stale":
+            # (a commit of ours came after it, or a refusal since — then the next apply reads the
+            # kernel itself: it is not read again at once — in a burst of our own commits that
+            # would fork a reader after reader, each ~1 s of CPU beside the agent's — the next
+            # periodic check reads it again)
             self.discarded += 1
-            return False
-        snapshot = rb.snapshot()
-        if rb.at is not None and self.writer.matches(snapshot, rb.at):
+            return None
+        assert rb.at is not None  # (usable)
+        if verdict == "equal":
             # (as written: what the index marked dirty meanwhile goes the usual way)
+            self.writer.checked(rb.at)
             self.log(f"policy: reconciled with the kernel (0 commands; checked off the event path; the table "
                      f"is as written, at generation {rb.at})")
-            return False
+            return None
         want, _dirty = self.index.collect()  # (the whole difference below covers what is dirty)
         try:
-            script = self.writer.adopt(snapshot, rb.at, rb.commits, want)
+            script = self.writer.adopt(rb.snapshot(), rb.at, rb.commits, want)
         except CNIError as e:
             self.refused += 1
             self.log(f"FAILED policy update: {e.msg}: {e.details}")
-            return False
+            return None
         if script is None:  # (cannot happen after the checks above; read again rather than assume)
             self.discarded += 1
             self.writer.reconcile_next()
-            return False
+            return None
         if script:
             self.writes += 1
         self.log(f"policy: reconciled with the kernel ({script.count(chr(10))} commands; checked off the event "
                  f"path; {len(want.covered)} local endpoints, {len(self.view.policies)} policies)")
-        return False
+        return None
 
     def apply(self, arrived: float = 0.0) -> bool:
         """Program what the index asks, if anything changed; False when the kernel refused
