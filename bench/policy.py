@@ -569,10 +569,20 @@ def run_bench(opts: argparse.Namespace) -> int:
             logged = updates(node, mark_b[0])
             parts: list[tuple[str, list[float]]] = [("node1's agent, watch delivery -> kernel took it",
                                                      [own for _at, own in logged])]
-            if len(logged) == len(new):  # (one update a trial: its parts, from the agent's log)
-                hop = [at - own - walls[t] - puts[t] for t, (at, own) in enumerate(logged)]
-                seen = [walls[t] + new[t] - at for t, (at, _own) in enumerate(logged)]
-                own_b = [own for _at, own in logged]
+            # each trial's update: the next one the agent logged after the trial's write began (the log's
+            # stamp has ms precision)
+            mine: list[tuple[float, float] | None] = []
+            at_update = 0
+            for t in range(len(new)):
+                while at_update < len(logged) and logged[at_update][0] < walls[t] - 0.001:
+                    at_update += 1
+                mine.append(logged[at_update] if at_update < len(logged) else None)
+                at_update += 1
+            if all(u is not None for u in mine):
+                taken = [u for u in mine if u is not None]
+                hop = [at - own - walls[t] - puts[t] for t, (at, own) in enumerate(taken)]
+                seen = [walls[t] + new[t] - at for t, (at, _own) in enumerate(taken)]
+                own_b = [own for _at, own in taken]
                 parts = [("etcd's watch reaching node1's agent after the write returned", hop),
                          ("node1's agent, watch delivery -> kernel took it", own_b),
                          ("nft monitor (the instrument) printing it after the agent's commit", seen)]
