@@ -256,6 +256,30 @@ def test_constants_have_one_home() -> None:
     assert found == homes
 
 
+def test_netfilter_numbers_have_one_home() -> None:
+    """nfnetlink's and nf_tables' numbers are written in net/nfnl.py only: no other module assigns a
+    name that module defines (the probes, the table reader, the batch writer, the rule encoder,
+    NFLOG and conntrack import them)."""
+
+    def assigned(path: Path) -> set[str]:
+        names: set[str] = set()
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, ast.AnnAssign) else []
+            for target in targets:
+                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if isinstance(t, ast.Name):
+                        names.add(t.id)
+        return names
+
+    home = SRC / "net" / "nfnl.py"
+    numbers = assigned(home)
+    assert {"NETLINK_NETFILTER", "NFNL_SUBSYS_NFTABLES", "NFTA_SET_ELEM_KEY", "VERDICTS"} <= numbers
+    again = {f"{path.relative_to(SRC)}: {name}" for path in SRC.rglob("*.py") if path != home
+             for name in assigned(path) & numbers}
+    assert not again, sorted(again)
+
+
 # What a plugin may import (docs/architecture.md "A plugin uses the SDK ... and net/"): the SDK,
 # net/, spec/, the leaf utilities, the cluster library (cluster-ipam, routed), other plugin
 # modules, the frame and listener the dhcp daemon shares with the main daemon.
