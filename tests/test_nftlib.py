@@ -60,6 +60,10 @@ def test_errors_read_like_the_command(host_ns: Namespace, library: None) -> None
         with pytest.raises(nft.NftError) as syntax:
             nft.run("add bogus thing\n", code=7)
         assert syntax.value.code == 7 and "syntax error" in syntax.value.details
+        # the failing line is the one quoted (libnftables alone quotes a buffer's first line)
+        with pytest.raises(nft.NftError) as third:
+            nft.run("add table inet pycni_u\nadd chain inet pycni_u c\nadd rule inet pycni_u c frobnicate\n")
+        assert "stdin:3:" in third.value.details and "frobnicate" in third.value.details
     # a failed transaction changed nothing
     assert "10.1.0.9" not in host_ns.run(["nft", "list", "ruleset"]).stdout
 
