@@ -189,3 +189,20 @@ def test_a_large_batch_goes_in_one_write() -> None:
         assert listing.count(" accept comment ") == 2000
     finally:
         ns.delete()
+
+
+def test_the_reader_skips_anonymous_sets_only() -> None:
+    """A rule's anonymous set (``{ a, b }``) is part of the rule, not read as a set of the table; a
+    named constant set is (the flag tested is NFT_SET_ANONYMOUS, not NFT_SET_CONSTANT)."""
+    from pycni.net import nftdump
+
+    ns = new_namespace("nbt-read")
+    try:
+        ns.run(["nft", "-f", "-"], input="add table inet tb\n"
+               "add set inet tb fixed { type ipv4_addr; flags constant; elements = { 10.0.0.1 }; }\n"
+               "add chain inet tb c\nadd rule inet tb c ip saddr { 10.0.0.2, 10.0.0.3 } accept\n")
+        with ns.enter():
+            table = nftdump.read_table("inet", "tb")
+        assert table is not None and set(table.sets) == {"fixed"} and len(table.sets["fixed"].elements) == 1
+    finally:
+        ns.delete()
