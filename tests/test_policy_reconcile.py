@@ -258,6 +258,12 @@ def test_a_refused_batch_applies_nothing(node: tuple[Namespace, PolicyEnforcer])
         w._commit_batch(refused)
     kernel = read_table()
     assert kernel is not None and "rtdpscnew" not in kernel.covered
+    first_fails = batch(ops[::-1])  # (only the last message asks for an acknowledgement)
+    assert first_fails is not None
+    with pytest.raises(NftError):
+        w._commit_batch(first_fails)
+    kernel = read_table()
+    assert kernel is not None and "rtdpscnew" not in kernel.covered
     good = batch(ops[:1])
     assert good is not None
     good.commit(w.generation.socket())  # (the socket still answers)

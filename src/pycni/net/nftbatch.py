@@ -98,7 +98,7 @@ class Batch:
 
     def _add(self, mtype: int, attrs: bytes, flags: int = 0) -> None:
         body = struct.pack("=BBH", self.fam, 0, 0) + attrs
-        self.messages.append(((NFNL_SUBSYS_NFTABLES << 8) | mtype, body, flags | NLM_F_ACK))
+        self.messages.append(((NFNL_SUBSYS_NFTABLES << 8) | mtype, body, flags))
         self.size += 16 + len(body) + 3
 
     def add_set(self, name: str, type_text: str) -> bool:
@@ -157,5 +157,11 @@ class Batch:
     def commit(self, sock: NetlinkSocket) -> None:
         """Send the transaction on ``sock`` (NETLINK_NETFILTER, in the table's namespace) as one
         batch. Raises :class:`pycni.net.nl.NetlinkError` (nothing applied) or OSError."""
+        if not self.messages:
+            return
         batch = struct.pack("=BBH", socket.AF_UNSPEC, 0, socket.htons(NFNL_SUBSYS_NFTABLES))
-        sock.send_batch([(NFNL_MSG_BATCH_BEGIN, batch, 0), *self.messages, (NFNL_MSG_BATCH_END, batch, 0)])
+        # (the last message asks for the one acknowledgement: a failing message is answered anyway,
+        # and thousands of acknowledgements would overflow the socket's receive buffer)
+        *head, (mtype, body, flags) = self.messages
+        sock.send_batch([(NFNL_MSG_BATCH_BEGIN, batch, 0), *head, (mtype, body, flags | NLM_F_ACK),
+                         (NFNL_MSG_BATCH_END, batch, 0)])
