@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pycni.cluster.policy.compile import (
     BASE_CHAINS,
@@ -42,6 +42,9 @@ from pycni.cluster.policy.compile import (
     rule_tag,
 )
 from pycni.cluster.policy.workload import TABLE
+
+if TYPE_CHECKING:
+    from pycni.net.nftbatch import Batch
 
 NF_INET_FORWARD, NF_ACCEPT = 2, 1
 
@@ -164,7 +167,7 @@ def script(ops: list[Op], table: str = TABLE) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def batch(ops: list[Op], table: str = TABLE) -> Any:
+def batch(ops: list[Op], table: str = TABLE) -> Batch | None:
     """``ops`` as one netlink batch (:class:`pycni.net.nftbatch.Batch`), or None when one of them
     is not encoded there — the table, its base objects and base chains (made once), a rule
     outside :mod:`pycni.net.nftrule`'s grammar, a key of a set this does not know, a batch past
@@ -480,7 +483,7 @@ class Writer:
         self.reads += 1
         self.clean = at
 
-    def _commit_batch(self, b: Any) -> None:
+    def _commit_batch(self, b: Batch) -> None:
         """A transaction as one netlink batch (:mod:`pycni.net.nftbatch`: no libnftables cache to
         fetch); a refusal raises NftError like libnftables' would."""
         from pycni.net.nft import NftError
