@@ -321,6 +321,32 @@ spec:
   zc  .  .  .  .  .  .  .  .  .
 """)}),
 
+    _case("ipBlock with two excepts (every address but y/a's and z/b's: an anonymous interval set)", """
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: ipblock2, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: a}}
+  ingress:
+  - from:
+    - ipBlock:
+        cidr: 0.0.0.0/0
+        except:
+        - $ya/32
+        - $zb/32
+""", {ALL: grid("""
+      xa xb xc ya yb yc za zb zc
+  xa  .  .  .  .  .  .  .  .  .
+  xb  .  .  .  .  .  .  .  .  .
+  xc  .  .  .  .  .  .  .  .  .
+  ya  X  .  .  .  .  .  .  .  .
+  yb  .  .  .  .  .  .  .  .  .
+  yc  .  .  .  .  .  .  .  .  .
+  za  .  .  .  .  .  .  .  .  .
+  zb  X  .  .  .  .  .  .  .  .
+  zc  .  .  .  .  .  .  .  .  .
+""")}),
+
     _case("a named port (serve-81-tcp) opens 81/TCP only", """
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy

@@ -292,4 +292,5 @@ def test_what_the_batch_does_not_encode_goes_through_libnftables() -> None:
     assert batch([Op("add", "element", "ingress", ('"rtda"',))]) is None  # (a map element needs a verdict)
     assert batch([Op("add", "element", "odd", ("1",))]) is None
     assert batch([Op("add", "set", "x_4", ("ipv4_addr . ether_addr",))]) is None
-    assert batch([Op("add", "rule", "v_2", ("ip saddr != { 10.0.0.1, 10.0.0.2 } accept",))]) is None
+    assert batch([Op("add", "rule", "v_2", ("ip saddr != { 10.0.0.1, 10.0.0.2 } accept",))]) is not None
+    assert batch([Op("add", "rule", "v_2", ("counter accept",))]) is None

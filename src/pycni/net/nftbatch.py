@@ -29,6 +29,10 @@ from pycni.net.nfnl import (
     NFT_MSG_NEWRULE,
     NFT_MSG_NEWSET,
     NFT_MSG_NEWSETELEM,
+    NFT_SET_ANONYMOUS,
+    NFT_SET_CONSTANT,
+    NFT_SET_ELEM_INTERVAL_END,
+    NFT_SET_INTERVAL,
     NFTA_CHAIN_NAME,
     NFTA_CHAIN_TABLE,
     NFTA_CHAIN_USERDATA,
@@ -38,10 +42,14 @@ from pycni.net.nfnl import (
     NFTA_RULE_EXPRESSIONS,
     NFTA_RULE_TABLE,
     NFTA_RULE_USERDATA,
+    NFTA_SET_DESC,
+    NFTA_SET_DESC_SIZE,
     NFTA_SET_ELEM_DATA,
+    NFTA_SET_ELEM_FLAGS,
     NFTA_SET_ELEM_KEY,
     NFTA_SET_ELEM_LIST_ELEMENTS,
     NFTA_SET_ELEM_LIST_SET,
+    NFTA_SET_ELEM_LIST_SET_ID,
     NFTA_SET_ELEM_LIST_TABLE,
     NFTA_SET_FLAGS,
     NFTA_SET_ID,
@@ -52,7 +60,7 @@ from pycni.net.nfnl import (
     NFTA_SET_USERDATA,
     NFTNL_UDATA_COMMENT,
 )
-from pycni.net.nftrule import verdict_data
+from pycni.net.nftrule import ANONYMOUS_NAME, AnonymousSet, verdict_data
 from pycni.net.nl import NLM_F_ACK, NLM_F_CREATE, NetlinkSocket, nla
 
 NLM_F_APPEND = 0x800
@@ -113,6 +121,28 @@ class Batch:
                   + nla(NFTA_SET_KEY_LEN, _u32(key_len)) + nla(NFTA_SET_ID, _u32(self._set_ids))
                   + nla(NFTA_SET_USERDATA, udata), NLM_F_CREATE)
         return True
+
+    def add_anonymous_set(self, spec: AnonymousSet) -> int:
+        """Make a rule's anonymous interval set (:class:`pycni.net.nftrule.AnonymousSet`) with its
+        elements; its id in this batch, for the rule's lookup (the kernel names it, and deletes it
+        with the rule)."""
+        self._set_ids += 1
+        set_id = _u32(self._set_ids)
+        flags = NFT_SET_ANONYMOUS | NFT_SET_CONSTANT | NFT_SET_INTERVAL
+        self._add(NFT_MSG_NEWSET, _name(NFTA_SET_TABLE, self.table) + _name(NFTA_SET_NAME, ANONYMOUS_NAME)
+                  + nla(NFTA_SET_FLAGS, _u32(flags)) + nla(NFTA_SET_KEY_TYPE, _u32(spec.key_type))
+                  + nla(NFTA_SET_KEY_LEN, _u32(spec.key_len)) + nla(NFTA_SET_ID, set_id)
+                  + nla(NFTA_SET_DESC, nla(NFTA_SET_DESC_SIZE, _u32(len(spec.elements))), nested=True)
+                  + nla(NFTA_SET_USERDATA, spec.userdata), NLM_F_CREATE)
+        body = b""
+        for key, end in spec.elements:
+            item = nla(NFTA_SET_ELEM_FLAGS, _u32(NFT_SET_ELEM_INTERVAL_END)) if end else b""
+            body += nla(NFTA_LIST_ELEM, item + nla(NFTA_SET_ELEM_KEY, nla(NFTA_DATA_VALUE, key), nested=True),
+                        nested=True)
+        self._add(NFT_MSG_NEWSETELEM, _name(NFTA_SET_ELEM_LIST_TABLE, self.table)
+                  + _name(NFTA_SET_ELEM_LIST_SET, ANONYMOUS_NAME) + nla(NFTA_SET_ELEM_LIST_SET_ID, set_id)
+                  + nla(NFTA_SET_ELEM_LIST_ELEMENTS, body, nested=True), NLM_F_CREATE)
+        return self._set_ids
 
     def delete_set(self, name: str) -> None:
         """``delete set`` or ``delete map``."""

@@ -10,21 +10,25 @@ transaction, most of an agent's cost per policy change.
 The grammar (:mod:`pycni.cluster.policy.compile` writes nothing else into its chains):
 
     rule      := match* final
-    match     := FAM DIR '@'SET | FAM DIR PREFIX | FAM DIR '!=' '{' PREFIX '}'
+    match     := FAM DIR '@'SET | FAM DIR PREFIX | FAM DIR '!=' '{' PREFIX (',' PREFIX)* '}'
                | 'meta l4proto' PROTO | 'th dport' PORT | 'th dport' PORT'-'PORT
                | FAM 'daddr . meta l4proto . th dport @'SET
     final     := 'accept' | 'drop' | 'jump' CHAIN
                | 'limit rate' N'/second burst' N 'packets log group' N 'prefix "'TEXT'"'
     FAM DIR   := ('ip' | 'ip6') ('saddr' | 'daddr')
 
-:func:`encode` answers None for anything else (an ``!=`` set of several prefixes, say): the
-caller then sends its transaction through libnftables. tests/test_nft_batch.py has every shape
+An ``!=`` of several prefixes (an ipBlock's excepts) is a lookup in an anonymous interval set,
+which the batch makes just before the rule (``anonymous_set``: :meth:`pycni.net.nftbatch.Batch.add_anonymous_set`),
+with the ranges merged and bounded as nft writes them. :func:`encode` answers None for anything
+else: the caller then sends its transaction through libnftables. tests/test_nft_batch.py has every shape
 written both ways and the kernel's listing of the two compared.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from typing import NamedTuple
 
 from pycni import ipaddr
 from pycni.net.nfnl import (
@@ -45,7 +49,8 @@ NFTA_CMP_SREG, NFTA_CMP_OP, NFTA_CMP_DATA = 1, 2, 3
 NFT_CMP_EQ, NFT_CMP_NEQ, NFT_CMP_LTE, NFT_CMP_GTE = 0, 1, 3, 5
 NFTA_PAYLOAD_DREG, NFTA_PAYLOAD_BASE, NFTA_PAYLOAD_OFFSET, NFTA_PAYLOAD_LEN = 1, 2, 3, 4
 NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER = 1, 2
-NFTA_LOOKUP_SET, NFTA_LOOKUP_SREG = 1, 2
+NFTA_LOOKUP_SET, NFTA_LOOKUP_SREG, NFTA_LOOKUP_SET_ID, NFTA_LOOKUP_FLAGS = 1, 2, 4, 5
+NFT_LOOKUP_F_INV = 1
 NFTA_BITWISE_SREG, NFTA_BITWISE_DREG, NFTA_BITWISE_LEN, NFTA_BITWISE_MASK, NFTA_BITWISE_XOR = 1, 2, 3, 4, 5
 NFTA_IMMEDIATE_DREG, NFTA_IMMEDIATE_DATA = 1, 2
 NFTA_LIMIT_RATE, NFTA_LIMIT_UNIT, NFTA_LIMIT_BURST, NFTA_LIMIT_TYPE, NFTA_LIMIT_FLAGS = 1, 2, 3, 4, 5
@@ -100,6 +105,65 @@ def bitwise(mask: bytes) -> bytes:
 
 def lookup(set_name: str) -> bytes:
     return _expr("lookup", nla(NFTA_LOOKUP_SET, set_name.encode() + b"\0"), nla(NFTA_LOOKUP_SREG, _u32(NFT_REG_1)))
+
+
+ANONYMOUS_NAME = "__set%d"  # (the kernel numbers it)
+
+
+def lookup_anonymous(set_id: int, invert: bool) -> bytes:
+    """A lookup in an anonymous set made earlier in the same batch (found by its id there)."""
+    return _expr("lookup", nla(NFTA_LOOKUP_SREG, _u32(NFT_REG_1)),
+                 nla(NFTA_LOOKUP_SET, ANONYMOUS_NAME.encode() + b"\0"), nla(NFTA_LOOKUP_SET_ID, _u32(set_id)),
+                 nla(NFTA_LOOKUP_FLAGS, _u32(NFT_LOOKUP_F_INV if invert else 0)))
+
+
+class AnonymousSet(NamedTuple):
+    """An interval set a rule owns: nft's key type and length, the userdata nft stores with it
+    (the key's byte order, "merge elements", and the typeof of the field it is matched against),
+    and its elements as the kernel keeps an interval set — each range's start, then its end flagged
+    as one (none after a range reaching the top of the address space), a range-end at 0 first
+    when the first range does not start there."""
+
+    key_type: int
+    key_len: int
+    userdata: bytes
+    elements: list[tuple[bytes, bool]]  # (key, interval end)
+
+
+# (family word, field) -> nft's ids for the typeof in the set's userdata (protocol, field)
+_TYPEOF = {("ip", "saddr"): (0x0C, 0x0B), ("ip", "daddr"): (0x0C, 0x0C),
+           ("ip6", "saddr"): (0x0D, 0x08), ("ip6", "daddr"): (0x0D, 0x09)}
+
+
+def interval_set(fam: str, field: str, prefixes: list[str]) -> AnonymousSet | None:
+    """The anonymous set nft makes for ``FAM FIELD != { PREFIX, ... }``; None for a bad prefix."""
+    _, size, _, _ = _FAMILIES[fam]
+    bits = size * 8
+    ranges: list[tuple[int, int]] = []
+    for text in prefixes:
+        try:
+            net = ipaddr.ip_network(text, strict=True)
+        except ValueError:
+            return None
+        if net.version != (4 if size == 4 else 6):
+            return None
+        start = int(net.network_address)
+        ranges.append((start, start + (1 << (bits - net.prefixlen))))
+    merged: list[list[int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:  # (overlapping or adjacent: one range, as nft merges them)
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    elements: list[tuple[bytes, bool]] = [] if merged[0][0] == 0 else [(bytes(size), True)]
+    for start, end in merged:
+        elements.append((start.to_bytes(size, "big"), False))
+        if end < 1 << bits:
+            elements.append((end.to_bytes(size, "big"), True))
+    proto, field_id = _TYPEOF[(fam, field)]
+    userdata = (bytes.fromhex("000402000000" "020401000000" "0314" "000407000000" "010c" "0004")
+                + bytes([proto, 0, 0, 0]) + bytes.fromhex("0104") + bytes([field_id, 0, 0, 0]))
+    return AnonymousSet(7 if size == 4 else 8, size, userdata, elements)
 
 
 def verdict_data(code: int, chain: str = "") -> bytes:
@@ -165,9 +229,10 @@ def _final(words: list[str]) -> bytes | None:
     return None
 
 
-def encode(text: str) -> bytes | None:
+def encode(text: str, anonymous_set: Callable[[AnonymousSet], int] | None = None) -> bytes | None:
     """The rule ``text`` as nf_tables expressions (the body of NFTA_RULE_EXPRESSIONS) in an
-    ``inet`` table; None when it is not in the grammar above."""
+    ``inet`` table; None when it is not in the grammar above, or needs an anonymous set and there
+    is no ``anonymous_set`` (which makes one in the batch and answers its id)."""
     words = text.split()
     out: list[bytes] = []
     nfproto_checked: int | None = None
@@ -196,12 +261,21 @@ def encode(text: str) -> bytes | None:
                            + payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, register(slots + 1))
                            + lookup(words[i + 8][1:]))
                 i += 9
-            elif arg == "!=" and words[i + 3:i + 4] == ["{"] and words[i + 5:i + 6] == ["}"]:
-                enc = _prefix(w, offset, words[i + 4], NFT_CMP_NEQ)
+            elif arg == "!=" and words[i + 3:i + 4] == ["{"] and "}" in words[i + 4:]:
+                close = words.index("}", i + 4)
+                items = [t.rstrip(",") for t in words[i + 4:close]]
+                if not items or any(not t for t in items) or any(not t.endswith(",") for t in words[i + 4:close - 1]):
+                    return None
+                if len(items) == 1:  # (nft writes a one-element set as a comparison)
+                    enc = _prefix(w, offset, items[0], NFT_CMP_NEQ)
+                else:
+                    spec = interval_set(w, words[i + 1], items)
+                    enc = None if spec is None or anonymous_set is None else (
+                        payload(NFT_PAYLOAD_NETWORK_HEADER, offset, size) + lookup_anonymous(anonymous_set(spec), True))
                 if enc is None:
                     return None
                 out.append(enc)
-                i += 6
+                i = close + 1
             else:
                 enc = _prefix(w, offset, arg, NFT_CMP_EQ)
                 if enc is None:

@@ -15,7 +15,7 @@ of what it committed and diffs only the objects the index marked dirty.
 The difference is a list of operations (:class:`Op`, :func:`diff`), sent as one nf_tables
 netlink batch (:func:`batch`; rules encoded by :mod:`pycni.net.nftrule` as nft encodes them), or
 as an nft script through libnftables (:func:`script`) when the batch does not encode one of them
-(the table's base objects, made once; an ipBlock with several excepts): libnftables fetches every
+(the table's base objects, made once): libnftables fetches every
 chain and set of the namespace before each transaction, milliseconds beside a large table.
 
 Rules carry their text's digest as comment (``compile.rule_tag``), so a chain read back is
@@ -170,8 +170,8 @@ def script(ops: list[Op], table: str = TABLE) -> str:
 def batch(ops: list[Op], table: str = TABLE) -> Batch | None:
     """``ops`` as one netlink batch (:class:`pycni.net.nftbatch.Batch`), or None when one of them
     is not encoded there — the table, its base objects and base chains (made once), a rule
-    outside :mod:`pycni.net.nftrule`'s grammar, a key of a set this does not know, a batch past
-    :data:`~pycni.net.nftbatch.BATCH_AT_MOST` — and libnftables is to run :func:`script`."""
+    outside :mod:`pycni.net.nftrule`'s grammar (none the compiler writes), a key of a set this
+    does not know, a batch past :data:`~pycni.net.nftbatch.BATCH_AT_MOST` — and libnftables is to run :func:`script`."""
     from pycni.net import nftbatch, nftrule
 
     b = nftbatch.Batch("inet", table)
@@ -204,7 +204,7 @@ def batch(ops: list[Op], table: str = TABLE) -> Batch | None:
             else:
                 b.delete_chain(name)
         elif kind == "rule":
-            expressions = nftrule.encode(args[0])
+            expressions = nftrule.encode(args[0], b.add_anonymous_set)
             if expressions is None:
                 return None
             b.add_rule(name, expressions, rule_tag(args[0]))
