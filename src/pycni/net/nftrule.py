@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import NamedTuple
 
 from pycni import ipaddr
 from pycni.net.nfnl import (
@@ -117,17 +116,20 @@ def lookup_anonymous(set_id: int, invert: bool) -> bytes:
                  nla(NFTA_LOOKUP_FLAGS, _u32(NFT_LOOKUP_F_INV if invert else 0)))
 
 
-class AnonymousSet(NamedTuple):
+class AnonymousSet:
     """An interval set a rule owns: nft's key type and length, the userdata nft stores with it
     (the key's byte order, "merge elements", and the typeof of the field it is matched against),
     and its elements as the kernel keeps an interval set — each range's start, then its end flagged
     as one (none after a range reaching the top of the address space), a range-end at 0 first
     when the first range does not start there."""
 
-    key_type: int
-    key_len: int
-    userdata: bytes
-    elements: list[tuple[bytes, bool]]  # (key, interval end)
+    __slots__ = ("key_type", "key_len", "userdata", "elements")
+
+    def __init__(self, key_type: int, key_len: int, userdata: bytes, elements: list[tuple[bytes, bool]]) -> None:
+        self.key_type = key_type
+        self.key_len = key_len
+        self.userdata = userdata
+        self.elements = elements  # (key, interval end)
 
 
 # (family word, field) -> nft's ids for the typeof in the set's userdata (protocol, field)
