@@ -52,6 +52,7 @@ def test_errors_read_like_the_command(host_ns: Namespace, library: None) -> None
         with pytest.raises(nft.NftError) as missing:
             nft.run("delete element inet pycni_t ports { tcp . 1 }\n", what="teardown")
         assert missing.value.not_found and "nftables teardown failed" in missing.value.msg
+        assert "\n" not in missing.value.details.strip()  # (no misquoted line under a kernel refusal, no exec)
         assert nft.list_json("table", "inet", "nosuch", missing_ok=True) == {"nftables": []}
         nft.run(SCRIPT)
         with pytest.raises(nft.NftError) as clash:

@@ -22,6 +22,8 @@ COMMENT_MAX = 128
 # nft's stderr when the object a command names does not exist.
 _NOT_FOUND = ("No such file or directory", "does not exist")
 _BUSY = ("Resource temporarily unavailable", "Interrupted system call")
+# the failures callers decide by (NftError's properties; some are expected, on teardown and takeover)
+OUTCOMES = (*_NOT_FOUND, "File exists", *_BUSY)
 _in_process = False  # see use_library()
 
 
@@ -71,8 +73,6 @@ def _exec(args: list[str], stdin: str | None, what: str, code: int) -> str:
         done = nftlib.run(args, stdin)
     if done is not None:
         status, out, err = done
-        if status != 0 and args == ["-f", "-"]:
-            err = _checked_message(stdin) or err
     else:
         status, out, err = _exec_tool(args, stdin, what)
     if status != 0:
@@ -81,18 +81,6 @@ def _exec(args: list[str], stdin: str | None, what: str, code: int) -> str:
             code = TRY_AGAIN
         raise NftError(code, f"nftables {what} failed", err)
     return out
-
-
-def _checked_message(script: str | None) -> str:
-    """nft's own account of why ``script`` fails, from ``nft --check`` (nothing applied), or ''.
-    libnftables (1.0.6) quotes the script's first line under a buffer's error, whatever line the
-    error is on ("syntax error, unexpected newline / add table inet t" for a bad third line); nft
-    reading it from stdin names the line and quotes it. Only a failed transaction pays the exec."""
-    try:
-        status, out, err = run_tool([NFT, "--check", "-f", "-"], script, timeout=60)
-    except (FileNotFoundError, ToolTimeout):
-        return ""
-    return (err or out) if status != 0 else ""
 
 
 def _exec_tool(args: list[str], stdin: str | None, what: str) -> tuple[int, str, str]:

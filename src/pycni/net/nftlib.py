@@ -110,7 +110,31 @@ def run(args: list[str], stdin: str | None) -> tuple[int, str, str] | None:
         out = lib.nft_ctx_get_output_buffer(ctx) or b""
         err = lib.nft_ctx_get_error_buffer(ctx) or b""
         lib.nft_ctx_output_set_flags(ctx, 0)
-    return (1 if status else 0), out.decode(errors="replace"), err.decode(errors="replace")
+    error = err.decode(errors="replace")
+    if status and stdin is not None:
+        error = _script_error(stdin, error)
+    return (1 if status else 0), out.decode(errors="replace"), error
+
+
+def _script_error(script: str, error: str) -> str:
+    """A failed script's message as ``nft -f -`` words it. libnftables (1.0.6) quotes a buffer's
+    first line under every error, whatever line it is on ("syntax error, unexpected newline / add
+    table inet t" for a bad third line). A failure callers decide by (:data:`pycni.net.nft.OUTCOMES`:
+    absent, exists, busy; some expected on teardown and takeover) keeps its first line only, with
+    no exec; any other — the script itself is wrong, never a hot path — is worded by ``nft
+    --check`` (nothing applied), which names the line and quotes it."""
+    from pycni.net.nft import NFT, OUTCOMES
+
+    lines = error.splitlines()
+    if lines and any(s in lines[0] for s in OUTCOMES):
+        return lines[0] + "\n"
+    from pycni.net.tools import ToolTimeout, run_tool
+
+    try:
+        status, out, checked = run_tool([NFT, "--check", "-f", "-"], script, timeout=60)
+    except (FileNotFoundError, ToolTimeout):
+        return error
+    return (checked or out or error) if status != 0 else error
 
 
 def release_idle(max_idle: float = IDLE_SECONDS) -> int:
