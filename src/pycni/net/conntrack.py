@@ -15,7 +15,7 @@ from pycni.net.nfnl import NETLINK_NETFILTER, NFNL_SUBSYS_CTNETLINK
 from pycni.net.nl import NLM_F_DUMP, NetlinkSocket, nla, raw_attrs
 
 _CT_GET = (NFNL_SUBSYS_CTNETLINK << 8) | 1  # IPCTNL_MSG_CT_GET
-_CT_DELETE = (1 << 8) | 2
+_CT_DELETE = (NFNL_SUBSYS_CTNETLINK << 8) | 2  # IPCTNL_MSG_CT_DELETE
 _NFGENMSG = struct.Struct("=BBH")  # family, version, res_id
 CTA_TUPLE_ORIG, CTA_TUPLE_PROTO, CTA_PROTO_NUM, CTA_PROTO_DST_PORT = 1, 2, 1, 3
 

@@ -12,7 +12,6 @@ bytes: the caller knows what its keys mean (an ifname, an address, a concatenati
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 
 from pycni.net.nfnl import (
     FAMILIES,
@@ -53,7 +52,7 @@ from pycni.net.nfnl import (
     NFTNL_UDATA_COMMENT,
     VERDICTS,
 )
-from pycni.net.nl import NLA_TYPE_MASK, NLM_F_DUMP, NetlinkSocket, nla
+from pycni.net.nl import NLM_F_DUMP, NetlinkSocket, nla, raw_attrs
 
 
 class Chain:
@@ -88,15 +87,6 @@ class Table:
         self.sets: dict[str, Set] = {}
 
 
-def _attrs(data: bytes, offset: int = 0) -> Iterator[tuple[int, bytes]]:
-    while offset + 4 <= len(data):
-        length, kind = struct.unpack_from("=HH", data, offset)
-        if length < 4:
-            return
-        yield kind & NLA_TYPE_MASK, data[offset + 4:offset + length]
-        offset += (length + 3) & ~3
-
-
 def _str(b: bytes) -> str:
     return b.split(b"\0", 1)[0].decode(errors="replace")
 
@@ -114,9 +104,9 @@ def _comment(userdata: bytes) -> str | None:
 
 def _verdict(data: bytes) -> str:
     code, chain = 0, ""
-    for kind, value in _attrs(data):
+    for kind, value in raw_attrs(data):
         if kind == NFTA_DATA_VERDICT:
-            for k, v in _attrs(value):
+            for k, v in raw_attrs(value):
                 if k == NFTA_VERDICT_CODE:
                     code = struct.unpack(">i", v[:4])[0]
                 elif k == NFTA_VERDICT_CHAIN:
@@ -134,7 +124,7 @@ def _generation(sock: NetlinkSocket) -> int:
     from pycni.net.nl import NetlinkError
 
     for _mtype, body in sock.exchange((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN, struct.pack("=BBH", 0, 0, 0)):
-        for kind, value in _attrs(body[4:]):
+        for kind, value in raw_attrs(body[4:]):
             if kind == NFTA_GEN_ID and len(value) >= 4:
                 return int(struct.unpack(">I", value[:4])[0])
     raise NetlinkError(71, "the kernel's generation answer had no id")  # EPROTO
@@ -162,8 +152,8 @@ class Generation:
         self._netns: tuple[int, int] | None = None
 
     def socket(self) -> NetlinkSocket:
-        """The kept socket of the calling thread's namespace (also for the caller's own element
-        batches, :mod:`pycni.net.nftbatch`; after an error, :meth:`close` it)."""
+        """The kept socket of the calling thread's namespace (also for the caller's own batches,
+        :mod:`pycni.net.nftbatch`; after an error, :meth:`close` it)."""
         import os
 
         st = os.stat("/proc/thread-self/ns/net")
@@ -208,7 +198,7 @@ def read_table(family: str, table: str) -> Table | None:
         for msg in _dump(sock, fam, NFT_MSG_GETCHAIN, nla(NFTA_CHAIN_TABLE, name)):
             c = Chain(name="")
             mine = False
-            for kind, value in _attrs(msg):
+            for kind, value in raw_attrs(msg):
                 if kind == NFTA_CHAIN_TABLE:
                     mine = _str(value) == table
                 elif kind == NFTA_CHAIN_NAME:
@@ -216,7 +206,7 @@ def read_table(family: str, table: str) -> Table | None:
                 elif kind == NFTA_CHAIN_POLICY:
                     c.policy = struct.unpack(">I", value[:4])[0]
                 elif kind == NFTA_CHAIN_HOOK:
-                    for k, v in _attrs(value):
+                    for k, v in raw_attrs(value):
                         if k == NFTA_HOOK_HOOKNUM:
                             c.hook = struct.unpack(">I", v[:4])[0]
                         elif k == NFTA_HOOK_PRIORITY:
@@ -225,7 +215,7 @@ def read_table(family: str, table: str) -> Table | None:
                 out.chains[c.name] = c
         for msg in _dump(sock, fam, NFT_MSG_GETRULE, nla(NFTA_RULE_TABLE, name)):
             chain, comment, mine = "", None, False
-            for kind, value in _attrs(msg):
+            for kind, value in raw_attrs(msg):
                 if kind == NFTA_RULE_TABLE:
                     mine = _str(value) == table
                 elif kind == NFTA_RULE_CHAIN:
@@ -237,7 +227,7 @@ def read_table(family: str, table: str) -> Table | None:
         for msg in _dump(sock, fam, NFT_MSG_GETSET, nla(NFTA_SET_TABLE, name)):
             s = Set(name="")
             mine = anonymous = False
-            for kind, value in _attrs(msg):
+            for kind, value in raw_attrs(msg):
                 if kind == NFTA_SET_TABLE:
                     mine = _str(value) == table
                 elif kind == NFTA_SET_NAME:
@@ -250,16 +240,16 @@ def read_table(family: str, table: str) -> Table | None:
         for s in out.sets.values():
             which = nla(NFTA_SET_ELEM_LIST_TABLE, name) + nla(NFTA_SET_ELEM_LIST_SET, s.name.encode() + b"\0")
             for msg in _dump(sock, fam, NFT_MSG_GETSETELEM, which):
-                for kind, value in _attrs(msg):
+                for kind, value in raw_attrs(msg):
                     if kind != NFTA_SET_ELEM_LIST_ELEMENTS:
                         continue
-                    for k, elem in _attrs(value):
+                    for k, elem in raw_attrs(value):
                         if k != NFTA_LIST_ELEM:
                             continue
                         key, verdict = b"", None
-                        for ek, ev in _attrs(elem):
+                        for ek, ev in raw_attrs(elem):
                             if ek == NFTA_SET_ELEM_KEY:
-                                key = next((v for kk, v in _attrs(ev) if kk == NFTA_DATA_VALUE), b"")
+                                key = next((v for kk, v in raw_attrs(ev) if kk == NFTA_DATA_VALUE), b"")
                             elif ek == NFTA_SET_ELEM_DATA:
                                 verdict = _verdict(ev)
                         s.elements.append((key, verdict))
