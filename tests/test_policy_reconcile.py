@@ -249,7 +249,7 @@ def test_a_refused_batch_applies_nothing(node: tuple[Namespace, PolicyEnforcer])
     from pycni.net.nft import NftError
     from pycni.net.nftdump import Generation
 
-    ops = [Op("add", "element", "covered", ('"rtdpscnew"',)), Op("delete", "element", "covered", ('"rtdpscnone"',))]
+    ops = [Op("add", "element", "covered", ("rtdpscnew",)), Op("delete", "element", "covered", ("rtdpscnone",))]
     refused = batch(ops)
     assert refused is not None
     w = Writer()
@@ -272,7 +272,7 @@ def test_a_refused_batch_applies_nothing(node: tuple[Namespace, PolicyEnforcer])
 
 
 @pytest.mark.parametrize("name, text", [
-    ("covered", '"rtd0123456789a"'), ("s_abc_4", "10.1.2.3"), ("s_abc_6", "fd00::1"),
+    ("covered", "rtd0123456789a"), ("s_abc_4", "10.1.2.3"), ("s_abc_6", "fd00::1"),
     ("np_abc_4", "10.1.2.3 . tcp . 8080"), ("np_abc_6", "fd00::2 . udp . 53"), ("np_abc_4", "10.0.0.1 . sctp . 9")])
 def test_element_keys_encode_as_they_are_read_back(name: str, text: str) -> None:
     from pycni.cluster.policy.nftsync import _key_bytes, _key_text
@@ -282,14 +282,14 @@ def test_element_keys_encode_as_they_are_read_back(name: str, text: str) -> None
 
 
 def test_what_the_batch_does_not_encode_goes_through_libnftables() -> None:
-    ok = batch([Op("add", "element", "ingress", ('"rtda" : jump v_1', '"rtdb" : drop')),
-                Op("delete", "element", "egress", ('"rtdc"',)), Op("add", "element", "s_x_4", ("10.0.0.1", "10.0.0.2")),
+    ok = batch([Op("add", "element", "ingress", (("rtda", "jump v_1"), ("rtdb", "drop"))),
+                Op("delete", "element", "egress", ("rtdc",)), Op("add", "element", "s_x_4", ("10.0.0.1", "10.0.0.2")),
                 Op("add", "chain", "v_2", ("ns/p ingress",)), Op("add", "rule", "v_2", ("jump p_1_in",)),
                 Op("add", "set", "np_x_6", ("ipv6_addr . inet_proto . inet_service",)),
                 Op("flush", "chain", "v_3"), Op("delete", "chain", "v_3"), Op("delete", "set", "s_y_4")])
     assert ok is not None and len(ok.messages) == 9
     assert batch([Op("add", "table")]) is None  # (made once, by libnftables)
-    assert batch([Op("add", "element", "ingress", ('"rtda"',))]) is None  # (a map element needs a verdict)
+    assert batch([Op("add", "element", "ingress", ("rtda",))]) is None  # (a map element needs a verdict)
     assert batch([Op("add", "element", "odd", ("1",))]) is None
     assert batch([Op("add", "set", "x_4", ("ipv4_addr . ether_addr",))]) is None
     assert batch([Op("add", "rule", "v_2", ("ip saddr != { 10.0.0.1, 10.0.0.2 } accept",))]) is not None

@@ -79,12 +79,15 @@ class Dirty:
 _PROTOS = {6: "tcp", 17: "udp", 132: "sctp"}
 
 
+IFNAME_SETS = ("covered", "ingress", "egress")  # (keyed by interface name; the last two verdict maps)
+
+
 def _key_text(set_name: str, key: bytes) -> str | None:
     """A set element's key as the text the index writes it in (by what the set's name says it
     holds); None for a set of ours we do not know (deleted as stale)."""
     import socket
 
-    if set_name in ("covered", "ingress", "egress"):
+    if set_name in IFNAME_SETS:
         return key.split(b"\0", 1)[0].decode(errors="replace")
     fam = socket.AF_INET if set_name.endswith("_4") else socket.AF_INET6 if set_name.endswith("_6") else None
     if fam is None:
@@ -107,10 +110,9 @@ def _key_bytes(set_name: str, text: str) -> bytes | None:
     this does not know (the transaction then goes through libnftables)."""
     import socket
 
-    if set_name in ("covered", "ingress", "egress"):
-        raw = text[1:-1].encode()
-        ok = len(text) >= 2 and text[0] == text[-1] == '"' and 0 < len(raw) < 16 and b'"' not in raw
-        return raw.ljust(16, b"\0") if ok else None
+    if set_name in IFNAME_SETS:  # (the interface's name itself)
+        raw = text.encode()
+        return raw.ljust(16, b"\0") if 0 < len(raw) < 16 and b'"' not in raw else None
     fam = socket.AF_INET if set_name.endswith("_4") else socket.AF_INET6 if set_name.endswith("_6") else None
     if fam is None:
         return None
@@ -134,12 +136,14 @@ class Op(NamedTuple):
     ``verb`` ``kind`` ``name`` ``args``:
     add table · add base NAME (decl) · add basechain NAME (decl) · add set NAME (type) ·
     add|delete element SET (item, ...) · add chain NAME (comment?) · flush chain NAME ·
-    add rule CHAIN (text) · delete chain NAME · delete set|map NAME."""
+    add rule CHAIN (text) · delete chain NAME · delete set|map NAME. An element of a selector or
+    port set is its text; of ``covered``, an interface name; of a verdict map, an interface name
+    to delete and (name, verdict) to add."""
 
     verb: str
     kind: str
     name: str = ""
-    args: tuple[str, ...] = ()
+    args: tuple[Any, ...] = ()
 
 
 def script(ops: list[Op], table: str = TABLE) -> str:
@@ -157,7 +161,9 @@ def script(ops: list[Op], table: str = TABLE) -> str:
         elif kind == "set" and verb == "add":
             lines.append(f"add set {t} {name} {{ type {args[0]}; }}")
         elif kind == "element":
-            lines.append(f"{verb} element {t} {name} {_elements(args)}")
+            items = args if name not in IFNAME_SETS else (
+                f'"{i}"' if isinstance(i, str) else f'"{i[0]}" : {i[1]}' for i in args)
+            lines.append(f"{verb} element {t} {name} {_elements(items)}")
         elif kind == "chain" and verb == "add":
             lines.append(f"add chain {t} {name}" + (f' {{ comment "{args[0]}"; }}' if args else ""))
         elif kind == "rule":
@@ -187,7 +193,9 @@ def batch(ops: list[Op], table: str = TABLE) -> Batch | None:
             for item in args:
                 verdict: tuple[int, str] | None = None
                 if verdict_map and verb == "add":
-                    item, _, word = item.partition(" : ")
+                    if isinstance(item, str):
+                        return None  # (a map element needs its verdict)
+                    item, word = item
                     verdict = nftrule.parse_verdict(word)
                     if verdict is None:
                         return None
@@ -252,10 +260,6 @@ def read_table(table: str = TABLE) -> Kernel | None:
 
 def _elements(items: Iterable[str]) -> str:
     return "{ " + ", ".join(items) + " }"
-
-
-def _q(iface: str) -> str:
-    return f'"{iface}"'
 
 
 def _tagged(rule: str) -> str:
@@ -337,18 +341,18 @@ def diff(have: Kernel | None, want: Desired, dirty: Dirty | None = None) -> list
         keys = set(old_map) | set(new_map) if dirty is None else getattr(dirty, mapname)
         gone = sorted(i for i in keys if i in old_map and new_map.get(i) != old_map[i])
         if gone:
-            ops.append(Op("delete", "element", mapname, tuple(map(_q, gone))))
+            ops.append(Op("delete", "element", mapname, tuple(gone)))
         fresh = sorted(i for i in keys if i in new_map and old_map.get(i) != new_map[i])
         if fresh:
-            ops.append(Op("add", "element", mapname, tuple(f"{_q(i)} : {new_map[i]}" for i in fresh)))
+            ops.append(Op("add", "element", mapname, tuple((i, new_map[i]) for i in fresh)))
     # covered last among the additions: an interface counts as covered once its verdicts are in
     cov = k.covered | want.covered if dirty is None else dirty.covered
     added_cov = sorted(i for i in cov if i in want.covered and i not in k.covered)
     removed_cov = sorted(i for i in cov if i in k.covered and i not in want.covered)
     if added_cov:
-        ops.append(Op("add", "element", "covered", tuple(map(_q, added_cov))))
+        ops.append(Op("add", "element", "covered", tuple(added_cov)))
     if removed_cov:
-        ops.append(Op("delete", "element", "covered", tuple(map(_q, removed_cov))))
+        ops.append(Op("delete", "element", "covered", tuple(removed_cov)))
     # what nothing refers to any more: chains (jumps to them are gone above), then sets
     ops += [Op("flush", "chain", c) for c in stale_chains]
     ops += [Op("delete", "chain", c) for c in stale_chains]
